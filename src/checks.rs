@@ -1,0 +1,205 @@
+//! The value checks of PROTOCOL.md section 5 (path-safe ids, git values) and
+//! the URL rule of section 1. Errors name the value (never a secret) and what
+//! is expected of it.
+
+use std::net::IpAddr;
+
+use reqwest::Url;
+
+/// A value that failed a check: `what` names the field, `value` is the
+/// offending value (ids, branches and URLs are not secret), `reason` says why.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {what} {value:?}: {reason}")]
+pub struct CheckError {
+    /// The field, e.g. `session id`.
+    pub what: String,
+    /// The offending value.
+    pub value: String,
+    /// Why it fails and what is expected.
+    pub reason: String,
+}
+
+fn fail(what: &str, value: &str, reason: impl Into<String>) -> CheckError {
+    CheckError {
+        what: what.to_string(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Path-safe id (section 5): 1 to 128 characters of `[A-Za-z0-9._-]`, not `.`
+/// or `..`, not starting with `-`.
+pub fn path_safe_id(what: &str, value: &str) -> Result<(), CheckError> {
+    if value.is_empty() || value.len() > 128 {
+        return Err(fail(what, value, "must be 1 to 128 characters long"));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(fail(what, value, "may contain only A-Z a-z 0-9 . _ -"));
+    }
+    if value == "." || value == ".." {
+        return Err(fail(what, value, "must not be . or .."));
+    }
+    if value.starts_with('-') {
+        return Err(fail(what, value, "must not start with -"));
+    }
+    Ok(())
+}
+
+fn git_value(what: &str, value: &str) -> Result<(), CheckError> {
+    if value.is_empty() {
+        return Err(fail(what, value, "must not be empty"));
+    }
+    if value.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(fail(what, value, "must not contain spaces or control characters"));
+    }
+    if value.starts_with('-') {
+        return Err(fail(what, value, "must not start with -"));
+    }
+    Ok(())
+}
+
+/// Git value check for a branch (section 5): a git value that is also a valid
+/// branch name by `git check-ref-format --branch` rules.
+pub fn git_branch(what: &str, value: &str) -> Result<(), CheckError> {
+    git_value(what, value)?;
+    if value == "HEAD" || value.starts_with("@{") || value == "@" {
+        return Err(fail(what, value, "is not a valid branch name"));
+    }
+    if !git2::Reference::is_valid_name(&format!("refs/heads/{value}")) {
+        return Err(fail(
+            what,
+            value,
+            "is not a valid branch name (git check-ref-format --branch)",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `http` is allowed for this URL's host: loopback only, unless the
+/// operator set `HOSTED_BOOT_INSECURE_HTTP=1` (section 1).
+pub fn is_loopback_host(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip).is_loopback(),
+        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip).is_loopback(),
+        None => false,
+    }
+}
+
+/// Parses and checks a coordinator or git URL (sections 1 and 5): absolute,
+/// `https` (or `http` for a loopback host, or any host when `insecure_http`),
+/// with no user info, query or fragment.
+pub fn url(what: &str, value: &str, insecure_http: bool) -> Result<Url, CheckError> {
+    git_value(what, value)?;
+    let url = Url::parse(value).map_err(|e| fail(what, value, format!("is not a URL ({e})")))?;
+    match url.scheme() {
+        "https" => {}
+        "http" if insecure_http || is_loopback_host(&url) => {}
+        "http" => {
+            return Err(fail(
+                what,
+                value,
+                "must be https (plain http is accepted only for loopback hosts, or with HOSTED_BOOT_INSECURE_HTTP=1)",
+            ));
+        }
+        other => return Err(fail(what, value, format!("has scheme {other:?}; must be https"))),
+    }
+    if url.host().is_none() {
+        return Err(fail(what, value, "has no host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(fail(what, value, "must not contain user info"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(fail(what, value, "must not contain a query or fragment"));
+    }
+    Ok(url)
+}
+
+/// Checks an `artifactsRemote` (PROTOCOL.md 2.5): exactly
+/// `https://<32 hex>.artifacts.cloudflare.net/git/<ns>/<name>.git`, equal to
+/// its own canonical form.
+pub fn artifacts_remote(value: &str) -> Result<Url, CheckError> {
+    let what = "artifactsRemote";
+    let url = url(what, value, false)?;
+    let shape_error = || {
+        fail(
+            what,
+            value,
+            "must be https://<32 hex>.artifacts.cloudflare.net/git/<ns>/<name>.git",
+        )
+    };
+    if url.scheme() != "https" || url.port().is_some() || url.as_str() != value {
+        return Err(shape_error());
+    }
+    let host = url.host_str().unwrap_or_default();
+    let Some(label) = host.strip_suffix(".artifacts.cloudflare.net") else {
+        return Err(shape_error());
+    };
+    if label.len() != 32 || !label.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(shape_error());
+    }
+    let segments: Vec<&str> = url.path().trim_start_matches('/').split('/').collect();
+    let ok = matches!(segments.as_slice(), ["git", ns, name]
+        if !ns.is_empty() && name.len() > 4 && name.ends_with(".git"));
+    if !ok {
+        return Err(shape_error());
+    }
+    Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_safe_ids() {
+        for ok in ["s1", "run-1", "a.b_c-d", &"x".repeat(128)] {
+            path_safe_id("id", ok).unwrap();
+        }
+        for bad in ["", ".", "..", "-x", "a/b", "a b", &"x".repeat(129), "é"] {
+            assert!(path_safe_id("id", bad).is_err(), "{bad:?} passed");
+        }
+    }
+
+    #[test]
+    fn branches() {
+        for ok in ["main", "feature/x", "orizu/session-1"] {
+            git_branch("branch", ok).unwrap();
+        }
+        for bad in ["", "-x", "a b", "a..b", "a.lock", "HEAD", "x~1", "a\nb", "/a", "a/"] {
+            assert!(git_branch("branch", bad).is_err(), "{bad:?} passed");
+        }
+    }
+
+    #[test]
+    fn urls() {
+        url("u", "https://example.com/a", false).unwrap();
+        url("u", "http://127.0.0.1:8080/a", false).unwrap();
+        url("u", "http://localhost/a", false).unwrap();
+        url("u", "http://[::1]/a", false).unwrap();
+        assert!(url("u", "http://example.com/a", false).is_err());
+        url("u", "http://example.com/a", true).unwrap();
+        assert!(url("u", "https://u:p@example.com/a", false).is_err());
+        assert!(url("u", "https://example.com/a?x=1", false).is_err());
+        assert!(url("u", "ftp://example.com/a", false).is_err());
+    }
+
+    #[test]
+    fn artifacts_remotes() {
+        let hex = "0123456789abcdef0123456789abcdef";
+        artifacts_remote(&format!("https://{hex}.artifacts.cloudflare.net/git/ns/repo.git")).unwrap();
+        for bad in [
+            format!("https://{hex}.artifacts.cloudflare.net:444/git/ns/repo.git"),
+            format!("https://{hex}.artifacts.cloudflare.net/git/ns/repo"),
+            format!("https://{hex}.evil.net/git/ns/repo.git"),
+            "https://abc.artifacts.cloudflare.net/git/ns/repo.git".to_string(),
+            format!("https://{hex}.artifacts.cloudflare.net/git/ns/x/repo.git"),
+        ] {
+            assert!(artifacts_remote(&bad).is_err(), "{bad} passed");
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! The reference coordinator (PROTOCOL.md section 6).

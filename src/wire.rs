@@ -1,0 +1,520 @@
+//! The wire types of PROTOCOL.md section 2, defined once and used by both the
+//! runner's client and the reference coordinator, so that the two cannot
+//! drift. Field names are the contract: `camelCase` on the wire.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Route paths relative to `ORIZU_API_BASE_URL` (PROTOCOL.md 2.3 to 2.6).
+pub mod routes {
+    /// `GET` env bundle (2.3).
+    pub fn env_bundle(session_id: &str) -> String {
+        format!("api/cli/sessions/{session_id}/env-bundle")
+    }
+    /// `GET` session (2.4).
+    pub fn session(session_id: &str) -> String {
+        format!("api/cli/sessions/{session_id}")
+    }
+    /// `POST` repo token (2.5).
+    pub fn repo_token(session_id: &str) -> String {
+        format!("api/cli/sessions/{session_id}/repo-token")
+    }
+    /// `POST` run_started (2.6).
+    pub fn run(run_id: &str) -> String {
+        format!("api/cli/workbench-runs/{run_id}")
+    }
+    /// `POST` events (2.6).
+    pub fn events(run_id: &str) -> String {
+        format!("api/cli/workbench-runs/{run_id}/events")
+    }
+    /// `GET` events cursor (2.6).
+    pub fn events_cursor(run_id: &str) -> String {
+        format!("api/cli/workbench-runs/{run_id}/events/cursor")
+    }
+    /// `POST` finish (2.6).
+    pub fn finish(run_id: &str) -> String {
+        format!("api/cli/workbench-runs/{run_id}/finish")
+    }
+}
+
+/// The header the interrupt watch adds to its session reads (2.4).
+pub const DURING_TURN_HEADER: (&str, &str) = ("x-orizu-hosted-poll", "during-turn");
+
+/// `expiresAt` of a bearer or repo token: RFC 3339 text, epoch milliseconds,
+/// or null (2.1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ExpiresAt {
+    /// Epoch milliseconds.
+    EpochMs(f64),
+    /// RFC 3339 text.
+    Rfc3339(String),
+}
+
+impl ExpiresAt {
+    /// The instant as milliseconds since the Unix epoch, or `None` when the
+    /// text is not RFC 3339.
+    pub fn epoch_ms(&self) -> Option<f64> {
+        match self {
+            ExpiresAt::EpochMs(ms) => Some(*ms),
+            ExpiresAt::Rfc3339(text) => {
+                let t = humantime::parse_rfc3339_weak(text).ok()?;
+                let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+                Some(d.as_secs_f64() * 1000.0)
+            }
+        }
+    }
+}
+
+/// 2.1 response: `{"token": "<bearer>", "expiresAt": … | null}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentTokenResponse {
+    /// The bearer (secret).
+    pub token: String,
+    /// When it expires, by the coordinator's clock.
+    #[serde(default)]
+    pub expires_at: Option<ExpiresAt>,
+}
+
+/// Boot statuses (2.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BootStatus {
+    /// Boot finished, nothing to run yet (required).
+    Ready,
+    /// A turn starts (required).
+    TurnStarted,
+    /// A turn was sealed (required).
+    TurnCompleted,
+    /// The runner failed after the drain began (required).
+    TurnFailed,
+    /// Clean end of the session (best-effort).
+    Complete,
+    /// Fatal error before the drain (best-effort).
+    Failed,
+}
+
+impl BootStatus {
+    /// Whether the status is a required acknowledgement (5 attempts) rather
+    /// than best-effort (1 attempt).
+    pub fn is_required(self) -> bool {
+        match self {
+            BootStatus::Ready
+            | BootStatus::TurnStarted
+            | BootStatus::TurnCompleted
+            | BootStatus::TurnFailed => true,
+            BootStatus::Complete | BootStatus::Failed => false,
+        }
+    }
+
+    /// The wire name (`turn_started`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootStatus::Ready => "ready",
+            BootStatus::TurnStarted => "turn_started",
+            BootStatus::TurnCompleted => "turn_completed",
+            BootStatus::TurnFailed => "turn_failed",
+            BootStatus::Complete => "complete",
+            BootStatus::Failed => "failed",
+        }
+    }
+}
+
+/// 2.2 request body: `{"status": S, "runId": id | null, "reason"?}`;
+/// `ready` is `{"status": "ready"}` (no `runId`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootStatusBody {
+    /// The status.
+    pub status: BootStatus,
+    /// `None`: absent (only for `ready`); `Some(None)`: `null`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "double_option"
+    )]
+    pub run_id: Option<Option<String>>,
+    /// At most 800 characters, redacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+mod double_option {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Option<String>>, s: S) -> Result<S::Ok, S::Error> {
+        v.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+        Option::<String>::deserialize(d).map(Some)
+    }
+}
+
+/// One connector of the env bundle (2.3).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Connector {
+    /// The variable name.
+    pub env_var: String,
+    /// The value (secret).
+    pub value: String,
+}
+
+/// 2.3 response.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvBundle {
+    /// Variables to set in the agent's environment.
+    #[serde(default)]
+    pub connectors: Vec<Connector>,
+    /// Names of variables whose values are secret too.
+    #[serde(default)]
+    pub redact_vars: Vec<String>,
+}
+
+/// 2.4 response envelope: `{"session": {…}}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SessionEnvelope {
+    /// The session.
+    pub session: Session,
+}
+
+/// The session (2.4).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Session {
+    /// Required.
+    pub workspace_id: String,
+    /// The session branch (git-value checked by the runner).
+    pub repo_branch: String,
+    /// `active` while the session lives.
+    #[serde(default)]
+    pub status: Option<String>,
+    /// Task, model, effort, surface, time cap.
+    pub client_info: ClientInfo,
+    /// Newest first.
+    #[serde(default)]
+    pub runs: Vec<RunRef>,
+    /// Kept raw so that a malformed turn is its own error
+    /// (`hosted_pending_turn_invalid`), see [`Session::pending_turn`].
+    #[serde(default)]
+    pub pending_turn: Option<Value>,
+    /// The run the user asked to interrupt.
+    #[serde(default)]
+    pub interrupt_requested_run_id: Option<String>,
+    /// The agent's own session id, for resume.
+    #[serde(default)]
+    pub agent_session_id: Option<String>,
+    /// Project id, passed through.
+    #[serde(default)]
+    pub project_id: Option<String>,
+}
+
+impl Session {
+    /// Whether the session is still `active` (an absent status counts as
+    /// active, as in the Node boot).
+    pub fn is_active(&self) -> bool {
+        self.status.as_deref().is_none_or(|s| s == "active")
+    }
+
+    /// The pending turn, or `Err` with why its shape is wrong.
+    pub fn pending_turn(&self) -> Result<Option<PendingTurn>, String> {
+        match &self.pending_turn {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => serde_json::from_value::<PendingTurn>(v.clone())
+                .map(Some)
+                .map_err(|e| format!("pendingTurn has the wrong shape: {e}")),
+        }
+    }
+
+    /// The status of run `run_id` in `runs`, if listed.
+    pub fn run_status(&self, run_id: &str) -> Option<&str> {
+        self.runs
+            .iter()
+            .find(|r| r.id == run_id)
+            .map(|r| r.status.as_str())
+    }
+}
+
+/// `clientInfo` (2.4).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientInfo {
+    /// The initial task prompt.
+    pub task: String,
+    /// Passed to the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Passed to the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+    /// Passed to the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surface: Option<String>,
+    /// Per-turn time cap in minutes (the supervisor issue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_minutes: Option<f64>,
+}
+
+/// An entry of `runs` (2.4).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRef {
+    /// The run id.
+    pub id: String,
+    /// `pending`, `running`, `succeeded`, `failed`, `interrupted`, …
+    pub status: String,
+}
+
+/// `pendingTurn` (2.4).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PendingTurn {
+    /// May be null.
+    pub turn_id: Option<String>,
+    /// At least 1.
+    pub ordinal: u64,
+    /// The run this turn seals.
+    pub run_id: String,
+    /// The user's message.
+    pub body: String,
+    /// The client's id of that message.
+    pub client_message_id: String,
+    /// Set when the turn answers a question the agent asked (4.3).
+    pub answer_to_question: Option<AnswerToQuestion>,
+}
+
+/// `answerToQuestion` (2.4).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AnswerToQuestion {
+    /// The question's id.
+    pub question_id: String,
+    /// The question's text.
+    pub question: String,
+}
+
+/// 2.5 request access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    /// Clone and fetch.
+    Read,
+    /// Push.
+    Write,
+}
+
+/// 2.5 request body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RepoTokenRequest {
+    /// `read` or `write`.
+    pub access: Access,
+}
+
+/// 2.5 response.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RepoTokenResponse {
+    /// The repo token (secret).
+    pub token: String,
+    /// Expiry (absent or null: not cached by the credential helper).
+    #[serde(default)]
+    pub expires_at: Option<ExpiresAt>,
+    /// `owner/name` on the git base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo_full_name: Option<String>,
+    /// A Cloudflare artifacts remote (checked shape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts_remote: Option<String>,
+}
+
+/// One run event (2.6).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// From 1 per run, no gaps.
+    pub seq: u64,
+    /// Event type.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// RFC 3339.
+    pub at: String,
+    /// Payload.
+    pub data: Value,
+}
+
+/// 2.6 events request body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EventsBody {
+    /// In `seq` order.
+    pub events: Vec<Event>,
+}
+
+/// 2.6 events and cursor response.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AcceptedThrough {
+    /// Highest `seq` the coordinator holds.
+    pub accepted_through: u64,
+}
+
+/// Terminal status of a run (2.6 `finish.status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunOutcome {
+    /// The agent exited 0.
+    Succeeded,
+    /// The turn failed (fatal for the boot).
+    Failed,
+    /// Stopped by an interrupt request or a stop signal.
+    Interrupted,
+}
+
+impl RunOutcome {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Succeeded => "succeeded",
+            RunOutcome::Failed => "failed",
+            RunOutcome::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// `finish.error.code` (2.6). Frozen: the inside may change, these may not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// Provider quota exhausted.
+    ProviderQuotaExhausted,
+    /// Provider rate limit (the only retryable code).
+    ProviderRateLimited,
+    /// A 429 with no evidence of either.
+    ProviderLimitUnknown,
+    /// Provider overloaded.
+    ProviderOverloaded,
+    /// Provider 5xx.
+    ProviderServerError,
+    /// Provider authentication.
+    ProviderAuth,
+    /// Context window exceeded.
+    ContextWindowExceeded,
+    /// Invalid request.
+    InvalidRequest,
+    /// Agent session resume failed.
+    ResumeFailed,
+    /// Watchdog: no output.
+    AgentHung,
+    /// Per-turn time cap reached.
+    AgentTimeout,
+    /// The agent exited non-zero.
+    AgentCrashed,
+    /// The agent could not be started.
+    AgentSpawnFailed,
+    /// Events could not be delivered.
+    EventsUndelivered,
+    /// The runner itself failed the turn.
+    RunnerError,
+}
+
+/// `finish.error` (2.6).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FinishError {
+    /// The code.
+    pub code: ErrorCode,
+    /// Redacted, at most 800 characters.
+    pub message: String,
+    /// Whether the coordinator may retry.
+    pub retryable: bool,
+    /// Suggested wait, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// When a limit resets (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resets_at: Option<String>,
+}
+
+/// 2.6 finish request body.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FinishBody {
+    /// Terminal status.
+    pub status: RunOutcome,
+    /// The agent's session id, for resume.
+    pub agent_session_id: Option<String>,
+    /// Why it failed.
+    pub error: Option<FinishError>,
+    /// Token usage, when the agent reports it.
+    pub usage: Option<Value>,
+    /// The harvest (4.5); null until the harvest issue.
+    pub result: Option<Value>,
+}
+
+/// Most characters in a `reason` or `finish.error.message` (2.2, 2.6).
+pub const MAX_REASON_CHARS: usize = 800;
+
+/// Truncates `text` to [`MAX_REASON_CHARS`] characters (call after redaction).
+pub fn truncate_reason(text: &str) -> String {
+    text.chars().take(MAX_REASON_CHARS).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn boot_status_bodies_match_the_contract() {
+        let ready = BootStatusBody {
+            status: BootStatus::Ready,
+            run_id: None,
+            reason: None,
+        };
+        assert_eq!(serde_json::to_value(&ready).unwrap(), json!({"status": "ready"}));
+        let failed = BootStatusBody {
+            status: BootStatus::Failed,
+            run_id: Some(None),
+            reason: Some("boom".into()),
+        };
+        assert_eq!(
+            serde_json::to_value(&failed).unwrap(),
+            json!({"status": "failed", "runId": null, "reason": "boom"})
+        );
+        let started = BootStatusBody {
+            status: BootStatus::TurnStarted,
+            run_id: Some(Some("run-1".into())),
+            reason: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&started).unwrap(),
+            json!({"status": "turn_started", "runId": "run-1"})
+        );
+    }
+
+    #[test]
+    fn expires_at_accepts_both_forms() {
+        let a: AgentTokenResponse =
+            serde_json::from_value(json!({"token": "t", "expiresAt": "1970-01-01T00:00:01Z"})).unwrap();
+        assert_eq!(a.expires_at.unwrap().epoch_ms(), Some(1000.0));
+        let b: AgentTokenResponse =
+            serde_json::from_value(json!({"token": "t", "expiresAt": 2000})).unwrap();
+        assert_eq!(b.expires_at.unwrap().epoch_ms(), Some(2000.0));
+        let c: AgentTokenResponse = serde_json::from_value(json!({"token": "t", "expiresAt": null})).unwrap();
+        assert!(c.expires_at.is_none());
+    }
+
+    #[test]
+    fn pending_turn_shape_is_checked() {
+        let mut s: Session = serde_json::from_value(json!({"session": {
+            "workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "t"},
+            "pendingTurn": {"turnId": null, "ordinal": 1, "runId": "r", "body": "x",
+                "clientMessageId": "c", "answerToQuestion": null}
+        }}))
+        .map(|e: SessionEnvelope| e.session)
+        .unwrap();
+        assert_eq!(s.pending_turn().unwrap().unwrap().run_id, "r");
+        s.pending_turn = Some(json!({"runId": 3}));
+        assert!(s.pending_turn().is_err());
+    }
+}
