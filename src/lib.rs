@@ -7,3 +7,7 @@ pub mod coordinator;
 pub mod secret;
 pub mod timings;
 pub mod wire;
+pub mod client;
+pub mod redact;
+pub mod tls;
+pub mod workspace;

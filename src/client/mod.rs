@@ -1,0 +1,369 @@
+//! The coordinator client: one method per route of PROTOCOL.md section 2,
+//! every one under the retry rule of [`retry`], bearer routes with the
+//! "expired bearer" rule (a `401` pulls a fresh bearer once and repeats).
+//!
+//! New bearers are published on a watch channel (the turn's rotation writes
+//! them to the bearer file) and added to the redactor before any use.
+
+pub mod bearer;
+pub mod retry;
+
+use std::time::{Duration, SystemTime};
+
+use reqwest::{Method, RequestBuilder, Url};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+pub use bearer::{Bearer, Lifetime};
+pub use retry::{CallError, Reply};
+
+use crate::redact::{Redactor, SecretKind};
+use crate::secret::Secret;
+use crate::timings::{RetryPolicy, Timings};
+use crate::wire::{
+    self, AcceptedThrough, Access, AgentTokenResponse, BootStatus, BootStatusBody, EnvBundle, Event,
+    EventsBody, FinishBody, RepoTokenRequest, RepoTokenResponse, Session, SessionEnvelope,
+};
+
+/// Where the coordinator is and how to authenticate to it.
+#[derive(Clone)]
+pub struct ApiConfig {
+    /// `ORIZU_API_BASE_URL`, with a trailing slash.
+    pub api_base: Url,
+    /// `ORIZU_AGENT_TOKEN_URL`.
+    pub agent_token_url: Url,
+    /// `ORIZU_BOOT_STATUS_URL` (or its default).
+    pub boot_status_url: Url,
+    /// `ORIZU_SESSION_ID` (path-safe).
+    pub session_id: String,
+    /// The boot secret.
+    pub boot_secret: Secret,
+}
+
+/// A repository token (2.5).
+#[derive(Clone, Debug)]
+pub struct RepoToken {
+    /// The token.
+    pub token: Secret,
+    /// When it expires, epoch milliseconds by the coordinator's clock
+    /// corrected to local time; `None` when the answer had no `expiresAt`.
+    pub expires_at: Option<SystemTime>,
+    /// `owner/name`, when the remote is on the git base.
+    pub repo_full_name: Option<String>,
+    /// A checked artifacts remote, when given instead.
+    pub artifacts_remote: Option<String>,
+}
+
+/// The coordinator client. Cheap to share behind an `Arc`.
+pub struct Api {
+    config: ApiConfig,
+    http: reqwest::Client,
+    timings: Timings,
+    redactor: Redactor,
+    bearer: watch::Sender<Option<Bearer>>,
+}
+
+impl Api {
+    /// A client; the boot secret is added to `redactor` at once.
+    pub fn new(config: ApiConfig, http: reqwest::Client, timings: Timings, redactor: Redactor) -> Api {
+        redactor.add(&config.boot_secret, SecretKind::Credential);
+        Api {
+            config,
+            http,
+            timings,
+            redactor,
+            bearer: watch::channel(None).0,
+        }
+    }
+
+    /// The timings this client uses.
+    pub fn timings(&self) -> &Timings {
+        &self.timings
+    }
+
+    /// The redactor every value this client mints is added to.
+    pub fn redactor(&self) -> &Redactor {
+        &self.redactor
+    }
+
+    /// The session id.
+    pub fn session_id(&self) -> &str {
+        &self.config.session_id
+    }
+
+    /// The current bearer, if one was pulled.
+    pub fn bearer(&self) -> Option<Bearer> {
+        self.bearer.borrow().clone()
+    }
+
+    /// Subscribes to bearer changes (the turn's rotation writes each new one
+    /// to the bearer file).
+    pub fn subscribe_bearer(&self) -> watch::Receiver<Option<Bearer>> {
+        self.bearer.subscribe()
+    }
+
+    fn url(&self, path: &str) -> Url {
+        // The path helpers produce relative paths of safe ids.
+        self.config
+            .api_base
+            .join(path)
+            .unwrap_or_else(|_| self.config.api_base.clone())
+    }
+
+    /// Pulls a fresh bearer (2.1) with the boot secret and publishes it.
+    ///
+    /// Errors: exhausted attempts (the text starts `agent-token pull failed
+    /// after N attempts`), or a verdict (`401`/`403`: the boot secret is no
+    /// longer valid).
+    pub async fn pull_bearer(&self, policy: RetryPolicy) -> Result<Bearer, CallError> {
+        let call = "agent-token pull";
+        let reply = retry::send(call, policy, self.timings.request_timeout, || {
+            self.http
+                .get(self.config.agent_token_url.clone())
+                .bearer_auth(self.config.boot_secret.expose())
+        })
+        .await?;
+        let date = reply
+            .headers
+            .get(reqwest::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok());
+        let response: AgentTokenResponse = parse(call, &reply)?;
+        if response.token.is_empty() {
+            return Err(bad(call, "the token is empty"));
+        }
+        let bearer = Bearer::from_response(response, date);
+        self.redactor.add(&bearer.token, SecretKind::Credential);
+        self.bearer.send_replace(Some(bearer.clone()));
+        Ok(bearer)
+    }
+
+    /// Sends a bearer-authenticated request; a `401` pulls a fresh bearer
+    /// once and repeats the request once (PROTOCOL.md 2, "Expired bearer").
+    async fn authed(
+        &self,
+        call: &str,
+        policy: RetryPolicy,
+        build: impl Fn(&Secret) -> RequestBuilder,
+    ) -> Result<Reply, CallError> {
+        let bearer = match self.bearer() {
+            Some(b) => b,
+            None => self.pull_bearer(self.timings.retry.agent_token_refresh).await?,
+        };
+        let first = retry::send(call, policy, self.timings.request_timeout, || build(&bearer.token)).await;
+        match first {
+            Err(e) if e.verdict_status() == Some(401) => {
+                tracing::info!(call, "bearer refused (401); pulling a fresh bearer once");
+                let fresh = self.pull_bearer(self.timings.retry.agent_token_refresh).await?;
+                retry::send(call, policy, self.timings.request_timeout, || build(&fresh.token)).await
+            }
+            other => other,
+        }
+    }
+
+    fn request(&self, method: Method, path: &str, token: &Secret) -> RequestBuilder {
+        self.http
+            .request(method, self.url(path))
+            .bearer_auth(token.expose())
+    }
+
+    /// Posts a boot status (2.2) with the boot secret. `ready` is sent
+    /// without `runId`; `reason` is redacted and cut to 800 characters.
+    /// Required statuses use the `required` policy, the others one attempt.
+    ///
+    /// Errors: as [`retry::send`].
+    pub async fn post_status(
+        &self,
+        status: BootStatus,
+        run_id: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<(), CallError> {
+        let body = BootStatusBody {
+            status,
+            run_id: match status {
+                BootStatus::Ready => None,
+                _ => Some(run_id.map(str::to_string)),
+            },
+            reason: reason.map(|r| wire::truncate_reason(&self.redactor.redact(r))),
+        };
+        let policy = if status.is_required() {
+            self.timings.retry.required
+        } else {
+            RetryPolicy::ONCE
+        };
+        let call = format!("boot status {}", status.as_str());
+        retry::send(&call, policy, self.timings.request_timeout, || {
+            self.http
+                .post(self.config.boot_status_url.clone())
+                .bearer_auth(self.config.boot_secret.expose())
+                .json(&body)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Fetches the env bundle (2.3).
+    pub async fn env_bundle(&self) -> Result<EnvBundle, CallError> {
+        let call = "env bundle";
+        let path = wire::routes::env_bundle(&self.config.session_id);
+        let reply = self
+            .authed(call, self.timings.retry.boot_fetch, |t| self.request(Method::GET, &path, t))
+            .await?;
+        parse(call, &reply)
+    }
+
+    /// Reads the session (2.4). `during_turn` adds the interrupt watch's
+    /// header. The pending turn's shape is checked by the caller
+    /// ([`Session::pending_turn`]).
+    pub async fn session(&self, policy: RetryPolicy, during_turn: bool) -> Result<Session, CallError> {
+        let call = "session read";
+        let path = wire::routes::session(&self.config.session_id);
+        let reply = self
+            .authed(call, policy, |t| {
+                let r = self.request(Method::GET, &path, t);
+                if during_turn {
+                    r.header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
+                } else {
+                    r
+                }
+            })
+            .await?;
+        parse::<SessionEnvelope>(call, &reply).map(|e| e.session)
+    }
+
+    /// Reads the session once with the bearer of the bearer file, without
+    /// the 401 re-pull (the interrupt watch, PROTOCOL.md 2 "Expired bearer").
+    pub async fn session_with(&self, token: &Secret) -> Result<Session, CallError> {
+        let call = "interrupt watch read";
+        let path = wire::routes::session(&self.config.session_id);
+        let reply = retry::send(call, RetryPolicy::ONCE, self.timings.request_timeout, || {
+            self.request(Method::GET, &path, token)
+                .header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
+        })
+        .await?;
+        parse::<SessionEnvelope>(call, &reply).map(|e| e.session)
+    }
+
+    /// Mints a repository token (2.5) and adds it to the redactor.
+    ///
+    /// Errors: as [`retry::send`]; a response with neither `repoFullName`
+    /// nor a valid `artifactsRemote` is [`CallError::BadResponse`].
+    pub async fn repo_token(&self, access: Access, policy: RetryPolicy) -> Result<RepoToken, CallError> {
+        let call = "repo-token mint";
+        let path = wire::routes::repo_token(&self.config.session_id);
+        let body = RepoTokenRequest { access };
+        let reply = self
+            .authed(call, policy, |t| self.request(Method::POST, &path, t).json(&body))
+            .await?;
+        let date = reply
+            .headers
+            .get(reqwest::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok());
+        let response: RepoTokenResponse = parse(call, &reply)?;
+        repo_token_from(call, response, date, &self.redactor)
+    }
+
+    /// `run_started` (2.6): required, idempotent.
+    pub async fn run_started(&self, run_id: &str) -> Result<(), CallError> {
+        let path = wire::routes::run(run_id);
+        self.authed("run_started", self.timings.retry.required, |t| {
+            self.request(Method::POST, &path, t).json(&serde_json::json!({}))
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Posts a batch of events (2.6) once per the given policy and returns
+    /// `acceptedThrough`.
+    pub async fn post_events(&self, run_id: &str, events: &[Event], policy: RetryPolicy) -> Result<u64, CallError> {
+        let call = "events post";
+        let path = wire::routes::events(run_id);
+        let body = EventsBody {
+            events: events.to_vec(),
+        };
+        let reply = self
+            .authed(call, policy, |t| self.request(Method::POST, &path, t).json(&body))
+            .await?;
+        parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
+    }
+
+    /// Reads the events cursor (2.6).
+    pub async fn events_cursor(&self, run_id: &str) -> Result<u64, CallError> {
+        let call = "events cursor";
+        let path = wire::routes::events_cursor(run_id);
+        let reply = self
+            .authed(call, self.timings.retry.required, |t| self.request(Method::GET, &path, t))
+            .await?;
+        parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
+    }
+
+    /// Seals a run (2.6 `finish`); `error.message` is redacted and cut to 800
+    /// characters here.
+    pub async fn finish(&self, run_id: &str, body: &FinishBody, policy: RetryPolicy) -> Result<(), CallError> {
+        let mut body = body.clone();
+        if let Some(error) = body.error.as_mut() {
+            error.message = wire::truncate_reason(&self.redactor.redact(&error.message));
+        }
+        let path = wire::routes::finish(run_id);
+        self.authed("finish", policy, |t| self.request(Method::POST, &path, t).json(&body))
+            .await
+            .map(|_| ())
+    }
+}
+
+/// Validates a 2.5 answer into a [`RepoToken`] and adds the token to the
+/// redactor. Shared with the credential helper.
+pub fn repo_token_from(
+    call: &str,
+    response: RepoTokenResponse,
+    date: Option<SystemTime>,
+    redactor: &Redactor,
+) -> Result<RepoToken, CallError> {
+    if response.token.is_empty() {
+        return Err(bad(call, "the token is empty"));
+    }
+    let token = Secret::new(response.token);
+    redactor.add(&token, SecretKind::Credential);
+    if let Some(remote) = &response.artifacts_remote {
+        crate::checks::artifacts_remote(remote).map_err(|e| bad(call, &e.to_string()))?;
+    } else {
+        match &response.repo_full_name {
+            Some(name) if valid_full_name(name) => {}
+            Some(name) => return Err(bad(call, &format!("repoFullName {name:?} is not owner/name"))),
+            None => return Err(bad(call, "neither repoFullName nor artifactsRemote is given")),
+        }
+    }
+    // Convert the coordinator's expiry to local time through its Date header.
+    let expires_at = response.expires_at.and_then(|e| e.epoch_ms()).map(|ms| {
+        let their_now = date.unwrap_or_else(SystemTime::now);
+        let their_expiry = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+        let left = their_expiry.duration_since(their_now).unwrap_or(Duration::ZERO);
+        SystemTime::now() + left
+    });
+    Ok(RepoToken {
+        token,
+        expires_at,
+        repo_full_name: response.repo_full_name,
+        artifacts_remote: response.artifacts_remote,
+    })
+}
+
+fn valid_full_name(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('/').collect();
+    parts.len() == 2
+        && parts
+            .iter()
+            .all(|p| crate::checks::path_safe_id("repoFullName part", p).is_ok())
+}
+
+fn parse<T: DeserializeOwned>(call: &str, reply: &Reply) -> Result<T, CallError> {
+    serde_json::from_slice(&reply.body).map_err(|e| bad(call, &format!("the body is not the expected JSON ({e})")))
+}
+
+fn bad(call: &str, reason: &str) -> CallError {
+    CallError::BadResponse {
+        call: call.to_string(),
+        reason: reason.to_string(),
+    }
+}

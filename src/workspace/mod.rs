@@ -1,0 +1,1 @@
+//! The workspace: session files, the clone, the credential helper.
