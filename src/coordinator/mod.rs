@@ -1,1 +1,493 @@
-//! The reference coordinator (PROTOCOL.md section 6).
+//! The reference coordinator (PROTOCOL.md section 6): one session per
+//! process, in memory, serving every route of section 2, a bare git
+//! repository over smart HTTP, and a dev API to queue turns, interrupt, end
+//! the session and inject faults.
+//!
+//! Used three ways: `hosted-boot coordinator` ([`run_cli`]), in-process by the
+//! integration tests and by `hosted-boot demo` ([`Coordinator::start`]).
+//!
+//! Layout: [`state`](self) holds the session and the records, `server` the
+//! HTTP handler (routing, auth, faults, request record), `git` the bare
+//! repository and `git http-backend`, `conn` the listener whose connections a
+//! `reset` fault can drop, `cli` the command.
+//!
+//! Choices the runner can rely on:
+//! - Run ids are `run-<ordinal>`; the initial task is `run-1` (unless the
+//!   session starts idle) and is never shown in `pendingTurn`; `pendingTurn`
+//!   is the lowest-ordinal unfinished run, shown only when that run is a
+//!   queued turn (so a turn queued while `run-1` is unfinished waits for it).
+//! - Bearers and repo tokens carry `expiresAt` as RFC 3339; every one issued
+//!   stays valid until its own TTL.
+//! - Read repo tokens cannot push (`403`); pushes may update only the session
+//!   branch and `<branch>-recovered-*`, never delete a branch or rewrite it
+//!   (non-fast-forward refused).
+//! - Errors are `{"error": "…"}` with `400` (malformed body), `401` (auth),
+//!   `404` (unknown session, run or path), `405`, `409` (event gap, finish
+//!   with another status, `run_started` on a sealed run), `413`.
+
+mod cli;
+mod conn;
+mod git;
+mod server;
+mod state;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use url::Url;
+
+pub use cli::{CoordinatorArgs, run_cli};
+pub use git::create_sample_repo;
+pub use state::{DevError, Fault, RecordedRequest, Route, RunRecord, Snapshot};
+
+use crate::secret::Secret;
+use crate::wire::{AnswerToQuestion, BootStatusBody, ClientInfo};
+
+/// How a [`Coordinator`] is set up. `CoordinatorOptions::default()` is a
+/// session `s1` on `127.0.0.1` (a free port) for `acme/app` with the sample
+/// repository, branch `orizu/session-1`, the initial task pending as `run-1`,
+/// and one-hour bearers and repo tokens.
+#[derive(Clone, Debug)]
+pub struct CoordinatorOptions {
+    /// The session id (`ORIZU_SESSION_ID`); must be path-safe.
+    pub session_id: String,
+    /// `workspaceId` of the session.
+    pub workspace_id: String,
+    /// `repoFullName` of the repo token (`owner/name`).
+    pub repo_full_name: String,
+    /// The session branch (`repoBranch`).
+    pub branch: String,
+    /// Create the session branch in the bare repository from its default
+    /// branch (turn off to test `session_branch_missing`).
+    pub create_branch: bool,
+    /// A non-bare repository to clone bare; `None`: a sample repository
+    /// ([`create_sample_repo`]).
+    pub source_repo: Option<PathBuf>,
+    /// Where the bare repository (`git/{owner}/{name}.git`) and the sample
+    /// repository live; `None`: a temporary directory removed when the
+    /// coordinator is dropped.
+    pub workdir: Option<PathBuf>,
+    /// `clientInfo.task`, the initial task.
+    pub task: String,
+    /// `clientInfo.model`.
+    pub model: Option<String>,
+    /// `clientInfo.reasoningEffort`.
+    pub reasoning_effort: Option<String>,
+    /// `clientInfo.surface`.
+    pub surface: Option<String>,
+    /// `clientInfo.durationMinutes` (per-turn time cap).
+    pub duration_minutes: Option<f64>,
+    /// Start with no run at all (the boot posts `ready` and waits); the first
+    /// queued turn is then `run-1`, shown in `pendingTurn`.
+    pub start_idle: bool,
+    /// The env bundle's connectors (`NAME`, value), served as given (no check,
+    /// so tests can serve reserved names).
+    pub connectors: Vec<(String, String)>,
+    /// The env bundle's `redactVars`.
+    pub redact_vars: Vec<String>,
+    /// Lifetime of each agent bearer (2.1).
+    pub bearer_ttl: Duration,
+    /// Lifetime of each repo token (2.5).
+    pub repo_token_ttl: Duration,
+    /// Address to listen on; a non-loopback address makes the dev API require
+    /// the dev token ([`Coordinator::dev_token`]).
+    pub listen: SocketAddr,
+    /// The base URL to advertise (in [`Coordinator::base_url`] and the
+    /// sandbox's environment) instead of the listening address, e.g. for a
+    /// compose network. Must end with `/`.
+    pub advertise_url: Option<Url>,
+}
+
+impl Default for CoordinatorOptions {
+    fn default() -> Self {
+        CoordinatorOptions {
+            session_id: "s1".into(),
+            workspace_id: "ws-1".into(),
+            repo_full_name: "acme/app".into(),
+            branch: "orizu/session-1".into(),
+            create_branch: true,
+            source_repo: None,
+            workdir: None,
+            task: "Add a short CONTRIBUTING.md describing how to run the project.".into(),
+            model: None,
+            reasoning_effort: None,
+            surface: None,
+            duration_minutes: None,
+            start_idle: false,
+            connectors: Vec::new(),
+            redact_vars: Vec::new(),
+            bearer_ttl: Duration::from_secs(3600),
+            repo_token_ttl: Duration::from_secs(3600),
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            advertise_url: None,
+        }
+    }
+}
+
+/// A running reference coordinator. Dropping it stops the server (and removes
+/// its temporary directory, if it made one); [`Coordinator::shutdown`] stops
+/// it gracefully.
+pub struct Coordinator {
+    shared: Arc<server::Shared>,
+    base_url: Url,
+    local_addr: SocketAddr,
+    shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Coordinator {
+    /// Prepares the bare repository, binds `opts.listen` and starts serving.
+    ///
+    /// Errors: an invalid session id, repository name or branch; a failing
+    /// `git` command (the `git` CLI must be on `PATH`); an existing bare
+    /// repository in `workdir`; an address that cannot be bound.
+    pub async fn start(opts: CoordinatorOptions) -> anyhow::Result<Coordinator> {
+        crate::checks::path_safe_id("session id", &opts.session_id)?;
+        let (tmp, workdir) = match &opts.workdir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("could not create {}", dir.display()))?;
+                (None, dir.clone())
+            }
+            None => {
+                let tmp = tempfile::Builder::new()
+                    .prefix("hosted-boot-coordinator-")
+                    .tempdir()
+                    .context("could not create a temporary directory")?;
+                let dir = tmp.path().to_path_buf();
+                (Some(tmp), dir)
+            }
+        };
+        let repo = {
+            let (source, workdir) = (opts.source_repo.clone(), workdir.clone());
+            let (name, branch, create) = (
+                opts.repo_full_name.clone(),
+                opts.branch.clone(),
+                opts.create_branch,
+            );
+            tokio::task::spawn_blocking(move || {
+                let source = match source {
+                    Some(s) => s,
+                    None => create_sample_repo(&workdir.join("sample"))?,
+                };
+                git::prepare_bare_repo(&workdir, &source, &name, &branch, create)
+            })
+            .await
+            .context("repository setup panicked")??
+        };
+
+        let listener = tokio::net::TcpListener::bind(opts.listen)
+            .await
+            .with_context(|| format!("could not listen on {}", opts.listen))?;
+        let local_addr = listener.local_addr()?;
+        let base_url = match &opts.advertise_url {
+            Some(u) => u.clone(),
+            None => {
+                let ip = match local_addr.ip() {
+                    IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                    IpAddr::V6(v6) if v6.is_unspecified() => {
+                        IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+                    }
+                    ip => ip,
+                };
+                Url::parse(&format!(
+                    "http://{}/",
+                    SocketAddr::new(ip, local_addr.port())
+                ))?
+            }
+        };
+        if !base_url.path().ends_with('/') {
+            anyhow::bail!("the advertised URL {base_url} must end with /");
+        }
+        let dev_token =
+            (!local_addr.ip().is_loopback()).then(|| Secret::new(state::random_hex(16)));
+
+        let shared = Arc::new(server::Shared {
+            cfg: server::Config {
+                session_id: opts.session_id.clone(),
+                workspace_id: opts.workspace_id.clone(),
+                repo_full_name: opts.repo_full_name.clone(),
+                branch: opts.branch.clone(),
+                client_info: ClientInfo {
+                    task: opts.task.clone(),
+                    model: opts.model.clone(),
+                    reasoning_effort: opts.reasoning_effort.clone(),
+                    surface: opts.surface.clone(),
+                    duration_minutes: opts.duration_minutes,
+                },
+                connectors: opts.connectors.clone(),
+                redact_vars: opts.redact_vars.clone(),
+                bearer_ttl: opts.bearer_ttl,
+                repo_token_ttl: opts.repo_token_ttl,
+                boot_secret: Secret::new(state::random_hex(32)),
+                dev_token,
+                repo,
+            },
+            state: Mutex::new(state::State::new(
+                (!opts.start_idle).then_some(opts.task.as_str()),
+            )),
+            changed: tokio::sync::Notify::new(),
+        });
+
+        let app = server::router(shared.clone())
+            .into_make_service_with_connect_info::<conn::ConnHandle>();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(conn::KillableListener(listener), app).with_graceful_shutdown(
+                async move {
+                    let _ = rx.await;
+                },
+            );
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "coordinator: server stopped");
+            }
+        });
+        Ok(Coordinator {
+            shared,
+            base_url,
+            local_addr,
+            shutdown_tx: Mutex::new(Some(tx)),
+            task: Mutex::new(Some(task)),
+            _tmp: tmp,
+        })
+    }
+
+    /// The API base URL (`ORIZU_API_BASE_URL`), with a trailing slash, e.g.
+    /// `http://127.0.0.1:41234/`.
+    pub fn base_url(&self) -> Url {
+        self.base_url.clone()
+    }
+
+    /// The address the server is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// `{base}api/cli/sessions/{sid}/agent-token` (`ORIZU_AGENT_TOKEN_URL`).
+    pub fn agent_token_url(&self) -> String {
+        format!(
+            "{}api/cli/sessions/{}/agent-token",
+            self.base_url, self.shared.cfg.session_id
+        )
+    }
+
+    /// `{base}api/cli/sessions/{sid}/boot-status` (`ORIZU_BOOT_STATUS_URL`).
+    pub fn boot_status_url(&self) -> String {
+        format!(
+            "{}api/cli/sessions/{}/boot-status",
+            self.base_url, self.shared.cfg.session_id
+        )
+    }
+
+    /// The git base (`HOSTED_BOOT_GIT_BASE_URL`): `{base}git`, no trailing
+    /// slash; the clone URL is `{git base}/{repoFullName}.git`.
+    pub fn git_base_url(&self) -> String {
+        format!("{}git", self.base_url)
+    }
+
+    /// The clone URL of the served repository (no credentials).
+    pub fn clone_url(&self) -> String {
+        format!(
+            "{}/{}.git",
+            self.git_base_url(),
+            self.shared.cfg.repo_full_name
+        )
+    }
+
+    /// The session id.
+    pub fn session_id(&self) -> String {
+        self.shared.cfg.session_id.clone()
+    }
+
+    /// The session branch.
+    pub fn branch(&self) -> String {
+        self.shared.cfg.branch.clone()
+    }
+
+    /// The environment a sandbox needs (PROTOCOL.md section 1), in this order:
+    /// `ORIZU_BOOT_SECRET`, `ORIZU_AGENT_TOKEN_URL`, `ORIZU_API_BASE_URL`,
+    /// `ORIZU_SESSION_ID`, `ORIZU_BOOT_STATUS_URL`, `HOSTED_BOOT_GIT_BASE_URL`.
+    /// Holds the boot secret: never log it.
+    pub fn sandbox_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("ORIZU_BOOT_SECRET".into(), self.boot_secret()),
+            ("ORIZU_AGENT_TOKEN_URL".into(), self.agent_token_url()),
+            ("ORIZU_API_BASE_URL".into(), self.base_url.to_string()),
+            ("ORIZU_SESSION_ID".into(), self.session_id()),
+            ("ORIZU_BOOT_STATUS_URL".into(), self.boot_status_url()),
+            ("HOSTED_BOOT_GIT_BASE_URL".into(), self.git_base_url()),
+        ]
+    }
+
+    /// The boot secret (64 hex characters).
+    pub fn boot_secret(&self) -> String {
+        self.shared.cfg.boot_secret.expose().to_string()
+    }
+
+    /// The dev API token, required when listening on a non-loopback address
+    /// (`Authorization: Bearer <token>`); `None` on loopback.
+    pub fn dev_token(&self) -> Option<String> {
+        self.shared
+            .cfg
+            .dev_token
+            .as_ref()
+            .map(|t| t.expose().to_string())
+    }
+
+    /// Every secret the runner could see: the boot secret, then every bearer
+    /// and repo token issued so far, in order. Tests grep logs and files for
+    /// them.
+    pub fn issued_secrets(&self) -> Vec<String> {
+        let mut out = vec![self.boot_secret()];
+        out.extend(self.shared.lock().issued.iter().cloned());
+        out
+    }
+
+    /// The bare repository served (`…/git/{owner}/{name}.git`).
+    pub fn bare_repo(&self) -> PathBuf {
+        self.shared.cfg.repo.path.clone()
+    }
+
+    /// The branch the bare repository's `HEAD` names.
+    pub fn default_branch(&self) -> String {
+        self.shared.cfg.repo.default_branch.clone()
+    }
+
+    /// Queues a turn (`POST dev/turns`): creates run `run-<ordinal>` as
+    /// `pending` and returns its id.
+    pub fn queue_turn(&self, body: &str, answer: Option<AnswerToQuestion>) -> String {
+        self.shared
+            .update(|st| st.queue_turn(body.to_string(), answer))
+    }
+
+    /// Requests an interrupt (`POST dev/interrupt`): sets
+    /// `interruptRequestedRunId` to `run_id`, or to the `running` run.
+    /// Returns the run id.
+    ///
+    /// Errors: no run is `running` (when `run_id` is `None`), unknown run, run
+    /// already sealed.
+    pub fn interrupt(&self, run_id: Option<&str>) -> Result<String, DevError> {
+        self.shared.update(|st| st.interrupt(run_id))
+    }
+
+    /// Ends the session (`POST dev/end`): `status` becomes `ended`.
+    pub fn end_session(&self) {
+        self.shared.update(|st| st.status = "ended".into());
+    }
+
+    /// Queues a fault (`POST dev/faults`).
+    ///
+    /// Errors: a fault that does nothing, a `count` of 0, a status outside
+    /// 200..=599, a route that takes no faults (`dev`, `unknown`).
+    pub fn add_fault(&self, fault: Fault) -> Result<(), DevError> {
+        self.shared.add_fault(fault)
+    }
+
+    /// Drops every fault not used up yet (`DELETE dev/faults`).
+    pub fn clear_faults(&self) {
+        self.shared.update(|st| st.faults.clear());
+    }
+
+    /// Every request received, in order (`GET dev/requests`).
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared.lock().requests.clone()
+    }
+
+    /// The boot statuses posted, in order.
+    pub fn statuses(&self) -> Vec<BootStatusBody> {
+        self.shared.lock().statuses.clone()
+    }
+
+    /// The run `run_id`: status, events, seal.
+    pub fn run(&self, run_id: &str) -> Option<RunRecord> {
+        self.shared.lock().run(run_id).cloned()
+    }
+
+    /// A consistent copy of the whole state.
+    pub fn snapshot(&self) -> Snapshot {
+        self.shared.snapshot()
+    }
+
+    /// `GET dev/state` as JSON: `{"session": {…}, "statuses": […], "runs":
+    /// […], "faults": […]}`.
+    pub fn state_json(&self) -> serde_json::Value {
+        serde_json::to_value(self.snapshot()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Waits until `cond` holds for the state, re-checking at every change
+    /// (each request, each control call); returns the snapshot that satisfied
+    /// it.
+    ///
+    /// Errors: [`DevError::Timeout`] after `timeout`, carrying the last state.
+    pub async fn wait_for<F>(&self, timeout: Duration, mut cond: F) -> Result<Snapshot, DevError>
+    where
+        F: FnMut(&Snapshot) -> bool,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let notified = self.shared.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let snap = self.snapshot();
+            if cond(&snap) {
+                return Ok(snap);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() {
+                return Err(DevError::Timeout {
+                    waited: timeout,
+                    state: serde_json::to_string(&snap).unwrap_or_default(),
+                });
+            }
+        }
+    }
+
+    /// The start-up text of PROTOCOL.md section 6: the base URL, the
+    /// repository, an `env …` line and a `docker run --network host -e …`
+    /// line with the sandbox's environment, and `curl` lines for the dev API.
+    /// Holds the boot secret (it is what a person copies into a sandbox).
+    pub fn startup_text(&self) -> String {
+        cli::startup_text(self)
+    }
+
+    /// Stops the server: no new connections, requests in flight get up to
+    /// 2 s, then everything is dropped.
+    pub async fn shutdown(&self) {
+        let tx = self
+            .shutdown_tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(tx) = tx {
+            let _ = tx.send(());
+        }
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut task) = task {
+            if tokio::time::timeout(Duration::from_secs(2), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        let task = self
+            .task
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! `hosted-boot coordinator`: the reference coordinator as a command
+//! (PROTOCOL.md section 6): starts it, prints what a sandbox and a person
+//! need, serves until Ctrl-C (or SIGTERM).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{Coordinator, CoordinatorOptions};
+use crate::timings::parse_duration;
+
+/// Flags of `hosted-boot coordinator`.
+#[derive(Args, Clone, Debug)]
+pub struct CoordinatorArgs {
+    /// A non-bare git repository to serve (cloned bare); a sample repository
+    /// when absent.
+    #[arg(long, value_name = "PATH")]
+    pub repo: Option<PathBuf>,
+    /// The session's initial task (`clientInfo.task`), pending as `run-1`.
+    #[arg(
+        long,
+        value_name = "TEXT",
+        default_value = "Add a short CONTRIBUTING.md describing how to run the project."
+    )]
+    pub task: String,
+    /// Address to listen on. A non-loopback address makes the dev API require
+    /// the dev token printed at start.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8787")]
+    pub listen: SocketAddr,
+    /// Base URL to advertise instead of the listening address (for example
+    /// `http://coordinator:8787/` on a compose network).
+    #[arg(long, value_name = "URL")]
+    pub advertise_url: Option<url::Url>,
+    /// The session branch.
+    #[arg(long, value_name = "NAME", default_value = "orizu/session-1")]
+    pub branch: String,
+    /// Do not create the session branch in the served repository.
+    #[arg(long)]
+    pub no_create_branch: bool,
+    /// The session id.
+    #[arg(long, value_name = "ID", default_value = "s1")]
+    pub session_id: String,
+    /// `repoFullName` (owner/name) of the served repository.
+    #[arg(long, value_name = "OWNER/NAME", default_value = "acme/app")]
+    pub repo_name: String,
+    /// A connector of the env bundle, `NAME=VALUE` (repeatable).
+    #[arg(long = "connector", value_name = "NAME=VALUE", value_parser = parse_connector)]
+    pub connectors: Vec<(String, String)>,
+    /// A name for the env bundle's `redactVars` (repeatable).
+    #[arg(long = "redact-var", value_name = "NAME")]
+    pub redact_vars: Vec<String>,
+    /// Lifetime of each agent bearer (`10m`, `1h`, …).
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    pub bearer_ttl: Duration,
+    /// Lifetime of each repo token.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    pub repo_token_ttl: Duration,
+    /// `clientInfo.model`.
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+    /// `clientInfo.reasoningEffort`.
+    #[arg(long, value_name = "EFFORT")]
+    pub reasoning_effort: Option<String>,
+    /// `clientInfo.durationMinutes` (per-turn time cap).
+    #[arg(long, value_name = "MINUTES")]
+    pub duration_minutes: Option<f64>,
+    /// Start with no run: the sandbox boots, posts `ready` and waits for a
+    /// turn.
+    #[arg(long)]
+    pub start_idle: bool,
+    /// Where to put the bare repository; a temporary directory (removed at
+    /// exit) when absent.
+    #[arg(long, value_name = "DIR")]
+    pub workdir: Option<PathBuf>,
+}
+
+fn parse_connector(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
+        _ => Err("expected NAME=VALUE (the value is not shown)".to_string()),
+    }
+}
+
+impl CoordinatorArgs {
+    /// The options these flags describe.
+    pub fn options(&self) -> CoordinatorOptions {
+        CoordinatorOptions {
+            session_id: self.session_id.clone(),
+            repo_full_name: self.repo_name.clone(),
+            branch: self.branch.clone(),
+            create_branch: !self.no_create_branch,
+            source_repo: self.repo.clone(),
+            workdir: self.workdir.clone(),
+            task: self.task.clone(),
+            model: self.model.clone(),
+            reasoning_effort: self.reasoning_effort.clone(),
+            duration_minutes: self.duration_minutes,
+            start_idle: self.start_idle,
+            connectors: self.connectors.clone(),
+            redact_vars: self.redact_vars.clone(),
+            bearer_ttl: self.bearer_ttl,
+            repo_token_ttl: self.repo_token_ttl,
+            listen: self.listen,
+            advertise_url: self.advertise_url.clone(),
+            ..CoordinatorOptions::default()
+        }
+    }
+}
+
+/// Runs `hosted-boot coordinator`: starts the coordinator, prints the
+/// start-up text ([`Coordinator::startup_text`]) on stdout, serves until
+/// Ctrl-C or SIGTERM, then stops.
+///
+/// Errors: the coordinator cannot start (see [`Coordinator::start`]).
+pub async fn run_cli(args: CoordinatorArgs) -> anyhow::Result<()> {
+    let coordinator = Coordinator::start(args.options()).await?;
+    println!("{}", coordinator.startup_text());
+    wait_for_stop().await;
+    eprintln!("hosted-boot coordinator: stopping");
+    coordinator.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_stop() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn quote(s: &str) -> String {
+    shlex::try_quote(s).map_or_else(|_| format!("'{s}'"), |q| q.into_owned())
+}
+
+/// See [`Coordinator::startup_text`].
+pub(crate) fn startup_text(c: &Coordinator) -> String {
+    let base = c.base_url();
+    let mut env = c.sandbox_env();
+    let loopback = c.local_addr().ip().is_loopback();
+    if !loopback {
+        env.push(("HOSTED_BOOT_INSECURE_HTTP".into(), "1".into()));
+    }
+    let assignments: Vec<String> = env
+        .iter()
+        .map(|(k, v)| quote(&format!("{k}={v}")))
+        .collect();
+    let docker_env: Vec<String> = assignments.iter().map(|a| format!("-e {a}")).collect();
+    let network = if loopback { "--network host " } else { "" };
+    let auth = c
+        .dev_token()
+        .map(|t| format!(" -H {}", quote(&format!("authorization: Bearer {t}"))))
+        .unwrap_or_default();
+    let json = " -H 'content-type: application/json'";
+    let dev = |p: &str| format!("{base}dev/{p}");
+    let mut out = String::new();
+    out.push_str(&format!(
+        "hosted-boot coordinator: session {} on {base}\n",
+        c.session_id()
+    ));
+    out.push_str(&format!(
+        "repository: {} (bare repository {}), session branch {}\n",
+        c.clone_url(),
+        c.bare_repo().display(),
+        c.branch()
+    ));
+    if let Some(t) = c.dev_token() {
+        out.push_str(&format!(
+            "dev token (dev API, Authorization: Bearer): {t}\n"
+        ));
+    }
+    out.push_str("\nA sandbox's environment (add the runner's agent settings):\n\n");
+    out.push_str(&format!(
+        "  env {} hosted-boot run\n\n",
+        assignments.join(" ")
+    ));
+    out.push_str(&format!(
+        "  docker run --rm {network}{} \"$IMAGE\"\n",
+        docker_env.join(" ")
+    ));
+    out.push_str("\nDev API:\n\n");
+    out.push_str(&format!(
+        "  curl -sS -X POST {}{auth}{json} -d '{{\"body\": \"Now add a test\"}}'\n",
+        dev("turns")
+    ));
+    out.push_str(&format!(
+        "  curl -sS -X POST {}{auth}{json} -d '{{}}'\n",
+        dev("interrupt")
+    ));
+    out.push_str(&format!("  curl -sS -X POST {}{auth}\n", dev("end")));
+    out.push_str(&format!("  curl -sS {}{auth}\n", dev("state")));
+    out.push_str(&format!("  curl -sS {}{auth}\n", dev("requests")));
+    out.push_str(&format!(
+        "  curl -sS -X POST {}{auth}{json} -d '{{\"route\": \"session\", \"status\": 503, \"count\": 2}}'\n",
+        dev("faults")
+    ));
+    out.push_str("\nCtrl-C stops it.");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: CoordinatorArgs,
+    }
+
+    #[test]
+    fn flags_parse() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--connector",
+            "API_KEY=a=b",
+            "--connector",
+            "OTHER=",
+            "--redact-var",
+            "SECRET",
+            "--bearer-ttl",
+            "10m",
+            "--listen",
+            "127.0.0.1:0",
+            "--start-idle",
+        ])
+        .unwrap();
+        let o = cli.args.options();
+        assert_eq!(
+            o.connectors,
+            vec![
+                ("API_KEY".to_string(), "a=b".to_string()),
+                ("OTHER".to_string(), String::new())
+            ]
+        );
+        assert_eq!(o.redact_vars, vec!["SECRET".to_string()]);
+        assert_eq!(o.bearer_ttl, Duration::from_secs(600));
+        assert!(o.start_idle && o.create_branch);
+        assert_eq!(o.session_id, "s1");
+        assert!(Cli::try_parse_from(["x", "--connector", "novalue"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--bearer-ttl", "soon"]).is_err());
+    }
+}

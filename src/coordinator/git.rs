@@ -1,0 +1,509 @@
+//! The coordinator's git side (PROTOCOL.md section 6, "Git"): the bare
+//! repository it serves, and `git http-backend` run as a CGI program behind
+//! the `{base}/git/` routes.
+//!
+//! Repository setup uses the `git` CLI found on `PATH`, isolated from the
+//! user's and the system's git configuration.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, bail};
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// Identity and date of the sample repository's commit, fixed so that its
+/// commit id is the same on every run.
+const SAMPLE_NAME: &str = "hosted-boot sample";
+const SAMPLE_EMAIL: &str = "sample@hosted-boot.invalid";
+const SAMPLE_DATE: &str = "2024-01-01T00:00:00Z";
+
+/// Environment variable through which the pre-receive hook learns the
+/// session branch (set in the CGI environment, inherited by the hook).
+const HOOK_BRANCH_VAR: &str = "HOSTED_BOOT_COORDINATOR_BRANCH";
+
+/// The pre-receive hook: write tokens are scoped to the session branch and its
+/// recovery branches (PROTOCOL.md 4.5, "Push policy").
+const PRE_RECEIVE_HOOK: &str = r#"#!/bin/sh
+# Installed by the hosted-boot reference coordinator: pushes may update only
+# the session branch and its recovery branches (<branch>-recovered-<runId>).
+status=0
+while read -r old new ref; do
+  case "$ref" in
+    "refs/heads/$HOSTED_BOOT_COORDINATOR_BRANCH" | "refs/heads/$HOSTED_BOOT_COORDINATOR_BRANCH"-recovered-*) ;;
+    *)
+      echo "hosted-boot coordinator: push to $ref refused: tokens are scoped to refs/heads/$HOSTED_BOOT_COORDINATOR_BRANCH and its recovery branches" >&2
+      status=1
+      ;;
+  esac
+done
+exit $status
+"#;
+
+/// Runs `git` with `args` (in `dir` when given) isolated from the user's and
+/// system configuration; returns its trimmed stdout.
+fn git(dir: Option<&Path>, args: &[&str]) -> anyhow::Result<String> {
+    let mut cmd = Command::new("git");
+    if let Some(dir) = dir {
+        cmd.arg("-C").arg(dir);
+    }
+    cmd.args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(Stdio::null());
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not run git {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "git {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn path_str(p: &Path) -> anyhow::Result<&str> {
+    p.to_str()
+        .with_context(|| format!("path {} is not UTF-8", p.display()))
+}
+
+/// Creates a small sample repository (a `README.md` and `src/greeting.txt`,
+/// one commit on `main` with a fixed identity and date) at `dir`, which must
+/// not exist or be empty. Returns the repository's path (`dir`, made
+/// absolute).
+///
+/// Errors: `dir` is not empty, cannot be created, or a `git` command fails.
+pub fn create_sample_repo(dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("could not create {}", dir.display()))?;
+    if std::fs::read_dir(dir)?.next().is_some() {
+        bail!(
+            "{} is not empty: the sample repository needs an empty directory",
+            dir.display()
+        );
+    }
+    let dir = std::path::absolute(dir)?;
+    let d = Some(dir.as_path());
+    git(None, &["init", "-q", "-b", "main", path_str(&dir)?])?;
+    std::fs::write(
+        dir.join("README.md"),
+        "# Sample app\n\nA sample repository served by the hosted-boot reference coordinator.\n",
+    )?;
+    std::fs::create_dir_all(dir.join("src"))?;
+    std::fs::write(dir.join("src/greeting.txt"), "Hello, world!\n")?;
+    git(d, &["add", "-A"])?;
+    let mut cmd = Command::new("git");
+    cmd.arg("-C")
+        .arg(&dir)
+        .args([
+            "-c",
+            "commit.gpgsign=false",
+            "commit",
+            "-q",
+            "-m",
+            "Initial commit",
+        ])
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", SAMPLE_NAME)
+        .env("GIT_AUTHOR_EMAIL", SAMPLE_EMAIL)
+        .env("GIT_AUTHOR_DATE", SAMPLE_DATE)
+        .env("GIT_COMMITTER_NAME", SAMPLE_NAME)
+        .env("GIT_COMMITTER_EMAIL", SAMPLE_EMAIL)
+        .env("GIT_COMMITTER_DATE", SAMPLE_DATE)
+        .stdin(Stdio::null());
+    let out = cmd.output().context("could not run git commit")?;
+    if !out.status.success() {
+        bail!(
+            "git commit failed in {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(dir)
+}
+
+/// Checks `owner/name`: two segments of `[A-Za-z0-9._-]`, neither starting
+/// with `.` or `-`.
+pub(crate) fn check_repo_full_name(name: &str) -> anyhow::Result<()> {
+    let parts: Vec<&str> = name.split('/').collect();
+    let ok = parts.len() == 2
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && !p.starts_with('.')
+                && !p.starts_with('-')
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        });
+    if !ok {
+        bail!("invalid repository name {name:?}: expected owner/name of A-Z a-z 0-9 . _ -");
+    }
+    Ok(())
+}
+
+/// The bare repository the coordinator serves.
+#[derive(Clone, Debug)]
+pub(crate) struct BareRepo {
+    /// `GIT_PROJECT_ROOT`: the directory that holds `{owner}/{name}.git`.
+    pub project_root: PathBuf,
+    /// The bare repository itself.
+    pub path: PathBuf,
+    /// The branch `HEAD` names (the source's current branch).
+    pub default_branch: String,
+}
+
+/// Clones `source` bare into `{workdir}/git/{repo_full_name}.git`, points
+/// `HEAD` at the default branch, creates `branch` from it when `create_branch`
+/// is set, refuses deletions and non-fast-forward pushes, and installs the
+/// pre-receive hook that scopes pushes to the session branch.
+pub(crate) fn prepare_bare_repo(
+    workdir: &Path,
+    source: &Path,
+    repo_full_name: &str,
+    branch: &str,
+    create_branch: bool,
+) -> anyhow::Result<BareRepo> {
+    check_repo_full_name(repo_full_name)?;
+    git(None, &["check-ref-format", "--branch", branch])
+        .with_context(|| format!("invalid session branch {branch:?}"))?;
+    let project_root = std::path::absolute(workdir.join("git"))?;
+    let path = project_root.join(format!("{repo_full_name}.git"));
+    if path.exists() {
+        bail!(
+            "{} already exists: use an empty working directory for the coordinator",
+            path.display()
+        );
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    git(
+        None,
+        &[
+            "clone",
+            "--bare",
+            "--quiet",
+            "--",
+            path_str(source)?,
+            path_str(&path)?,
+        ],
+    )
+    .with_context(|| format!("could not clone {} bare", source.display()))?;
+    let p = Some(path.as_path());
+    let branches: Vec<String> = git(
+        p,
+        &["for-each-ref", "--format=%(refname:short)", "refs/heads/"],
+    )?
+    .lines()
+    .map(str::to_string)
+    .collect();
+    if branches.is_empty() {
+        bail!(
+            "the source repository {} has no branch with a commit",
+            source.display()
+        );
+    }
+    let head = git(p, &["symbolic-ref", "--short", "HEAD"]).ok();
+    let default_branch = match head {
+        Some(h) if branches.contains(&h) => h,
+        _ => ["main", "master"]
+            .iter()
+            .map(|s| s.to_string())
+            .find(|b| branches.contains(b))
+            .unwrap_or_else(|| branches[0].clone()),
+    };
+    git(
+        p,
+        &[
+            "symbolic-ref",
+            "HEAD",
+            &format!("refs/heads/{default_branch}"),
+        ],
+    )?;
+    if create_branch && !branches.iter().any(|b| b == branch) {
+        git(
+            p,
+            &[
+                "update-ref",
+                &format!("refs/heads/{branch}"),
+                &format!("refs/heads/{default_branch}"),
+            ],
+        )?;
+    }
+    for (key, value) in [
+        ("receive.denyNonFastForwards", "true"),
+        ("receive.denyDeletes", "true"),
+        ("http.receivepack", "true"),
+        ("uploadpack.allowFilter", "true"),
+    ] {
+        git(p, &["config", key, value])?;
+    }
+    let hook = path.join("hooks/pre-receive");
+    std::fs::create_dir_all(path.join("hooks"))?;
+    std::fs::write(&hook, PRE_RECEIVE_HOOK)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(BareRepo {
+        project_root,
+        path,
+        default_branch,
+    })
+}
+
+/// Whether a git smart-HTTP request is a push (`git-receive-pack`).
+pub(crate) fn is_push(path: &str, query: &str) -> bool {
+    path.ends_with("/git-receive-pack")
+        || query.split('&').any(|kv| kv == "service=git-receive-pack")
+}
+
+/// Runs `git http-backend` for one request and streams its answer.
+///
+/// `path_info` is the path below `{base}/git` (starting with `/`), already
+/// checked to name the served repository. The request body is streamed to the
+/// CGI's stdin without a size limit; the CGI's stdout is parsed for its
+/// headers (`Status:` gives the status code) and its body is streamed back.
+pub(crate) async fn http_backend(
+    repo: &BareRepo,
+    branch: &str,
+    method: &Method,
+    path_info: &str,
+    query: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    match run_backend(repo, branch, method, path_info, query, headers, body).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "coordinator: git http-backend failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "git http-backend failed\n",
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn run_backend(
+    repo: &BareRepo,
+    branch: &str,
+    method: &Method,
+    path_info: &str,
+    query: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> anyhow::Result<Response> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.arg("http-backend")
+        .env_clear()
+        .env(
+            "PATH",
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+        )
+        .env("HOME", &repo.project_root)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_PROJECT_ROOT", &repo.project_root)
+        .env("GIT_HTTP_EXPORT_ALL", "1")
+        .env("REQUEST_METHOD", method.as_str())
+        .env("PATH_INFO", path_info)
+        .env("QUERY_STRING", query)
+        .env("REMOTE_USER", "x-access-token")
+        .env("REMOTE_ADDR", "127.0.0.1")
+        .env(HOOK_BRANCH_VAR, branch)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (var, name) in [
+        ("CONTENT_TYPE", "content-type"),
+        ("CONTENT_LENGTH", "content-length"),
+        ("GIT_PROTOCOL", "git-protocol"),
+        ("HTTP_CONTENT_ENCODING", "content-encoding"),
+    ] {
+        if let Some(v) = header(name) {
+            cmd.env(var, v);
+        }
+    }
+    let mut child = cmd.spawn().context("could not start git http-backend")?;
+    let mut stdin = child.stdin.take().context("no stdin")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut stderr = child.stderr.take().context("no stderr")?;
+
+    // Request body → stdin, concurrently with reading stdout.
+    tokio::spawn(async move {
+        let mut stream = body.into_data_stream();
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else { break };
+            if stdin.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = stdin.shutdown().await;
+    });
+    tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text).await;
+        let text = text.trim();
+        if !text.is_empty() {
+            tracing::debug!(stderr = %text, "coordinator: git http-backend");
+        }
+    });
+
+    let mut reader = BufReader::new(stdout);
+    let mut status = StatusCode::OK;
+    let mut out_headers = HeaderMap::new();
+    loop {
+        let mut line = String::new();
+        let n = reader.read_line(&mut line).await?;
+        if n == 0 {
+            bail!("git http-backend ended before its headers were complete");
+        }
+        let line = line.trim_end_matches(['\r', '\n']);
+        if line.is_empty() {
+            break;
+        }
+        let Some((name, value)) = line.split_once(':') else {
+            bail!("malformed CGI header line {line:?}");
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("status") {
+            let code = value.split_whitespace().next().unwrap_or("");
+            status = code
+                .parse::<u16>()
+                .ok()
+                .and_then(|c| StatusCode::from_u16(c).ok())
+                .with_context(|| format!("bad CGI status {value:?}"))?;
+        } else if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.trim().as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            out_headers.append(n, v);
+        }
+    }
+
+    // The rest of stdout is the body; the child lives with the stream, and is
+    // waited for (not killed) once stdout ends.
+    let state = Some((reader, child));
+    let stream = futures_util::stream::unfold(state, |state| async move {
+        let (mut reader, mut child) = state?;
+        let mut buf = vec![0u8; 32 * 1024];
+        match reader.read(&mut buf).await {
+            Ok(0) => {
+                tokio::spawn(async move {
+                    let _ = child.wait().await;
+                });
+                None
+            }
+            Ok(n) => {
+                buf.truncate(n);
+                Some((
+                    Ok::<Bytes, std::io::Error>(Bytes::from(buf)),
+                    Some((reader, child)),
+                ))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    });
+    let mut resp = Response::new(Body::from_stream(stream));
+    *resp.status_mut() = status;
+    *resp.headers_mut() = out_headers;
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_repo_has_a_fixed_commit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = create_sample_repo(&tmp.path().join("a")).unwrap();
+        let b = create_sample_repo(&tmp.path().join("b")).unwrap();
+        let head_a = git(Some(&a), &["rev-parse", "HEAD"]).unwrap();
+        let head_b = git(Some(&b), &["rev-parse", "HEAD"]).unwrap();
+        assert_eq!(head_a, head_b);
+        assert!(a.join("README.md").is_file());
+        assert!(
+            create_sample_repo(&a).is_err(),
+            "a non-empty directory is refused"
+        );
+    }
+
+    #[test]
+    fn bare_repo_gets_the_session_branch_and_head() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = create_sample_repo(&tmp.path().join("src")).unwrap();
+        let repo = prepare_bare_repo(
+            &tmp.path().join("w"),
+            &src,
+            "acme/app",
+            "orizu/session-1",
+            true,
+        )
+        .unwrap();
+        assert!(repo.path.ends_with("git/acme/app.git"));
+        assert_eq!(repo.default_branch, "main");
+        let p = Some(repo.path.as_path());
+        assert_eq!(
+            git(p, &["symbolic-ref", "HEAD"]).unwrap(),
+            "refs/heads/main"
+        );
+        assert_eq!(
+            git(p, &["rev-parse", "refs/heads/orizu/session-1"]).unwrap(),
+            git(p, &["rev-parse", "refs/heads/main"]).unwrap()
+        );
+
+        let repo2 = prepare_bare_repo(
+            &tmp.path().join("w2"),
+            &src,
+            "acme/app",
+            "orizu/session-1",
+            false,
+        )
+        .unwrap();
+        assert!(
+            git(
+                Some(&repo2.path),
+                &["rev-parse", "--verify", "refs/heads/orizu/session-1"]
+            )
+            .is_err()
+        );
+        assert!(prepare_bare_repo(&tmp.path().join("w3"), &src, "acme", "b", true).is_err());
+        assert!(
+            prepare_bare_repo(
+                &tmp.path().join("w4"),
+                &src,
+                "acme/app",
+                "bad..branch",
+                true
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn push_detection() {
+        assert!(is_push(
+            "/acme/app.git/info/refs",
+            "service=git-receive-pack"
+        ));
+        assert!(is_push("/acme/app.git/git-receive-pack", ""));
+        assert!(!is_push(
+            "/acme/app.git/info/refs",
+            "service=git-upload-pack"
+        ));
+        assert!(!is_push("/acme/app.git/git-upload-pack", ""));
+    }
+}
