@@ -1,1 +1,114 @@
-//! The workspace: session files, the clone, the credential helper.
+//! The workspace: session files (PROTOCOL.md section 3), the clone of the
+//! session branch through a git smart-HTTP transport on the runner's own
+//! HTTP client (4 step 5), and the git credential helper (3).
+//!
+//! - [`files`]: atomic 0600 secret files, the session directory and the run
+//!   directory.
+//! - [`context`]: `boot-context.json`, what the credential helper needs.
+//! - [`transport`]: the git2 subtransport over reqwest (one TLS stack, our
+//!   trust roots), with credentials from the repository's helper.
+//! - [`clone`]: `repo/`: clone the session branch or reuse an existing clone.
+//! - [`credential`]: `hosted-boot credential get|store|erase`.
+
+pub mod clone;
+pub mod context;
+pub mod credential;
+pub mod files;
+pub mod transport;
+
+use std::path::{Path, PathBuf};
+
+pub use clone::{
+    PreparedRepo, RepoSpec, credential_helper_command, current_exe_helper_command, prepare_repo,
+    prepare_repo_async,
+};
+pub use context::BootContext;
+pub use credential::{credential_helper_with_io, read_credential_cache, run_credential_helper};
+pub use files::{RunDir, SessionDir, write_secret_file};
+pub use transport::{CredentialHelpers, HttpContext, RemoteRegistration, register_remote};
+
+/// Why a workspace step failed. Messages name the value concerned (path,
+/// branch, URL) and what to do; never a token or the boot secret.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// A file system operation failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was attempted, e.g. `write` or `create directory`.
+        action: &'static str,
+        /// The path concerned.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A value failed its check (PROTOCOL.md section 5).
+    #[error(transparent)]
+    Invalid(#[from] crate::checks::CheckError),
+    /// `boot-context.json` could not be read or written as JSON.
+    #[error("boot context {}: {reason}", path.display())]
+    Context {
+        /// The context file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The session branch does not exist on the remote (PROTOCOL.md 3,
+    /// `session_branch_missing`): the coordinator provisions it.
+    #[error(
+        "the session branch {branch:?} does not exist on {url}; the coordinator must create it before the sandbox boots"
+    )]
+    SessionBranchMissing {
+        /// The session branch.
+        branch: String,
+        /// The remote (clone URL, no credential).
+        url: String,
+    },
+    /// `repo/` exists but is not a clone of the session's remote.
+    #[error(
+        "{} exists but {found}, not a clone of the session remote {expected}; move it away (or empty it) and boot again",
+        path.display()
+    )]
+    ForeignRepo {
+        /// The `repo/` path.
+        path: PathBuf,
+        /// What was found there (`is not a git repository`, `its origin is …`).
+        found: String,
+        /// The session remote.
+        expected: String,
+    },
+    /// A git operation failed (transport errors included).
+    #[error("git {action} of {url} failed: {message}")]
+    Git {
+        /// What was attempted (`fetch`, `checkout`, `configure`, …).
+        action: &'static str,
+        /// The remote URL or the repository path.
+        url: String,
+        /// libgit2's message (never holds a credential: the transport keeps
+        /// tokens out of URLs and messages).
+        message: String,
+    },
+}
+
+impl WorkspaceError {
+    /// A stable code for the error, used in reports (`session_branch_missing`
+    /// is part of PROTOCOL.md section 3).
+    pub fn code(&self) -> &'static str {
+        match self {
+            WorkspaceError::Io { .. } => "workspace_io",
+            WorkspaceError::Invalid(_) => "invalid_value",
+            WorkspaceError::Context { .. } => "boot_context_invalid",
+            WorkspaceError::SessionBranchMissing { .. } => "session_branch_missing",
+            WorkspaceError::ForeignRepo { .. } => "repo_conflict",
+            WorkspaceError::Git { .. } => "clone_failed",
+        }
+    }
+
+    pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        WorkspaceError::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! `repo/`: the clone of the session branch (PROTOCOL.md 3 and 4 step 5).
+//!
+//! A fresh clone is `git init`, then the configuration (first, so that a
+//! boot killed mid-clone leaves a `repo/` the next boot recognises and
+//! reuses), then a depth-1 fetch of the session branch through
+//! [`super::transport`], then the local session branch, its upstream and a
+//! forced checkout. An existing `repo/` whose `origin` is the session remote
+//! is reused (configuration rewritten, session branch fetched, work tree
+//! untouched); anything else there is an error.
+//!
+//! The configuration lets the agent's own `git fetch`/`git push` (the git
+//! CLI) authenticate through the same credential helper.
+
+use std::path::{Path, PathBuf};
+
+use git2::{AutotagOption, ConfigLevel, Direction, FetchOptions, RemoteUpdateFlags, Repository};
+
+use super::WorkspaceError;
+use super::transport::{CredentialHelpers, HttpContext, register_remote};
+
+/// The agent's git identity (commits of the harvest too).
+pub const GIT_USER_NAME: &str = "hosted-boot agent";
+/// The agent's git e-mail address.
+pub const GIT_USER_EMAIL: &str = "agent@hosted-boot.invalid";
+
+/// What [`prepare_repo`] needs.
+#[derive(Clone, Debug)]
+pub struct RepoSpec {
+    /// The root (`HOSTED_BOOT_ROOT`); the clone is `{root}/repo`.
+    pub root: PathBuf,
+    /// The clone URL, already checked by the caller (https, or http under
+    /// PROTOCOL.md section 1); no user info.
+    pub remote_url: String,
+    /// The session branch (checked here again as a git value).
+    pub branch: String,
+    /// The `credential.helper` value to configure, normally
+    /// [`credential_helper_command`] of the running binary.
+    pub credential_helper: String,
+    /// The HTTP client and runtime the fetch runs on.
+    pub http: HttpContext,
+}
+
+/// The result of [`prepare_repo`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedRepo {
+    /// `{root}/repo`, absolute.
+    pub path: PathBuf,
+    /// The session branch's commit on the remote, as fetched (hex).
+    pub remote_head: String,
+    /// Whether an existing clone was reused (its work is the harvest's
+    /// business, PROTOCOL.md 4.5) rather than cloned now.
+    pub reused: bool,
+}
+
+/// Quotes `value` for a POSIX shell: single quotes, an embedded single
+/// quote written `'\''`.
+pub fn shell_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+/// The `credential.helper` value (PROTOCOL.md 3):
+/// `!'<exe>' credential --context '<context>'`, both paths absolute and
+/// shell-quoted.
+///
+/// Errors: a path that is not valid UTF-8 (git config values are text).
+pub fn credential_helper_command(exe: &Path, context: &Path) -> Result<String, WorkspaceError> {
+    let text = |what: &'static str, p: &Path| -> Result<String, WorkspaceError> {
+        let abs = std::path::absolute(p).map_err(|e| WorkspaceError::io("resolve", p, e))?;
+        abs.to_str()
+            .map(str::to_string)
+            .ok_or_else(|| WorkspaceError::Io {
+                action: what,
+                path: abs.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the path is not valid UTF-8",
+                ),
+            })
+    };
+    let exe = text("use as credential helper", exe)?;
+    let context = text("use as credential context", context)?;
+    Ok(format!(
+        "!{} credential --context {}",
+        shell_quote(&exe),
+        shell_quote(&context)
+    ))
+}
+
+/// [`credential_helper_command`] for the running binary
+/// (`std::env::current_exe()`).
+///
+/// Errors: the executable's path cannot be found or is not UTF-8.
+pub fn current_exe_helper_command(context: &Path) -> Result<String, WorkspaceError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| WorkspaceError::io("find", Path::new("/proc/self/exe"), e))?;
+    credential_helper_command(&exe, context)
+}
+
+fn git_error<'a>(
+    action: &'static str,
+    url: &'a str,
+) -> impl Fn(git2::Error) -> WorkspaceError + 'a {
+    move |e| WorkspaceError::Git {
+        action,
+        url: url.to_string(),
+        message: e.message().replace('\0', ""),
+    }
+}
+
+/// A URL as it may be shown: user info removed (an `origin` found on disk
+/// could hold a credential).
+fn displayable_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_password(None);
+            let _ = u.set_username("");
+            u.to_string()
+        }
+        Err(_) if !url.contains('@') => url.to_string(),
+        Err(_) => "(an unparsable URL)".to_string(),
+    }
+}
+
+fn same_url(a: &str, b: &str) -> bool {
+    match (reqwest::Url::parse(a), reqwest::Url::parse(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// Clones the session branch into `{root}/repo`, or reuses the clone that is
+/// there (PROTOCOL.md 3, 4 step 5). Blocking: call it from
+/// `tokio::task::spawn_blocking` or a plain thread, never from an async task
+/// (see [`super::transport`]), or use [`prepare_repo_async`].
+///
+/// Errors:
+/// - [`WorkspaceError::Invalid`]: the branch or URL fails its check;
+/// - [`WorkspaceError::ForeignRepo`]: `repo/` exists and is not a clone of
+///   the session remote (not a git repository, no `origin`, another
+///   `origin`);
+/// - [`WorkspaceError::SessionBranchMissing`]: the remote has no such branch;
+/// - [`WorkspaceError::Git`]: configuration, fetch (transport,
+///   authentication: "refused the credentials twice") or checkout failed;
+/// - [`WorkspaceError::Io`]: the root cannot be resolved or `repo/` read.
+pub fn prepare_repo(spec: &RepoSpec) -> Result<PreparedRepo, WorkspaceError> {
+    crate::checks::git_branch("session branch", &spec.branch)?;
+    crate::checks::url("clone URL", &spec.remote_url, true)?;
+    let root = std::path::absolute(&spec.root)
+        .map_err(|e| WorkspaceError::io("resolve", &spec.root, e))?;
+    let path = root.join("repo");
+    let url = spec.remote_url.as_str();
+
+    let (repo, reused) = open_or_init(&path, url)?;
+    configure(&repo, spec).map_err(git_error("configuration", url))?;
+
+    let local = repo
+        .config()
+        .and_then(|c| c.open_level(ConfigLevel::Local))
+        .and_then(|c| CredentialHelpers::from_config(&c))
+        .map_err(git_error("configuration", url))?;
+    let _registration =
+        register_remote(url, spec.http.clone(), local).map_err(git_error("fetch", url))?;
+
+    // A repository that was initialised but never checked out (a boot
+    // killed mid-clone) is finished like a fresh clone.
+    let unborn = repo.head().is_err();
+    let oid = fetch_branch(&repo, url, &spec.branch, !reused || unborn)?;
+    if !reused || unborn {
+        check_out(&repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
+    }
+    tracing::info!(
+        path = %path.display(),
+        branch = %spec.branch,
+        commit = %oid,
+        reused,
+        "session branch ready"
+    );
+    Ok(PreparedRepo {
+        path,
+        remote_head: oid.to_string(),
+        reused,
+    })
+}
+
+/// [`prepare_repo`] on tokio's blocking pool.
+///
+/// Errors: as [`prepare_repo`]; a panic of the blocking task is a
+/// [`WorkspaceError::Git`].
+pub async fn prepare_repo_async(spec: RepoSpec) -> Result<PreparedRepo, WorkspaceError> {
+    let url = spec.remote_url.clone();
+    tokio::task::spawn_blocking(move || prepare_repo(&spec))
+        .await
+        .unwrap_or_else(|e| {
+            Err(WorkspaceError::Git {
+                action: "clone",
+                url,
+                message: format!("the clone task failed: {e}"),
+            })
+        })
+}
+
+fn open_or_init(path: &Path, url: &str) -> Result<(Repository, bool), WorkspaceError> {
+    let empty_dir = match std::fs::read_dir(path) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        // Not a directory, or unreadable: let `open` below say what it is.
+        Err(_) => false,
+    };
+    if empty_dir {
+        // Absent, or an empty directory (a mounted volume): clone into it.
+        let repo = Repository::init(path).map_err(git_error("init", url))?;
+        return Ok((repo, false));
+    }
+    let foreign = |found: String| WorkspaceError::ForeignRepo {
+        path: path.to_path_buf(),
+        found,
+        expected: url.to_string(),
+    };
+    let repo =
+        Repository::open(path).map_err(|_| foreign("is not a git repository".to_string()))?;
+    let origin = match repo.find_remote("origin") {
+        Ok(remote) => remote.url().ok().map(str::to_string),
+        Err(_) => return Err(foreign("has no origin remote".to_string())),
+    };
+    match origin {
+        Some(found) if same_url(&found, url) => Ok((repo, true)),
+        Some(found) => Err(foreign(format!(
+            "its origin is {}",
+            displayable_url(&found)
+        ))),
+        None => Err(foreign("its origin URL is not valid UTF-8".to_string())),
+    }
+}
+
+fn refspec(branch: &str) -> String {
+    format!("+refs/heads/{branch}:refs/remotes/origin/{branch}")
+}
+
+/// Removes every value of a (multi-valued) key; absent is fine.
+fn unset_all(config: &mut git2::Config, name: &str) -> Result<(), git2::Error> {
+    match config.remove_multivar(name, ".*") {
+        Ok(()) => Ok(()),
+        Err(e) if e.code() == git2::ErrorCode::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes the repository's local configuration: `origin` fetching only the
+/// session branch, the credential helper (after an empty entry, which makes
+/// git ignore helpers of the global and system configuration), the HTTP
+/// path in credential requests, proactive Basic auth (git ≥ 2.46; older
+/// versions ignore it), the agent's identity.
+fn configure(repo: &Repository, spec: &RepoSpec) -> Result<(), git2::Error> {
+    let mut config = repo.config()?.open_level(ConfigLevel::Local)?;
+    unset_all(&mut config, "remote.origin.fetch")?;
+    config.set_str("remote.origin.url", &spec.remote_url)?;
+    config.set_multivar("remote.origin.fetch", "^$", &refspec(&spec.branch))?;
+    unset_all(&mut config, "credential.helper")?;
+    // With no value left, each call appends (the pattern matches nothing).
+    config.set_multivar("credential.helper", "^$", "")?;
+    config.set_multivar("credential.helper", "^.+$", &spec.credential_helper)?;
+    config.set_bool("credential.useHttpPath", true)?;
+    config.set_str("http.proactiveAuth", "basic")?;
+    config.set_str("user.name", GIT_USER_NAME)?;
+    config.set_str("user.email", GIT_USER_EMAIL)?;
+    Ok(())
+}
+
+/// Connects, checks that the session branch exists, downloads it (depth 1
+/// when `shallow`) and updates `refs/remotes/origin/<branch>`.
+fn fetch_branch(
+    repo: &Repository,
+    url: &str,
+    branch: &str,
+    shallow: bool,
+) -> Result<git2::Oid, WorkspaceError> {
+    let fetch_err = git_error("fetch", url);
+    let mut remote = repo.find_remote("origin").map_err(&fetch_err)?;
+    let mut connection = remote
+        .connect_auth(Direction::Fetch, None, None)
+        .map_err(&fetch_err)?;
+    let wanted = format!("refs/heads/{branch}");
+    let oid = connection
+        .list()
+        .map_err(&fetch_err)?
+        .iter()
+        .find(|head| head.name() == wanted)
+        .map(|head| head.oid())
+        .ok_or_else(|| WorkspaceError::SessionBranchMissing {
+            branch: branch.to_string(),
+            url: url.to_string(),
+        })?;
+    let mut options = FetchOptions::new();
+    options.download_tags(AutotagOption::None);
+    if shallow {
+        options.depth(1);
+    }
+    let remote = connection.remote();
+    remote
+        .download(&[refspec(branch)], Some(&mut options))
+        .map_err(&fetch_err)?;
+    remote
+        .update_tips(
+            None,
+            RemoteUpdateFlags::UPDATE_FETCHHEAD,
+            AutotagOption::None,
+            Some("hosted-boot: fetch the session branch"),
+        )
+        .map_err(&fetch_err)?;
+    remote.disconnect().map_err(&fetch_err)?;
+    Ok(oid)
+}
+
+/// Creates the local session branch at `oid`, sets its upstream to
+/// `origin/<branch>`, makes it `HEAD` and checks it out (forced).
+fn check_out(repo: &Repository, branch: &str, oid: git2::Oid) -> Result<(), git2::Error> {
+    let commit = repo.find_commit(oid)?;
+    let mut local = repo.branch(branch, &commit, true)?;
+    local.set_upstream(Some(&format!("origin/{branch}")))?;
+    repo.set_head(&format!("refs/heads/{branch}"))?;
+    let mut checkout = git2::build::CheckoutBuilder::new();
+    checkout.force();
+    repo.checkout_head(Some(&mut checkout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_is_posix() {
+        assert_eq!(shell_quote("/usr/bin/x"), "'/usr/bin/x'");
+        assert_eq!(shell_quote("/a b/it's"), r"'/a b/it'\''s'");
+        // The shell gives back exactly the value.
+        let value = "/tmp/it's a \"dir\"/$HOME `x`";
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf %s {}", shell_quote(value)))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), value);
+    }
+
+    #[test]
+    fn helper_command_shape() {
+        let cmd = credential_helper_command(
+            Path::new("/opt/hosted-boot"),
+            Path::new("/r/.orizu-session/s1/boot-context.json"),
+        )
+        .unwrap();
+        assert_eq!(
+            cmd,
+            "!'/opt/hosted-boot' credential --context '/r/.orizu-session/s1/boot-context.json'"
+        );
+    }
+
+    #[test]
+    fn urls_shown_without_user_info() {
+        assert_eq!(
+            displayable_url("https://x-access-token:tok@github.com/o/r.git"),
+            "https://github.com/o/r.git"
+        );
+        assert_eq!(displayable_url("not a url@host"), "(an unparsable URL)");
+        assert!(same_url(
+            "https://github.com/o/r.git",
+            "https://GITHUB.com/o/r.git"
+        ));
+        assert!(!same_url(
+            "https://github.com/o/r.git",
+            "https://github.com/o/x.git"
+        ));
+    }
+}

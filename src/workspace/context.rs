@@ -1,0 +1,123 @@
+//! `boot-context.json` (PROTOCOL.md section 3): what the git credential
+//! helper needs to mint repository tokens, and no secret value. The boot
+//! secret itself is in the `boot-secret` file it names.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::WorkspaceError;
+use super::files::write_secret_file;
+use crate::timings::Timings;
+
+/// The credential helper's context. Written by the boot (0600, atomic), read
+/// by every `hosted-boot credential` process. JSON, `camelCase`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootContext {
+    /// `ORIZU_API_BASE_URL` (with its trailing slash).
+    pub api_base_url: String,
+    /// `ORIZU_AGENT_TOKEN_URL`.
+    pub agent_token_url: String,
+    /// `ORIZU_SESSION_ID`.
+    pub session_id: String,
+    /// The clone URL of the session's repository (no credential in it): the
+    /// helper answers only for this remote.
+    pub remote_url: String,
+    /// Absolute path of the `boot-secret` file.
+    pub boot_secret_path: PathBuf,
+    /// Absolute path of the `repo-credential-cache` file.
+    pub credential_cache_path: PathBuf,
+    /// `HOSTED_BOOT_CA_FILE`, when set: extra trust roots (PEM).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// `HOSTED_BOOT_INSECURE_HTTP=1`: plain http to non-loopback hosts.
+    #[serde(default)]
+    pub insecure_http: bool,
+    /// `HOSTED_BOOT_TEST_TIME_SCALE` (1.0 in production): the helper uses
+    /// `Timings::default().scaled(time_scale)` when it is not 1.
+    #[serde(default = "one")]
+    pub time_scale: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl BootContext {
+    /// The contract's durations under this context's time scale.
+    pub fn timings(&self) -> Timings {
+        if self.time_scale.is_finite() && self.time_scale > 0.0 && self.time_scale != 1.0 {
+            Timings::default().scaled(self.time_scale)
+        } else {
+            Timings::default()
+        }
+    }
+
+    /// Writes the context to `path` (0600, atomic, trailing newline).
+    ///
+    /// Errors: [`WorkspaceError::Io`], or [`WorkspaceError::Context`] if it
+    /// cannot be serialized.
+    pub fn write(&self, path: &Path) -> Result<(), WorkspaceError> {
+        let json = serde_json::to_vec_pretty(self).map_err(|e| WorkspaceError::Context {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        write_secret_file(path, &json)
+    }
+
+    /// Reads a context written by [`BootContext::write`].
+    ///
+    /// Errors: [`WorkspaceError::Io`] (missing: the session has ended), or
+    /// [`WorkspaceError::Context`] when it is not the expected JSON.
+    pub fn read(path: &Path) -> Result<BootContext, WorkspaceError> {
+        let bytes = std::fs::read(path).map_err(|e| WorkspaceError::io("read", path, e))?;
+        serde_json::from_slice(&bytes).map_err(|e| WorkspaceError::Context {
+            path: path.to_path_buf(),
+            reason: format!("not the expected JSON ({e})"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_wire_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("boot-context.json");
+        let ctx = BootContext {
+            api_base_url: "http://127.0.0.1:1/".into(),
+            agent_token_url: "http://127.0.0.1:1/t".into(),
+            session_id: "s1".into(),
+            remote_url: "http://127.0.0.1:1/git/o/r.git".into(),
+            boot_secret_path: "/x/boot-secret".into(),
+            credential_cache_path: "/x/repo-credential-cache".into(),
+            ca_file: None,
+            insecure_http: false,
+            time_scale: 0.5,
+        };
+        ctx.write(&path).unwrap();
+        let value: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for key in [
+            "apiBaseUrl",
+            "agentTokenUrl",
+            "sessionId",
+            "remoteUrl",
+            "bootSecretPath",
+            "credentialCachePath",
+            "caFile",
+            "insecureHttp",
+            "timeScale",
+        ] {
+            assert!(value.get(key).is_some(), "{key} missing");
+        }
+        assert_eq!(BootContext::read(&path).unwrap(), ctx);
+        assert_eq!(
+            ctx.timings().request_timeout,
+            std::time::Duration::from_secs(5)
+        );
+    }
+}

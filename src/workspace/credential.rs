@@ -1,0 +1,460 @@
+//! `hosted-boot credential get|store|erase --context PATH`: the git
+//! credential helper (PROTOCOL.md section 3, 2.5), run by git (the agent's
+//! git CLI) and by the runner's own transport.
+//!
+//! git's credential protocol: `key=value` lines on stdin up to a blank line
+//! or EOF (`protocol`, `host`, `path`, `username`, …); the answer on stdout.
+//!
+//! - `get` answers only for the context's remote (protocol, host and path,
+//!   which git sends with `credential.useHttpPath`); for anything else it
+//!   prints nothing, so git tries its other helpers. A cached token valid
+//!   for more than 5 more minutes is answered from `repo-credential-cache`;
+//!   otherwise the helper pulls a bearer with the boot secret (2.1) and
+//!   mints a `write` repo token (2.5; git does not say whether it fetches or
+//!   pushes, the coordinator scopes the token), caches it when it has an
+//!   `expiresAt` and is not an `artifactsRemote` credential, and answers
+//!   `username=x-access-token`, `password=<token>`. When no token can be
+//!   had it prints `quit=1` (git neither asks another helper nor prompts)
+//!   and the reason on stderr, without any secret.
+//! - `erase` (git's answer to a refused token) empties the cache.
+//! - `store` does nothing; any other action is ignored, as git asks.
+//!
+//! The boot secret comes from the `boot-secret` file named by the context,
+//! never from the environment (every hosted-boot process removes
+//! `ORIZU_BOOT_SECRET` from its environment at start, in `main`).
+
+use std::collections::HashMap;
+use std::io::{BufRead, Read, Write};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::context::BootContext;
+use super::files::write_secret_file;
+use super::transport::GIT_USER;
+use crate::client::{Api, ApiConfig, RepoToken};
+use crate::redact::Redactor;
+use crate::secret::Secret;
+use crate::wire::Access;
+
+/// A cached token is answered only while it is valid for longer than this.
+pub const CACHE_MIN_VALIDITY: Duration = Duration::from_secs(5 * 60);
+
+/// Longest line read from git (git's own attributes are short).
+const MAX_INPUT_LINE: usize = 64 * 1024;
+
+/// The cache file's JSON: `{"token": "…", "expiresAtMs": n}`.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CacheEntry {
+    token: String,
+    expires_at_ms: u64,
+}
+
+/// Runs the helper on the process's stdin, stdout and stderr and returns the
+/// exit code (always 0 for `get`/`store`/`erase`: failures are answered with
+/// `quit=1`, as git expects). Synchronous: it builds its own current-thread
+/// runtime, so call it outside any tokio runtime (from `main`).
+pub fn run_credential_helper(action: &str, context_path: &Path) -> i32 {
+    let stdin = std::io::stdin();
+    credential_helper_with_io(
+        action,
+        context_path,
+        stdin.lock(),
+        std::io::stdout().lock(),
+        std::io::stderr().lock(),
+    )
+}
+
+/// [`run_credential_helper`] on given streams (tests, embedding).
+pub fn credential_helper_with_io(
+    action: &str,
+    context_path: &Path,
+    input: impl BufRead,
+    mut out: impl Write,
+    mut err: impl Write,
+) -> i32 {
+    let attributes = read_attributes(input);
+    match action {
+        "get" => get(context_path, &attributes, &mut out, &mut err),
+        "erase" => erase(context_path, &attributes, &mut err),
+        // `store` and any future action: nothing to do (git's rule for
+        // helpers is to ignore what they do not know).
+        _ => {}
+    }
+    let _ = out.flush();
+    0
+}
+
+/// Reads `key=value` lines up to a blank line or EOF. Later values win;
+/// `key[]` (multi-valued) keys are kept by their last value, unused here.
+fn read_attributes(mut input: impl BufRead) -> HashMap<String, String> {
+    let mut attributes = HashMap::new();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match input
+            .by_ref()
+            .take(MAX_INPUT_LINE as u64)
+            .read_until(b'\n', &mut line)
+        {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end_matches(['\n', '\r']);
+        if text.is_empty() {
+            break;
+        }
+        if let Some((key, value)) = text.split_once('=') {
+            attributes.insert(key.to_string(), value.to_string());
+        }
+    }
+    attributes
+}
+
+fn split_host_port(host: &str) -> (&str, Option<u16>) {
+    if host.starts_with('[') {
+        if let Some(end) = host.find(']') {
+            let port = host[end + 1..]
+                .strip_prefix(':')
+                .and_then(|p| p.parse().ok());
+            return (&host[..=end], port);
+        }
+        return (host, None);
+    }
+    match host.rsplit_once(':') {
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+            (h, p.parse().ok())
+        }
+        _ => (host, None),
+    }
+}
+
+fn normalize_path(path: &str) -> &str {
+    let path = path.trim_matches('/');
+    path.strip_suffix(".git").unwrap_or(path)
+}
+
+/// Whether git's request (protocol, host, path) is for `remote`. The path
+/// is compared without its leading slash and with or without `.git`; a
+/// request without a path (no `useHttpPath`) never matches.
+pub fn request_matches_remote(attributes: &HashMap<String, String>, remote: &reqwest::Url) -> bool {
+    let Some(protocol) = attributes.get("protocol") else {
+        return false;
+    };
+    if !protocol.eq_ignore_ascii_case(remote.scheme()) {
+        return false;
+    }
+    let (Some(host), Some(remote_host)) = (attributes.get("host"), remote.host_str()) else {
+        return false;
+    };
+    let (host, port) = split_host_port(host);
+    let default_port = match protocol.to_ascii_lowercase().as_str() {
+        "https" => Some(443),
+        "http" => Some(80),
+        _ => None,
+    };
+    if !host.eq_ignore_ascii_case(remote_host)
+        || port.or(default_port) != remote.port_or_known_default()
+    {
+        return false;
+    }
+    match attributes.get("path") {
+        Some(path) => normalize_path(path) == normalize_path(remote.path()),
+        None => false,
+    }
+}
+
+/// Reads `repo-credential-cache`: the cached repo token and its expiry, or
+/// `None` when the file is absent, empty (no cached token) or unreadable.
+/// The runner adds the token to its redactor (PROTOCOL.md 3).
+pub fn read_credential_cache(path: &Path) -> Option<(Secret, SystemTime)> {
+    let bytes = std::fs::read(path).ok()?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    let entry: CacheEntry = serde_json::from_slice(&bytes).ok()?;
+    if entry.token.is_empty() {
+        return None;
+    }
+    Some((
+        Secret::new(entry.token),
+        UNIX_EPOCH + Duration::from_millis(entry.expires_at_ms),
+    ))
+}
+
+fn write_cache(path: &Path, token: &RepoToken) -> Result<bool, super::WorkspaceError> {
+    let Some(expires_at) = token.expires_at else {
+        return Ok(false);
+    };
+    if token.artifacts_remote.is_some() {
+        return Ok(false);
+    }
+    let expires_at_ms = expires_at
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let entry = CacheEntry {
+        token: token.token.expose().to_string(),
+        expires_at_ms,
+    };
+    let json = serde_json::to_vec(&entry).map_err(|e| super::WorkspaceError::Context {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    write_secret_file(path, &json)?;
+    Ok(true)
+}
+
+fn answer(out: &mut impl Write, token: &Secret) {
+    let _ = write!(out, "username={GIT_USER}\npassword={}\n", token.expose());
+}
+
+fn quit(out: &mut impl Write, err: &mut impl Write, reason: &str) {
+    let _ = writeln!(out, "quit=1");
+    let _ = writeln!(err, "hosted-boot credential: {reason}");
+}
+
+fn get(
+    context_path: &Path,
+    attributes: &HashMap<String, String>,
+    out: &mut impl Write,
+    err: &mut impl Write,
+) {
+    let context = match BootContext::read(context_path) {
+        Ok(c) => c,
+        Err(e) => {
+            return quit(
+                out,
+                err,
+                &format!("cannot read the boot context ({e}); has the session ended?"),
+            );
+        }
+    };
+    let remote = match crate::checks::url("clone URL", &context.remote_url, context.insecure_http) {
+        Ok(u) => u,
+        Err(e) => return quit(out, err, &format!("the boot context is invalid: {e}")),
+    };
+    if !request_matches_remote(attributes, &remote) {
+        // Not our remote: let git ask its other helpers.
+        return;
+    }
+    if let Some((token, expires_at)) = read_credential_cache(&context.credential_cache_path)
+        && expires_at > SystemTime::now() + CACHE_MIN_VALIDITY
+    {
+        return answer(out, &token);
+    }
+    match mint(&context) {
+        Ok(token) => {
+            if let Err(e) = write_cache(&context.credential_cache_path, &token) {
+                // Not fatal: the token is still good, only not cached.
+                let _ = writeln!(
+                    err,
+                    "hosted-boot credential: cannot cache the repo token: {e}"
+                );
+            }
+            answer(out, &token.token);
+        }
+        Err(reason) => quit(out, err, &reason),
+    }
+}
+
+/// Pulls a bearer with the boot secret and mints a `write` repo token, each
+/// with the credential helper's retry policy (3 attempts, PROTOCOL.md 2).
+/// The error text is redacted (boot secret, bearer).
+fn mint(context: &BootContext) -> Result<RepoToken, String> {
+    let boot_secret = std::fs::read_to_string(&context.boot_secret_path).map_err(|e| {
+        format!(
+            "cannot read the boot secret file {}: {e}",
+            context.boot_secret_path.display()
+        )
+    })?;
+    let boot_secret = Secret::new(boot_secret.trim_end_matches(['\n', '\r']).to_string());
+    if boot_secret.expose().is_empty() {
+        return Err(format!(
+            "the boot secret file {} is empty",
+            context.boot_secret_path.display()
+        ));
+    }
+    let mut api_base = context.api_base_url.clone();
+    if !api_base.ends_with('/') {
+        api_base.push('/');
+    }
+    let api_base = crate::checks::url("ORIZU_API_BASE_URL", &api_base, context.insecure_http)
+        .map_err(|e| format!("the boot context is invalid: {e}"))?;
+    let agent_token_url = crate::checks::url(
+        "ORIZU_AGENT_TOKEN_URL",
+        &context.agent_token_url,
+        context.insecure_http,
+    )
+    .map_err(|e| format!("the boot context is invalid: {e}"))?;
+    let http = crate::tls::http_client(context.ca_file.as_deref()).map_err(|e| format!("{e:#}"))?;
+    let timings = context.timings();
+    let redactor = Redactor::new();
+    let api = Api::new(
+        ApiConfig {
+            api_base,
+            // The helper never posts a status; the field is unused here.
+            boot_status_url: agent_token_url.clone(),
+            agent_token_url,
+            session_id: context.session_id.clone(),
+            boot_secret,
+        },
+        http,
+        timings,
+        redactor.clone(),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let policy = timings.retry.credential_helper;
+    runtime
+        .block_on(async {
+            api.pull_bearer(policy).await?;
+            api.repo_token(Access::Write, policy).await
+        })
+        .map_err(|e| redactor.redact(&format!("cannot mint a repo token: {e}")))
+}
+
+fn erase(context_path: &Path, attributes: &HashMap<String, String>, err: &mut impl Write) {
+    let Ok(context) = BootContext::read(context_path) else {
+        return;
+    };
+    let Ok(remote) = reqwest::Url::parse(&context.remote_url) else {
+        return;
+    };
+    if !request_matches_remote(attributes, &remote) {
+        return;
+    }
+    if let Err(e) = write_secret_file(&context.credential_cache_path, b"") {
+        let _ = writeln!(
+            err,
+            "hosted-boot credential: cannot clear the token cache: {e}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(text: &str) -> HashMap<String, String> {
+        read_attributes(text.as_bytes())
+    }
+
+    #[test]
+    fn attributes_stop_at_blank_line() {
+        let a = attrs(
+            "protocol=https\nhost=github.com\r\nwwwauth[]=Basic realm=x\n\nusername=ignored\n",
+        );
+        assert_eq!(a.get("protocol").map(String::as_str), Some("https"));
+        assert_eq!(a.get("host").map(String::as_str), Some("github.com"));
+        assert_eq!(
+            a.get("wwwauth[]").map(String::as_str),
+            Some("Basic realm=x")
+        );
+        assert!(!a.contains_key("username"));
+    }
+
+    #[test]
+    fn path_matching_follows_git() {
+        let remote = reqwest::Url::parse("https://github.com/o/r.git").unwrap();
+        for ok in [
+            "protocol=https\nhost=github.com\npath=o/r.git\n",
+            "protocol=https\nhost=github.com\npath=o/r\n",
+            "protocol=https\nhost=GitHub.com:443\npath=/o/r.git\n",
+        ] {
+            assert!(request_matches_remote(&attrs(ok), &remote), "{ok}");
+        }
+        for bad in [
+            "protocol=https\nhost=github.com\n",
+            "protocol=http\nhost=github.com\npath=o/r.git\n",
+            "protocol=https\nhost=github.com:444\npath=o/r.git\n",
+            "protocol=https\nhost=evil.com\npath=o/r.git\n",
+            "protocol=https\nhost=github.com\npath=o/other.git\n",
+            "protocol=https\nhost=github.com\npath=o/r.git/x\n",
+            "host=github.com\npath=o/r.git\n",
+        ] {
+            assert!(!request_matches_remote(&attrs(bad), &remote), "{bad}");
+        }
+        let local = reqwest::Url::parse("http://127.0.0.1:8080/git/o/r.git").unwrap();
+        assert!(request_matches_remote(
+            &attrs("protocol=http\nhost=127.0.0.1:8080\npath=git/o/r.git\n"),
+            &local
+        ));
+        assert!(!request_matches_remote(
+            &attrs("protocol=http\nhost=127.0.0.1\npath=git/o/r.git\n"),
+            &local
+        ));
+        let v6 = reqwest::Url::parse("http://[::1]:9/r.git").unwrap();
+        assert!(request_matches_remote(
+            &attrs("protocol=http\nhost=[::1]:9\npath=r.git\n"),
+            &v6
+        ));
+    }
+
+    #[test]
+    fn cache_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache");
+        assert!(read_credential_cache(&path).is_none());
+        std::fs::write(&path, "\n").unwrap();
+        assert!(read_credential_cache(&path).is_none());
+        let expires = UNIX_EPOCH + Duration::from_millis(4_000_000_000_000);
+        let token = RepoToken {
+            token: Secret::new("tok".into()),
+            expires_at: Some(expires),
+            repo_full_name: Some("o/r".into()),
+            artifacts_remote: None,
+        };
+        assert!(write_cache(&path, &token).unwrap());
+        let (t, e) = read_credential_cache(&path).unwrap();
+        assert_eq!(t.expose(), "tok");
+        assert_eq!(e, expires);
+        let uncached = RepoToken {
+            expires_at: None,
+            ..token.clone()
+        };
+        assert!(!write_cache(&path, &uncached).unwrap());
+        let artifacts = RepoToken {
+            artifacts_remote: Some("https://x/git/a/b.git".into()),
+            ..token
+        };
+        assert!(!write_cache(&path, &artifacts).unwrap());
+    }
+
+    #[test]
+    fn missing_context_quits_without_secret() {
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let code = credential_helper_with_io(
+            "get",
+            Path::new("/nonexistent/boot-context.json"),
+            "protocol=https\nhost=x\n\n".as_bytes(),
+            &mut out,
+            &mut err,
+        );
+        assert_eq!(code, 0);
+        assert_eq!(String::from_utf8(out).unwrap(), "quit=1\n");
+        assert!(String::from_utf8(err).unwrap().contains("boot context"));
+    }
+
+    #[test]
+    fn store_and_unknown_actions_do_nothing() {
+        for action in ["store", "frobnicate"] {
+            let mut out = Vec::new();
+            let code = credential_helper_with_io(
+                action,
+                Path::new("/nonexistent"),
+                "".as_bytes(),
+                &mut out,
+                Vec::new(),
+            );
+            assert_eq!(code, 0);
+            assert!(out.is_empty());
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! Session and run files (PROTOCOL.md section 3): every secret file is
+//! written whole or not at all, mode 0600 from creation, ending with a
+//! newline; the session directory is 0700 and removed on every exit path.
+
+use std::fs::{self, DirBuilder, File};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::WorkspaceError;
+use super::context::BootContext;
+use crate::secret::Secret;
+
+/// Directory (under the root) holding one directory per session.
+pub const SESSION_PARENT: &str = ".orizu-session";
+/// Directory (under the root) holding one directory per run.
+pub const RUN_PARENT: &str = ".orizu-run";
+/// The boot secret file in the session directory.
+pub const BOOT_SECRET_FILE: &str = "boot-secret";
+/// The bearer file in the session directory (exists only during a turn).
+pub const BEARER_FILE: &str = "bearer";
+/// The credential helper's context in the session directory.
+pub const CONTEXT_FILE: &str = "boot-context.json";
+/// The credential helper's repo-token cache in the session directory.
+pub const CREDENTIAL_CACHE_FILE: &str = "repo-credential-cache";
+/// The turn's prompt in the run directory.
+pub const TASK_FILE: &str = "task.txt";
+
+/// Writes `contents` to `path` atomically (PROTOCOL.md 3): a temporary file
+/// in the same directory, mode 0600 from creation, the contents plus a
+/// trailing newline when missing, `fsync`, rename over the target, `fsync`
+/// of the directory. Readers see the old file or the new one, never a part.
+///
+/// Errors: [`WorkspaceError::Io`] naming the path (the contents are never in
+/// an error).
+pub fn write_secret_file(path: &Path, contents: &[u8]) -> Result<(), WorkspaceError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(|e| WorkspaceError::io("create a temporary file for", path, e))?;
+    // tempfile creates 0600; make sure whatever the platform did.
+    let write = |file: &mut File| -> io::Result<()> {
+        file.set_permissions(fs::Permissions::from_mode(0o600))?;
+        file.write_all(contents)?;
+        if !contents.ends_with(b"\n") {
+            file.write_all(b"\n")?;
+        }
+        file.sync_all()
+    };
+    write(tmp.as_file_mut()).map_err(|e| WorkspaceError::io("write", path, e))?;
+    tmp.persist(path)
+        .map_err(|e| WorkspaceError::io("rename into place", path, e.error))?;
+    sync_dir(dir).map_err(|e| WorkspaceError::io("sync the directory of", path, e))
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Creates `path` (and missing parents) with mode 0700 and forces the mode.
+fn create_private_dir(path: &Path) -> Result<(), WorkspaceError> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| WorkspaceError::io("create directory", path, e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+        .map_err(|e| WorkspaceError::io("set mode 0700 on", path, e))
+}
+
+/// Removes whatever is at `path` (a directory tree, a file or a symbolic
+/// link, which is not followed). Absent is fine.
+fn remove_any(path: &Path) -> Result<(), WorkspaceError> {
+    let result = match fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(WorkspaceError::io("remove", path, e)),
+    }
+}
+
+/// Removes the directory `path` if it is empty; absent or not empty is fine.
+fn remove_if_empty(path: &Path) {
+    if let Err(e) = fs::remove_dir(path) {
+        match e.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::DirectoryNotEmpty => {}
+            _ => tracing::debug!(path = %path.display(), error = %e, "cannot remove directory"),
+        }
+    }
+}
+
+/// Makes `root` absolute (the credential helper is configured with absolute
+/// paths, and the agent runs in another working directory).
+fn absolute(root: &Path) -> Result<PathBuf, WorkspaceError> {
+    std::path::absolute(root).map_err(|e| WorkspaceError::io("resolve", root, e))
+}
+
+/// `{root}/.orizu-session/{sessionId}/` (0700) and its files (PROTOCOL.md
+/// 3). Paths are absolute. The owner (the boot) removes it on every exit
+/// path with [`SessionDir::remove`].
+#[derive(Clone, Debug)]
+pub struct SessionDir {
+    parent: PathBuf,
+    path: PathBuf,
+}
+
+impl SessionDir {
+    /// Creates the session directory, first removing one left by an earlier
+    /// boot (after a SIGKILL), so nothing stale survives (PROTOCOL.md 3).
+    ///
+    /// Errors: a session id that is not path-safe (section 5), or a file
+    /// system error naming the path.
+    pub fn create(root: &Path, session_id: &str) -> Result<SessionDir, WorkspaceError> {
+        crate::checks::path_safe_id("session id", session_id)?;
+        let parent = absolute(root)?.join(SESSION_PARENT);
+        let path = parent.join(session_id);
+        remove_any(&path)?;
+        create_private_dir(&parent)?;
+        create_private_dir(&path)?;
+        Ok(SessionDir { parent, path })
+    }
+
+    /// The session directory (absolute).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `…/boot-secret`.
+    pub fn boot_secret_path(&self) -> PathBuf {
+        self.path.join(BOOT_SECRET_FILE)
+    }
+
+    /// `…/bearer`: the agent's `ORIZU_TOKEN_FILE`.
+    pub fn bearer_path(&self) -> PathBuf {
+        self.path.join(BEARER_FILE)
+    }
+
+    /// `…/boot-context.json`.
+    pub fn context_path(&self) -> PathBuf {
+        self.path.join(CONTEXT_FILE)
+    }
+
+    /// `…/repo-credential-cache`.
+    pub fn credential_cache_path(&self) -> PathBuf {
+        self.path.join(CREDENTIAL_CACHE_FILE)
+    }
+
+    /// Writes the boot secret (0600, atomic) for the credential helper.
+    ///
+    /// Errors: [`WorkspaceError::Io`].
+    pub fn write_boot_secret(&self, secret: &Secret) -> Result<(), WorkspaceError> {
+        write_secret_file(&self.boot_secret_path(), secret.expose().as_bytes())
+    }
+
+    /// Writes (or rotates in place, atomically) the bearer file (0600).
+    ///
+    /// Errors: [`WorkspaceError::Io`].
+    pub fn write_bearer(&self, bearer: &Secret) -> Result<(), WorkspaceError> {
+        write_secret_file(&self.bearer_path(), bearer.expose().as_bytes())
+    }
+
+    /// Removes the bearer file; absent is fine (idempotent).
+    ///
+    /// Errors: [`WorkspaceError::Io`] when it exists and cannot be removed.
+    pub fn remove_bearer(&self) -> Result<(), WorkspaceError> {
+        match fs::remove_file(self.bearer_path()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(WorkspaceError::io("remove", &self.bearer_path(), e)),
+        }
+    }
+
+    /// Writes `boot-context.json` (0600, atomic; it holds no secret value).
+    ///
+    /// Errors: [`WorkspaceError::Io`], or [`WorkspaceError::Context`] if it
+    /// cannot be serialized.
+    pub fn write_context(&self, context: &BootContext) -> Result<(), WorkspaceError> {
+        context.write(&self.context_path())
+    }
+
+    /// Creates `repo-credential-cache` empty (0600, atomic: it holds only a
+    /// newline, which reads as "no cached token").
+    ///
+    /// Errors: [`WorkspaceError::Io`].
+    pub fn create_credential_cache(&self) -> Result<(), WorkspaceError> {
+        write_secret_file(&self.credential_cache_path(), b"")
+    }
+
+    /// Removes the session directory and everything in it, then the
+    /// `.orizu-session` parent if that is now empty. Idempotent.
+    ///
+    /// Errors: [`WorkspaceError::Io`] when something exists and cannot be
+    /// removed.
+    pub fn remove(&self) -> Result<(), WorkspaceError> {
+        remove_any(&self.path)?;
+        remove_if_empty(&self.parent);
+        Ok(())
+    }
+}
+
+/// `{root}/.orizu-run/{runId}/` (0700) with the turn's `task.txt` (0600,
+/// PROTOCOL.md 3). Removed once the run is sealed and its events delivered.
+#[derive(Clone, Debug)]
+pub struct RunDir {
+    parent: PathBuf,
+    path: PathBuf,
+}
+
+impl RunDir {
+    /// Creates (or reuses) the run directory.
+    ///
+    /// Errors: a run id that is not path-safe (section 5), or a file system
+    /// error naming the path.
+    pub fn create(root: &Path, run_id: &str) -> Result<RunDir, WorkspaceError> {
+        crate::checks::path_safe_id("run id", run_id)?;
+        let parent = absolute(root)?.join(RUN_PARENT);
+        let path = parent.join(run_id);
+        create_private_dir(&parent)?;
+        create_private_dir(&path)?;
+        Ok(RunDir { parent, path })
+    }
+
+    /// The run directory (absolute).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `…/task.txt`: the agent's `ORIZU_TASK_FILE`.
+    pub fn task_path(&self) -> PathBuf {
+        self.path.join(TASK_FILE)
+    }
+
+    /// Writes the turn's prompt to `task.txt` (0600, atomic, trailing
+    /// newline) and returns its path.
+    ///
+    /// Errors: [`WorkspaceError::Io`].
+    pub fn write_task(&self, prompt: &str) -> Result<PathBuf, WorkspaceError> {
+        let path = self.task_path();
+        write_secret_file(&path, prompt.as_bytes())?;
+        Ok(path)
+    }
+
+    /// Removes the run directory, then `.orizu-run` if it is now empty.
+    /// Idempotent.
+    ///
+    /// Errors: [`WorkspaceError::Io`] when something exists and cannot be
+    /// removed.
+    pub fn remove(&self) -> Result<(), WorkspaceError> {
+        remove_any(&self.path)?;
+        remove_if_empty(&self.parent);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn secret_files_are_0600_with_a_trailing_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        write_secret_file(&path, b"abc").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"abc\n");
+        assert_eq!(mode(&path), 0o600);
+        write_secret_file(&path, b"def\n").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"def\n");
+    }
+
+    #[test]
+    fn replace_is_atomic_and_resets_the_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        fs::write(&path, "old\n").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let ino_before = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&path).unwrap());
+        write_secret_file(&path, b"new").unwrap();
+        let ino_after = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&path).unwrap());
+        // A rename, not an in-place write: a reader holding the old file keeps it whole.
+        assert_ne!(ino_before, ino_after);
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(fs::read_to_string(&path).unwrap(), "new\n");
+        // No temporary file is left behind.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("s")]);
+    }
+
+    #[test]
+    fn session_dir_files_and_modes() {
+        let root = tempfile::tempdir().unwrap();
+        let s = SessionDir::create(root.path(), "s1").unwrap();
+        assert!(s.path().is_absolute());
+        assert_eq!(s.path(), root.path().join(".orizu-session/s1"));
+        assert_eq!(mode(s.path()), 0o700);
+        s.write_boot_secret(&Secret::new("boot".into())).unwrap();
+        s.write_bearer(&Secret::new("bearer".into())).unwrap();
+        s.create_credential_cache().unwrap();
+        for p in [
+            s.boot_secret_path(),
+            s.bearer_path(),
+            s.credential_cache_path(),
+        ] {
+            assert_eq!(mode(&p), 0o600, "{}", p.display());
+        }
+        assert_eq!(fs::read_to_string(s.credential_cache_path()).unwrap(), "\n");
+        s.remove_bearer().unwrap();
+        s.remove_bearer().unwrap();
+        assert!(!s.bearer_path().exists());
+        s.remove().unwrap();
+        s.remove().unwrap();
+        assert!(!root.path().join(".orizu-session").exists());
+    }
+
+    #[test]
+    fn stale_session_dir_is_removed_and_parent_kept_when_shared() {
+        let root = tempfile::tempdir().unwrap();
+        let stale = root.path().join(".orizu-session/s1");
+        fs::create_dir_all(stale.join("sub")).unwrap();
+        fs::write(stale.join("bearer"), "old").unwrap();
+        fs::set_permissions(&stale, fs::Permissions::from_mode(0o755)).unwrap();
+        let other = root.path().join(".orizu-session/s2");
+        fs::create_dir_all(&other).unwrap();
+        let s = SessionDir::create(root.path(), "s1").unwrap();
+        assert!(!s.bearer_path().exists());
+        assert!(!stale.join("sub").exists());
+        assert_eq!(mode(s.path()), 0o700);
+        s.remove().unwrap();
+        // Another session's directory keeps the parent alive.
+        assert!(other.exists());
+    }
+
+    #[test]
+    fn session_id_must_be_path_safe() {
+        let root = tempfile::tempdir().unwrap();
+        for bad in ["..", "a/b", "-x", ""] {
+            assert!(SessionDir::create(root.path(), bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn run_dir_task() {
+        let root = tempfile::tempdir().unwrap();
+        let r = RunDir::create(root.path(), "run-1").unwrap();
+        let task = r.write_task("do it").unwrap();
+        assert_eq!(task, root.path().join(".orizu-run/run-1/task.txt"));
+        assert_eq!(fs::read_to_string(&task).unwrap(), "do it\n");
+        assert_eq!(mode(&task), 0o600);
+        r.remove().unwrap();
+        r.remove().unwrap();
+        assert!(!root.path().join(".orizu-run").exists());
+    }
+}
