@@ -2,12 +2,22 @@
 //! works on a user's repository. See `ARCHITECTURE.md` for the codemap and
 //! `docs/PROTOCOL.md` for the wire contract.
 
+pub mod agent;
+pub mod boot;
 pub mod checks;
-pub mod coordinator;
-pub mod secret;
-pub mod timings;
-pub mod wire;
+pub mod cli;
 pub mod client;
+pub mod config;
+pub mod coordinator;
+pub mod demo;
+pub mod environment;
+pub mod idle;
+pub mod logging;
 pub mod redact;
+pub mod secret;
+pub mod signals;
+pub mod timings;
 pub mod tls;
+pub mod turn;
+pub mod wire;
 pub mod workspace;

@@ -1,1 +1,118 @@
-fn main() {}
+//! The `hosted-boot` binary. Before any thread or runtime exists it takes the
+//! boot secret out of the environment (and out of the initial environment
+//! block), marks the process non-dumpable and installs the TLS provider;
+//! then it parses the command line and runs the subcommand.
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, OsString, c_char};
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use hosted_boot::cli::{Cli, Command, RunArgs};
+use hosted_boot::config::{self, BOOT_SECRET_VAR};
+use hosted_boot::secret::Secret;
+use hosted_boot::{boot, coordinator, demo, logging, redact::Redactor, tls, workspace};
+
+unsafe extern "C" {
+    static environ: *const *mut c_char;
+}
+
+/// Overwrites the boot secret's bytes in the initial environment block, so
+/// that `/proc/<pid>/environ` no longer shows it (PROTOCOL.md section 3).
+///
+/// Safety: call before any other thread exists and before the environment
+/// is modified; it writes inside strings the kernel placed for this process.
+unsafe fn scrub_initial_environment() {
+    let prefix = format!("{BOOT_SECRET_VAR}=");
+    // SAFETY: `environ` is a NULL-terminated array of NUL-terminated strings
+    // owned by this process; no other thread reads it yet.
+    unsafe {
+        let mut entry = environ;
+        if entry.is_null() {
+            return;
+        }
+        while !(*entry).is_null() {
+            let text = CStr::from_ptr(*entry);
+            let len = text.to_bytes().len();
+            if text.to_bytes().starts_with(prefix.as_bytes()) {
+                for i in prefix.len()..len {
+                    *(*entry).add(i) = 0;
+                }
+            }
+            entry = entry.add(1);
+        }
+    }
+}
+
+fn take_boot_secret() -> (BTreeMap<OsString, OsString>, Option<Secret>) {
+    let env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    let secret = env
+        .get(&OsString::from(BOOT_SECRET_VAR))
+        .map(|v| Secret::new(v.to_string_lossy().into_owned()));
+    // SAFETY: single-threaded: nothing else runs yet (see `main`).
+    unsafe {
+        scrub_initial_environment();
+        std::env::remove_var(BOOT_SECRET_VAR);
+    }
+    let env = env.into_iter().filter(|(k, _)| k != BOOT_SECRET_VAR).collect();
+    (env, secret)
+}
+
+fn main() -> ExitCode {
+    // Nothing may start a thread before this line.
+    let (env, boot_secret) = take_boot_secret();
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    tls::install_crypto_provider();
+
+    let cli = Cli::parse();
+    let code = match cli.command {
+        None => run(cli.run, env, boot_secret),
+        Some(Command::Run(args)) => run(args, env, boot_secret),
+        Some(Command::Credential(args)) => workspace::credential::run_credential_helper(&args.action, &args.context),
+        Some(Command::Coordinator(args)) => with_runtime(|| async move {
+            logging::init(None, Redactor::new());
+            match coordinator::run_cli(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("hosted-boot coordinator: {e:#}");
+                    1
+                }
+            }
+        }),
+        Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
+        Some(Command::DemoAgent) => demo::agent_main(),
+    };
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn run(args: RunArgs, env: BTreeMap<OsString, OsString>, boot_secret: Option<Secret>) -> i32 {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let config = match config::load(&env, &args, boot_secret, cwd) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hosted-boot: {e}");
+            return 2;
+        }
+    };
+    with_runtime(|| boot::run(config))
+}
+
+fn with_runtime<F, Fut>(f: F) -> i32
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = i32>,
+{
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => {
+            let code = rt.block_on(f());
+            // Blocking threads (a clone, a stuck read) must not hold the exit.
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            code
+        }
+        Err(e) => {
+            eprintln!("hosted-boot: cannot start the async runtime: {e}");
+            1
+        }
+    }
+}

@@ -178,6 +178,23 @@ impl Api {
         run_id: Option<&str>,
         reason: Option<&str>,
     ) -> Result<(), CallError> {
+        let policy = if status.is_required() {
+            self.timings.retry.required
+        } else {
+            RetryPolicy::ONCE
+        };
+        self.post_status_with(status, run_id, reason, policy).await
+    }
+
+    /// [`Api::post_status`] with an explicit policy (the graceful stop of
+    /// PROTOCOL.md 4.4 posts `turn_completed` once).
+    pub async fn post_status_with(
+        &self,
+        status: BootStatus,
+        run_id: Option<&str>,
+        reason: Option<&str>,
+        policy: RetryPolicy,
+    ) -> Result<(), CallError> {
         let body = BootStatusBody {
             status,
             run_id: match status {
@@ -185,11 +202,6 @@ impl Api {
                 _ => Some(run_id.map(str::to_string)),
             },
             reason: reason.map(|r| wire::truncate_reason(&self.redactor.redact(r))),
-        };
-        let policy = if status.is_required() {
-            self.timings.retry.required
-        } else {
-            RetryPolicy::ONCE
         };
         let call = format!("boot status {}", status.as_str());
         retry::send(&call, policy, self.timings.request_timeout, || {

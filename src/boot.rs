@@ -1,0 +1,406 @@
+//! The boot of PROTOCOL.md section 4, in order. This is the only module that
+//! knows the order of the steps; each step is a function that takes what it
+//! needs and returns what the next one needs. It owns the session
+//! directory's life and the reporting on every exit path (step 7).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::Url;
+use tokio::sync::watch;
+
+use crate::checks;
+use crate::client::{Api, CallError, RepoToken};
+use crate::config::BootConfig;
+use crate::environment;
+use crate::idle::{self, IdleEnd};
+use crate::redact::{Redactor, SecretKind};
+use crate::signals::{self, Stop};
+use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnInput};
+use crate::wire::{Access, BootStatus, ErrorCode, FinishBody, FinishError, RunOutcome, Session};
+use crate::workspace::{self, BootContext, SessionDir};
+
+/// How the boot ended, before reporting (step 7).
+#[derive(Debug)]
+enum Ending {
+    /// The session ended: `complete`, exit 0.
+    Clean,
+    /// A stop signal (4.4): nothing posted, exit 128+N.
+    Stopped(Stop),
+    /// Fatal before the drain began: `failed`, exit 1.
+    BeforeDrain(String),
+    /// Fatal once the drain began: seal if needed, `turn_failed`, exit 1.
+    InDrain {
+        run_id: String,
+        reason: String,
+        seal: SealState,
+    },
+}
+
+/// Runs the boot and returns the process exit code: 0 clean end, 1 failure
+/// after reporting it, 128+N stopped by signal N.
+pub async fn run(config: BootConfig) -> i32 {
+    let redactor = Redactor::new();
+    crate::logging::init(config.log_format, redactor.clone());
+    if config.time_scale != 1.0 {
+        tracing::warn!(
+            scale = config.time_scale,
+            "HOSTED_BOOT_TEST_TIME_SCALE is set: every contract duration is scaled (for tests only)"
+        );
+    }
+    if config.insecure_http {
+        tracing::warn!("HOSTED_BOOT_INSECURE_HTTP=1: plain http is accepted for any host");
+    }
+    let http = match crate::tls::http_client(config.ca_file.as_deref()) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("hosted-boot: configuration error: {e:#}");
+            return 2;
+        }
+    };
+    let mut stop = match signals::listen() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("hosted-boot: {e}");
+            return 1;
+        }
+    };
+    let api = Arc::new(Api::new(config.api.clone(), http.clone(), config.timings, redactor.clone()));
+    tracing::info!(
+        session_id = %config.api.session_id,
+        agent = config.agent.name(),
+        version = env!("CARGO_PKG_VERSION"),
+        "boot starting"
+    );
+
+    let mut session_dir: Option<Arc<SessionDir>> = None;
+    let ending = boot(&config, &api, http, &redactor, &mut stop, &mut session_dir).await;
+    let code = report(&api, ending).await;
+    if let Some(dir) = session_dir {
+        if let Err(e) = dir.remove_bearer() {
+            tracing::error!(error = %e, "cannot remove the bearer file");
+        }
+        if let Err(e) = dir.remove() {
+            tracing::error!(error = %e, "cannot remove the session directory");
+        }
+    }
+    tracing::info!(exit_code = code, "boot finished");
+    code
+}
+
+/// Runs `f` unless a stop signal comes first.
+async fn unless_stopped<T>(stop: &mut watch::Receiver<Stop>, f: impl Future<Output = T>) -> Result<T, Stop> {
+    if *stop.borrow() != Stop::Running {
+        return Err(*stop.borrow());
+    }
+    tokio::pin!(f);
+    loop {
+        tokio::select! {
+            r = &mut f => return Ok(r),
+            changed = stop.changed() => {
+                if changed.is_ok() && *stop.borrow() != Stop::Running {
+                    return Err(*stop.borrow());
+                }
+                if changed.is_err() {
+                    return Ok(f.await);
+                }
+            }
+        }
+    }
+}
+
+/// What step 3 resolves.
+struct Resolved {
+    bundle: environment::AppliedBundle,
+    session: Session,
+    remote: Url,
+}
+
+async fn boot(
+    config: &BootConfig,
+    api: &Arc<Api>,
+    http: reqwest::Client,
+    redactor: &Redactor,
+    stop: &mut watch::Receiver<Stop>,
+    session_dir_slot: &mut Option<Arc<SessionDir>>,
+) -> Ending {
+    let timings = *api.timings();
+    // A session directory left by a SIGKILLed boot goes before anything else
+    // (creating ours removes it), so no stale bearer or secret outlives it.
+    let session_dir = match SessionDir::create(&config.root, &config.api.session_id) {
+        Ok(d) => Arc::new(d),
+        Err(e) => return Ending::BeforeDrain(e.to_string()),
+    };
+    *session_dir_slot = Some(session_dir.clone());
+
+    // Step 2: the agent bearer.
+    match unless_stopped(stop, api.pull_bearer(timings.retry.agent_token_boot)).await {
+        Err(s) => return Ending::Stopped(s),
+        Ok(Err(e)) => return Ending::BeforeDrain(e.to_string()),
+        Ok(Ok(_)) => {}
+    }
+
+    // Step 3: env bundle, session, read repo token, concurrently.
+    let resolved = match unless_stopped(stop, resolve(config, api, redactor)).await {
+        Err(s) => return Ending::Stopped(s),
+        Ok(Err(reason)) => return Ending::BeforeDrain(reason),
+        Ok(Ok(r)) => r,
+    };
+    let mut done = HashSet::new();
+
+    // Step 4: nothing to run → ready, then wait.
+    if !resolved.session.is_active() {
+        tracing::info!(status = ?resolved.session.status, "the session is no longer active");
+        return Ending::Clean;
+    }
+    let first = match idle::select_turn(&resolved.session, true, &done) {
+        Err(e) => return Ending::BeforeDrain(e.to_string()),
+        Ok(Some(turn)) => turn,
+        Ok(None) => {
+            tracing::info!("nothing to run yet; posting ready and waiting for a turn");
+            match unless_stopped(stop, api.post_status(BootStatus::Ready, None, None)).await {
+                Err(s) => return Ending::Stopped(s),
+                Ok(Err(e)) => return Ending::BeforeDrain(format!("ready was not acknowledged: {e}")),
+                Ok(Ok(())) => {}
+            }
+            match idle::wait(api, true, &done, stop).await {
+                Ok(IdleEnd::Turn(t)) => t,
+                Ok(IdleEnd::Ended) => return Ending::Clean,
+                Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),
+                Err(e) => return Ending::BeforeDrain(e.to_string()),
+            }
+        }
+    };
+
+    // Step 5: session files, credential helper, clone.
+    if let Err(e) = write_session_files(config, &session_dir, &resolved.remote) {
+        return Ending::BeforeDrain(e);
+    }
+    let cache_watch = tokio::spawn(watch_credential_cache(
+        session_dir.credential_cache_path(),
+        redactor.clone(),
+    ));
+    let repo_dir = config.root.join("repo");
+    let clone = clone_repo(config, http, &session_dir, &resolved.remote, &resolved.session.repo_branch);
+    match unless_stopped(stop, clone).await {
+        Err(s) => {
+            cache_watch.abort();
+            return Ending::Stopped(s);
+        }
+        Ok(Err(reason)) => {
+            cache_watch.abort();
+            return Ending::BeforeDrain(reason);
+        }
+        Ok(Ok(())) => {}
+    }
+
+    // Step 6: drain turns.
+    let ctx = TurnContext {
+        api: api.clone(),
+        session_dir: session_dir.clone(),
+        root: config.root.clone(),
+        repo_dir,
+        agent: config.agent.clone(),
+        agent_env: environment::agent_env(
+            &config.base_env,
+            &resolved.bundle,
+            &config.api,
+            &resolved.session.client_info,
+        ),
+    };
+    let ending = drain(&ctx, first, &mut done, stop).await;
+    cache_watch.abort();
+    ending
+}
+
+async fn drain(ctx: &TurnContext, first: TurnInput, done: &mut HashSet<String>, stop: &mut watch::Receiver<Stop>) -> Ending {
+    let mut next = first;
+    loop {
+        let run_id = next.run_id.clone();
+        done.insert(run_id.clone());
+        match turn::run(ctx, next, stop).await {
+            Err(f) => {
+                return Ending::InDrain {
+                    run_id: f.run_id,
+                    reason: f.reason,
+                    seal: f.seal,
+                };
+            }
+            Ok(TurnEnd::Stopped(s)) => return Ending::Stopped(s),
+            Ok(TurnEnd::Sealed(outcome)) => {
+                if outcome.status == RunOutcome::Failed {
+                    let reason = outcome
+                        .error
+                        .as_ref()
+                        .map(|e| e.message.clone())
+                        .unwrap_or_else(|| "the turn failed".to_string());
+                    return Ending::InDrain {
+                        run_id,
+                        reason,
+                        seal: SealState::Sealed,
+                    };
+                }
+            }
+        }
+        next = match idle::wait(&ctx.api, false, done, stop).await {
+            Ok(IdleEnd::Turn(t)) => t,
+            Ok(IdleEnd::Ended) => return Ending::Clean,
+            Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),
+            Err(e) => {
+                return Ending::InDrain {
+                    run_id,
+                    reason: e.to_string(),
+                    seal: SealState::Sealed,
+                };
+            }
+        };
+    }
+}
+
+async fn resolve(config: &BootConfig, api: &Api, redactor: &Redactor) -> Result<Resolved, String> {
+    let policy = api.timings().retry.boot_fetch;
+    let (bundle, session, token) = tokio::join!(
+        api.env_bundle(),
+        api.session(policy, false),
+        api.repo_token(Access::Read, policy),
+    );
+    let bundle = environment::apply_bundle(bundle.map_err(|e| e.to_string())?, &config.base_env, redactor)
+        .map_err(|e| e.to_string())?;
+    let mut session = session.map_err(|e| e.to_string())?;
+    checks::git_branch("repoBranch", &session.repo_branch).map_err(|e| e.to_string())?;
+    if let Some(w) = &config.workspace_id {
+        session.workspace_id = w.clone();
+    }
+    let token: RepoToken = token.map_err(|e: CallError| e.to_string())?;
+    let remote = remote_url(config, &token)?;
+    Ok(Resolved { bundle, session, remote })
+}
+
+/// The clone URL (2.5): the artifacts remote, or `{git base}/{owner/name}.git`.
+fn remote_url(config: &BootConfig, token: &RepoToken) -> Result<Url, String> {
+    let text = match (&token.artifacts_remote, &token.repo_full_name) {
+        (Some(remote), _) => remote.clone(),
+        (None, Some(name)) => format!("{}/{name}.git", config.git_base_url.as_str().trim_end_matches('/')),
+        (None, None) => return Err("the repo token names no repository".to_string()),
+    };
+    checks::url("clone URL", &text, config.insecure_http).map_err(|e| e.to_string())
+}
+
+fn write_session_files(config: &BootConfig, dir: &SessionDir, remote: &Url) -> Result<(), String> {
+    dir.write_boot_secret(&config.api.boot_secret).map_err(|e| e.to_string())?;
+    dir.create_credential_cache().map_err(|e| e.to_string())?;
+    let context = BootContext {
+        api_base_url: config.api.api_base.to_string(),
+        agent_token_url: config.api.agent_token_url.to_string(),
+        session_id: config.api.session_id.clone(),
+        remote_url: remote.to_string(),
+        boot_secret_path: dir.boot_secret_path(),
+        credential_cache_path: dir.credential_cache_path(),
+        ca_file: config.ca_file.clone(),
+        insecure_http: config.insecure_http,
+        time_scale: config.time_scale,
+    };
+    dir.write_context(&context).map_err(|e| e.to_string())
+}
+
+async fn clone_repo(
+    config: &BootConfig,
+    http: reqwest::Client,
+    session_dir: &SessionDir,
+    remote: &Url,
+    branch: &str,
+) -> Result<(), String> {
+    let credential_helper =
+        workspace::clone::current_exe_helper_command(&session_dir.context_path()).map_err(|e| e.to_string())?;
+    let spec = workspace::RepoSpec {
+        root: config.root.clone(),
+        remote_url: remote.to_string(),
+        branch: branch.to_string(),
+        credential_helper,
+        http: workspace::HttpContext {
+            client: http,
+            runtime: tokio::runtime::Handle::current(),
+            request_timeout: config.timings.request_timeout,
+        },
+    };
+    workspace::prepare_repo_async(spec)
+        .await
+        .map(|prepared| tracing::info!(head = %prepared.remote_head, reused = prepared.reused, branch, "repository ready"))
+        .map_err(|e| e.to_string())
+}
+
+/// Adds every repo token the credential helper caches to the redactor
+/// (PROTOCOL.md section 3): the helper mints them in its own process.
+async fn watch_credential_cache(path: PathBuf, redactor: Redactor) {
+    let mut last = None;
+    loop {
+        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        if modified != last {
+            last = modified;
+            if let Some((token, _)) = workspace::read_credential_cache(&path) {
+                redactor.add(&token, SecretKind::Credential);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Step 7: reports the ending and returns the exit code.
+async fn report(api: &Api, ending: Ending) -> i32 {
+    match ending {
+        Ending::Clean => {
+            tracing::info!("session ended; posting complete");
+            if let Err(e) = api.post_status(BootStatus::Complete, None, None).await {
+                tracing::warn!(error = %e, "complete was not delivered (best-effort)");
+            }
+            0
+        }
+        Ending::Stopped(stop) => {
+            tracing::warn!(signal = ?stop.signal(), "stopped by signal");
+            stop.exit_code().unwrap_or(1)
+        }
+        Ending::BeforeDrain(reason) => {
+            tracing::error!(reason = %reason, "boot failed");
+            if let Err(e) = api.post_status(BootStatus::Failed, None, Some(&reason)).await {
+                tracing::warn!(error = %e, "failed status was not delivered (best-effort)");
+            }
+            1
+        }
+        Ending::InDrain { run_id, reason, seal } => {
+            tracing::error!(run_id = %run_id, reason = %reason, "turn failed");
+            let body = match seal {
+                SealState::Sealed => None,
+                SealState::Unknown(body) => Some(body),
+                SealState::NotSent => Some(FinishBody {
+                    status: RunOutcome::Failed,
+                    agent_session_id: None,
+                    error: Some(FinishError {
+                        code: ErrorCode::RunnerError,
+                        message: reason.clone(),
+                        retryable: false,
+                        retry_after_ms: None,
+                        resets_at: None,
+                    }),
+                    usage: None,
+                    result: None,
+                }),
+            };
+            if let Some(body) = body
+                && let Err(e) = api.finish(&run_id, &body, api.timings().retry.required).await
+            {
+                tracing::error!(run_id = %run_id, error = %e, "the run could not be sealed");
+            }
+            if let Err(e) = api
+                .post_status(BootStatus::TurnFailed, Some(&run_id), Some(&reason))
+                .await
+            {
+                tracing::error!(run_id = %run_id, error = %e, "turn_failed was not acknowledged");
+            }
+            1
+        }
+    }
+}
+

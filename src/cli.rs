@@ -1,0 +1,119 @@
+//! The command line. Every runner setting is a flag with a `HOSTED_BOOT_`
+//! variable of the same name (PROTOCOL.md section 1). The boot secret is
+//! never a clap argument: `main` takes it out of the environment first.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The entrypoint of a cloud sandbox in which an AI coding agent works on a
+/// user's repository.
+#[derive(Debug, Parser)]
+#[command(
+    name = "hosted-boot",
+    version,
+    args_conflicts_with_subcommands = true,
+    after_help = "With no subcommand, `run` is assumed. See README.md for the environment contract."
+)]
+pub struct Cli {
+    /// What to do (default: `run`).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Settings of `run` when no subcommand is given.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Boot the sandbox: the container entrypoint (PROTOCOL.md section 4).
+    Run(RunArgs),
+    /// The git credential helper (git's credential protocol on stdin/stdout).
+    Credential(CredentialArgs),
+    /// Serve the reference coordinator on loopback, for local debugging.
+    Coordinator(crate::coordinator::CoordinatorArgs),
+    /// Run a three-turn scenario against an in-process coordinator.
+    Demo(DemoArgs),
+    /// The built-in demo agent (used by `demo` and the tests).
+    #[command(hide = true)]
+    DemoAgent,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Settings of `hosted-boot run`.
+#[derive(Clone, Debug, Default, Args)]
+pub struct RunArgs {
+    /// The agent to run: `command` (any program).
+    #[arg(long, env = "HOSTED_BOOT_AGENT", hide_env_values = true)]
+    pub agent: Option<String>,
+    /// For `--agent command`: a program and its arguments, split as a POSIX
+    /// shell splits words (no shell is run).
+    #[arg(long, env = "HOSTED_BOOT_AGENT_COMMAND", hide_env_values = true)]
+    pub agent_command: Option<String>,
+    /// Directory holding `repo/`, the session files and the run files
+    /// [default: the working directory].
+    #[arg(long, env = "HOSTED_BOOT_ROOT", hide_env_values = true)]
+    pub root: Option<PathBuf>,
+    /// Base URL of clone URLs (`{base}/{owner}/{name}.git`).
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_GIT_BASE_URL",
+        hide_env_values = true,
+        default_value = "https://github.com"
+    )]
+    pub git_base_url: String,
+    /// SIGINT → SIGKILL grace period of an interrupt (`500ms`, `10s`, `2m`).
+    #[arg(long, env = "HOSTED_BOOT_INTERRUPT_GRACE", hide_env_values = true, default_value = "10s")]
+    pub interrupt_grace: String,
+    /// Time budget of a graceful stop on SIGTERM/SIGINT (PROTOCOL.md 4.4).
+    #[arg(long, env = "HOSTED_BOOT_STOP_BUDGET", hide_env_values = true, default_value = "25s")]
+    pub stop_budget: String,
+    /// Log format [default: text on a terminal, json otherwise]. The filter
+    /// is `HOSTED_BOOT_LOG` (tracing syntax, default `info`).
+    #[arg(long, env = "HOSTED_BOOT_LOG_FORMAT", hide_env_values = true)]
+    pub log_format: Option<LogFormat>,
+    /// PEM file of extra CA certificates (an intercepting proxy's CA).
+    #[arg(long, env = "HOSTED_BOOT_CA_FILE", hide_env_values = true)]
+    pub ca_file: Option<PathBuf>,
+    /// Accept plain `http` URLs for any host, not only loopback.
+    #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
+    pub insecure_http: bool,
+    /// Multiply every contract duration by this factor. For tests only.
+    #[arg(long, env = "HOSTED_BOOT_TEST_TIME_SCALE", hide_env_values = true, hide = true)]
+    pub test_time_scale: Option<f64>,
+}
+
+fn parse_flag(text: &str) -> Result<bool, String> {
+    match text {
+        "1" | "true" | "yes" => Ok(true),
+        "0" | "false" | "no" | "" => Ok(false),
+        other => Err(format!("expected 1 or 0, got {other:?}")),
+    }
+}
+
+/// `hosted-boot credential <action> --context PATH`.
+#[derive(Debug, Args)]
+pub struct CredentialArgs {
+    /// git's action: `get`, `store` or `erase`.
+    pub action: String,
+    /// The session's `boot-context.json`.
+    #[arg(long)]
+    pub context: PathBuf,
+}
+
+/// `hosted-boot demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Keep the demo's working directory instead of removing it.
+    #[arg(long)]
+    pub keep: bool,
+}

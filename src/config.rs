@@ -1,0 +1,316 @@
+//! The environment contract (PROTOCOL.md section 1) and the runner's
+//! settings, validated into a [`BootConfig`] before any request is made.
+//! Every problem here is a configuration error: exit 2, nothing posted.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use reqwest::Url;
+
+use crate::checks;
+use crate::cli::{LogFormat, RunArgs};
+use crate::client::ApiConfig;
+use crate::secret::Secret;
+use crate::timings::{Timings, parse_duration};
+
+/// The boot secret's variable (PROTOCOL.md section 1).
+pub const BOOT_SECRET_VAR: &str = "ORIZU_BOOT_SECRET";
+
+/// A configuration error: what is wrong, with which value (never a secret),
+/// and what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration error: {0}")]
+pub struct ConfigError(pub String);
+
+/// The agent to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentConfig {
+    /// Any program: `program` and `args`, no shell.
+    Command {
+        /// The program (looked up on `PATH` when it has no slash).
+        program: String,
+        /// Its arguments.
+        args: Vec<String>,
+    },
+}
+
+impl AgentConfig {
+    /// The agent's name as configured (`command`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            AgentConfig::Command { .. } => "command",
+        }
+    }
+}
+
+/// Everything the boot needs, validated.
+#[derive(Clone)]
+pub struct BootConfig {
+    /// Where the coordinator is.
+    pub api: ApiConfig,
+    /// `ORIZU_WORKSPACE_ID`, overriding the session's.
+    pub workspace_id: Option<String>,
+    /// `ORIZU_OPENCODE_PORT`, checked 1..=65535.
+    pub opencode_port: Option<u16>,
+    /// Absolute root of `repo/` and the session files.
+    pub root: PathBuf,
+    /// Base of clone URLs.
+    pub git_base_url: Url,
+    /// The agent.
+    pub agent: AgentConfig,
+    /// Every duration of the contract.
+    pub timings: Timings,
+    /// `HOSTED_BOOT_TEST_TIME_SCALE` (1.0 in production).
+    pub time_scale: f64,
+    /// Log format.
+    pub log_format: Option<LogFormat>,
+    /// `HOSTED_BOOT_INSECURE_HTTP=1`.
+    pub insecure_http: bool,
+    /// `HOSTED_BOOT_CA_FILE`.
+    pub ca_file: Option<PathBuf>,
+    /// The runner's environment as it was started, minus the boot secret:
+    /// the base of the agent's environment (PROTOCOL.md section 3).
+    pub base_env: Vec<(OsString, OsString)>,
+}
+
+/// Reads `env` (the environment as the process was started, boot secret
+/// already taken out into `boot_secret`) and `args`.
+///
+/// Errors: the first problem found, naming the variable and the value.
+pub fn load(
+    env: &BTreeMap<OsString, OsString>,
+    args: &RunArgs,
+    boot_secret: Option<Secret>,
+    cwd: PathBuf,
+) -> Result<BootConfig, ConfigError> {
+    let get = |name: &str| -> Option<String> {
+        env.get(&OsString::from(name))
+            .map(|v| v.to_string_lossy().into_owned())
+            .filter(|v| !v.is_empty())
+    };
+    let require = |name: &str| {
+        get(name).ok_or_else(|| ConfigError(format!("{name} is not set; the coordinator must inject it")))
+    };
+    let boot_secret = boot_secret
+        .filter(|s| !s.expose().is_empty())
+        .ok_or_else(|| ConfigError(format!("{BOOT_SECRET_VAR} is not set; the coordinator must inject it")))?;
+
+    let insecure_http = args.insecure_http;
+    let check_url = |name: &str, value: &str| {
+        checks::url(name, value, insecure_http).map_err(|e| ConfigError(e.to_string()))
+    };
+    let agent_token_url = check_url("ORIZU_AGENT_TOKEN_URL", &require("ORIZU_AGENT_TOKEN_URL")?)?;
+    let boot_status_url = match get("ORIZU_BOOT_STATUS_URL") {
+        Some(v) => check_url("ORIZU_BOOT_STATUS_URL", &v)?,
+        None => default_boot_status_url(&agent_token_url)?,
+    };
+    let mut api_base = check_url("ORIZU_API_BASE_URL", &require("ORIZU_API_BASE_URL")?)?;
+    if !api_base.path().ends_with('/') {
+        let path = format!("{}/", api_base.path());
+        api_base.set_path(&path);
+    }
+    let session_id = require("ORIZU_SESSION_ID")?;
+    checks::path_safe_id("ORIZU_SESSION_ID", &session_id).map_err(|e| ConfigError(e.to_string()))?;
+    if let Some(run_id) = get("ORIZU_RUN_ID") {
+        checks::path_safe_id("ORIZU_RUN_ID", &run_id).map_err(|e| ConfigError(e.to_string()))?;
+    }
+    let workspace_id = get("ORIZU_WORKSPACE_ID");
+    let opencode_port = match get("ORIZU_OPENCODE_PORT") {
+        None => None,
+        Some(v) => match v.parse::<u16>() {
+            Ok(p) if p >= 1 => Some(p),
+            _ => {
+                return Err(ConfigError(format!(
+                    "ORIZU_OPENCODE_PORT {v:?} is not a TCP port (1..=65535)"
+                )));
+            }
+        },
+    };
+
+    let agent = agent(args)?;
+    let root = match &args.root {
+        Some(r) if r.is_absolute() => r.clone(),
+        Some(r) => cwd.join(r),
+        None => cwd,
+    };
+    let git_base_url = check_url("HOSTED_BOOT_GIT_BASE_URL", args.git_base_url.trim_end_matches('/'))?;
+
+    let time_scale = match args.test_time_scale {
+        None => 1.0,
+        Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => f,
+        Some(f) => {
+            return Err(ConfigError(format!(
+                "HOSTED_BOOT_TEST_TIME_SCALE {f} must be a number in (0, 1]"
+            )));
+        }
+    };
+    let mut timings = Timings {
+        interrupt_grace: parse_duration(&args.interrupt_grace)
+            .map_err(|e| ConfigError(format!("--interrupt-grace: {e}")))?,
+        stop_budget: parse_duration(&args.stop_budget).map_err(|e| ConfigError(format!("--stop-budget: {e}")))?,
+        ..Timings::default()
+    };
+    if time_scale != 1.0 {
+        timings = timings.scaled(time_scale);
+    }
+    if let Some(path) = &args.ca_file {
+        crate::tls::read_ca_file(path).map_err(|e| ConfigError(format!("{e:#}")))?;
+    }
+
+    let base_env = env
+        .iter()
+        .filter(|(k, _)| k.as_os_str() != BOOT_SECRET_VAR)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+
+    Ok(BootConfig {
+        api: ApiConfig {
+            api_base,
+            agent_token_url,
+            boot_status_url,
+            session_id,
+            boot_secret,
+        },
+        workspace_id,
+        opencode_port,
+        root,
+        git_base_url,
+        agent,
+        timings,
+        time_scale,
+        log_format: args.log_format,
+        insecure_http,
+        ca_file: args.ca_file.clone(),
+        base_env,
+    })
+}
+
+fn default_boot_status_url(token_url: &Url) -> Result<Url, ConfigError> {
+    let mut url = token_url.clone();
+    let path = token_url.path();
+    let parent = path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
+    url.set_path(&format!("{parent}/boot-status"));
+    Ok(url)
+}
+
+fn agent(args: &RunArgs) -> Result<AgentConfig, ConfigError> {
+    let name = args.agent.as_deref().map(str::trim).filter(|s| !s.is_empty()).ok_or_else(|| {
+        ConfigError(
+            "no agent configured; set HOSTED_BOOT_AGENT (or --agent) to `command` and \
+             HOSTED_BOOT_AGENT_COMMAND to the program to run"
+                .to_string(),
+        )
+    })?;
+    match name {
+        "command" => {
+            let text = args.agent_command.as_deref().unwrap_or("").trim();
+            if text.is_empty() {
+                return Err(ConfigError(
+                    "HOSTED_BOOT_AGENT=command needs HOSTED_BOOT_AGENT_COMMAND (or --agent-command): \
+                     the program and its arguments"
+                        .to_string(),
+                ));
+            }
+            let words = shlex::split(text).ok_or_else(|| {
+                ConfigError(format!(
+                    "HOSTED_BOOT_AGENT_COMMAND {text:?} cannot be split into words (unbalanced quote?)"
+                ))
+            })?;
+            let mut words = words.into_iter();
+            let program = words.next().unwrap_or_default();
+            Ok(AgentConfig::Command {
+                program,
+                args: words.collect(),
+            })
+        }
+        other => Err(ConfigError(format!(
+            "unknown agent {other:?}; the agents are: command"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<OsString, OsString> {
+        pairs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))).collect()
+    }
+
+    fn base() -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("ORIZU_AGENT_TOKEN_URL", "https://plane.example/api/cli/sessions/s1/agent-token"),
+            ("ORIZU_API_BASE_URL", "https://plane.example"),
+            ("ORIZU_SESSION_ID", "s1"),
+            ("PATH", "/usr/bin"),
+        ]
+    }
+
+    fn args() -> RunArgs {
+        RunArgs {
+            agent: Some("command".into()),
+            agent_command: Some("my-agent --flag 'two words'".into()),
+            git_base_url: "https://github.com".into(),
+            interrupt_grace: "10s".into(),
+            stop_budget: "25s".into(),
+            ..RunArgs::default()
+        }
+    }
+
+    fn secret() -> Option<Secret> {
+        Some(Secret::new("b".repeat(64)))
+    }
+
+    #[test]
+    fn a_complete_environment_loads() {
+        let c = load(&env(&base()), &args(), secret(), "/work".into()).unwrap();
+        assert_eq!(c.api.boot_status_url.as_str(), "https://plane.example/api/cli/sessions/s1/boot-status");
+        assert_eq!(c.api.api_base.as_str(), "https://plane.example/");
+        assert_eq!(
+            c.agent,
+            AgentConfig::Command {
+                program: "my-agent".into(),
+                args: vec!["--flag".into(), "two words".into()]
+            }
+        );
+        assert_eq!(c.root, PathBuf::from("/work"));
+        assert!(c.base_env.iter().all(|(k, _)| k != BOOT_SECRET_VAR));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let mut e = base();
+        e[2] = ("ORIZU_SESSION_ID", "a/b");
+        let err = load(&env(&e), &args(), secret(), "/".into()).err().unwrap().to_string();
+        assert!(err.contains("ORIZU_SESSION_ID") && err.contains("a/b"), "{err}");
+
+        let mut e = base();
+        e[1] = ("ORIZU_API_BASE_URL", "http://plane.example");
+        let err = load(&env(&e), &args(), secret(), "/".into()).err().unwrap().to_string();
+        assert!(err.contains("must be https"), "{err}");
+
+        let err = load(&env(&base()), &args(), None, "/".into()).err().unwrap().to_string();
+        assert!(err.contains("ORIZU_BOOT_SECRET is not set"), "{err}");
+
+        let no_agent = RunArgs { agent: None, ..args() };
+        let err = load(&env(&base()), &no_agent, secret(), "/".into()).err().unwrap().to_string();
+        assert!(err.contains("no agent configured"), "{err}");
+
+        let mut e = base();
+        e.push(("ORIZU_RUN_ID", ".."));
+        assert!(load(&env(&e), &args(), secret(), "/".into()).is_err());
+        let mut e = base();
+        e.push(("ORIZU_OPENCODE_PORT", "0"));
+        assert!(load(&env(&e), &args(), secret(), "/".into()).is_err());
+    }
+
+    #[test]
+    fn secret_values_never_appear_in_errors() {
+        let s = Secret::new("supersecretvalue".into());
+        let mut e = base();
+        e[0] = ("ORIZU_AGENT_TOKEN_URL", "nope");
+        let err = load(&env(&e), &args(), Some(s), "/".into()).err().unwrap().to_string();
+        assert!(!err.contains("supersecretvalue"));
+    }
+}

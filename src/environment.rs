@@ -1,0 +1,183 @@
+//! The agent's environment (PROTOCOL.md 2.3 and section 3): built
+//! explicitly from the runner's environment as it was started (boot secret
+//! removed), the env bundle's connectors and the contract's variables.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+
+use crate::client::ApiConfig;
+use crate::redact::{Redactor, SecretKind};
+use crate::secret::Secret;
+use crate::wire::{ClientInfo, EnvBundle};
+
+/// A connector the runner refuses (`reserved_connector_env`): the message
+/// names the variable, never its value.
+#[derive(Debug, thiserror::Error)]
+#[error("reserved_connector_env: the env bundle sets {name:?}, {why}; remove it from the session's connectors")]
+pub struct ReservedConnector {
+    /// The variable name.
+    pub name: String,
+    /// Why it is refused.
+    pub why: &'static str,
+}
+
+/// Why a name cannot be a connector, if it cannot.
+pub fn refusal(name: &str) -> Option<&'static str> {
+    let mut chars = name.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Some("which is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)");
+    }
+    let reserved_prefixes = ["ORIZU_", "HOSTED_BOOT_", "LD_", "GIT_"];
+    let reserved_names = ["PATH", "HOME", "SSL_CERT_FILE", "SSL_CERT_DIR"];
+    if reserved_prefixes.iter().any(|p| name.starts_with(p)) || reserved_names.contains(&name) {
+        return Some("a reserved name (it could take over the runner, the dynamic loader or git)");
+    }
+    None
+}
+
+/// The applied env bundle: connectors checked, their values and the
+/// `redactVars` values added to the redactor.
+#[derive(Clone, Debug, Default)]
+pub struct AppliedBundle {
+    /// `(name, value)` of each connector, in order.
+    pub connectors: Vec<(String, Secret)>,
+    /// The value of `ORIZU_INJECTED_ENV_VARS`.
+    pub injected: String,
+}
+
+/// Checks and applies an env bundle against the runner's environment.
+///
+/// Errors: the first reserved or invalid connector name.
+pub fn apply_bundle(
+    bundle: EnvBundle,
+    base_env: &[(OsString, OsString)],
+    redactor: &Redactor,
+) -> Result<AppliedBundle, ReservedConnector> {
+    let mut connectors = Vec::new();
+    for c in bundle.connectors {
+        if let Some(why) = refusal(&c.env_var) {
+            return Err(ReservedConnector { name: c.env_var, why });
+        }
+        let value = Secret::new(c.value);
+        if !redactor.add(&value, SecretKind::Configured) && !value.expose().is_empty() {
+            tracing::warn!(variable = %c.env_var, "connector value shorter than 6 bytes is not redacted");
+        }
+        connectors.push((c.env_var, value));
+    }
+    for name in &bundle.redact_vars {
+        let value = connectors
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.expose().to_string())
+            .or_else(|| {
+                base_env
+                    .iter()
+                    .find(|(k, _)| k.to_str() == Some(name.as_str()))
+                    .map(|(_, v)| v.to_string_lossy().into_owned())
+            });
+        if let Some(value) = value {
+            let secret = Secret::new(value);
+            if !redactor.add(&secret, SecretKind::Configured) && !secret.expose().is_empty() {
+                tracing::warn!(variable = %name, "redactVars value shorter than 6 bytes is not redacted");
+            }
+        }
+    }
+    let previous = base_env
+        .iter()
+        .find(|(k, _)| k == "ORIZU_INJECTED_ENV_VARS")
+        .map(|(_, v)| v.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut names: Vec<String> = Vec::new();
+    let all = previous
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .chain(connectors.iter().map(|(n, _)| n.clone()))
+        .chain(bundle.redact_vars.iter().cloned());
+    for name in all {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    Ok(AppliedBundle {
+        connectors,
+        injected: names.join(","),
+    })
+}
+
+/// The agent's environment without the per-turn variables (`ORIZU_TOKEN_FILE`,
+/// `ORIZU_TASK_FILE`, `ORIZU_RUN_ID`, which the turn adds).
+pub fn agent_env(
+    base_env: &[(OsString, OsString)],
+    bundle: &AppliedBundle,
+    api: &ApiConfig,
+    client_info: &ClientInfo,
+) -> Vec<(OsString, OsString)> {
+    let mut env: BTreeMap<OsString, OsString> = base_env
+        .iter()
+        .filter(|(k, _)| k != crate::config::BOOT_SECRET_VAR)
+        .cloned()
+        .collect();
+    for (name, value) in &bundle.connectors {
+        env.insert(name.into(), value.expose().into());
+    }
+    let mut set = |k: &str, v: &str| {
+        env.insert(k.into(), v.into());
+    };
+    set("ORIZU_API_BASE_URL", api.api_base.as_str());
+    set("ORIZU_SESSION_ID", &api.session_id);
+    set("ORIZU_INJECTED_ENV_VARS", &bundle.injected);
+    if let Some(m) = &client_info.model {
+        set("ORIZU_MODEL", m);
+    }
+    if let Some(e) = &client_info.reasoning_effort {
+        set("ORIZU_REASONING_EFFORT", e);
+    }
+    set("GIT_TERMINAL_PROMPT", "0");
+    env.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Connector;
+
+    #[test]
+    fn reserved_names_are_refused() {
+        for bad in ["ORIZU_X", "HOSTED_BOOT_AGENT", "LD_PRELOAD", "GIT_DIR", "PATH", "HOME", "SSL_CERT_FILE", "SSL_CERT_DIR", "1X", "A-B", ""] {
+            assert!(refusal(bad).is_some(), "{bad}");
+        }
+        for ok in ["OPENAI_API_KEY", "_X", "GITHUB_TOKEN", "PATHX"] {
+            assert!(refusal(ok).is_none(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn injected_names_are_joined_once_in_order() {
+        let base = vec![("ORIZU_INJECTED_ENV_VARS".into(), "A,B".into()), ("SECRET_IN_ENV".into(), "zzzzzzzz".into())];
+        let bundle = EnvBundle {
+            connectors: vec![
+                Connector { env_var: "B".into(), value: "value-b-long".into() },
+                Connector { env_var: "C".into(), value: "value-c-long".into() },
+            ],
+            redact_vars: vec!["SECRET_IN_ENV".into(), "C".into()],
+        };
+        let r = Redactor::new();
+        let applied = apply_bundle(bundle, &base, &r).unwrap();
+        assert_eq!(applied.injected, "A,B,C,SECRET_IN_ENV");
+        assert_eq!(r.redact("zzzzzzzz value-c-long"), "[REDACTED] [REDACTED]");
+    }
+
+    #[test]
+    fn the_error_names_the_variable_not_the_value() {
+        let bundle = EnvBundle {
+            connectors: vec![Connector { env_var: "LD_PRELOAD".into(), value: "/evil/secret.so".into() }],
+            redact_vars: vec![],
+        };
+        let e = apply_bundle(bundle, &[], &Redactor::new()).unwrap_err().to_string();
+        assert!(e.contains("LD_PRELOAD") && e.contains("reserved_connector_env") && !e.contains("evil"));
+    }
+}

@@ -1,0 +1,214 @@
+//! Choosing the next turn (PROTOCOL.md 2.4) and waiting for it between turns
+//! (4.2): read the session every 5 s, doubling the wait after a failed read
+//! (up to 45 s). Before the first turn ten consecutive failed reads are
+//! fatal; after it, failed reads never are. No bearer file exists here.
+
+use std::collections::HashSet;
+
+use tokio::sync::watch;
+
+use crate::checks;
+use crate::client::Api;
+use crate::signals::Stop;
+use crate::turn::TurnInput;
+use crate::wire::Session;
+
+/// Consecutive failed reads that are fatal before the first turn.
+pub const BOOT_MAX_FAILED_READS: u32 = 10;
+
+/// A session whose pending turn breaks the contract
+/// (`hosted_pending_turn_invalid`).
+#[derive(Debug, thiserror::Error)]
+#[error("hosted_pending_turn_invalid: {0}")]
+pub struct InvalidTurn(pub String);
+
+fn is_open(status: &str) -> bool {
+    status == "pending" || status == "running"
+}
+
+/// The prompt of a pending turn: its body, or the answer prompt of 4.3.
+pub fn prompt_of(turn: &crate::wire::PendingTurn) -> String {
+    match &turn.answer_to_question {
+        Some(q) => format!(
+            "The user answered your earlier question.\n\nQuestion: {}\n\nAnswer: {}",
+            q.question, turn.body
+        ),
+        None => turn.body.clone(),
+    }
+}
+
+/// Selects the turn to run (2.4). At boot, the oldest run with the initial
+/// task is a candidate too; between turns only `pendingTurn` starts a turn.
+/// Runs in `done` (already run by this boot) are never started again.
+///
+/// Errors: a `pendingTurn` of the wrong shape or with an unsafe run id, or
+/// (at boot) an oldest run with an unsafe id.
+pub fn select_turn(session: &Session, at_boot: bool, done: &HashSet<String>) -> Result<Option<TurnInput>, InvalidTurn> {
+    let pending = session.pending_turn().map_err(InvalidTurn)?;
+    if let Some(turn) = pending {
+        checks::path_safe_id("pendingTurn.runId", &turn.run_id).map_err(|e| InvalidTurn(e.to_string()))?;
+        if turn.ordinal < 1 {
+            return Err(InvalidTurn(format!("pendingTurn.ordinal {} is below 1", turn.ordinal)));
+        }
+        let open = session.run_status(&turn.run_id).is_none_or(is_open);
+        if open && !done.contains(&turn.run_id) {
+            return Ok(Some(TurnInput {
+                run_id: turn.run_id.clone(),
+                prompt: prompt_of(&turn),
+            }));
+        }
+    }
+    if at_boot && let Some(oldest) = session.runs.last() {
+        checks::path_safe_id("run id", &oldest.id).map_err(|e| InvalidTurn(e.to_string()))?;
+        if is_open(&oldest.status) && !done.contains(&oldest.id) {
+            return Ok(Some(TurnInput {
+                run_id: oldest.id.clone(),
+                prompt: session.client_info.task.clone(),
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// How a wait between turns ended.
+#[derive(Debug)]
+pub enum IdleEnd {
+    /// A turn to run.
+    Turn(TurnInput),
+    /// The session is no longer `active`.
+    Ended,
+    /// A stop signal came (4.4).
+    Stopped(Stop),
+}
+
+/// Why the wait failed (fatal).
+#[derive(Debug, thiserror::Error)]
+pub enum IdleError {
+    /// The boot secret was refused (401/403 on the bearer pull).
+    #[error("the boot secret was refused while waiting for a turn: {0}")]
+    BootSecretRefused(String),
+    /// Ten consecutive failed reads before the first turn.
+    #[error("{BOOT_MAX_FAILED_READS} consecutive session reads failed before the first turn; last: {0}")]
+    TooManyFailures(String),
+}
+
+/// Waits for the next turn (4.2). `at_boot` applies the boot's stricter rule
+/// and its turn selection.
+///
+/// Errors: see [`IdleError`].
+pub async fn wait(
+    api: &Api,
+    at_boot: bool,
+    done: &HashSet<String>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<IdleEnd, IdleError> {
+    let timings = *api.timings();
+    let mut failures = 0u32;
+    let mut delay = timings.idle_poll;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            changed = stop.changed() => {
+                if changed.is_ok() && *stop.borrow() != Stop::Running {
+                    return Ok(IdleEnd::Stopped(*stop.borrow()));
+                }
+                continue;
+            }
+        }
+        match read(api, at_boot, done).await {
+            Ok(Some(end)) => return Ok(end),
+            Ok(None) => {
+                failures = 0;
+                delay = timings.idle_poll;
+            }
+            Err(ReadError::Fatal(e)) => return Err(e),
+            Err(ReadError::Failed(why)) => {
+                failures += 1;
+                tracing::warn!(failures, error = %why, "session read failed while waiting for a turn");
+                if at_boot && failures >= BOOT_MAX_FAILED_READS {
+                    return Err(IdleError::TooManyFailures(why));
+                }
+                delay = (delay * 2).min(timings.idle_backoff_cap);
+            }
+        }
+    }
+}
+
+enum ReadError {
+    Fatal(IdleError),
+    Failed(String),
+}
+
+async fn read(api: &Api, at_boot: bool, done: &HashSet<String>) -> Result<Option<IdleEnd>, ReadError> {
+    let timings = api.timings();
+    let stale = api.bearer().is_none_or(|b| b.expires_within(timings.idle_refresh_lead));
+    if stale {
+        match api.pull_bearer(timings.retry.agent_token_refresh).await {
+            Ok(_) => {}
+            Err(e) if matches!(e.verdict_status(), Some(401 | 403)) => {
+                return Err(ReadError::Fatal(IdleError::BootSecretRefused(e.to_string())));
+            }
+            Err(e) => return Err(ReadError::Failed(e.to_string())),
+        }
+    }
+    let session = match api.session(crate::timings::RetryPolicy::ONCE, false).await {
+        Ok(s) => s,
+        Err(e) if matches!(e.verdict_status(), Some(401 | 403)) && stale_pull_refused(&e) => {
+            return Err(ReadError::Fatal(IdleError::BootSecretRefused(e.to_string())));
+        }
+        Err(e) => return Err(ReadError::Failed(e.to_string())),
+    };
+    if !session.is_active() {
+        return Ok(Some(IdleEnd::Ended));
+    }
+    match select_turn(&session, at_boot, done) {
+        Ok(Some(turn)) => Ok(Some(IdleEnd::Turn(turn))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(ReadError::Failed(e.to_string())),
+    }
+}
+
+// A 401 on the session read already pulled a fresh bearer once (the client's
+// expired-bearer rule); when that pull itself was refused the error names
+// the agent-token pull: the boot secret is no longer valid.
+fn stale_pull_refused(e: &crate::client::CallError) -> bool {
+    matches!(e, crate::client::CallError::Verdict { call, .. } if call == "agent-token pull")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn session(v: serde_json::Value) -> Session {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn boot_selection_follows_the_contract() {
+        let none = HashSet::new();
+        let s = session(json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
+            "runs": [{"id": "run-2", "status": "pending"}, {"id": "run-1", "status": "pending"}],
+            "pendingTurn": {"turnId": "t2", "ordinal": 2, "runId": "run-2", "body": "B", "clientMessageId": "m",
+                "answerToQuestion": {"questionId": "q", "question": "Which?"}}}));
+        let t = select_turn(&s, true, &none).unwrap().unwrap();
+        assert_eq!(t.run_id, "run-2");
+        assert_eq!(t.prompt, "The user answered your earlier question.\n\nQuestion: Which?\n\nAnswer: B");
+
+        let s = session(json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
+            "runs": [{"id": "run-1", "status": "running"}], "pendingTurn": null}));
+        assert_eq!(select_turn(&s, true, &none).unwrap().unwrap().prompt, "T");
+        assert!(select_turn(&s, false, &none).unwrap().is_none());
+
+        let s = session(json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
+            "runs": [{"id": "run-1", "status": "succeeded"}], "pendingTurn": null}));
+        assert!(select_turn(&s, true, &none).unwrap().is_none());
+
+        let s = session(json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
+            "pendingTurn": {"ordinal": 1, "runId": "../x", "body": "B", "clientMessageId": "m", "turnId": null, "answerToQuestion": null}}));
+        assert!(select_turn(&s, true, &none).is_err());
+        let s = session(json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
+            "pendingTurn": {"runId": "run-1"}}));
+        assert!(select_turn(&s, true, &none).is_err());
+    }
+}

@@ -1,0 +1,77 @@
+//! The runner's own log: tracing to stderr, every line passed through the
+//! redactor before it is written (PROTOCOL.md section 5), so a secret that
+//! reaches a log field by mistake still never reaches the output.
+
+use std::io::{self, IsTerminal, Write};
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
+
+use crate::cli::LogFormat;
+use crate::redact::Redactor;
+
+/// The log filter's variable (tracing's filter syntax, default `info`).
+pub const LOG_FILTER_VAR: &str = "HOSTED_BOOT_LOG";
+
+/// Installs the global subscriber. `format` defaults to text on a terminal
+/// and JSON otherwise. Calling it twice is harmless (the second is ignored).
+pub fn init(format: Option<LogFormat>, redactor: Redactor) {
+    let filter = EnvFilter::try_from_env(LOG_FILTER_VAR).unwrap_or_else(|_| EnvFilter::new("info"));
+    let format = format.unwrap_or(if io::stderr().is_terminal() {
+        LogFormat::Text
+    } else {
+        LogFormat::Json
+    });
+    let writer = RedactingMakeWriter { redactor };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
+    let _ = match format {
+        LogFormat::Text => builder.with_ansi(io::stderr().is_terminal()).try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// Gives each log event a buffer that is redacted and written to stderr in
+/// one `write` when the event is complete.
+#[derive(Clone)]
+pub struct RedactingMakeWriter {
+    redactor: Redactor,
+}
+
+impl<'a> MakeWriter<'a> for RedactingMakeWriter {
+    type Writer = RedactingWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        RedactingWriter {
+            redactor: self.redactor.clone(),
+            buffer: Vec::new(),
+        }
+    }
+}
+
+/// One log event's buffer; flushed (redacted) on drop.
+pub struct RedactingWriter {
+    redactor: Redactor,
+    buffer: Vec<u8>,
+}
+
+impl Write for RedactingWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.buffer.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for RedactingWriter {
+    fn drop(&mut self) {
+        if self.buffer.is_empty() {
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.buffer);
+        let redacted = self.redactor.redact(&text);
+        let _ = io::stderr().lock().write_all(redacted.as_bytes());
+    }
+}

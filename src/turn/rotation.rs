@@ -1,0 +1,78 @@
+//! Bearer rotation during a turn (PROTOCOL.md 4.1 step 3) and the one writer
+//! of the bearer file: every new bearer (rotated here, or pulled after a
+//! `401` anywhere) is written atomically; after [`Rotation::stop`] returns
+//! nothing writes the file again.
+
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::Api;
+use crate::workspace::files::SessionDir;
+
+/// The running rotation of one turn.
+pub struct Rotation {
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Rotation {
+    /// Starts rotating; the current bearer is assumed written already.
+    pub fn start(api: Arc<Api>, session_dir: Arc<SessionDir>) -> Rotation {
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(rotate(api, session_dir, cancel.clone()));
+        Rotation { cancel, task }
+    }
+
+    /// Stops the rotation and waits for it (a refresh in flight is dropped
+    /// and cannot recreate the file).
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
+
+async fn rotate(api: Arc<Api>, session_dir: Arc<SessionDir>, cancel: CancellationToken) {
+    let timings = *api.timings();
+    let mut bearers = api.subscribe_bearer();
+    bearers.mark_unchanged();
+    let mut retry_at: Option<Instant> = None;
+    loop {
+        let due = retry_at.unwrap_or_else(|| match api.bearer() {
+            Some(b) => Instant::from_std(b.refresh_at(&timings)),
+            None => Instant::now(),
+        });
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = bearers.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let bearer = bearers.borrow_and_update().clone();
+                if let Some(b) = bearer
+                    && let Err(e) = session_dir.write_bearer(&b.token)
+                {
+                    tracing::error!(error = %e, "cannot write the rotated bearer file");
+                }
+            }
+            _ = tokio::time::sleep_until(due) => {
+                let pulled = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = api.pull_bearer(timings.retry.agent_token_refresh) => r,
+                };
+                match pulled {
+                    Ok(_) => {
+                        tracing::info!("bearer rotated");
+                        retry_at = None;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "bearer rotation failed; retrying later");
+                        retry_at = Some(Instant::now() + timings.rotation_retry);
+                    }
+                }
+            }
+        }
+    }
+}
