@@ -138,8 +138,22 @@ async fn wait_for_stop() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+/// Quotes `s` for a POSIX shell: bare when it holds only characters no shell
+/// treats specially, else in single quotes.
 fn quote(s: &str) -> String {
-    shlex::try_quote(s).map_or_else(|_| format!("'{s}'"), |q| q.into_owned())
+    let plain = !s.is_empty()
+        && s.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'_' | b'-' | b'.' | b'/' | b':' | b'=' | b'@' | b'%' | b'+' | b','
+                )
+        });
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// See [`Coordinator::startup_text`].
@@ -216,6 +230,13 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: CoordinatorArgs,
+    }
+
+    #[test]
+    fn quoting_keeps_plain_words_bare() {
+        assert_eq!(quote("A=http://x:1/y"), "A=http://x:1/y");
+        assert_eq!(quote("it's here"), "'it'\\''s here'");
+        assert_eq!(quote(""), "''");
     }
 
     #[test]

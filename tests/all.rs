@@ -1,0 +1,2 @@
+//! The integration suite: one test binary, modules under `suite/`.
+mod suite;

@@ -1,0 +1,978 @@
+//! The reference coordinator (PROTOCOL.md section 6) driven over HTTP with a
+//! real client and the git CLI. Compat bodies are checked against literal
+//! JSON written from PROTOCOL.md, not through the shared wire types.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, DevError, Fault, Route};
+use hosted_boot::wire::AnswerToQuestion;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+async fn start(opts: CoordinatorOptions) -> Coordinator {
+    Coordinator::start(opts).await.unwrap()
+}
+
+fn url(c: &Coordinator, path: &str) -> String {
+    format!("{}{}", c.base_url(), path)
+}
+
+/// Pulls a bearer with the boot secret.
+async fn bearer(c: &Coordinator, http: &reqwest::Client) -> String {
+    let resp = http
+        .get(c.agent_token_url())
+        .bearer_auth(c.boot_secret())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    body["token"].as_str().unwrap().to_string()
+}
+
+async fn get_json(http: &reqwest::Client, url: &str, bearer: &str) -> (u16, Value) {
+    let resp = http.get(url).bearer_auth(bearer).send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn post_json(http: &reqwest::Client, url: &str, bearer: &str, body: Value) -> (u16, Value) {
+    let resp = http
+        .post(url)
+        .bearer_auth(bearer)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn session(c: &Coordinator, http: &reqwest::Client, bearer: &str) -> Value {
+    let (status, body) = get_json(http, &url(c, "api/cli/sessions/s1"), bearer).await;
+    assert_eq!(status, 200);
+    body
+}
+
+fn finish_body(status: &str) -> Value {
+    json!({"status": status, "agentSessionId": "agent-abc", "error": null, "usage": null, "result": null})
+}
+
+#[tokio::test]
+async fn agent_token_needs_the_boot_secret() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    assert_eq!(c.boot_secret().len(), 64);
+
+    let wrong = http
+        .get(c.agent_token_url())
+        .bearer_auth("0".repeat(64))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let none = http.get(c.agent_token_url()).send().await.unwrap();
+    assert_eq!(none.status(), 401);
+
+    let resp = http
+        .get(c.agent_token_url())
+        .bearer_auth(c.boot_secret())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers().contains_key("date"),
+        "the lifetime is computed from Date"
+    );
+    let body: Value = resp.json().await.unwrap();
+    let first = body["token"].as_str().unwrap().to_string();
+    let expires = body["expiresAt"].as_str().unwrap();
+    humantime::parse_rfc3339_weak(expires).unwrap();
+    assert_eq!(body.as_object().unwrap().len(), 2, "{body}");
+
+    // A fresh bearer per pull; every bearer stays valid until its TTL.
+    let second = bearer(&c, &http).await;
+    assert_ne!(first, second);
+    session(&c, &http, &first).await;
+    session(&c, &http, &second).await;
+    // The boot secret is not a bearer.
+    let (status, _) = get_json(&http, &url(&c, "api/cli/sessions/s1"), &c.boot_secret()).await;
+    assert_eq!(status, 401);
+    // An unknown session.
+    let resp = http
+        .get(url(&c, "api/cli/sessions/other/agent-token"))
+        .bearer_auth(c.boot_secret())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+
+    let secrets = c.issued_secrets();
+    assert_eq!(
+        secrets,
+        vec![c.boot_secret(), first.clone(), second.clone()]
+    );
+    let record = serde_json::to_string(&c.requests()).unwrap();
+    for s in &secrets {
+        assert!(!record.contains(s.as_str()), "the record holds a secret");
+    }
+    let reqs = c.requests();
+    assert_eq!(reqs[0].route, Route::AgentToken);
+    assert_eq!(reqs[0].header("Authorization"), Some("Bearer ***"));
+    assert_eq!(reqs[0].response_status, Some(401));
+    assert_eq!(reqs[1].header("authorization"), None);
+}
+
+#[tokio::test]
+async fn an_expired_bearer_is_refused() {
+    let c = start(CoordinatorOptions {
+        bearer_ttl: Duration::ZERO,
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    let (status, _) = get_json(&http, &url(&c, "api/cli/sessions/s1"), &b).await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn session_and_env_bundle_match_the_contract() {
+    let c = start(CoordinatorOptions {
+        task: "Fix the flaky test".into(),
+        model: Some("model-x".into()),
+        reasoning_effort: Some("high".into()),
+        duration_minutes: Some(30.0),
+        connectors: vec![("API_KEY".into(), "connector-secret-value".into())],
+        redact_vars: vec!["OTHER_SECRET".into()],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    assert_eq!(
+        session(&c, &http, &b).await,
+        json!({"session": {
+            "workspaceId": "ws-1",
+            "repoBranch": "orizu/session-1",
+            "status": "active",
+            "clientInfo": {"task": "Fix the flaky test", "model": "model-x",
+                           "reasoningEffort": "high", "durationMinutes": 30.0},
+            "runs": [{"id": "run-1", "status": "pending"}],
+            "pendingTurn": null,
+            "interruptRequestedRunId": null,
+            "agentSessionId": null,
+            "projectId": null
+        }})
+    );
+    let (status, bundle) = get_json(&http, &url(&c, "api/cli/sessions/s1/env-bundle"), &b).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        bundle,
+        json!({"connectors": [{"envVar": "API_KEY", "value": "connector-secret-value"}],
+               "redactVars": ["OTHER_SECRET"]})
+    );
+    let (status, _) = get_json(&http, &url(&c, "api/cli/sessions/other"), &b).await;
+    assert_eq!(status, 404);
+    let resp = http
+        .get(url(&c, "api/cli/sessions/s1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = http
+        .post(url(&c, "api/cli/sessions/s1"))
+        .bearer_auth(&b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 405);
+}
+
+#[tokio::test]
+async fn turns_move_pending_turn_along() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+
+    // Queued over the dev API while run-1 (the initial task) is unfinished:
+    // pendingTurn stays null until run-1 is sealed.
+    let (status, queued) = post_json(
+        &http,
+        &url(&c, "dev/turns"),
+        "",
+        json!({"body": "Second turn"}),
+    )
+    .await;
+    assert_eq!((status, queued), (200, json!({"runId": "run-2"})));
+    let s = session(&c, &http, &b).await;
+    assert_eq!(s["session"]["pendingTurn"], Value::Null);
+    assert_eq!(
+        s["session"]["runs"],
+        json!([{"id": "run-2", "status": "pending"}, {"id": "run-1", "status": "pending"}])
+    );
+
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/run-1"),
+        &b,
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(c.run("run-1").unwrap().status, "running");
+    // Idempotent.
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/run-1"),
+        &b,
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/run-1/finish"),
+        &b,
+        finish_body("succeeded"),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    let s = session(&c, &http, &b).await;
+    assert_eq!(
+        s["session"]["pendingTurn"],
+        json!({"turnId": "turn-2", "ordinal": 2, "runId": "run-2", "body": "Second turn",
+               "clientMessageId": "msg-2", "answerToQuestion": null})
+    );
+    assert_eq!(s["session"]["agentSessionId"], "agent-abc");
+
+    let run3 = c.queue_turn(
+        "Use the blue one",
+        Some(AnswerToQuestion {
+            question_id: "q-1".into(),
+            question: "Which colour?".into(),
+        }),
+    );
+    assert_eq!(run3, "run-3");
+
+    // Interrupt: by default the running run.
+    assert!(matches!(c.interrupt(None), Err(DevError::NoRunningRun)));
+    post_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/run-2"),
+        &b,
+        json!({}),
+    )
+    .await;
+    let (status, body) = post_json(&http, &url(&c, "dev/interrupt"), "", json!({})).await;
+    assert_eq!((status, body), (200, json!({"runId": "run-2"})));
+    let s = session(&c, &http, &b).await;
+    assert_eq!(s["session"]["interruptRequestedRunId"], "run-2");
+
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/run-2/finish"),
+        &b,
+        finish_body("interrupted"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // Same status again: idempotent; another status: 409.
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/run-2/finish"),
+        &b,
+        finish_body("interrupted"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/run-2/finish"),
+        &b,
+        finish_body("succeeded"),
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(c.run("run-2").unwrap().finish_count, 2);
+
+    let s = session(&c, &http, &b).await;
+    assert_eq!(s["session"]["interruptRequestedRunId"], Value::Null);
+    assert_eq!(
+        s["session"]["pendingTurn"],
+        json!({"turnId": "turn-3", "ordinal": 3, "runId": "run-3", "body": "Use the blue one",
+               "clientMessageId": "msg-3",
+               "answerToQuestion": {"questionId": "q-1", "question": "Which colour?"}})
+    );
+    assert_eq!(
+        s["session"]["runs"],
+        json!([{"id": "run-3", "status": "pending"}, {"id": "run-2", "status": "interrupted"},
+               {"id": "run-1", "status": "succeeded"}])
+    );
+
+    // Unknown run, malformed finish.
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/run-9/finish"),
+        &b,
+        finish_body("succeeded"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/run-3/finish"),
+        &b,
+        json!({"status": "done"}),
+    )
+    .await;
+    assert_eq!(status, 400);
+
+    let (status, _) = post_json(&http, &url(&c, "dev/end"), "", json!({})).await;
+    assert_eq!(status, 200);
+    assert_eq!(session(&c, &http, &b).await["session"]["status"], "ended");
+}
+
+#[tokio::test]
+async fn an_idle_start_has_no_run_until_a_turn_is_queued() {
+    let c = start(CoordinatorOptions {
+        start_idle: true,
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    let s = session(&c, &http, &b).await;
+    assert_eq!(s["session"]["runs"], json!([]));
+    assert_eq!(s["session"]["pendingTurn"], Value::Null);
+    assert_eq!(c.queue_turn("First", None), "run-1");
+    let s = session(&c, &http, &b).await;
+    assert_eq!(s["session"]["pendingTurn"]["runId"], "run-1");
+    assert_eq!(s["session"]["pendingTurn"]["ordinal"], 1);
+}
+
+#[tokio::test]
+async fn events_are_accepted_in_order_and_the_cursor_follows() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    let ev = |seq: u64| json!({"seq": seq, "type": "output", "at": "2024-01-01T00:00:00Z", "data": {"text": seq}});
+    let events_url = url(&c, "api/cli/workbench-runs/run-1/events");
+    let cursor_url = url(&c, "api/cli/workbench-runs/run-1/events/cursor");
+
+    assert_eq!(
+        get_json(&http, &cursor_url, &b).await,
+        (200, json!({"acceptedThrough": 0}))
+    );
+    let r = post_json(&http, &events_url, &b, json!({"events": [ev(1), ev(2)]})).await;
+    assert_eq!(r, (200, json!({"acceptedThrough": 2})));
+    // A resend is harmless.
+    let r = post_json(&http, &events_url, &b, json!({"events": [ev(2), ev(3)]})).await;
+    assert_eq!(r, (200, json!({"acceptedThrough": 3})));
+    // A gap is refused whole.
+    let (status, _) = post_json(&http, &events_url, &b, json!({"events": [ev(4), ev(6)]})).await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        get_json(&http, &cursor_url, &b).await,
+        (200, json!({"acceptedThrough": 3}))
+    );
+    let seqs: Vec<u64> = c
+        .run("run-1")
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    let (status, _) = get_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/nope/events/cursor"),
+        &b,
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn boot_statuses_and_requests_are_recorded_in_order() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let status_url = c.boot_status_url();
+    for body in [
+        json!({"status": "ready"}),
+        json!({"status": "turn_started", "runId": "run-1"}),
+        json!({"status": "failed", "runId": null, "reason": "boom"}),
+    ] {
+        let resp = http
+            .post(&status_url)
+            .bearer_auth(c.boot_secret())
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let b = bearer(&c, &http).await;
+    // A bearer is not the boot secret.
+    let resp = http
+        .post(&status_url)
+        .bearer_auth(&b)
+        .json(&json!({"status": "ready"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = http
+        .get(url(&c, "api/cli/sessions/s1"))
+        .bearer_auth(&b)
+        .header("x-orizu-hosted-poll", "during-turn")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    let statuses: Vec<Value> = c
+        .statuses()
+        .iter()
+        .map(|s| serde_json::to_value(s).unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        vec![
+            json!({"status": "ready"}),
+            json!({"status": "turn_started", "runId": "run-1"}),
+            json!({"status": "failed", "runId": null, "reason": "boom"}),
+        ]
+    );
+    let reqs = c.requests();
+    let routes: Vec<&str> = reqs.iter().map(|r| r.route.as_str()).collect();
+    assert_eq!(
+        routes,
+        vec![
+            "boot-status",
+            "boot-status",
+            "boot-status",
+            "agent-token",
+            "boot-status",
+            "session"
+        ]
+    );
+    assert_eq!(reqs[1].method, "POST");
+    assert_eq!(reqs[1].path, "/api/cli/sessions/s1/boot-status");
+    assert_eq!(
+        reqs[1].body,
+        json!({"status": "turn_started", "runId": "run-1"})
+    );
+    assert_eq!(reqs[4].response_status, Some(401));
+    assert_eq!(reqs[5].header("x-orizu-hosted-poll"), Some("during-turn"));
+
+    // The same record over the dev API.
+    let (status, body) = get_json(&http, &url(&c, "dev/requests"), "").await;
+    assert_eq!(status, 200);
+    assert_eq!(body[1]["route"], "boot-status");
+    assert_eq!(body[1]["headers"]["authorization"], "Bearer ***");
+    assert_eq!(
+        body[1]["body"],
+        json!({"status": "turn_started", "runId": "run-1"})
+    );
+    let (status, state) = get_json(&http, &url(&c, "dev/state"), "").await;
+    assert_eq!(status, 200);
+    assert_eq!(state["statuses"][0], json!({"status": "ready"}));
+    assert_eq!(state["runs"][0]["id"], "run-1");
+    assert_eq!(state["session"]["repoBranch"], "orizu/session-1");
+}
+
+#[tokio::test]
+async fn a_503_fault_answers_count_times_then_the_normal_answer() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    c.add_fault(
+        Fault::status(Route::Session, 503)
+            .times(2)
+            .with_retry_after("1"),
+    )
+    .unwrap();
+    let session_url = url(&c, "api/cli/sessions/s1");
+    for _ in 0..2 {
+        let resp = http.get(&session_url).bearer_auth(&b).send().await.unwrap();
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["retry-after"], "1");
+    }
+    let resp = http.get(&session_url).bearer_auth(&b).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let statuses: Vec<Option<u16>> = c
+        .requests()
+        .iter()
+        .filter(|r| r.route == Route::Session)
+        .map(|r| r.response_status)
+        .collect();
+    assert_eq!(statuses, vec![Some(503), Some(503), Some(200)]);
+
+    // Over the dev API, a body fault replaces the session (a malformed
+    // pendingTurn), and an invalid fault is refused.
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "dev/faults"),
+        "",
+        json!({"route": "session", "body": "{\"session\": {\"pendingTurn\": {\"runId\": 3}}}", "count": 1}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, body) = get_json(&http, &session_url, &b).await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"session": {"pendingTurn": {"runId": 3}}}))
+    );
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "dev/faults"),
+        "",
+        json!({"route": "dev", "status": 503}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, _) = post_json(
+        &http,
+        &url(&c, "dev/faults"),
+        "",
+        json!({"route": "session", "count": 1}),
+    )
+    .await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn a_reset_fault_is_a_transport_error() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    c.add_fault(Fault::reset(Route::AgentToken)).unwrap();
+    let err = http
+        .get(c.agent_token_url())
+        .bearer_auth(c.boot_secret())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.status().is_none(), "no HTTP status: {err:?}");
+    assert!(!err.is_timeout(), "{err:?}");
+    // The next request is answered normally.
+    bearer(&c, &http).await;
+    let reqs = c.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].response_status, None);
+    assert!(reqs[0].fault.as_ref().unwrap().reset);
+    // No token was issued for the dropped request.
+    assert_eq!(c.issued_secrets().len(), 2);
+}
+
+#[tokio::test]
+async fn a_delay_fault_delays_the_normal_answer() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    c.add_fault(Fault::delay(Route::Cursor, Duration::from_millis(300)))
+        .unwrap();
+    let t = Instant::now();
+    let r = get_json(
+        &http,
+        &url(&c, "api/cli/workbench-runs/run-1/events/cursor"),
+        &b,
+    )
+    .await;
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert_eq!(r, (200, json!({"acceptedThrough": 0})));
+}
+
+#[tokio::test]
+async fn an_after_fault_applies_the_request_and_loses_the_answer() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    c.add_fault(Fault::status(Route::Finish, 503).after_handling())
+        .unwrap();
+    let finish_url = url(&c, "api/cli/workbench-runs/run-1/finish");
+    let (status, _) = post_json(&http, &finish_url, &b, finish_body("failed")).await;
+    assert_eq!(status, 503);
+    assert_eq!(c.run("run-1").unwrap().status, "failed");
+    // The retry of the same body is idempotent.
+    let (status, _) = post_json(&http, &finish_url, &b, finish_body("failed")).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn wait_for_sees_changes_without_sleeping() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let status_url = c.boot_status_url();
+    let secret = c.boot_secret();
+    let poster = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        http.post(&status_url)
+            .bearer_auth(secret)
+            .json(&json!({"status": "ready"}))
+            .send()
+            .await
+            .unwrap();
+    });
+    let snap = c
+        .wait_for(WAIT, |s| s.status_names() == ["ready"])
+        .await
+        .unwrap();
+    assert_eq!(snap.requests_to(Route::BootStatus).len(), 1);
+    poster.await.unwrap();
+    let err = c
+        .wait_for(Duration::from_millis(50), |s| s.statuses.len() == 2)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DevError::Timeout { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn the_dev_api_needs_a_token_off_loopback() {
+    let c = start(CoordinatorOptions {
+        listen: "0.0.0.0:0".parse().unwrap(),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let token = c.dev_token().expect("a dev token off loopback");
+    assert!(c.base_url().as_str().starts_with("http://127.0.0.1:"));
+    let http = client();
+    let (status, _) = get_json(&http, &url(&c, "dev/state"), "wrong").await;
+    assert_eq!(status, 401);
+    let (status, _) = get_json(&http, &url(&c, "dev/state"), &token).await;
+    assert_eq!(status, 200);
+    let text = c.startup_text();
+    assert!(text.contains(&token));
+    assert!(text.contains("HOSTED_BOOT_INSECURE_HTTP=1"));
+
+    let local = start(CoordinatorOptions::default()).await;
+    assert_eq!(local.dev_token(), None);
+}
+
+#[tokio::test]
+async fn startup_text_has_the_env_docker_and_curl_lines() {
+    let c = start(CoordinatorOptions::default()).await;
+    let text = c.startup_text();
+    let base = c.base_url().to_string();
+    assert!(text.contains(&base));
+    let env_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("env "))
+        .unwrap();
+    let docker_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("docker run"))
+        .unwrap();
+    assert!(docker_line.contains("--network host"));
+    for (k, v) in c.sandbox_env() {
+        assert!(env_line.contains(&format!("{k}={v}")), "{k} in {env_line}");
+        assert!(
+            docker_line.contains(&format!("-e {k}={v}")),
+            "{k} in {docker_line}"
+        );
+    }
+    for route in ["turns", "interrupt", "end", "state", "requests"] {
+        assert!(
+            text.lines()
+                .any(|l| l.contains("curl") && l.contains(&format!("{base}dev/{route}"))),
+            "curl line for {route}"
+        );
+    }
+    let env: Vec<(String, String)> = c.sandbox_env();
+    let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "ORIZU_BOOT_SECRET",
+            "ORIZU_AGENT_TOKEN_URL",
+            "ORIZU_API_BASE_URL",
+            "ORIZU_SESSION_ID",
+            "ORIZU_BOOT_STATUS_URL",
+            "HOSTED_BOOT_GIT_BASE_URL"
+        ]
+    );
+    assert_eq!(env[1].1, format!("{base}api/cli/sessions/s1/agent-token"));
+    assert_eq!(env[4].1, format!("{base}api/cli/sessions/s1/boot-status"));
+    assert_eq!(env[5].1, format!("{base}git"));
+}
+
+// ---- git ----
+
+async fn repo_token(c: &Coordinator, http: &reqwest::Client, access: &str) -> String {
+    let b = bearer(c, http).await;
+    let (status, body) = post_json(
+        http,
+        &url(c, "api/cli/sessions/s1/repo-token"),
+        &b,
+        json!({"access": access}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["repoFullName"], "acme/app");
+    humantime::parse_rfc3339_weak(body["expiresAt"].as_str().unwrap()).unwrap();
+    body["token"].as_str().unwrap().to_string()
+}
+
+/// Runs git (isolated from the user's configuration) with the repo token in
+/// an `http.extraHeader`, never in a URL.
+async fn git(dir: &Path, token: Option<&str>, args: &[&str]) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new("git");
+    if let Some(token) = token {
+        let basic =
+            base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{token}"));
+        cmd.arg("-c")
+            .arg(format!("http.extraHeader=Authorization: Basic {basic}"));
+    }
+    cmd.args([
+        "-c",
+        "user.name=Test",
+        "-c",
+        "user.email=test@example.invalid",
+    ])
+    .args(["-c", "commit.gpgsign=false"])
+    .args(args)
+    .current_dir(dir)
+    .env("GIT_TERMINAL_PROMPT", "0")
+    .env("GIT_CONFIG_NOSYSTEM", "1")
+    .env("GIT_CONFIG_GLOBAL", "/dev/null")
+    .env_remove("GIT_ASKPASS")
+    .env_remove("SSH_ASKPASS");
+    cmd.output().await.unwrap()
+}
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+fn bare_rev(c: &Coordinator, rev: &str) -> Option<String> {
+    let o = std::process::Command::new("git")
+        .arg("-C")
+        .arg(c.bare_repo())
+        .args(["rev-parse", "--verify", "--quiet", rev])
+        .output()
+        .unwrap();
+    o.status.success().then(|| stdout(&o))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_clone_and_push_through_smart_http() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let tmp = tempfile::tempdir().unwrap();
+    let read = repo_token(&c, &http, "read").await;
+    let write = repo_token(&c, &http, "write").await;
+    assert_eq!(c.clone_url(), format!("{}git/acme/app.git", c.base_url()));
+
+    let o = git(
+        tmp.path(),
+        Some(&read),
+        &[
+            "clone",
+            "--branch",
+            "orizu/session-1",
+            &c.clone_url(),
+            "repo",
+        ],
+    )
+    .await;
+    assert!(
+        o.status.success(),
+        "clone: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let repo = tmp.path().join("repo");
+    assert!(repo.join("README.md").is_file());
+
+    std::fs::write(repo.join("NOTES.md"), "pushed by the test\n").unwrap();
+    assert!(
+        git(&repo, None, &["add", "NOTES.md"])
+            .await
+            .status
+            .success()
+    );
+    assert!(
+        git(&repo, None, &["commit", "-q", "-m", "Add notes"])
+            .await
+            .status
+            .success()
+    );
+    let head = stdout(&git(&repo, None, &["rev-parse", "HEAD"]).await);
+
+    // A read token cannot push.
+    let o = git(
+        &repo,
+        Some(&read),
+        &["push", "origin", "HEAD:refs/heads/orizu/session-1"],
+    )
+    .await;
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("403"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // A write token pushes the session branch, and a recovery branch.
+    let o = git(
+        &repo,
+        Some(&write),
+        &["push", "origin", "HEAD:refs/heads/orizu/session-1"],
+    )
+    .await;
+    assert!(
+        o.status.success(),
+        "push: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        bare_rev(&c, "refs/heads/orizu/session-1"),
+        Some(head.clone())
+    );
+    let o = git(
+        &repo,
+        Some(&write),
+        &[
+            "push",
+            "origin",
+            "HEAD:refs/heads/orizu/session-1-recovered-run-1",
+        ],
+    )
+    .await;
+    assert!(
+        o.status.success(),
+        "push: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // Elsewhere is refused by the pre-receive hook.
+    let o = git(
+        &repo,
+        Some(&write),
+        &["push", "origin", "HEAD:refs/heads/main"],
+    )
+    .await;
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("refused"));
+    assert_ne!(bare_rev(&c, "refs/heads/main"), Some(head));
+
+    let reqs = c.requests();
+    let git_reqs: Vec<_> = reqs.iter().filter(|r| r.route == Route::Git).collect();
+    assert!(git_reqs.len() >= 4);
+    assert!(git_reqs.iter().all(|r| r.body.is_null()));
+    assert!(
+        git_reqs
+            .iter()
+            .filter_map(|r| r.header("authorization"))
+            .all(|a| a == "Basic ***")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_refuses_a_wrong_password() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let info_refs = format!("{}/info/refs?service=git-upload-pack", c.clone_url());
+    let resp = http
+        .get(&info_refs)
+        .basic_auth("x-access-token", Some("not-a-token"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert!(
+        resp.headers()["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .starts_with("Basic")
+    );
+    let resp = http.get(&info_refs).send().await.unwrap();
+    assert_eq!(resp.status(), 401);
+    // The right password with another user is refused too.
+    let token = repo_token(&c, &http, "read").await;
+    let resp = http
+        .get(&info_refs)
+        .basic_auth("someone", Some(&token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = http
+        .get(&info_refs)
+        .basic_auth("x-access-token", Some(&token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Another repository is not served.
+    let other = format!(
+        "{}git/acme/other.git/info/refs?service=git-upload-pack",
+        c.base_url()
+    );
+    let resp = http
+        .get(&other)
+        .basic_auth("x-access-token", Some(&token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let o = git(
+        tmp.path(),
+        Some("wrong-token"),
+        &["clone", &c.clone_url(), "repo"],
+    )
+    .await;
+    assert!(!o.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_branch_can_be_left_missing() {
+    let c = start(CoordinatorOptions {
+        create_branch: false,
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    assert_eq!(bare_rev(&c, "refs/heads/orizu/session-1"), None);
+    assert!(bare_rev(&c, "refs/heads/main").is_some());
+    assert_eq!(c.default_branch(), "main");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_repository_is_served() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = hosted_boot::coordinator::create_sample_repo(&tmp.path().join("src")).unwrap();
+    std::fs::write(src.join("EXTRA.md"), "extra\n").unwrap();
+    assert!(git(&src, None, &["add", "EXTRA.md"]).await.status.success());
+    assert!(
+        git(&src, None, &["commit", "-q", "-m", "Extra"])
+            .await
+            .status
+            .success()
+    );
+    let head = stdout(&git(&src, None, &["rev-parse", "HEAD"]).await);
+    let c = start(CoordinatorOptions {
+        source_repo: Some(src),
+        workdir: Some(tmp.path().join("work")),
+        branch: "feature/x".into(),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    assert!(c.bare_repo().starts_with(tmp.path().join("work")));
+    assert_eq!(bare_rev(&c, "refs/heads/feature/x"), Some(head));
+}

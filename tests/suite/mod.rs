@@ -1,0 +1,3 @@
+mod boot;
+mod support;
+mod workspace;
