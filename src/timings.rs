@@ -147,11 +147,16 @@ impl Default for Timings {
 impl Timings {
     /// Every duration multiplied by `factor` (attempt counts unchanged).
     /// Used for `HOSTED_BOOT_TEST_TIME_SCALE`; `factor` must be > 0.
+    ///
+    /// The per-attempt request timeout is not scaled below
+    /// [`MIN_SCALED_REQUEST_TIMEOUT`]: a debug build's git server on a loaded
+    /// machine needs that long, and a timeout that fires on a healthy
+    /// request would make tests flaky rather than fast.
     pub fn scaled(self, factor: f64) -> Self {
         let s = |d| scale(d, factor);
         let r = self.retry;
         Timings {
-            request_timeout: s(self.request_timeout),
+            request_timeout: s(self.request_timeout).max(MIN_SCALED_REQUEST_TIMEOUT.min(self.request_timeout)),
             interrupt_poll: s(self.interrupt_poll),
             idle_poll: s(self.idle_poll),
             idle_backoff_cap: s(self.idle_backoff_cap),
@@ -179,6 +184,9 @@ impl Timings {
         }
     }
 }
+
+/// Floor of the scaled per-attempt request timeout (2 s).
+pub const MIN_SCALED_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn scale(d: Duration, factor: f64) -> Duration {
     Duration::from_secs_f64(d.as_secs_f64() * factor)
