@@ -1,3 +1,4 @@
 mod boot;
+mod coordinator;
 mod support;
 mod workspace;
