@@ -216,8 +216,14 @@ fn open_or_init(path: &Path, url: &str) -> Result<(Repository, bool), WorkspaceE
         found,
         expected: url.to_string(),
     };
-    let repo =
-        Repository::open(path).map_err(|_| foreign("is not a git repository".to_string()))?;
+    let repo = Repository::open(path).map_err(|e| match e.code() {
+        // Owned by another user (a volume mounted from elsewhere): say so.
+        git2::ErrorCode::Owner => foreign(format!(
+            "cannot be opened as a git repository ({})",
+            e.message().replace('\0', "")
+        )),
+        _ => foreign("is not a git repository".to_string()),
+    })?;
     let origin = match repo.find_remote("origin") {
         Ok(remote) => remote.url().ok().map(str::to_string),
         Err(_) => return Err(foreign("has no origin remote".to_string())),

@@ -658,7 +658,8 @@ impl HttpStream {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("")
                 .to_string();
-            if !content_type.trim().eq_ignore_ascii_case(&expected) {
+            let media_type = content_type.split(';').next().unwrap_or("").trim();
+            if !media_type.eq_ignore_ascii_case(&expected) {
                 return Err(TransportError::NotSmart {
                     url: self.remote.clone(),
                     content_type,

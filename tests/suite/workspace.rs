@@ -529,3 +529,65 @@ fn real_binary_answers_git() {
         "{stdout:?}"
     );
 }
+
+#[test]
+fn git2_push_goes_through_the_transport() {
+    let env = env();
+    prepare_repo(&env.spec(env.real_helper())).unwrap();
+    let repo = git2::Repository::open(env.repo()).unwrap();
+    std::fs::write(env.repo().join("PUSHED.md"), "pushed by git2\n").unwrap();
+    let mut index = repo.index().unwrap();
+    index.add_path(Path::new("PUSHED.md")).unwrap();
+    let tree = repo.find_tree(index.write_tree().unwrap()).unwrap();
+    let parent = repo.head().unwrap().peel_to_commit().unwrap();
+    let sig = repo.signature().unwrap();
+    let commit = repo
+        .commit(Some("HEAD"), &sig, &sig, "git2 push", &tree, &[&parent])
+        .unwrap();
+
+    let local = repo
+        .config()
+        .unwrap()
+        .open_level(git2::ConfigLevel::Local)
+        .unwrap();
+    let helpers = hosted_boot::workspace::CredentialHelpers::from_config(&local).unwrap();
+    let _registration =
+        hosted_boot::workspace::register_remote(&env.coord.clone_url(), env.http.clone(), helpers)
+            .unwrap();
+    let mut refused = Vec::new();
+    {
+        let mut callbacks = git2::RemoteCallbacks::new();
+        callbacks.push_update_reference(|name, status| {
+            if let Some(s) = status {
+                refused.push(format!("{name}: {s}"));
+            }
+            Ok(())
+        });
+        let mut options = git2::PushOptions::new();
+        options.remote_callbacks(callbacks);
+        let branch = env.coord.branch();
+        repo.find_remote("origin")
+            .unwrap()
+            .push(
+                &[format!("refs/heads/{branch}:refs/heads/{branch}")],
+                Some(&mut options),
+            )
+            .unwrap();
+    }
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(env.remote_tip(), commit.to_string());
+    let methods: Vec<_> = env
+        .coord
+        .requests()
+        .into_iter()
+        .filter(|r| r.route == Route::Git && r.path.contains("receive-pack"))
+        .map(|r| (r.method, r.response_status))
+        .collect();
+    assert_eq!(
+        methods,
+        vec![
+            ("GET".to_string(), Some(200)),
+            ("POST".to_string(), Some(200))
+        ]
+    );
+}
