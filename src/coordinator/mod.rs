@@ -6,7 +6,7 @@
 //! Used three ways: `hosted-boot coordinator` ([`run_cli`]), in-process by the
 //! integration tests and by `hosted-boot demo` ([`Coordinator::start`]).
 //!
-//! Layout: [`state`](self) holds the session and the records, `server` the
+//! Layout: `state` holds the session and the records, `server` the
 //! HTTP handler (routing, auth, faults, request record), `git` the bare
 //! repository and `git http-backend`, `conn` the listener whose connections a
 //! `reset` fault can drop, `cli` the command.
