@@ -32,7 +32,7 @@ pub enum Command {
     /// The git credential helper (git's credential protocol on stdin/stdout).
     Credential(CredentialArgs),
     /// Serve the reference coordinator on loopback, for local debugging.
-    Coordinator(crate::coordinator::CoordinatorArgs),
+    Coordinator(Box<crate::coordinator::CoordinatorArgs>),
     /// Run a three-turn scenario against an in-process coordinator.
     Demo(DemoArgs),
     /// The built-in demo agent (used by `demo` and the tests).

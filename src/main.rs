@@ -72,7 +72,7 @@ fn main() -> ExitCode {
         Some(Command::Credential(args)) => workspace::credential::run_credential_helper(&args.action, &args.context),
         Some(Command::Coordinator(args)) => with_runtime(|| async move {
             logging::init(None, Redactor::new());
-            match coordinator::run_cli(args).await {
+            match coordinator::run_cli(*args).await {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("hosted-boot coordinator: {e:#}");

@@ -161,14 +161,13 @@ async fn send_loop(
         }
         // Send when the batch is full, when the oldest event waited a batch
         // interval, or at once while flushing.
-        let due = match pending.front() {
-            None => None,
-            Some((_, _, queued)) => Some(if deadline.is_some() || pending.len() >= max_events {
+        let due = pending.front().map(|(_, _, queued)| {
+            if deadline.is_some() || pending.len() >= max_events {
                 next_try
             } else {
                 next_try.max(*queued + timings.event_batch_interval)
-            }),
-        };
+            }
+        });
         if !stopped && due.is_some_and(|d| d <= now) {
             let mut bytes = 0;
             let batch: Vec<Event> = pending

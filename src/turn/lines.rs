@@ -35,11 +35,7 @@ where
     let mut reader = BufReader::with_capacity(64 * 1024, reader);
     let mut current = Vec::new();
     let mut continued = false;
-    loop {
-        let buf = match reader.fill_buf().await {
-            Ok(b) => b,
-            Err(_) => break,
-        };
+    while let Ok(buf) = reader.fill_buf().await {
         if buf.is_empty() {
             break;
         }

@@ -28,13 +28,10 @@ fn routes(s: &Snapshot) -> Vec<String> {
     s.requests
         .iter()
         .filter(|r| r.route != Route::Dev)
-        .map(|r| {
-            let what = match r.route {
-                Route::BootStatus => format!("status:{}", r.body["status"].as_str().unwrap_or("?")),
-                Route::Git => "git".to_string(),
-                other => other.as_str().to_string(),
-            };
-            what
+        .map(|r| match r.route {
+            Route::BootStatus => format!("status:{}", r.body["status"].as_str().unwrap_or("?")),
+            Route::Git => "git".to_string(),
+            other => other.as_str().to_string(),
         })
         .collect()
 }
@@ -516,4 +513,54 @@ async fn sigterm_between_turns_exits_without_posting() {
     assert_eq!(status.code(), Some(130), "{output}");
     assert_eq!(sb.coordinator.snapshot().status_names(), vec!["ready"]);
     assert!(!sb.session_dir().exists());
+}
+
+/// The compat bodies the runner sends, checked against literal JSON written
+/// from PROTOCOL.md 2.1, 2.2 and 2.6 (not through the shared wire types).
+#[tokio::test]
+async fn compat_bodies_match_the_contract_literally() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        start_idle: true,
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let child = sb.spawn(&sb.script(OBSERVER));
+    sb.coordinator
+        .wait_for(WAIT, |s| s.status_names() == vec!["ready"])
+        .await
+        .unwrap();
+    let run_id = sb.coordinator.queue_turn("go", None);
+    sb.coordinator
+        .wait_for(WAIT, |s| s.run(&run_id).is_some_and(|r| r.finish.is_some()))
+        .await
+        .unwrap();
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let requests = sb.coordinator.requests();
+    let token = &requests[0];
+    assert_eq!((token.method.as_str(), token.path.as_str()), ("GET", "/api/cli/sessions/s1/agent-token"));
+    assert_eq!(token.header("authorization"), Some("Bearer ***"));
+    let bodies: Vec<(String, serde_json::Value)> = requests
+        .iter()
+        .filter(|r| matches!(r.route, Route::BootStatus | Route::RunStarted))
+        .map(|r| (format!("{} {}", r.method, r.path), r.body.clone()))
+        .collect();
+    let status = |body: serde_json::Value| ("POST /api/cli/sessions/s1/boot-status".to_string(), body);
+    assert_eq!(
+        bodies,
+        vec![
+            status(json!({"status": "ready"})),
+            status(json!({"status": "turn_started", "runId": "run-1"})),
+            ("POST /api/cli/workbench-runs/run-1".to_string(), json!({})),
+            status(json!({"status": "turn_completed", "runId": "run-1"})),
+            status(json!({"status": "complete", "runId": null})),
+        ]
+    );
+    let finish_body = requests.iter().find(|r| r.route == Route::Finish).unwrap();
+    assert_eq!(
+        finish_body.body,
+        json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null, "result": null})
+    );
+    assert!(requests.iter().filter(|r| r.route != Route::Dev).all(|r| r.header("authorization").is_some()));
 }
