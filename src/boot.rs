@@ -68,7 +68,12 @@ pub async fn run(config: BootConfig) -> i32 {
             return 1;
         }
     };
-    let api = Arc::new(Api::new(config.api.clone(), http.clone(), config.timings, redactor.clone()));
+    let api = Arc::new(Api::new(
+        config.api.clone(),
+        http.clone(),
+        config.timings,
+        redactor.clone(),
+    ));
     tracing::info!(
         session_id = %config.api.session_id,
         agent = config.agent.name(),
@@ -92,7 +97,10 @@ pub async fn run(config: BootConfig) -> i32 {
 }
 
 /// Runs `f` unless a stop signal comes first.
-async fn unless_stopped<T>(stop: &mut watch::Receiver<Stop>, f: impl Future<Output = T>) -> Result<T, Stop> {
+async fn unless_stopped<T>(
+    stop: &mut watch::Receiver<Stop>,
+    f: impl Future<Output = T>,
+) -> Result<T, Stop> {
     if *stop.borrow() != Stop::Running {
         return Err(*stop.borrow());
     }
@@ -163,7 +171,9 @@ async fn boot(
             tracing::info!("nothing to run yet; posting ready and waiting for a turn");
             match unless_stopped(stop, api.post_status(BootStatus::Ready, None, None)).await {
                 Err(s) => return Ending::Stopped(s),
-                Ok(Err(e)) => return Ending::BeforeDrain(format!("ready was not acknowledged: {e}")),
+                Ok(Err(e)) => {
+                    return Ending::BeforeDrain(format!("ready was not acknowledged: {e}"));
+                }
                 Ok(Ok(())) => {}
             }
             match idle::wait(api, true, &done, stop).await {
@@ -184,7 +194,13 @@ async fn boot(
         redactor.clone(),
     ));
     let repo_dir = config.root.join("repo");
-    let clone = clone_repo(config, http, &session_dir, &resolved.remote, &resolved.session.repo_branch);
+    let clone = clone_repo(
+        config,
+        http,
+        &session_dir,
+        &resolved.remote,
+        &resolved.session.repo_branch,
+    );
     match unless_stopped(stop, clone).await {
         Err(s) => {
             cache_watch.abort();
@@ -216,7 +232,12 @@ async fn boot(
     ending
 }
 
-async fn drain(ctx: &TurnContext, first: TurnInput, done: &mut HashSet<String>, stop: &mut watch::Receiver<Stop>) -> Ending {
+async fn drain(
+    ctx: &TurnContext,
+    first: TurnInput,
+    done: &mut HashSet<String>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Ending {
     let mut next = first;
     loop {
         let run_id = next.run_id.clone();
@@ -267,8 +288,12 @@ async fn resolve(config: &BootConfig, api: &Api, redactor: &Redactor) -> Result<
         api.session(policy, false),
         api.repo_token(Access::Read, policy),
     );
-    let bundle = environment::apply_bundle(bundle.map_err(|e| e.to_string())?, &config.base_env, redactor)
-        .map_err(|e| e.to_string())?;
+    let bundle = environment::apply_bundle(
+        bundle.map_err(|e| e.to_string())?,
+        &config.base_env,
+        redactor,
+    )
+    .map_err(|e| e.to_string())?;
     let mut session = session.map_err(|e| e.to_string())?;
     checks::git_branch("repoBranch", &session.repo_branch).map_err(|e| e.to_string())?;
     if let Some(w) = &config.workspace_id {
@@ -276,21 +301,29 @@ async fn resolve(config: &BootConfig, api: &Api, redactor: &Redactor) -> Result<
     }
     let token: RepoToken = token.map_err(|e: CallError| e.to_string())?;
     let remote = remote_url(config, &token)?;
-    Ok(Resolved { bundle, session, remote })
+    Ok(Resolved {
+        bundle,
+        session,
+        remote,
+    })
 }
 
 /// The clone URL (2.5): the artifacts remote, or `{git base}/{owner/name}.git`.
 fn remote_url(config: &BootConfig, token: &RepoToken) -> Result<Url, String> {
     let text = match (&token.artifacts_remote, &token.repo_full_name) {
         (Some(remote), _) => remote.clone(),
-        (None, Some(name)) => format!("{}/{name}.git", config.git_base_url.as_str().trim_end_matches('/')),
+        (None, Some(name)) => format!(
+            "{}/{name}.git",
+            config.git_base_url.as_str().trim_end_matches('/')
+        ),
         (None, None) => return Err("the repo token names no repository".to_string()),
     };
     checks::url("clone URL", &text, config.insecure_http).map_err(|e| e.to_string())
 }
 
 fn write_session_files(config: &BootConfig, dir: &SessionDir, remote: &Url) -> Result<(), String> {
-    dir.write_boot_secret(&config.api.boot_secret).map_err(|e| e.to_string())?;
+    dir.write_boot_secret(&config.api.boot_secret)
+        .map_err(|e| e.to_string())?;
     dir.create_credential_cache().map_err(|e| e.to_string())?;
     let context = BootContext {
         api_base_url: config.api.api_base.to_string(),
@@ -314,7 +347,8 @@ async fn clone_repo(
     branch: &str,
 ) -> Result<(), String> {
     let credential_helper =
-        workspace::clone::current_exe_helper_command(&session_dir.context_path()).map_err(|e| e.to_string())?;
+        workspace::clone::current_exe_helper_command(&session_dir.context_path())
+            .map_err(|e| e.to_string())?;
     let spec = workspace::RepoSpec {
         root: config.root.clone(),
         remote_url: remote.to_string(),
@@ -364,12 +398,19 @@ async fn report(api: &Api, ending: Ending) -> i32 {
         }
         Ending::BeforeDrain(reason) => {
             tracing::error!(reason = %reason, "boot failed");
-            if let Err(e) = api.post_status(BootStatus::Failed, None, Some(&reason)).await {
+            if let Err(e) = api
+                .post_status(BootStatus::Failed, None, Some(&reason))
+                .await
+            {
                 tracing::warn!(error = %e, "failed status was not delivered (best-effort)");
             }
             1
         }
-        Ending::InDrain { run_id, reason, seal } => {
+        Ending::InDrain {
+            run_id,
+            reason,
+            seal,
+        } => {
             tracing::error!(run_id = %run_id, reason = %reason, "turn failed");
             let body = match seal {
                 SealState::Sealed => None,
@@ -389,7 +430,9 @@ async fn report(api: &Api, ending: Ending) -> i32 {
                 }),
             };
             if let Some(body) = body
-                && let Err(e) = api.finish(&run_id, &body, api.timings().retry.required).await
+                && let Err(e) = api
+                    .finish(&run_id, &body, api.timings().retry.required)
+                    .await
             {
                 tracing::error!(run_id = %run_id, error = %e, "the run could not be sealed");
             }
@@ -403,4 +446,3 @@ async fn report(api: &Api, ending: Ending) -> i32 {
         }
     }
 }
-

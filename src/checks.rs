@@ -53,7 +53,11 @@ fn git_value(what: &str, value: &str) -> Result<(), CheckError> {
         return Err(fail(what, value, "must not be empty"));
     }
     if value.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(fail(what, value, "must not contain spaces or control characters"));
+        return Err(fail(
+            what,
+            value,
+            "must not contain spaces or control characters",
+        ));
     }
     if value.starts_with('-') {
         return Err(fail(what, value, "must not start with -"));
@@ -105,7 +109,13 @@ pub fn url(what: &str, value: &str, insecure_http: bool) -> Result<Url, CheckErr
                 "must be https (plain http is accepted only for loopback hosts, or with HOSTED_BOOT_INSECURE_HTTP=1)",
             ));
         }
-        other => return Err(fail(what, value, format!("has scheme {other:?}; must be https"))),
+        other => {
+            return Err(fail(
+                what,
+                value,
+                format!("has scheme {other:?}; must be https"),
+            ));
+        }
     }
     if url.host().is_none() {
         return Err(fail(what, value, "has no host"));
@@ -170,7 +180,9 @@ mod tests {
         for ok in ["main", "feature/x", "orizu/session-1"] {
             git_branch("branch", ok).unwrap();
         }
-        for bad in ["", "-x", "a b", "a..b", "a.lock", "HEAD", "x~1", "a\nb", "/a", "a/"] {
+        for bad in [
+            "", "-x", "a b", "a..b", "a.lock", "HEAD", "x~1", "a\nb", "/a", "a/",
+        ] {
             assert!(git_branch("branch", bad).is_err(), "{bad:?} passed");
         }
     }
@@ -191,7 +203,10 @@ mod tests {
     #[test]
     fn artifacts_remotes() {
         let hex = "0123456789abcdef0123456789abcdef";
-        artifacts_remote(&format!("https://{hex}.artifacts.cloudflare.net/git/ns/repo.git")).unwrap();
+        artifacts_remote(&format!(
+            "https://{hex}.artifacts.cloudflare.net/git/ns/repo.git"
+        ))
+        .unwrap();
         for bad in [
             format!("https://{hex}.artifacts.cloudflare.net:444/git/ns/repo.git"),
             format!("https://{hex}.artifacts.cloudflare.net/git/ns/repo"),

@@ -72,10 +72,20 @@ pub struct RunArgs {
     )]
     pub git_base_url: String,
     /// SIGINT → SIGKILL grace period of an interrupt (`500ms`, `10s`, `2m`).
-    #[arg(long, env = "HOSTED_BOOT_INTERRUPT_GRACE", hide_env_values = true, default_value = "10s")]
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_INTERRUPT_GRACE",
+        hide_env_values = true,
+        default_value = "10s"
+    )]
     pub interrupt_grace: String,
     /// Time budget of a graceful stop on SIGTERM/SIGINT (PROTOCOL.md 4.4).
-    #[arg(long, env = "HOSTED_BOOT_STOP_BUDGET", hide_env_values = true, default_value = "25s")]
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_STOP_BUDGET",
+        hide_env_values = true,
+        default_value = "25s"
+    )]
     pub stop_budget: String,
     /// Log format [default: text on a terminal, json otherwise]. The filter
     /// is `HOSTED_BOOT_LOG` (tracing syntax, default `info`).
@@ -88,7 +98,12 @@ pub struct RunArgs {
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,
     /// Multiply every contract duration by this factor. For tests only.
-    #[arg(long, env = "HOSTED_BOOT_TEST_TIME_SCALE", hide_env_values = true, hide = true)]
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_TEST_TIME_SCALE",
+        hide_env_values = true,
+        hide = true
+    )]
     pub test_time_scale: Option<f64>,
 }
 

@@ -90,11 +90,17 @@ pub fn load(
             .filter(|v| !v.is_empty())
     };
     let require = |name: &str| {
-        get(name).ok_or_else(|| ConfigError(format!("{name} is not set; the coordinator must inject it")))
+        get(name).ok_or_else(|| {
+            ConfigError(format!("{name} is not set; the coordinator must inject it"))
+        })
     };
     let boot_secret = boot_secret
         .filter(|s| !s.expose().is_empty())
-        .ok_or_else(|| ConfigError(format!("{BOOT_SECRET_VAR} is not set; the coordinator must inject it")))?;
+        .ok_or_else(|| {
+            ConfigError(format!(
+                "{BOOT_SECRET_VAR} is not set; the coordinator must inject it"
+            ))
+        })?;
 
     let insecure_http = args.insecure_http;
     let check_url = |name: &str, value: &str| {
@@ -111,7 +117,8 @@ pub fn load(
         api_base.set_path(&path);
     }
     let session_id = require("ORIZU_SESSION_ID")?;
-    checks::path_safe_id("ORIZU_SESSION_ID", &session_id).map_err(|e| ConfigError(e.to_string()))?;
+    checks::path_safe_id("ORIZU_SESSION_ID", &session_id)
+        .map_err(|e| ConfigError(e.to_string()))?;
     if let Some(run_id) = get("ORIZU_RUN_ID") {
         checks::path_safe_id("ORIZU_RUN_ID", &run_id).map_err(|e| ConfigError(e.to_string()))?;
     }
@@ -134,7 +141,10 @@ pub fn load(
         Some(r) => cwd.join(r),
         None => cwd,
     };
-    let git_base_url = check_url("HOSTED_BOOT_GIT_BASE_URL", args.git_base_url.trim_end_matches('/'))?;
+    let git_base_url = check_url(
+        "HOSTED_BOOT_GIT_BASE_URL",
+        args.git_base_url.trim_end_matches('/'),
+    )?;
 
     let time_scale = match args.test_time_scale {
         None => 1.0,
@@ -148,7 +158,8 @@ pub fn load(
     let mut timings = Timings {
         interrupt_grace: parse_duration(&args.interrupt_grace)
             .map_err(|e| ConfigError(format!("--interrupt-grace: {e}")))?,
-        stop_budget: parse_duration(&args.stop_budget).map_err(|e| ConfigError(format!("--stop-budget: {e}")))?,
+        stop_budget: parse_duration(&args.stop_budget)
+            .map_err(|e| ConfigError(format!("--stop-budget: {e}")))?,
         ..Timings::default()
     };
     if time_scale != 1.0 {
@@ -195,13 +206,18 @@ fn default_boot_status_url(token_url: &Url) -> Result<Url, ConfigError> {
 }
 
 fn agent(args: &RunArgs) -> Result<AgentConfig, ConfigError> {
-    let name = args.agent.as_deref().map(str::trim).filter(|s| !s.is_empty()).ok_or_else(|| {
-        ConfigError(
-            "no agent configured; set HOSTED_BOOT_AGENT (or --agent) to `command` and \
+    let name = args
+        .agent
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            ConfigError(
+                "no agent configured; set HOSTED_BOOT_AGENT (or --agent) to `command` and \
              HOSTED_BOOT_AGENT_COMMAND to the program to run"
-                .to_string(),
-        )
-    })?;
+                    .to_string(),
+            )
+        })?;
     match name {
         "command" => {
             let text = args.agent_command.as_deref().unwrap_or("").trim();
@@ -235,12 +251,18 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<OsString, OsString> {
-        pairs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect()
     }
 
     fn base() -> Vec<(&'static str, &'static str)> {
         vec![
-            ("ORIZU_AGENT_TOKEN_URL", "https://plane.example/api/cli/sessions/s1/agent-token"),
+            (
+                "ORIZU_AGENT_TOKEN_URL",
+                "https://plane.example/api/cli/sessions/s1/agent-token",
+            ),
             ("ORIZU_API_BASE_URL", "https://plane.example"),
             ("ORIZU_SESSION_ID", "s1"),
             ("PATH", "/usr/bin"),
@@ -265,7 +287,10 @@ mod tests {
     #[test]
     fn a_complete_environment_loads() {
         let c = load(&env(&base()), &args(), secret(), "/work".into()).unwrap();
-        assert_eq!(c.api.boot_status_url.as_str(), "https://plane.example/api/cli/sessions/s1/boot-status");
+        assert_eq!(
+            c.api.boot_status_url.as_str(),
+            "https://plane.example/api/cli/sessions/s1/boot-status"
+        );
         assert_eq!(c.api.api_base.as_str(), "https://plane.example/");
         assert_eq!(
             c.agent,
@@ -282,19 +307,37 @@ mod tests {
     fn bad_values_are_named() {
         let mut e = base();
         e[2] = ("ORIZU_SESSION_ID", "a/b");
-        let err = load(&env(&e), &args(), secret(), "/".into()).err().unwrap().to_string();
-        assert!(err.contains("ORIZU_SESSION_ID") && err.contains("a/b"), "{err}");
+        let err = load(&env(&e), &args(), secret(), "/".into())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("ORIZU_SESSION_ID") && err.contains("a/b"),
+            "{err}"
+        );
 
         let mut e = base();
         e[1] = ("ORIZU_API_BASE_URL", "http://plane.example");
-        let err = load(&env(&e), &args(), secret(), "/".into()).err().unwrap().to_string();
+        let err = load(&env(&e), &args(), secret(), "/".into())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("must be https"), "{err}");
 
-        let err = load(&env(&base()), &args(), None, "/".into()).err().unwrap().to_string();
+        let err = load(&env(&base()), &args(), None, "/".into())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("ORIZU_BOOT_SECRET is not set"), "{err}");
 
-        let no_agent = RunArgs { agent: None, ..args() };
-        let err = load(&env(&base()), &no_agent, secret(), "/".into()).err().unwrap().to_string();
+        let no_agent = RunArgs {
+            agent: None,
+            ..args()
+        };
+        let err = load(&env(&base()), &no_agent, secret(), "/".into())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("no agent configured"), "{err}");
 
         let mut e = base();
@@ -310,7 +353,10 @@ mod tests {
         let s = Secret::new("supersecretvalue".into());
         let mut e = base();
         e[0] = ("ORIZU_AGENT_TOKEN_URL", "nope");
-        let err = load(&env(&e), &args(), Some(s), "/".into()).err().unwrap().to_string();
+        let err = load(&env(&e), &args(), Some(s), "/".into())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(!err.contains("supersecretvalue"));
     }
 }

@@ -39,7 +39,9 @@ pub async fn run(args: DemoArgs) -> i32 {
 }
 
 async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
-    let workdir = tempfile::Builder::new().prefix("hosted-boot-demo-").tempdir()?;
+    let workdir = tempfile::Builder::new()
+        .prefix("hosted-boot-demo-")
+        .tempdir()?;
     let root = workdir.path().join("sandbox");
     std::fs::create_dir_all(&root)?;
     let coordinator = Coordinator::start(CoordinatorOptions {
@@ -55,7 +57,11 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
 
     println!("hosted-boot demo");
     println!("  coordinator  {}", coordinator.base_url());
-    println!("  repository   {} (branch {})", coordinator.clone_url(), coordinator.branch());
+    println!(
+        "  repository   {} (branch {})",
+        coordinator.clone_url(),
+        coordinator.branch()
+    );
     println!("  sandbox root {}", root.display());
     println!("  runner log   {}", log_path.display());
     println!("  (contract durations scaled x{DEMO_TIME_SCALE} so the demo takes seconds)");
@@ -69,7 +75,10 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         .env("HOSTED_BOOT_AGENT", "command")
         .env(
             "HOSTED_BOOT_AGENT_COMMAND",
-            format!("{} demo-agent", shlex::try_quote(&exe.to_string_lossy()).unwrap_or_default()),
+            format!(
+                "{} demo-agent",
+                shlex::try_quote(&exe.to_string_lossy()).unwrap_or_default()
+            ),
         )
         .env("HOSTED_BOOT_ROOT", &root)
         .env("HOSTED_BOOT_TEST_TIME_SCALE", DEMO_TIME_SCALE)
@@ -97,7 +106,11 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         .issued_secrets()
         .into_iter()
         .chain([DEMO_CONNECTOR.1.to_string()])
-        .any(|s| serde_json::to_string(&snapshot.runs).unwrap_or_default().contains(&s));
+        .any(|s| {
+            serde_json::to_string(&snapshot.runs)
+                .unwrap_or_default()
+                .contains(&s)
+        });
     println!(
         "secrets in the events the coordinator received: {}",
         if leaked { "FOUND (bug)" } else { "none" }
@@ -115,20 +128,30 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
 }
 
 async fn drive(c: &Coordinator) -> anyhow::Result<()> {
-    let sealed = |id: &'static str| move |s: &Snapshot| s.run(id).is_some_and(|r| r.finish.is_some());
-    c.wait_for(STEP_TIMEOUT, sealed("run-1")).await.context("turn 1 was not sealed")?;
+    let sealed =
+        |id: &'static str| move |s: &Snapshot| s.run(id).is_some_and(|r| r.finish.is_some());
+    c.wait_for(STEP_TIMEOUT, sealed("run-1"))
+        .await
+        .context("turn 1 was not sealed")?;
     let second = c.queue_turn("Summarise the repository in NOTES.md.", None);
-    c.wait_for(STEP_TIMEOUT, |s| s.run(&second).is_some_and(|r| r.finish.is_some()))
-        .await
-        .context("turn 2 was not sealed")?;
+    c.wait_for(STEP_TIMEOUT, |s| {
+        s.run(&second).is_some_and(|r| r.finish.is_some())
+    })
+    .await
+    .context("turn 2 was not sealed")?;
     let third = c.queue_turn(&format!("Run the {SLOW_MARKER} and report."), None);
-    c.wait_for(STEP_TIMEOUT, |s| s.run(&third).is_some_and(|r| r.events.len() >= 3))
-        .await
-        .context("turn 3 did not start")?;
-    c.interrupt(Some(&third)).context("cannot interrupt turn 3")?;
-    c.wait_for(STEP_TIMEOUT, |s| s.run(&third).is_some_and(|r| r.finish.is_some()))
-        .await
-        .context("turn 3 was not sealed")?;
+    c.wait_for(STEP_TIMEOUT, |s| {
+        s.run(&third).is_some_and(|r| r.events.len() >= 3)
+    })
+    .await
+    .context("turn 3 did not start")?;
+    c.interrupt(Some(&third))
+        .context("cannot interrupt turn 3")?;
+    c.wait_for(STEP_TIMEOUT, |s| {
+        s.run(&third).is_some_and(|r| r.finish.is_some())
+    })
+    .await
+    .context("turn 3 was not sealed")?;
     c.end_session();
     c.wait_for(STEP_TIMEOUT, |s| s.status_names().contains(&"complete"))
         .await
@@ -142,13 +165,22 @@ fn describe(r: &RecordedRequest) -> Option<String> {
     match r.route {
         Route::BootStatus => {
             let status = body["status"].as_str().unwrap_or("?");
-            let run_id = body["runId"].as_str().map(|id| format!(" {id}")).unwrap_or_default();
-            let reason = body["reason"].as_str().map(|s| format!(" ({s})")).unwrap_or_default();
+            let run_id = body["runId"]
+                .as_str()
+                .map(|id| format!(" {id}"))
+                .unwrap_or_default();
+            let reason = body["reason"]
+                .as_str()
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default();
             Some(format!("status      {status}{run_id}{reason}"))
         }
         Route::RunStarted => Some(format!("run_started {}", run(&r.path))),
         Route::Finish => {
-            let error = body["error"]["code"].as_str().map(|c| format!(" [{c}]")).unwrap_or_default();
+            let error = body["error"]["code"]
+                .as_str()
+                .map(|c| format!(" [{c}]"))
+                .unwrap_or_default();
             Some(format!(
                 "finish      {} {}{error}",
                 run(&r.path),
@@ -196,7 +228,10 @@ fn print_timeline(c: &Coordinator, snapshot: &Snapshot) {
             summarize_types(&types)
         );
         for e in &run.events {
-            if let Some(text) = e.data["text"].as_str().filter(|t| t.contains("DEMO_API_KEY")) {
+            if let Some(text) = e.data["text"]
+                .as_str()
+                .filter(|t| t.contains("DEMO_API_KEY"))
+            {
                 println!("           agent printed: {text}");
             }
         }
@@ -221,7 +256,11 @@ fn summarize_types(types: &[&str]) -> String {
         while i + n < types.len() && types[i + n] == types[i] {
             n += 1;
         }
-        out.push(if n > 1 { format!("{} x{n}", types[i]) } else { types[i].to_string() });
+        out.push(if n > 1 {
+            format!("{} x{n}", types[i])
+        } else {
+            types[i].to_string()
+        });
         i += n;
     }
     out.join(", ")
@@ -253,11 +292,15 @@ pub fn agent_main() -> i32 {
         let _ = out.flush();
     };
     let first_line = prompt.lines().next().unwrap_or("").to_string();
-    emit(json!({"type": "message", "role": "assistant", "text": format!("Working on: {first_line}")}));
+    emit(
+        json!({"type": "message", "role": "assistant", "text": format!("Working on: {first_line}")}),
+    );
     let bearer = std::env::var_os("ORIZU_TOKEN_FILE")
         .and_then(|p| std::fs::read_to_string(p).ok())
         .is_some_and(|t| !t.trim().is_empty());
-    emit(json!({"type": "message", "role": "assistant", "text": format!("bearer file readable: {bearer}")}));
+    emit(
+        json!({"type": "message", "role": "assistant", "text": format!("bearer file readable: {bearer}")}),
+    );
     let key = std::env::var("DEMO_API_KEY").unwrap_or_default();
     println!("using DEMO_API_KEY={key} to call the model (the runner redacts it)");
     eprintln!("demo agent: prompt of {} bytes", prompt.len());
@@ -269,8 +312,13 @@ pub fn agent_main() -> i32 {
         }
         return 0;
     }
-    let file = if prompt.contains("CONTRIBUTING") { "CONTRIBUTING.md" } else { "NOTES.md" };
-    let text = format!("# {file}\n\nWritten by the hosted-boot demo agent for:\n\n> {first_line}\n");
+    let file = if prompt.contains("CONTRIBUTING") {
+        "CONTRIBUTING.md"
+    } else {
+        "NOTES.md"
+    };
+    let text =
+        format!("# {file}\n\nWritten by the hosted-boot demo agent for:\n\n> {first_line}\n");
     if let Err(e) = std::fs::write(file, text) {
         emit(json!({"type": "error", "text": format!("cannot write {file}: {e}")}));
         return 1;
@@ -282,7 +330,10 @@ pub fn agent_main() -> i32 {
     ] {
         let out = StdCommand::new("git").args(&args).output();
         let (code, stderr) = match out {
-            Ok(o) => (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stderr).into_owned()),
+            Ok(o) => (
+                o.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            ),
             Err(e) => (-1, e.to_string()),
         };
         emit(json!({"type": "tool_result", "tool": format!("git {}", args[0]), "exitCode": code}));
@@ -291,6 +342,8 @@ pub fn agent_main() -> i32 {
             return 1;
         }
     }
-    emit(json!({"type": "message", "role": "assistant", "text": format!("Committed and pushed {file}.")}));
+    emit(
+        json!({"type": "message", "role": "assistant", "text": format!("Committed and pushed {file}.")}),
+    );
     0
 }

@@ -13,7 +13,9 @@ use crate::wire::{ClientInfo, EnvBundle};
 /// A connector the runner refuses (`reserved_connector_env`): the message
 /// names the variable, never its value.
 #[derive(Debug, thiserror::Error)]
-#[error("reserved_connector_env: the env bundle sets {name:?}, {why}; remove it from the session's connectors")]
+#[error(
+    "reserved_connector_env: the env bundle sets {name:?}, {why}; remove it from the session's connectors"
+)]
 pub struct ReservedConnector {
     /// The variable name.
     pub name: String,
@@ -24,7 +26,9 @@ pub struct ReservedConnector {
 /// Why a name cannot be a connector, if it cannot.
 pub fn refusal(name: &str) -> Option<&'static str> {
     let mut chars = name.chars();
-    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
     if !valid {
         return Some("which is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)");
@@ -58,7 +62,10 @@ pub fn apply_bundle(
     let mut connectors = Vec::new();
     for c in bundle.connectors {
         if let Some(why) = refusal(&c.env_var) {
-            return Err(ReservedConnector { name: c.env_var, why });
+            return Err(ReservedConnector {
+                name: c.env_var,
+                why,
+            });
         }
         let value = Secret::new(c.value);
         if !redactor.add(&value, SecretKind::Configured) && !value.expose().is_empty() {
@@ -147,7 +154,19 @@ mod tests {
 
     #[test]
     fn reserved_names_are_refused() {
-        for bad in ["ORIZU_X", "HOSTED_BOOT_AGENT", "LD_PRELOAD", "GIT_DIR", "PATH", "HOME", "SSL_CERT_FILE", "SSL_CERT_DIR", "1X", "A-B", ""] {
+        for bad in [
+            "ORIZU_X",
+            "HOSTED_BOOT_AGENT",
+            "LD_PRELOAD",
+            "GIT_DIR",
+            "PATH",
+            "HOME",
+            "SSL_CERT_FILE",
+            "SSL_CERT_DIR",
+            "1X",
+            "A-B",
+            "",
+        ] {
             assert!(refusal(bad).is_some(), "{bad}");
         }
         for ok in ["OPENAI_API_KEY", "_X", "GITHUB_TOKEN", "PATHX"] {
@@ -157,11 +176,20 @@ mod tests {
 
     #[test]
     fn injected_names_are_joined_once_in_order() {
-        let base = vec![("ORIZU_INJECTED_ENV_VARS".into(), "A,B".into()), ("SECRET_IN_ENV".into(), "zzzzzzzz".into())];
+        let base = vec![
+            ("ORIZU_INJECTED_ENV_VARS".into(), "A,B".into()),
+            ("SECRET_IN_ENV".into(), "zzzzzzzz".into()),
+        ];
         let bundle = EnvBundle {
             connectors: vec![
-                Connector { env_var: "B".into(), value: "value-b-long".into() },
-                Connector { env_var: "C".into(), value: "value-c-long".into() },
+                Connector {
+                    env_var: "B".into(),
+                    value: "value-b-long".into(),
+                },
+                Connector {
+                    env_var: "C".into(),
+                    value: "value-c-long".into(),
+                },
             ],
             redact_vars: vec!["SECRET_IN_ENV".into(), "C".into()],
         };
@@ -174,10 +202,17 @@ mod tests {
     #[test]
     fn the_error_names_the_variable_not_the_value() {
         let bundle = EnvBundle {
-            connectors: vec![Connector { env_var: "LD_PRELOAD".into(), value: "/evil/secret.so".into() }],
+            connectors: vec![Connector {
+                env_var: "LD_PRELOAD".into(),
+                value: "/evil/secret.so".into(),
+            }],
             redact_vars: vec![],
         };
-        let e = apply_bundle(bundle, &[], &Redactor::new()).unwrap_err().to_string();
-        assert!(e.contains("LD_PRELOAD") && e.contains("reserved_connector_env") && !e.contains("evil"));
+        let e = apply_bundle(bundle, &[], &Redactor::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("LD_PRELOAD") && e.contains("reserved_connector_env") && !e.contains("evil")
+        );
     }
 }

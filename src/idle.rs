@@ -43,12 +43,20 @@ pub fn prompt_of(turn: &crate::wire::PendingTurn) -> String {
 ///
 /// Errors: a `pendingTurn` of the wrong shape or with an unsafe run id, or
 /// (at boot) an oldest run with an unsafe id.
-pub fn select_turn(session: &Session, at_boot: bool, done: &HashSet<String>) -> Result<Option<TurnInput>, InvalidTurn> {
+pub fn select_turn(
+    session: &Session,
+    at_boot: bool,
+    done: &HashSet<String>,
+) -> Result<Option<TurnInput>, InvalidTurn> {
     let pending = session.pending_turn().map_err(InvalidTurn)?;
     if let Some(turn) = pending {
-        checks::path_safe_id("pendingTurn.runId", &turn.run_id).map_err(|e| InvalidTurn(e.to_string()))?;
+        checks::path_safe_id("pendingTurn.runId", &turn.run_id)
+            .map_err(|e| InvalidTurn(e.to_string()))?;
         if turn.ordinal < 1 {
-            return Err(InvalidTurn(format!("pendingTurn.ordinal {} is below 1", turn.ordinal)));
+            return Err(InvalidTurn(format!(
+                "pendingTurn.ordinal {} is below 1",
+                turn.ordinal
+            )));
         }
         let open = session.run_status(&turn.run_id).is_none_or(is_open);
         if open && !done.contains(&turn.run_id) {
@@ -88,7 +96,9 @@ pub enum IdleError {
     #[error("the boot secret was refused while waiting for a turn: {0}")]
     BootSecretRefused(String),
     /// Ten consecutive failed reads before the first turn.
-    #[error("{BOOT_MAX_FAILED_READS} consecutive session reads failed before the first turn; last: {0}")]
+    #[error(
+        "{BOOT_MAX_FAILED_READS} consecutive session reads failed before the first turn; last: {0}"
+    )]
     TooManyFailures(String),
 }
 
@@ -139,14 +149,22 @@ enum ReadError {
     Failed(String),
 }
 
-async fn read(api: &Api, at_boot: bool, done: &HashSet<String>) -> Result<Option<IdleEnd>, ReadError> {
+async fn read(
+    api: &Api,
+    at_boot: bool,
+    done: &HashSet<String>,
+) -> Result<Option<IdleEnd>, ReadError> {
     let timings = api.timings();
-    let stale = api.bearer().is_none_or(|b| b.expires_within(timings.idle_refresh_lead));
+    let stale = api
+        .bearer()
+        .is_none_or(|b| b.expires_within(timings.idle_refresh_lead));
     if stale {
         match api.pull_bearer(timings.retry.agent_token_refresh).await {
             Ok(_) => {}
             Err(e) if matches!(e.verdict_status(), Some(401 | 403)) => {
-                return Err(ReadError::Fatal(IdleError::BootSecretRefused(e.to_string())));
+                return Err(ReadError::Fatal(IdleError::BootSecretRefused(
+                    e.to_string(),
+                )));
             }
             Err(e) => return Err(ReadError::Failed(e.to_string())),
         }
@@ -154,7 +172,9 @@ async fn read(api: &Api, at_boot: bool, done: &HashSet<String>) -> Result<Option
     let session = match api.session(crate::timings::RetryPolicy::ONCE, false).await {
         Ok(s) => s,
         Err(e) if matches!(e.verdict_status(), Some(401 | 403)) && stale_pull_refused(&e) => {
-            return Err(ReadError::Fatal(IdleError::BootSecretRefused(e.to_string())));
+            return Err(ReadError::Fatal(IdleError::BootSecretRefused(
+                e.to_string(),
+            )));
         }
         Err(e) => return Err(ReadError::Failed(e.to_string())),
     };
@@ -187,28 +207,41 @@ mod tests {
     #[test]
     fn boot_selection_follows_the_contract() {
         let none = HashSet::new();
-        let s = session(json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
+        let s = session(
+            json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
             "runs": [{"id": "run-2", "status": "pending"}, {"id": "run-1", "status": "pending"}],
             "pendingTurn": {"turnId": "t2", "ordinal": 2, "runId": "run-2", "body": "B", "clientMessageId": "m",
-                "answerToQuestion": {"questionId": "q", "question": "Which?"}}}));
+                "answerToQuestion": {"questionId": "q", "question": "Which?"}}}),
+        );
         let t = select_turn(&s, true, &none).unwrap().unwrap();
         assert_eq!(t.run_id, "run-2");
-        assert_eq!(t.prompt, "The user answered your earlier question.\n\nQuestion: Which?\n\nAnswer: B");
+        assert_eq!(
+            t.prompt,
+            "The user answered your earlier question.\n\nQuestion: Which?\n\nAnswer: B"
+        );
 
-        let s = session(json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
-            "runs": [{"id": "run-1", "status": "running"}], "pendingTurn": null}));
+        let s = session(
+            json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
+            "runs": [{"id": "run-1", "status": "running"}], "pendingTurn": null}),
+        );
         assert_eq!(select_turn(&s, true, &none).unwrap().unwrap().prompt, "T");
         assert!(select_turn(&s, false, &none).unwrap().is_none());
 
-        let s = session(json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
-            "runs": [{"id": "run-1", "status": "succeeded"}], "pendingTurn": null}));
+        let s = session(
+            json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
+            "runs": [{"id": "run-1", "status": "succeeded"}], "pendingTurn": null}),
+        );
         assert!(select_turn(&s, true, &none).unwrap().is_none());
 
-        let s = session(json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
-            "pendingTurn": {"ordinal": 1, "runId": "../x", "body": "B", "clientMessageId": "m", "turnId": null, "answerToQuestion": null}}));
+        let s = session(
+            json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
+            "pendingTurn": {"ordinal": 1, "runId": "../x", "body": "B", "clientMessageId": "m", "turnId": null, "answerToQuestion": null}}),
+        );
         assert!(select_turn(&s, true, &none).is_err());
-        let s = session(json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
-            "pendingTurn": {"runId": "run-1"}}));
+        let s = session(
+            json!({"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "T"},
+            "pendingTurn": {"runId": "run-1"}}),
+        );
         assert!(select_turn(&s, true, &none).is_err());
     }
 }

@@ -23,7 +23,9 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) {
         LogFormat::Json
     });
     let writer = RedactingMakeWriter { redactor };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
     let _ = match format {
         LogFormat::Text => builder.with_ansi(io::stderr().is_terminal()).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

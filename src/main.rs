@@ -55,7 +55,10 @@ fn take_boot_secret() -> (BTreeMap<OsString, OsString>, Option<Secret>) {
         scrub_initial_environment();
         std::env::remove_var(BOOT_SECRET_VAR);
     }
-    let env = env.into_iter().filter(|(k, _)| k != BOOT_SECRET_VAR).collect();
+    let env = env
+        .into_iter()
+        .filter(|(k, _)| k != BOOT_SECRET_VAR)
+        .collect();
     (env, secret)
 }
 
@@ -69,7 +72,9 @@ fn main() -> ExitCode {
     let code = match cli.command {
         None => run(cli.run, env, boot_secret),
         Some(Command::Run(args)) => run(args, env, boot_secret),
-        Some(Command::Credential(args)) => workspace::credential::run_credential_helper(&args.action, &args.context),
+        Some(Command::Credential(args)) => {
+            workspace::credential::run_credential_helper(&args.action, &args.context)
+        }
         Some(Command::Coordinator(args)) => with_runtime(|| async move {
             logging::init(None, Redactor::new());
             match coordinator::run_cli(*args).await {
@@ -103,7 +108,10 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = i32>,
 {
-    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => {
             let code = rt.block_on(f());
             // Blocking threads (a clone, a stuck read) must not hold the exit.

@@ -69,7 +69,8 @@ impl Redactor {
         if !escaped.is_empty() && escaped != value {
             forms.push(escaped.to_string());
         }
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{value}"));
+        let basic =
+            base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{value}"));
         forms.push(basic);
 
         let mut inner = match self.inner.write() {
@@ -155,7 +156,10 @@ mod tests {
     #[test]
     fn replaces_every_occurrence() {
         let r = r(&["s3cr3t-value"]);
-        assert_eq!(r.redact("a s3cr3t-value b s3cr3t-value"), "a [REDACTED] b [REDACTED]");
+        assert_eq!(
+            r.redact("a s3cr3t-value b s3cr3t-value"),
+            "a [REDACTED] b [REDACTED]"
+        );
     }
 
     #[test]
@@ -167,7 +171,10 @@ mod tests {
         assert_eq!(r.redact("abcdefghijkl-ghijkl"), "[REDACTED]-[REDACTED]");
         assert_eq!(r.redact("abcdefabcdef"), "[REDACTED]");
         let nested = super::tests::r(&["cdxx", "ab-cdxx-yz", "zz-q1"]);
-        assert_eq!(nested.redact("0ab-cdxx-yz1 cdxx zz-q1"), "0[REDACTED]1 [REDACTED] [REDACTED]");
+        assert_eq!(
+            nested.redact("0ab-cdxx-yz1 cdxx zz-q1"),
+            "0[REDACTED]1 [REDACTED] [REDACTED]"
+        );
     }
 
     #[test]
@@ -181,7 +188,10 @@ mod tests {
     fn basic_auth_form_is_matched() {
         let r = r(&["ghs_token123"]);
         let b = base64::engine::general_purpose::STANDARD.encode("x-access-token:ghs_token123");
-        assert_eq!(r.redact(&format!("Authorization: Basic {b}")), "Authorization: Basic [REDACTED]");
+        assert_eq!(
+            r.redact(&format!("Authorization: Basic {b}")),
+            "Authorization: Basic [REDACTED]"
+        );
     }
 
     #[test]

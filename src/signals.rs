@@ -36,8 +36,10 @@ impl Stop {
 ///
 /// Errors: the handlers cannot be installed (returned as text).
 pub fn listen() -> Result<watch::Receiver<Stop>, String> {
-    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
     let mut hup = signal(SignalKind::hangup()).map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
     let (tx, rx) = watch::channel(Stop::Running);
     tokio::spawn(async move {

@@ -156,7 +156,8 @@ impl Timings {
         let s = |d| scale(d, factor);
         let r = self.retry;
         Timings {
-            request_timeout: s(self.request_timeout).max(MIN_SCALED_REQUEST_TIMEOUT.min(self.request_timeout)),
+            request_timeout: s(self.request_timeout)
+                .max(MIN_SCALED_REQUEST_TIMEOUT.min(self.request_timeout)),
             interrupt_poll: s(self.interrupt_poll),
             idle_poll: s(self.idle_poll),
             idle_backoff_cap: s(self.idle_backoff_cap),
@@ -196,9 +197,8 @@ fn scale(d: Duration, factor: f64) -> Duration {
 ///
 /// Errors: a message naming the value and the accepted forms.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim()).map_err(|e| {
-        format!("invalid duration {text:?} ({e}); write it like 500ms, 10s or 2m")
-    })
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("invalid duration {text:?} ({e}); write it like 500ms, 10s or 2m"))
 }
 
 #[cfg(test)]

@@ -147,7 +147,9 @@ mod double_option {
         v.serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Option<String>>, D::Error> {
         Option::<String>::deserialize(d).map(Some)
     }
 }
@@ -471,7 +473,10 @@ mod tests {
             run_id: None,
             reason: None,
         };
-        assert_eq!(serde_json::to_value(&ready).unwrap(), json!({"status": "ready"}));
+        assert_eq!(
+            serde_json::to_value(&ready).unwrap(),
+            json!({"status": "ready"})
+        );
         let failed = BootStatusBody {
             status: BootStatus::Failed,
             run_id: Some(None),
@@ -495,12 +500,14 @@ mod tests {
     #[test]
     fn expires_at_accepts_both_forms() {
         let a: AgentTokenResponse =
-            serde_json::from_value(json!({"token": "t", "expiresAt": "1970-01-01T00:00:01Z"})).unwrap();
+            serde_json::from_value(json!({"token": "t", "expiresAt": "1970-01-01T00:00:01Z"}))
+                .unwrap();
         assert_eq!(a.expires_at.unwrap().epoch_ms(), Some(1000.0));
         let b: AgentTokenResponse =
             serde_json::from_value(json!({"token": "t", "expiresAt": 2000})).unwrap();
         assert_eq!(b.expires_at.unwrap().epoch_ms(), Some(2000.0));
-        let c: AgentTokenResponse = serde_json::from_value(json!({"token": "t", "expiresAt": null})).unwrap();
+        let c: AgentTokenResponse =
+            serde_json::from_value(json!({"token": "t", "expiresAt": null})).unwrap();
         assert!(c.expires_at.is_none());
     }
 

@@ -57,7 +57,10 @@ pub fn outcome(exit: &Exit, interrupted: bool) -> TurnOutcome {
             };
             TurnOutcome::failed(ErrorCode::AgentCrashed, format!("the agent {how}"))
         }
-        None => TurnOutcome::failed(ErrorCode::AgentCrashed, "the agent's exit status could not be collected"),
+        None => TurnOutcome::failed(
+            ErrorCode::AgentCrashed,
+            "the agent's exit status could not be collected",
+        ),
     }
 }
 
@@ -83,14 +86,21 @@ mod tests {
 
     #[test]
     fn json_lines_with_a_type_become_events() {
-        let (kind, data) = event_for_line(Stream::Stdout, &line(r#"{"type":"message","text":"hi"}"#));
+        let (kind, data) =
+            event_for_line(Stream::Stdout, &line(r#"{"type":"message","text":"hi"}"#));
         assert_eq!(kind, "message");
         assert_eq!(data, json!({"type": "message", "text": "hi"}));
     }
 
     #[test]
     fn other_lines_are_output_and_runner_types_cannot_be_forged() {
-        for text in [r#"{"type":"hosted_boot.harvest"}"#, r#"{"type":3}"#, "[1]", "plain", r#"{"x":1}"#] {
+        for text in [
+            r#"{"type":"hosted_boot.harvest"}"#,
+            r#"{"type":3}"#,
+            "[1]",
+            "plain",
+            r#"{"x":1}"#,
+        ] {
             let (kind, data) = event_for_line(Stream::Stdout, &line(text));
             assert_eq!(kind, "output", "{text}");
             assert_eq!(data, json!({"text": text}));

@@ -21,8 +21,8 @@ use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
 use crate::timings::{RetryPolicy, Timings};
 use crate::wire::{
-    self, AcceptedThrough, Access, AgentTokenResponse, BootStatus, BootStatusBody, EnvBundle, Event,
-    EventsBody, FinishBody, RepoTokenRequest, RepoTokenResponse, Session, SessionEnvelope,
+    self, AcceptedThrough, Access, AgentTokenResponse, BootStatus, BootStatusBody, EnvBundle,
+    Event, EventsBody, FinishBody, RepoTokenRequest, RepoTokenResponse, Session, SessionEnvelope,
 };
 
 /// Where the coordinator is and how to authenticate to it.
@@ -65,7 +65,12 @@ pub struct Api {
 
 impl Api {
     /// A client; the boot secret is added to `redactor` at once.
-    pub fn new(config: ApiConfig, http: reqwest::Client, timings: Timings, redactor: Redactor) -> Api {
+    pub fn new(
+        config: ApiConfig,
+        http: reqwest::Client,
+        timings: Timings,
+        redactor: Redactor,
+    ) -> Api {
         redactor.add(&config.boot_secret, SecretKind::Credential);
         Api {
             config,
@@ -148,14 +153,25 @@ impl Api {
     ) -> Result<Reply, CallError> {
         let bearer = match self.bearer() {
             Some(b) => b,
-            None => self.pull_bearer(self.timings.retry.agent_token_refresh).await?,
+            None => {
+                self.pull_bearer(self.timings.retry.agent_token_refresh)
+                    .await?
+            }
         };
-        let first = retry::send(call, policy, self.timings.request_timeout, || build(&bearer.token)).await;
+        let first = retry::send(call, policy, self.timings.request_timeout, || {
+            build(&bearer.token)
+        })
+        .await;
         match first {
             Err(e) if e.verdict_status() == Some(401) => {
                 tracing::info!(call, "bearer refused (401); pulling a fresh bearer once");
-                let fresh = self.pull_bearer(self.timings.retry.agent_token_refresh).await?;
-                retry::send(call, policy, self.timings.request_timeout, || build(&fresh.token)).await
+                let fresh = self
+                    .pull_bearer(self.timings.retry.agent_token_refresh)
+                    .await?;
+                retry::send(call, policy, self.timings.request_timeout, || {
+                    build(&fresh.token)
+                })
+                .await
             }
             other => other,
         }
@@ -219,7 +235,9 @@ impl Api {
         let call = "env bundle";
         let path = wire::routes::env_bundle(&self.config.session_id);
         let reply = self
-            .authed(call, self.timings.retry.boot_fetch, |t| self.request(Method::GET, &path, t))
+            .authed(call, self.timings.retry.boot_fetch, |t| {
+                self.request(Method::GET, &path, t)
+            })
             .await?;
         parse(call, &reply)
     }
@@ -227,7 +245,11 @@ impl Api {
     /// Reads the session (2.4). `during_turn` adds the interrupt watch's
     /// header. The pending turn's shape is checked by the caller
     /// ([`Session::pending_turn`]).
-    pub async fn session(&self, policy: RetryPolicy, during_turn: bool) -> Result<Session, CallError> {
+    pub async fn session(
+        &self,
+        policy: RetryPolicy,
+        during_turn: bool,
+    ) -> Result<Session, CallError> {
         let call = "session read";
         let path = wire::routes::session(&self.config.session_id);
         let reply = self
@@ -248,10 +270,15 @@ impl Api {
     pub async fn session_with(&self, token: &Secret) -> Result<Session, CallError> {
         let call = "interrupt watch read";
         let path = wire::routes::session(&self.config.session_id);
-        let reply = retry::send(call, RetryPolicy::ONCE, self.timings.request_timeout, || {
-            self.request(Method::GET, &path, token)
-                .header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
-        })
+        let reply = retry::send(
+            call,
+            RetryPolicy::ONCE,
+            self.timings.request_timeout,
+            || {
+                self.request(Method::GET, &path, token)
+                    .header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
+            },
+        )
         .await?;
         parse::<SessionEnvelope>(call, &reply).map(|e| e.session)
     }
@@ -260,12 +287,18 @@ impl Api {
     ///
     /// Errors: as [`retry::send`]; a response with neither `repoFullName`
     /// nor a valid `artifactsRemote` is [`CallError::BadResponse`].
-    pub async fn repo_token(&self, access: Access, policy: RetryPolicy) -> Result<RepoToken, CallError> {
+    pub async fn repo_token(
+        &self,
+        access: Access,
+        policy: RetryPolicy,
+    ) -> Result<RepoToken, CallError> {
         let call = "repo-token mint";
         let path = wire::routes::repo_token(&self.config.session_id);
         let body = RepoTokenRequest { access };
         let reply = self
-            .authed(call, policy, |t| self.request(Method::POST, &path, t).json(&body))
+            .authed(call, policy, |t| {
+                self.request(Method::POST, &path, t).json(&body)
+            })
             .await?;
         let date = reply
             .headers
@@ -280,7 +313,8 @@ impl Api {
     pub async fn run_started(&self, run_id: &str) -> Result<(), CallError> {
         let path = wire::routes::run(run_id);
         self.authed("run_started", self.timings.retry.required, |t| {
-            self.request(Method::POST, &path, t).json(&serde_json::json!({}))
+            self.request(Method::POST, &path, t)
+                .json(&serde_json::json!({}))
         })
         .await
         .map(|_| ())
@@ -288,14 +322,21 @@ impl Api {
 
     /// Posts a batch of events (2.6) once per the given policy and returns
     /// `acceptedThrough`.
-    pub async fn post_events(&self, run_id: &str, events: &[Event], policy: RetryPolicy) -> Result<u64, CallError> {
+    pub async fn post_events(
+        &self,
+        run_id: &str,
+        events: &[Event],
+        policy: RetryPolicy,
+    ) -> Result<u64, CallError> {
         let call = "events post";
         let path = wire::routes::events(run_id);
         let body = EventsBody {
             events: events.to_vec(),
         };
         let reply = self
-            .authed(call, policy, |t| self.request(Method::POST, &path, t).json(&body))
+            .authed(call, policy, |t| {
+                self.request(Method::POST, &path, t).json(&body)
+            })
             .await?;
         parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
     }
@@ -305,22 +346,31 @@ impl Api {
         let call = "events cursor";
         let path = wire::routes::events_cursor(run_id);
         let reply = self
-            .authed(call, self.timings.retry.required, |t| self.request(Method::GET, &path, t))
+            .authed(call, self.timings.retry.required, |t| {
+                self.request(Method::GET, &path, t)
+            })
             .await?;
         parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
     }
 
     /// Seals a run (2.6 `finish`); `error.message` is redacted and cut to 800
     /// characters here.
-    pub async fn finish(&self, run_id: &str, body: &FinishBody, policy: RetryPolicy) -> Result<(), CallError> {
+    pub async fn finish(
+        &self,
+        run_id: &str,
+        body: &FinishBody,
+        policy: RetryPolicy,
+    ) -> Result<(), CallError> {
         let mut body = body.clone();
         if let Some(error) = body.error.as_mut() {
             error.message = wire::truncate_reason(&self.redactor.redact(&error.message));
         }
         let path = wire::routes::finish(run_id);
-        self.authed("finish", policy, |t| self.request(Method::POST, &path, t).json(&body))
-            .await
-            .map(|_| ())
+        self.authed("finish", policy, |t| {
+            self.request(Method::POST, &path, t).json(&body)
+        })
+        .await
+        .map(|_| ())
     }
 }
 
@@ -342,15 +392,27 @@ pub fn repo_token_from(
     } else {
         match &response.repo_full_name {
             Some(name) if valid_full_name(name) => {}
-            Some(name) => return Err(bad(call, &format!("repoFullName {name:?} is not owner/name"))),
-            None => return Err(bad(call, "neither repoFullName nor artifactsRemote is given")),
+            Some(name) => {
+                return Err(bad(
+                    call,
+                    &format!("repoFullName {name:?} is not owner/name"),
+                ));
+            }
+            None => {
+                return Err(bad(
+                    call,
+                    "neither repoFullName nor artifactsRemote is given",
+                ));
+            }
         }
     }
     // Convert the coordinator's expiry to local time through its Date header.
     let expires_at = response.expires_at.and_then(|e| e.epoch_ms()).map(|ms| {
         let their_now = date.unwrap_or_else(SystemTime::now);
         let their_expiry = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
-        let left = their_expiry.duration_since(their_now).unwrap_or(Duration::ZERO);
+        let left = their_expiry
+            .duration_since(their_now)
+            .unwrap_or(Duration::ZERO);
         SystemTime::now() + left
     });
     Ok(RepoToken {
@@ -370,7 +432,8 @@ fn valid_full_name(name: &str) -> bool {
 }
 
 fn parse<T: DeserializeOwned>(call: &str, reply: &Reply) -> Result<T, CallError> {
-    serde_json::from_slice(&reply.body).map_err(|e| bad(call, &format!("the body is not the expected JSON ({e})")))
+    serde_json::from_slice(&reply.body)
+        .map_err(|e| bad(call, &format!("the body is not the expected JSON ({e})")))
 }
 
 fn bad(call: &str, reason: &str) -> CallError {

@@ -86,7 +86,11 @@ impl EventSink {
     /// Stops accepting events once every sender is dropped, sends what is
     /// queued until `deadline` from now, and reports how far it got.
     pub async fn close(self, deadline: Duration) -> FlushReport {
-        let EventSink { sender, close, task } = self;
+        let EventSink {
+            sender,
+            close,
+            task,
+        } = self;
         drop(sender);
         let _ = close.send(Instant::now() + deadline);
         task.await.unwrap_or_default()
@@ -103,7 +107,11 @@ pub fn redact_value(redactor: &Redactor, value: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(|v| redact_value(redactor, v)),
         Value::Object(map) => {
-            let keys: Vec<String> = map.keys().filter(|k| redactor.contains_secret(k)).cloned().collect();
+            let keys: Vec<String> = map
+                .keys()
+                .filter(|k| redactor.contains_secret(k))
+                .cloned()
+                .collect();
             for key in keys {
                 if let Some(v) = map.remove(&key) {
                     map.insert(redactor.redact(&key), v);
@@ -136,7 +144,10 @@ async fn send_loop(
     let mut max_events = MAX_BATCH_EVENTS;
     let mut stopped = false;
 
-    let push = |pending: &mut VecDeque<(Event, usize, Instant)>, report: &mut FlushReport, kind: String, mut data: Value| {
+    let push = |pending: &mut VecDeque<(Event, usize, Instant)>,
+                report: &mut FlushReport,
+                kind: String,
+                mut data: Value| {
         redact_value(api.redactor(), &mut data);
         report.last_seq += 1;
         let event = Event {
@@ -180,14 +191,21 @@ async fn send_loop(
                 .map(|(e, _, _)| e.clone())
                 .collect();
             let limit = match deadline {
-                Some(d) => d.saturating_duration_since(now).min(timings.request_timeout),
+                Some(d) => d
+                    .saturating_duration_since(now)
+                    .min(timings.request_timeout),
                 None => timings.request_timeout,
             };
-            let result = tokio::time::timeout(limit, api.post_events(&run_id, &batch, RetryPolicy::ONCE)).await;
+            let result =
+                tokio::time::timeout(limit, api.post_events(&run_id, &batch, RetryPolicy::ONCE))
+                    .await;
             match result {
                 Ok(Ok(accepted)) => {
                     report.accepted_through = report.accepted_through.max(accepted);
-                    while pending.front().is_some_and(|(e, _, _)| e.seq <= report.accepted_through) {
+                    while pending
+                        .front()
+                        .is_some_and(|(e, _, _)| e.seq <= report.accepted_through)
+                    {
                         pending.pop_front();
                     }
                     failures = 0;

@@ -99,14 +99,19 @@ fn fatal(run_id: &str, reason: impl Into<String>, seal: SealState) -> TurnFatal 
 /// Errors: [`TurnFatal`] when a required call fails or the files cannot be
 /// written; the caller seals the run `failed` (`runner_error`) if needed and
 /// posts `turn_failed`.
-pub async fn run(ctx: &TurnContext, input: TurnInput, stop: &mut tokio_watch::Receiver<Stop>) -> Result<TurnEnd, TurnFatal> {
+pub async fn run(
+    ctx: &TurnContext,
+    input: TurnInput,
+    stop: &mut tokio_watch::Receiver<Stop>,
+) -> Result<TurnEnd, TurnFatal> {
     let api = &ctx.api;
     let timings = *api.timings();
     let run_id = input.run_id.as_str();
     tracing::info!(run_id, "turn starting");
 
     // 1. task.txt and the bearer file.
-    let run_dir = RunDir::create(&ctx.root, run_id).map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?;
+    let run_dir = RunDir::create(&ctx.root, run_id)
+        .map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?;
     let task_path = run_dir
         .write_task(&input.prompt)
         .map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?;
@@ -127,13 +132,24 @@ pub async fn run(ctx: &TurnContext, input: TurnInput, stop: &mut tokio_watch::Re
     };
 
     // 2. Acknowledgements.
-    if let Err(e) = api.post_status(BootStatus::TurnStarted, Some(run_id), None).await {
+    if let Err(e) = api
+        .post_status(BootStatus::TurnStarted, Some(run_id), None)
+        .await
+    {
         remove_bearer();
-        return Err(fatal(run_id, format!("turn_started was not acknowledged: {e}"), SealState::NotSent));
+        return Err(fatal(
+            run_id,
+            format!("turn_started was not acknowledged: {e}"),
+            SealState::NotSent,
+        ));
     }
     if let Err(e) = api.run_started(run_id).await {
         remove_bearer();
-        return Err(fatal(run_id, format!("run_started was not acknowledged: {e}"), SealState::NotSent));
+        return Err(fatal(
+            run_id,
+            format!("run_started was not acknowledged: {e}"),
+            SealState::NotSent,
+        ));
     }
 
     // 3. Rotation, interrupt watch (first read before the agent starts).
@@ -152,7 +168,10 @@ pub async fn run(ctx: &TurnContext, input: TurnInput, stop: &mut tokio_watch::Re
     let mut stopped_by: Option<Stop> = None;
     let outcome = match first_read {
         Ok(true) => {
-            tracing::info!(run_id, "interrupt requested before the agent started; not starting it");
+            tracing::info!(
+                run_id,
+                "interrupt requested before the agent started; not starting it"
+            );
             interrupted.store(true, Ordering::SeqCst);
             TurnOutcome::interrupted()
         }
@@ -175,7 +194,10 @@ pub async fn run(ctx: &TurnContext, input: TurnInput, stop: &mut tokio_watch::Re
 
             // 4. The agent.
             let mut env = ctx.agent_env.clone();
-            env.push(("ORIZU_TOKEN_FILE".into(), ctx.session_dir.bearer_path().into()));
+            env.push((
+                "ORIZU_TOKEN_FILE".into(),
+                ctx.session_dir.bearer_path().into(),
+            ));
             env.push(("ORIZU_TASK_FILE".into(), task_path.clone().into()));
             env.push(("ORIZU_RUN_ID".into(), run_id.into()));
             let spec = SpawnSpec {
@@ -210,10 +232,16 @@ pub async fn run(ctx: &TurnContext, input: TurnInput, stop: &mut tokio_watch::Re
                 }
             };
             match result {
-                Ok(exit) => agent::command::outcome(&exit, interrupted.load(Ordering::SeqCst) || stopped_by.is_some()),
+                Ok(exit) => agent::command::outcome(
+                    &exit,
+                    interrupted.load(Ordering::SeqCst) || stopped_by.is_some(),
+                ),
                 Err(e) => {
                     tracing::error!(run_id, error = %e, "agent spawn failed");
-                    sender.emit("hosted_boot.spawn_failed", json!({"program": program, "error": e.reason}));
+                    sender.emit(
+                        "hosted_boot.spawn_failed",
+                        json!({"program": program, "error": e.reason}),
+                    );
                     TurnOutcome::failed(ErrorCode::AgentSpawnFailed, e.to_string())
                 }
             }
@@ -237,7 +265,11 @@ pub async fn run(ctx: &TurnContext, input: TurnInput, stop: &mut tokio_watch::Re
         let _ = sink.close(std::time::Duration::ZERO).await;
         return Ok(TurnEnd::Stopped(*stop.borrow()));
     }
-    let flush_deadline = if stopping { timings.stop_flush } else { timings.event_flush_deadline };
+    let flush_deadline = if stopping {
+        timings.stop_flush
+    } else {
+        timings.event_flush_deadline
+    };
     let report = sink.close(flush_deadline).await;
     let body = FinishBody {
         status: outcome.status,
@@ -252,13 +284,21 @@ pub async fn run(ctx: &TurnContext, input: TurnInput, stop: &mut tokio_watch::Re
         usage: outcome.usage.clone(),
         result: None,
     };
-    let policy = if stopping { RetryPolicy::ONCE } else { timings.retry.required };
+    let policy = if stopping {
+        RetryPolicy::ONCE
+    } else {
+        timings.retry.required
+    };
     if let Err(e) = api.finish(run_id, &body, policy).await {
         if stopping {
             tracing::error!(run_id, error = %e, "finish failed during the graceful stop");
             return Ok(TurnEnd::Stopped(*stop.borrow()));
         }
-        return Err(fatal(run_id, format!("finish was not acknowledged: {e}"), SealState::Unknown(body)));
+        return Err(fatal(
+            run_id,
+            format!("finish was not acknowledged: {e}"),
+            SealState::Unknown(body),
+        ));
     }
     tracing::info!(run_id, status = outcome.status.as_str(), "run sealed");
     if report.undelivered() == 0
@@ -267,16 +307,26 @@ pub async fn run(ctx: &TurnContext, input: TurnInput, stop: &mut tokio_watch::Re
         tracing::warn!(run_id, error = %e, "cannot remove the run directory");
     }
     let completed = if stopping {
-        api.post_status_with(BootStatus::TurnCompleted, Some(run_id), None, RetryPolicy::ONCE)
-            .await
+        api.post_status_with(
+            BootStatus::TurnCompleted,
+            Some(run_id),
+            None,
+            RetryPolicy::ONCE,
+        )
+        .await
     } else {
-        api.post_status(BootStatus::TurnCompleted, Some(run_id), None).await
+        api.post_status(BootStatus::TurnCompleted, Some(run_id), None)
+            .await
     };
     if let Err(e) = completed {
         if stopping {
             tracing::error!(run_id, error = %e, "turn_completed failed during the graceful stop");
         } else {
-            return Err(fatal(run_id, format!("turn_completed was not acknowledged: {e}"), SealState::Sealed));
+            return Err(fatal(
+                run_id,
+                format!("turn_completed was not acknowledged: {e}"),
+                SealState::Sealed,
+            ));
         }
     }
     if stopping {

@@ -116,11 +116,15 @@ where
     let mut readers = Vec::new();
     if let Some(stdout) = child.stdout.take() {
         let f = on_line.clone();
-        readers.push(tokio::spawn(read_lines(stdout, MAX_LINE_BYTES, move |l| f(Stream::Stdout, l))));
+        readers.push(tokio::spawn(read_lines(stdout, MAX_LINE_BYTES, move |l| {
+            f(Stream::Stdout, l)
+        })));
     }
     if let Some(stderr) = child.stderr.take() {
         let f = on_line.clone();
-        readers.push(tokio::spawn(read_lines(stderr, MAX_LINE_BYTES, move |l| f(Stream::Stderr, l))));
+        readers.push(tokio::spawn(read_lines(stderr, MAX_LINE_BYTES, move |l| {
+            f(Stream::Stderr, l)
+        })));
     }
     if let Some(mut stdin) = child.stdin.take() {
         let input = spec.stdin;
@@ -170,7 +174,10 @@ where
     }
     // The leader is a zombie: its group id is still ours. Kill the rest.
     if group_alive(pid) {
-        tracing::info!(pgid = pid, "agent exited; killing what remains of its process group");
+        tracing::info!(
+            pgid = pid,
+            "agent exited; killing what remains of its process group"
+        );
         signal_group(pid, Signal::KILL);
     }
     let status = child.wait().await.ok();
@@ -178,9 +185,15 @@ where
     // Drain what the pipes hold, bounded: a grandchild may keep them open.
     let drain_deadline = Instant::now() + drain;
     for reader in readers.iter_mut() {
-        if tokio::time::timeout_at(drain_deadline, &mut *reader).await.is_err() {
+        if tokio::time::timeout_at(drain_deadline, &mut *reader)
+            .await
+            .is_err()
+        {
             reader.abort();
-            tracing::warn!(pgid = pid, "agent output still open after the drain bound; closed");
+            tracing::warn!(
+                pgid = pid,
+                "agent output still open after the drain bound; closed"
+            );
         }
     }
     wait_group_gone(pid, Duration::from_secs(2)).await;
@@ -192,7 +205,9 @@ where
 }
 
 fn wait_without_reaping(pid: i32) {
-    let Some(pid) = Pid::from_raw(pid) else { return };
+    let Some(pid) = Pid::from_raw(pid) else {
+        return;
+    };
     loop {
         match rustix::process::waitid(
             WaitId::Pid(pid),
@@ -222,7 +237,10 @@ async fn wait_group_gone(pgid: i32, bound: Duration) {
     let deadline = Instant::now() + bound;
     while group_alive(pgid) {
         if Instant::now() >= deadline {
-            tracing::warn!(pgid, "the agent's process group is not empty after SIGKILL (zombies not yet reaped?)");
+            tracing::warn!(
+                pgid,
+                "the agent's process group is not empty after SIGKILL (zombies not yet reaped?)"
+            );
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

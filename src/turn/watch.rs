@@ -14,7 +14,11 @@ use crate::secret::Secret;
 /// Reads the session once; `Ok(true)` when it asks to interrupt `run_id`.
 ///
 /// Errors: the bearer file cannot be read, or the read failed (text).
-pub async fn interrupt_requested(api: &Api, bearer_path: &Path, run_id: &str) -> Result<bool, String> {
+pub async fn interrupt_requested(
+    api: &Api,
+    bearer_path: &Path,
+    run_id: &str,
+) -> Result<bool, String> {
     let text = tokio::fs::read_to_string(bearer_path)
         .await
         .map_err(|e| format!("cannot read the bearer file: {e}"))?;
@@ -41,7 +45,9 @@ pub fn spawn(
                     return;
                 }
                 Ok(false) => {}
-                Err(e) => tracing::warn!(run_id = %run_id, error = %e, "interrupt watch read failed; retrying at the next tick"),
+                Err(e) => {
+                    tracing::warn!(run_id = %run_id, error = %e, "interrupt watch read failed; retrying at the next tick")
+                }
             }
         }
     })

@@ -72,10 +72,18 @@ async fn happy_path_one_turn_then_the_session_ends() {
     // Then the clone through the credential helper (its own agent-token and
     // repo-token calls interleave with git's), then the turn.
     let after = dedup(seen[4..].to_vec());
-    let turn_at = after.iter().position(|s| s == "status:turn_started").unwrap();
+    let turn_at = after
+        .iter()
+        .position(|s| s == "status:turn_started")
+        .unwrap();
     let clone: Vec<&str> = after[..turn_at].iter().map(String::as_str).collect();
     assert!(clone.contains(&"git"), "{clone:?}");
-    assert!(clone.iter().all(|s| ["git", "agent-token", "repo-token"].contains(s)), "{clone:?}");
+    assert!(
+        clone
+            .iter()
+            .all(|s| ["git", "agent-token", "repo-token"].contains(s)),
+        "{clone:?}"
+    );
     let turn: Vec<&str> = after[turn_at..].iter().map(String::as_str).collect();
     assert_eq!(
         turn[..4].to_vec(),
@@ -83,24 +91,51 @@ async fn happy_path_one_turn_then_the_session_ends() {
         "{turn:?}"
     );
     let finish_at = turn.iter().position(|s| *s == "finish").unwrap();
-    assert!(turn[3..finish_at].iter().all(|s| ["events", "session"].contains(s)), "{turn:?}");
+    assert!(
+        turn[3..finish_at]
+            .iter()
+            .all(|s| ["events", "session"].contains(s)),
+        "{turn:?}"
+    );
     assert_eq!(turn[finish_at + 1], "status:turn_completed");
-    assert!(turn[finish_at + 2..turn.len() - 1].iter().all(|s| *s == "session"), "{turn:?}");
+    assert!(
+        turn[finish_at + 2..turn.len() - 1]
+            .iter()
+            .all(|s| *s == "session"),
+        "{turn:?}"
+    );
     assert_eq!(*turn.last().unwrap(), "status:complete");
-    assert_eq!(snap.status_names(), vec!["turn_started", "turn_completed", "complete"]);
+    assert_eq!(
+        snap.status_names(),
+        vec!["turn_started", "turn_completed", "complete"]
+    );
     // The interrupt watch reads carry the during-turn header; idle reads don't.
-    let watch_reads: Vec<_> = snap.requests.iter().filter(|r| r.route == Route::Session && r.header("x-orizu-hosted-poll").is_some()).collect();
+    let watch_reads: Vec<_> = snap
+        .requests
+        .iter()
+        .filter(|r| r.route == Route::Session && r.header("x-orizu-hosted-poll").is_some())
+        .collect();
     assert!(!watch_reads.is_empty());
-    assert!(watch_reads.iter().all(|r| r.header("x-orizu-hosted-poll") == Some("during-turn")));
+    assert!(
+        watch_reads
+            .iter()
+            .all(|r| r.header("x-orizu-hosted-poll") == Some("during-turn"))
+    );
 
     // The run: sealed succeeded, events in order, the runner's event first.
     let run = snap.run("run-1").unwrap();
     assert_eq!(run.status, "succeeded");
     let f = run.finish.as_ref().unwrap();
-    assert_eq!(serde_json::to_value(f).unwrap(), json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null, "result": null}));
+    assert_eq!(
+        serde_json::to_value(f).unwrap(),
+        json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null, "result": null})
+    );
     let kinds: Vec<&str> = run.events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(kinds[0], "hosted_boot.runner");
-    assert!(kinds.contains(&"message") && kinds.contains(&"output") && kinds.contains(&"stderr"), "{kinds:?}");
+    assert!(
+        kinds.contains(&"message") && kinds.contains(&"output") && kinds.contains(&"stderr"),
+        "{kinds:?}"
+    );
     let seqs: Vec<u64> = run.events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=run.events.len() as u64).collect::<Vec<_>>());
     let output_event = run.events.iter().find(|e| e.kind == "output").unwrap();
@@ -108,16 +143,33 @@ async fn happy_path_one_turn_then_the_session_ends() {
 
     // What the agent saw.
     let env = sb.read_out("env-run-1");
-    assert!(env.contains(&format!("{}={}", CONNECTOR.0, CONNECTOR.1)), "{env}");
-    assert!(!env.contains("ORIZU_BOOT_SECRET"), "the agent saw the boot secret variable");
+    assert!(
+        env.contains(&format!("{}={}", CONNECTOR.0, CONNECTOR.1)),
+        "{env}"
+    );
+    assert!(
+        !env.contains("ORIZU_BOOT_SECRET"),
+        "the agent saw the boot secret variable"
+    );
     assert!(!env.contains(&sb.coordinator.boot_secret()));
     assert!(env.contains("GIT_TERMINAL_PROMPT=0"));
     assert!(env.contains(&format!("ORIZU_INJECTED_ENV_VARS={}", CONNECTOR.0)));
     assert!(env.contains("ORIZU_RUN_ID=run-1"));
     let bearer = sb.read_out("bearer-run-1");
-    assert!(sb.coordinator.issued_secrets().contains(&bearer.trim().to_string()), "bearer file did not hold a bearer");
-    assert_eq!(sb.read_out("prompt-run-1"), CoordinatorOptions::default().task);
-    assert_eq!(sb.read_out("cwd-run-1").trim(), sb.root().join("repo").to_string_lossy());
+    assert!(
+        sb.coordinator
+            .issued_secrets()
+            .contains(&bearer.trim().to_string()),
+        "bearer file did not hold a bearer"
+    );
+    assert_eq!(
+        sb.read_out("prompt-run-1"),
+        CoordinatorOptions::default().task
+    );
+    assert_eq!(
+        sb.read_out("cwd-run-1").trim(),
+        sb.root().join("repo").to_string_lossy()
+    );
 
     // Files: the session directory and the run directory are gone, the clone stays.
     assert!(!sb.session_dir().exists());
@@ -139,10 +191,19 @@ async fn idle_start_posts_ready_then_runs_a_queued_turn() {
         .await
         .unwrap();
     // No clone before there is something to run.
-    assert!(!sb.coordinator.snapshot().requests.iter().any(|r| r.route == Route::Git));
+    assert!(
+        !sb.coordinator
+            .snapshot()
+            .requests
+            .iter()
+            .any(|r| r.route == Route::Git)
+    );
     let run_id = sb.coordinator.queue_turn(
         "Yes, use tabs.",
-        Some(AnswerToQuestion { question_id: "q1".into(), question: "Tabs or spaces?".into() }),
+        Some(AnswerToQuestion {
+            question_id: "q1".into(),
+            question: "Tabs or spaces?".into(),
+        }),
     );
     sb.coordinator
         .wait_for(WAIT, |s| s.run(&run_id).is_some_and(|r| r.finish.is_some()))
@@ -155,7 +216,10 @@ async fn idle_start_posts_ready_then_runs_a_queued_turn() {
         sb.read_out(&format!("prompt-{run_id}")),
         "The user answered your earlier question.\n\nQuestion: Tabs or spaces?\n\nAnswer: Yes, use tabs."
     );
-    assert_eq!(sb.coordinator.snapshot().status_names(), vec!["ready", "turn_started", "turn_completed", "complete"]);
+    assert_eq!(
+        sb.coordinator.snapshot().status_names(),
+        vec!["ready", "turn_started", "turn_completed", "complete"]
+    );
 }
 
 #[tokio::test]
@@ -176,7 +240,10 @@ fi
     ));
     let child = sb.spawn(&script);
     sb.coordinator
-        .wait_for(WAIT, |s| s.run("run-1").is_some_and(|r| r.events.iter().any(|e| e.kind == "message")))
+        .wait_for(WAIT, |s| {
+            s.run("run-1")
+                .is_some_and(|r| r.events.iter().any(|e| e.kind == "message"))
+        })
         .await
         .unwrap();
     sb.coordinator.interrupt(Some("run-1")).unwrap();
@@ -186,9 +253,21 @@ fi
         .await
         .unwrap();
     assert_eq!(snap.run("run-1").unwrap().status, "interrupted");
-    assert!(snap.run("run-1").unwrap().finish.as_ref().unwrap().error.is_none());
+    assert!(
+        snap.run("run-1")
+            .unwrap()
+            .finish
+            .as_ref()
+            .unwrap()
+            .error
+            .is_none()
+    );
     let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
-    assert_eq!(live_group_members(pgid), Vec::<i32>::new(), "the agent's process group survived the turn");
+    assert_eq!(
+        live_group_members(pgid),
+        Vec::<i32>::new(),
+        "the agent's process group survived the turn"
+    );
 
     let next = sb.coordinator.queue_turn("And now?", None);
     sb.coordinator
@@ -202,7 +281,13 @@ fi
     assert_eq!(snap.run(&next).unwrap().status, "succeeded");
     assert_eq!(
         snap.status_names(),
-        vec!["turn_started", "turn_completed", "turn_started", "turn_completed", "complete"]
+        vec![
+            "turn_started",
+            "turn_completed",
+            "turn_started",
+            "turn_completed",
+            "complete"
+        ]
     );
 }
 
@@ -225,7 +310,9 @@ async fn an_interrupt_requested_before_the_agent_starts_skips_it() {
 #[tokio::test]
 async fn agent_token_503_three_times_takes_exactly_four_requests() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
-    sb.coordinator.add_fault(Fault::status(Route::AgentToken, 503).times(3)).unwrap();
+    sb.coordinator
+        .add_fault(Fault::status(Route::AgentToken, 503).times(3))
+        .unwrap();
     let child = sb.spawn(&sb.script(OBSERVER));
     sb.coordinator
         .wait_for(WAIT, |s| s.run("run-1").is_some_and(|r| r.finish.is_some()))
@@ -235,40 +322,66 @@ async fn agent_token_503_three_times_takes_exactly_four_requests() {
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");
     let snap = sb.coordinator.snapshot();
-    let first_non_token = snap.requests.iter().position(|r| r.route != Route::AgentToken).unwrap();
+    let first_non_token = snap
+        .requests
+        .iter()
+        .position(|r| r.route != Route::AgentToken)
+        .unwrap();
     assert_eq!(first_non_token, 4, "{:?}", routes(&snap));
 }
 
 #[tokio::test]
 async fn agent_token_401_is_a_verdict_and_fails_the_boot() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
-    sb.coordinator.add_fault(Fault::status(Route::AgentToken, 401).times(5)).unwrap();
+    sb.coordinator
+        .add_fault(Fault::status(Route::AgentToken, 401).times(5))
+        .unwrap();
     let (status, output) = finish(sb.spawn(&sb.script(OBSERVER))).await;
     assert_eq!(status.code(), Some(1), "{output}");
     let snap = sb.coordinator.snapshot();
     assert_eq!(routes(&snap), vec!["agent-token", "status:failed"]);
     let failed = &snap.statuses[0];
     assert_eq!(failed.run_id, Some(None));
-    assert!(failed.reason.as_deref().unwrap().contains("401"), "{failed:?}");
+    assert!(
+        failed.reason.as_deref().unwrap().contains("401"),
+        "{failed:?}"
+    );
     assert!(!sb.session_dir().exists());
 }
 
 #[tokio::test]
 async fn turn_started_exhausted_seals_the_run_failed_and_starts_no_agent() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
-    sb.coordinator.add_fault(Fault::status(Route::BootStatus, 503).times(5)).unwrap();
+    sb.coordinator
+        .add_fault(Fault::status(Route::BootStatus, 503).times(5))
+        .unwrap();
     let (status, output) = finish(sb.spawn(&sb.script(OBSERVER))).await;
     assert_eq!(status.code(), Some(1), "{output}");
     let snap = sb.coordinator.snapshot();
-    let statuses: Vec<_> = snap.requests.iter().filter(|r| r.route == Route::BootStatus).collect();
-    assert_eq!(statuses.len(), 6, "5 turn_started attempts, then turn_failed");
-    assert!(statuses[..5].iter().all(|r| r.body["status"] == "turn_started" && r.body["runId"] == "run-1"));
+    let statuses: Vec<_> = snap
+        .requests
+        .iter()
+        .filter(|r| r.route == Route::BootStatus)
+        .collect();
+    assert_eq!(
+        statuses.len(),
+        6,
+        "5 turn_started attempts, then turn_failed"
+    );
+    assert!(
+        statuses[..5]
+            .iter()
+            .all(|r| r.body["status"] == "turn_started" && r.body["runId"] == "run-1")
+    );
     assert_eq!(statuses[5].body["status"], "turn_failed");
     assert_eq!(statuses[5].body["runId"], "run-1");
     let run = snap.run("run-1").unwrap();
     assert_eq!(run.status, "failed");
     let error = run.finish.as_ref().unwrap().error.as_ref().unwrap();
-    assert_eq!(serde_json::to_value(error.code).unwrap(), json!("runner_error"));
+    assert_eq!(
+        serde_json::to_value(error.code).unwrap(),
+        json!("runner_error")
+    );
     assert!(error.message.contains("turn_started"), "{}", error.message);
     assert_eq!(sb.read_out("env-run-1"), "", "the agent was started");
     assert!(!snap.requests.iter().any(|r| r.route == Route::RunStarted));
@@ -281,11 +394,17 @@ async fn a_failing_agent_fails_the_turn_then_the_boot() {
     let (status, output) = finish(sb.spawn(&sb.script("echo working; exit 3"))).await;
     assert_eq!(status.code(), Some(1), "{output}");
     let snap = sb.coordinator.snapshot();
-    assert_eq!(snap.status_names(), vec!["turn_started", "turn_completed", "turn_failed"]);
+    assert_eq!(
+        snap.status_names(),
+        vec!["turn_started", "turn_completed", "turn_failed"]
+    );
     let run = snap.run("run-1").unwrap();
     assert_eq!(run.status, "failed");
     let error = run.finish.as_ref().unwrap().error.as_ref().unwrap();
-    assert_eq!(serde_json::to_value(error.code).unwrap(), json!("agent_crashed"));
+    assert_eq!(
+        serde_json::to_value(error.code).unwrap(),
+        json!("agent_crashed")
+    );
     assert!(error.message.contains("status 3"), "{}", error.message);
 }
 
@@ -298,8 +417,15 @@ async fn a_missing_agent_program_is_a_failed_turn_with_agent_spawn_failed() {
     assert_eq!(status.code(), Some(1), "{output}");
     let run = sb.coordinator.run("run-1").unwrap();
     let error = run.finish.as_ref().unwrap().error.as_ref().unwrap();
-    assert_eq!(serde_json::to_value(error.code).unwrap(), json!("agent_spawn_failed"));
-    assert!(error.message.contains("/nonexistent/agent"), "{}", error.message);
+    assert_eq!(
+        serde_json::to_value(error.code).unwrap(),
+        json!("agent_spawn_failed")
+    );
+    assert!(
+        error.message.contains("/nonexistent/agent"),
+        "{}",
+        error.message
+    );
 }
 
 #[tokio::test]
@@ -314,9 +440,15 @@ async fn a_reserved_connector_fails_the_boot_naming_the_variable() {
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.status_names(), vec!["failed"]);
     let reason = snap.statuses[0].reason.clone().unwrap();
-    assert!(reason.contains("reserved_connector_env") && reason.contains("LD_PRELOAD"), "{reason}");
+    assert!(
+        reason.contains("reserved_connector_env") && reason.contains("LD_PRELOAD"),
+        "{reason}"
+    );
     assert!(!reason.contains("evil-library"), "{reason}");
-    assert!(!snap.requests.iter().any(|r| r.route == Route::Git), "cloned anyway");
+    assert!(
+        !snap.requests.iter().any(|r| r.route == Route::Git),
+        "cloned anyway"
+    );
 }
 
 #[tokio::test]
@@ -325,12 +457,20 @@ async fn an_invalid_pending_turn_fails_the_boot() {
     let mut session = sb.coordinator.snapshot().session;
     session.pending_turn = Some(json!({"runId": "run-9", "ordinal": "two"}));
     let body = json!({ "session": session }).to_string();
-    sb.coordinator.add_fault(Fault::body(Route::Session, body).times(5)).unwrap();
+    sb.coordinator
+        .add_fault(Fault::body(Route::Session, body).times(5))
+        .unwrap();
     let (status, output) = finish(sb.spawn(&sb.script(OBSERVER))).await;
     assert_eq!(status.code(), Some(1), "{output}");
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.status_names(), vec!["failed"]);
-    assert!(snap.statuses[0].reason.as_deref().unwrap().contains("hosted_pending_turn_invalid"));
+    assert!(
+        snap.statuses[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("hosted_pending_turn_invalid")
+    );
     assert!(!snap.requests.iter().any(|r| r.route == Route::Git));
 }
 
@@ -340,13 +480,22 @@ async fn a_branch_starting_with_a_dash_fails_the_boot_before_the_clone() {
     let mut session = sb.coordinator.snapshot().session;
     session.repo_branch = "-upload-pack=evil".into();
     sb.coordinator
-        .add_fault(Fault::body(Route::Session, json!({ "session": session }).to_string()))
+        .add_fault(Fault::body(
+            Route::Session,
+            json!({ "session": session }).to_string(),
+        ))
         .unwrap();
     let (status, output) = finish(sb.spawn(&sb.script(OBSERVER))).await;
     assert_eq!(status.code(), Some(1), "{output}");
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.status_names(), vec!["failed"]);
-    assert!(snap.statuses[0].reason.as_deref().unwrap().contains("-upload-pack=evil"));
+    assert!(
+        snap.statuses[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("-upload-pack=evil")
+    );
     assert!(!snap.requests.iter().any(|r| r.route == Route::Git));
 }
 
@@ -361,7 +510,15 @@ async fn a_missing_session_branch_fails_the_boot() {
     assert_eq!(status.code(), Some(1), "{output}");
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.status_names(), vec!["failed"]);
-    assert!(snap.statuses[0].reason.as_deref().unwrap().contains("orizu/session-1"), "{:?}", snap.statuses);
+    assert!(
+        snap.statuses[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("orizu/session-1"),
+        "{:?}",
+        snap.statuses
+    );
 }
 
 #[tokio::test]
@@ -372,8 +529,16 @@ async fn configuration_errors_exit_2_without_a_single_request() {
         ("ORIZU_SESSION_ID", Some("s1/../x"), "ORIZU_SESSION_ID"),
         ("ORIZU_BOOT_SECRET", None, "ORIZU_BOOT_SECRET is not set"),
         ("HOSTED_BOOT_AGENT", None, "no agent configured"),
-        ("ORIZU_API_BASE_URL", Some("http://example.com/"), "must be https"),
-        ("HOSTED_BOOT_INTERRUPT_GRACE", Some("soon"), "interrupt-grace"),
+        (
+            "ORIZU_API_BASE_URL",
+            Some("http://example.com/"),
+            "must be https",
+        ),
+        (
+            "HOSTED_BOOT_INTERRUPT_GRACE",
+            Some("soon"),
+            "interrupt-grace",
+        ),
     ];
     for (var, value, expected) in cases {
         let mut cmd = sb.runner(&script);
@@ -384,7 +549,11 @@ async fn configuration_errors_exit_2_without_a_single_request() {
         let (status, output) = finish(cmd.spawn().unwrap()).await;
         assert_eq!(status.code(), Some(2), "{var}: {output}");
         assert!(output.contains(expected), "{var}: {output}");
-        assert_no_secret("config error output", &output, &[sb.coordinator.boot_secret()]);
+        assert_no_secret(
+            "config error output",
+            &output,
+            &[sb.coordinator.boot_secret()],
+        );
     }
     assert_eq!(sb.coordinator.snapshot().requests.len(), 0);
 }
@@ -421,12 +590,29 @@ echo "bearer: $(cat "$ORIZU_TOKEN_FILE")" >&2
     let events = serde_json::to_string(&run.events).unwrap();
     assert_no_secret("events", &events, &secrets);
     assert_no_secret("runner output (trace level)", &output, &secrets);
-    let texts: Vec<String> = run.events.iter().filter_map(|e| e.data["text"].as_str().map(str::to_string)).collect();
-    for expected in ["whole: [REDACTED]", "split: [REDACTED]", "key=[REDACTED]", "bearer: [REDACTED]"] {
-        assert!(texts.iter().any(|t| t == expected), "{expected} not in {texts:?}");
+    let texts: Vec<String> = run
+        .events
+        .iter()
+        .filter_map(|e| e.data["text"].as_str().map(str::to_string))
+        .collect();
+    for expected in [
+        "whole: [REDACTED]",
+        "split: [REDACTED]",
+        "key=[REDACTED]",
+        "bearer: [REDACTED]",
+    ] {
+        assert!(
+            texts.iter().any(|t| t == expected),
+            "{expected} not in {texts:?}"
+        );
     }
     // Every request body the coordinator recorded is clean too.
-    let bodies: String = sb.coordinator.requests().iter().map(|r| r.body.to_string()).collect();
+    let bodies: String = sb
+        .coordinator
+        .requests()
+        .iter()
+        .map(|r| r.body.to_string())
+        .collect();
     assert_no_secret("request bodies", &bodies, &secrets[1..]);
 }
 
@@ -457,14 +643,20 @@ git rev-parse HEAD > "$AGENT_OUT/head"
         .args(["rev-parse", &sb.coordinator.branch()])
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&remote.stdout).trim(), sb.read_out("head").trim());
+    assert_eq!(
+        String::from_utf8_lossy(&remote.stdout).trim(),
+        sb.read_out("head").trim()
+    );
     let author = std::process::Command::new("git")
         .arg("-C")
         .arg(sb.coordinator.bare_repo())
         .args(["log", "-1", "--format=%an <%ae>", &sb.coordinator.branch()])
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&author.stdout).trim(), "hosted-boot agent <agent@hosted-boot.invalid>");
+    assert_eq!(
+        String::from_utf8_lossy(&author.stdout).trim(),
+        "hosted-boot agent <agent@hosted-boot.invalid>"
+    );
 }
 
 #[tokio::test]
@@ -479,7 +671,10 @@ sleep 1000
     );
     let child = sb.spawn(&script);
     sb.coordinator
-        .wait_for(WAIT, |s| s.run("run-1").is_some_and(|r| r.events.iter().any(|e| e.kind == "message")))
+        .wait_for(WAIT, |s| {
+            s.run("run-1")
+                .is_some_and(|r| r.events.iter().any(|e| e.kind == "message"))
+        })
         .await
         .unwrap();
     let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
@@ -539,14 +734,18 @@ async fn compat_bodies_match_the_contract_literally() {
     assert_eq!(status.code(), Some(0), "{output}");
     let requests = sb.coordinator.requests();
     let token = &requests[0];
-    assert_eq!((token.method.as_str(), token.path.as_str()), ("GET", "/api/cli/sessions/s1/agent-token"));
+    assert_eq!(
+        (token.method.as_str(), token.path.as_str()),
+        ("GET", "/api/cli/sessions/s1/agent-token")
+    );
     assert_eq!(token.header("authorization"), Some("Bearer ***"));
     let bodies: Vec<(String, serde_json::Value)> = requests
         .iter()
         .filter(|r| matches!(r.route, Route::BootStatus | Route::RunStarted))
         .map(|r| (format!("{} {}", r.method, r.path), r.body.clone()))
         .collect();
-    let status = |body: serde_json::Value| ("POST /api/cli/sessions/s1/boot-status".to_string(), body);
+    let status =
+        |body: serde_json::Value| ("POST /api/cli/sessions/s1/boot-status".to_string(), body);
     assert_eq!(
         bodies,
         vec![
@@ -562,5 +761,10 @@ async fn compat_bodies_match_the_contract_literally() {
         finish_body.body,
         json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null, "result": null})
     );
-    assert!(requests.iter().filter(|r| r.route != Route::Dev).all(|r| r.header("authorization").is_some()));
+    assert!(
+        requests
+            .iter()
+            .filter(|r| r.route != Route::Dev)
+            .all(|r| r.header("authorization").is_some())
+    );
 }

@@ -62,7 +62,10 @@ impl Sandbox {
             .env("HOME", self.dir.path())
             .envs(self.coordinator.sandbox_env())
             .env("HOSTED_BOOT_AGENT", "command")
-            .env("HOSTED_BOOT_AGENT_COMMAND", format!("sh {}", script.display()))
+            .env(
+                "HOSTED_BOOT_AGENT_COMMAND",
+                format!("sh {}", script.display()),
+            )
             .env("HOSTED_BOOT_ROOT", self.root())
             .env("HOSTED_BOOT_TEST_TIME_SCALE", TIME_SCALE)
             .env("HOSTED_BOOT_LOG", "trace")
@@ -88,7 +91,9 @@ impl Sandbox {
     }
 
     pub fn session_dir(&self) -> PathBuf {
-        self.root().join(".orizu-session").join(self.coordinator.session_id())
+        self.root()
+            .join(".orizu-session")
+            .join(self.coordinator.session_id())
     }
 
     pub fn read_out(&self, name: &str) -> String {
@@ -118,10 +123,16 @@ pub async fn finish(mut child: Child) -> (ExitStatus, String) {
 pub fn live_group_members(pgid: i32) -> Vec<i32> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
         // Fields after the command name: state ppid pgrp …
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
         let fields: Vec<&str> = rest.split_whitespace().collect();
         if fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string() {
             out.push(pid);
@@ -134,6 +145,10 @@ pub fn live_group_members(pgid: i32) -> Vec<i32> {
 pub fn assert_no_secret(what: &str, output: &str, secrets: &[String]) {
     for s in secrets {
         assert!(!s.is_empty());
-        assert!(!output.contains(s.as_str()), "{what} contains a secret ({}…)", &s[..4.min(s.len())]);
+        assert!(
+            !output.contains(s.as_str()),
+            "{what} contains a secret ({}…)",
+            &s[..4.min(s.len())]
+        );
     }
 }
