@@ -128,11 +128,7 @@ impl Api {
                 .bearer_auth(self.config.boot_secret.expose())
         })
         .await?;
-        let date = reply
-            .headers
-            .get(reqwest::header::DATE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| httpdate::parse_http_date(v).ok());
+        let date = reply.date();
         let response: AgentTokenResponse = parse(call, &reply)?;
         if response.token.is_empty() {
             return Err(bad(call, "the token is empty"));
@@ -300,11 +296,7 @@ impl Api {
                 self.request(Method::POST, &path, t).json(&body)
             })
             .await?;
-        let date = reply
-            .headers
-            .get(reqwest::header::DATE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| httpdate::parse_http_date(v).ok());
+        let date = reply.date();
         let response: RepoTokenResponse = parse(call, &reply)?;
         repo_token_from(call, response, date, &self.redactor)
     }

@@ -27,6 +27,16 @@ pub struct Reply {
     pub body: Bytes,
 }
 
+impl Reply {
+    /// The `Date` header (the coordinator's clock), when present and valid.
+    pub fn date(&self) -> Option<std::time::SystemTime> {
+        self.headers
+            .get(reqwest::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok())
+    }
+}
+
 /// Why a call failed. Messages name the call and the status, never a secret
 /// or a URL with credentials (reqwest errors are stripped of their URL).
 #[derive(Debug, thiserror::Error)]

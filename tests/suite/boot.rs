@@ -54,10 +54,7 @@ async fn happy_path_one_turn_then_the_session_ends() {
     })
     .await;
     let child = sb.spawn(&sb.script(OBSERVER));
-    sb.coordinator
-        .wait_for(WAIT, |s| s.run("run-1").is_some_and(|r| r.finish.is_some()))
-        .await
-        .unwrap();
+    sb.wait_sealed("run-1").await;
     sb.coordinator.end_session();
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");
@@ -205,10 +202,7 @@ async fn idle_start_posts_ready_then_runs_a_queued_turn() {
             question: "Tabs or spaces?".into(),
         }),
     );
-    sb.coordinator
-        .wait_for(WAIT, |s| s.run(&run_id).is_some_and(|r| r.finish.is_some()))
-        .await
-        .unwrap();
+    sb.wait_sealed(&run_id).await;
     sb.coordinator.end_session();
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");
@@ -247,11 +241,7 @@ fi
         .await
         .unwrap();
     sb.coordinator.interrupt(Some("run-1")).unwrap();
-    let snap = sb
-        .coordinator
-        .wait_for(WAIT, |s| s.run("run-1").is_some_and(|r| r.finish.is_some()))
-        .await
-        .unwrap();
+    let snap = sb.wait_sealed("run-1").await;
     assert_eq!(snap.run("run-1").unwrap().status, "interrupted");
     assert!(
         snap.run("run-1")
@@ -270,10 +260,7 @@ fi
     );
 
     let next = sb.coordinator.queue_turn("And now?", None);
-    sb.coordinator
-        .wait_for(WAIT, |s| s.run(&next).is_some_and(|r| r.finish.is_some()))
-        .await
-        .unwrap();
+    sb.wait_sealed(&next).await;
     sb.coordinator.end_session();
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");
@@ -296,10 +283,7 @@ async fn an_interrupt_requested_before_the_agent_starts_skips_it() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     sb.coordinator.interrupt(Some("run-1")).unwrap();
     let child = sb.spawn(&sb.script(OBSERVER));
-    sb.coordinator
-        .wait_for(WAIT, |s| s.run("run-1").is_some_and(|r| r.finish.is_some()))
-        .await
-        .unwrap();
+    sb.wait_sealed("run-1").await;
     sb.coordinator.end_session();
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");
@@ -314,10 +298,7 @@ async fn agent_token_503_three_times_takes_exactly_four_requests() {
         .add_fault(Fault::status(Route::AgentToken, 503).times(3))
         .unwrap();
     let child = sb.spawn(&sb.script(OBSERVER));
-    sb.coordinator
-        .wait_for(WAIT, |s| s.run("run-1").is_some_and(|r| r.finish.is_some()))
-        .await
-        .unwrap();
+    sb.wait_sealed("run-1").await;
     sb.coordinator.end_session();
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");
@@ -539,6 +520,17 @@ async fn configuration_errors_exit_2_without_a_single_request() {
             Some("soon"),
             "interrupt-grace",
         ),
+        ("ORIZU_OPENCODE_PORT", Some("70000"), "ORIZU_OPENCODE_PORT"),
+        (
+            "HOSTED_BOOT_CA_FILE",
+            Some("/nonexistent/ca.pem"),
+            "/nonexistent/ca.pem",
+        ),
+        (
+            "HOSTED_BOOT_CA_FILE",
+            Some("/dev/null"),
+            "holds no certificate",
+        ),
     ];
     for (var, value, expected) in cases {
         let mut cmd = sb.runner(&script);
@@ -578,10 +570,7 @@ echo "bearer: $(cat "$ORIZU_TOKEN_FILE")" >&2
 "#,
     );
     let child = sb.spawn(&script);
-    sb.coordinator
-        .wait_for(WAIT, |s| s.run("run-1").is_some_and(|r| r.finish.is_some()))
-        .await
-        .unwrap();
+    sb.wait_sealed("run-1").await;
     sb.coordinator.end_session();
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");
@@ -629,10 +618,7 @@ git rev-parse HEAD > "$AGENT_OUT/head"
 "#,
     );
     let child = sb.spawn(&script);
-    sb.coordinator
-        .wait_for(WAIT, |s| s.run("run-1").is_some_and(|r| r.finish.is_some()))
-        .await
-        .unwrap();
+    sb.wait_sealed("run-1").await;
     sb.coordinator.end_session();
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");
@@ -725,10 +711,7 @@ async fn compat_bodies_match_the_contract_literally() {
         .await
         .unwrap();
     let run_id = sb.coordinator.queue_turn("go", None);
-    sb.coordinator
-        .wait_for(WAIT, |s| s.run(&run_id).is_some_and(|r| r.finish.is_some()))
-        .await
-        .unwrap();
+    sb.wait_sealed(&run_id).await;
     sb.coordinator.end_session();
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");

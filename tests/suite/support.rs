@@ -96,6 +96,14 @@ impl Sandbox {
             .join(self.coordinator.session_id())
     }
 
+    /// Waits until run `run_id` is sealed and returns the state then.
+    pub async fn wait_sealed(&self, run_id: &str) -> hosted_boot::coordinator::Snapshot {
+        self.coordinator
+            .wait_for(WAIT, |s| s.run(run_id).is_some_and(|r| r.finish.is_some()))
+            .await
+            .unwrap()
+    }
+
     pub fn read_out(&self, name: &str) -> String {
         std::fs::read_to_string(self.out().join(name)).unwrap_or_default()
     }
