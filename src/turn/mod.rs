@@ -6,10 +6,13 @@
 //! grace, seals the run `interrupted` with one attempt per call, and returns
 //! [`TurnEnd::Stopped`]; a second signal skips what is left.
 
+pub mod cgroup;
 pub mod events;
+pub mod guard;
 pub mod lines;
 pub mod rotation;
 pub mod supervisor;
+pub mod tree;
 pub mod watch;
 
 use std::ffi::OsString;
@@ -28,7 +31,7 @@ use crate::timings::RetryPolicy;
 use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError};
 use crate::workspace::files::{RunDir, SessionDir};
 use events::EventSink;
-use supervisor::{Control, SpawnSpec};
+use supervisor::{Control, SpawnSpec, Supervision};
 
 /// What every turn of the boot shares.
 pub struct TurnContext {
@@ -44,6 +47,8 @@ pub struct TurnContext {
     pub agent: AgentConfig,
     /// The agent's environment without the per-turn variables.
     pub agent_env: Vec<(OsString, OsString)>,
+    /// How the agent's processes are supervised (drain, time cap, cgroup).
+    pub supervision: Supervision,
 }
 
 /// The turn to run.
@@ -212,7 +217,7 @@ pub async fn run(
                 let (kind, data) = agent::command::event_for_line(stream, &line);
                 line_sender.emit(kind, data);
             };
-            let supervised = supervisor::run(spec, control_rx, timings.pipe_drain, on_line);
+            let supervised = supervisor::run(spec, control_rx, &ctx.supervision, on_line);
             tokio::pin!(supervised);
             let result = loop {
                 tokio::select! {
@@ -231,11 +236,13 @@ pub async fn run(
                     }
                 }
             };
+            let stopped = interrupted.load(Ordering::SeqCst) || stopped_by.is_some();
             match result {
-                Ok(exit) => agent::command::outcome(
-                    &exit,
-                    interrupted.load(Ordering::SeqCst) || stopped_by.is_some(),
-                ),
+                // An interrupt or stop that came during the cap's grace wins.
+                Ok(exit) if exit.timed_out && !stopped => {
+                    TurnOutcome::failed(ErrorCode::AgentTimeout, ctx.supervision.timeout_message())
+                }
+                Ok(exit) => agent::command::outcome(&exit, stopped),
                 Err(e) => {
                     tracing::error!(run_id, error = %e, "agent spawn failed");
                     sender.emit(
