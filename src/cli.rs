@@ -33,6 +33,9 @@ pub enum Command {
     Credential(CredentialArgs),
     /// Serve the reference coordinator on loopback, for local debugging.
     Coordinator(Box<crate::coordinator::CoordinatorArgs>),
+    /// Check the sandbox's environment, the coordinator and the tools, without
+    /// minting a repo token or posting a status.
+    Check(RunArgs),
     /// Run a three-turn scenario against an in-process coordinator.
     Demo(DemoArgs),
     /// The built-in demo agent (used by `demo` and the tests).
@@ -131,4 +134,8 @@ pub struct DemoArgs {
     /// Keep the demo's working directory instead of removing it.
     #[arg(long)]
     pub keep: bool,
+    /// The sandbox root the booted runner uses (an empty directory)
+    /// [default: a directory inside the demo's temporary directory].
+    #[arg(long, env = "HOSTED_BOOT_ROOT", hide_env_values = true)]
+    pub root: Option<std::path::PathBuf>,
 }

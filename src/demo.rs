@@ -42,7 +42,10 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
     let workdir = tempfile::Builder::new()
         .prefix("hosted-boot-demo-")
         .tempdir()?;
-    let root = workdir.path().join("sandbox");
+    let root = args
+        .root
+        .clone()
+        .unwrap_or_else(|| workdir.path().join("sandbox"));
     std::fs::create_dir_all(&root)?;
     let coordinator = Coordinator::start(CoordinatorOptions {
         workdir: Some(workdir.path().join("coordinator")),

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod boot;
+pub mod check;
 pub mod checks;
 pub mod cli;
 pub mod client;

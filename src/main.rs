@@ -12,7 +12,7 @@ use clap::Parser;
 use hosted_boot::cli::{Cli, Command, RunArgs};
 use hosted_boot::config::{self, BOOT_SECRET_VAR};
 use hosted_boot::secret::Secret;
-use hosted_boot::{boot, coordinator, demo, logging, redact::Redactor, tls, workspace};
+use hosted_boot::{boot, check, coordinator, demo, logging, redact::Redactor, tls, workspace};
 
 unsafe extern "C" {
     static environ: *const *mut c_char;
@@ -85,6 +85,7 @@ fn main() -> ExitCode {
                 }
             }
         }),
+        Some(Command::Check(args)) => with_runtime(|| check::run(env, args, boot_secret)),
         Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
         Some(Command::DemoAgent) => demo::agent_main(),
     };

@@ -1,4 +1,6 @@
 mod boot;
+mod check;
 mod coordinator;
+mod image;
 mod support;
 mod workspace;
