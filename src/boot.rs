@@ -83,7 +83,7 @@ pub async fn run(config: BootConfig) -> i32 {
 
     let mut session_dir: Option<Arc<SessionDir>> = None;
     let ending = boot(&config, &api, http, &redactor, &mut stop, &mut session_dir).await;
-    let code = report(&api, ending).await;
+    let code = report(&api, &config.root, ending).await;
     if let Some(dir) = session_dir {
         if let Err(e) = dir.remove_bearer() {
             tracing::error!(error = %e, "cannot remove the bearer file");
@@ -383,7 +383,7 @@ async fn watch_credential_cache(path: PathBuf, redactor: Redactor) {
 }
 
 /// Step 7: reports the ending and returns the exit code.
-async fn report(api: &Api, ending: Ending) -> i32 {
+async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
     match ending {
         Ending::Clean => {
             tracing::info!("session ended; posting complete");
@@ -429,12 +429,25 @@ async fn report(api: &Api, ending: Ending) -> i32 {
                     result: None,
                 }),
             };
-            if let Some(body) = body
-                && let Err(e) = api
+            let sealed = match body {
+                None => true,
+                Some(body) => match api
                     .finish(&run_id, &body, api.timings().retry.required)
                     .await
+                {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(run_id = %run_id, error = %e, "the run could not be sealed");
+                        false
+                    }
+                },
+            };
+            // The prompt file goes once the run is sealed (PROTOCOL.md 3).
+            if sealed
+                && let Ok(dir) = workspace::RunDir::create(root, &run_id)
+                && let Err(e) = dir.remove()
             {
-                tracing::error!(run_id = %run_id, error = %e, "the run could not be sealed");
+                tracing::warn!(run_id = %run_id, error = %e, "cannot remove the run directory");
             }
             if let Err(e) = api
                 .post_status(BootStatus::TurnFailed, Some(&run_id), Some(&reason))

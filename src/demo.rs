@@ -66,7 +66,15 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         coordinator.branch()
     );
     println!("  sandbox root {}", root.display());
-    println!("  runner log   {}", log_path.display());
+    println!(
+        "  runner log   {}{}",
+        log_path.display(),
+        if args.keep {
+            ""
+        } else {
+            " (removed at exit; --keep keeps it)"
+        }
+    );
     println!("  (contract durations scaled x{DEMO_TIME_SCALE} so the demo takes seconds)");
     println!();
 

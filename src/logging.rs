@@ -16,7 +16,13 @@ pub const LOG_FILTER_VAR: &str = "HOSTED_BOOT_LOG";
 /// Installs the global subscriber. `format` defaults to text on a terminal
 /// and JSON otherwise. Calling it twice is harmless (the second is ignored).
 pub fn init(format: Option<LogFormat>, redactor: Redactor) {
-    let filter = EnvFilter::try_from_env(LOG_FILTER_VAR).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = match std::env::var(LOG_FILTER_VAR) {
+        Err(_) => EnvFilter::new("info"),
+        Ok(text) => EnvFilter::try_new(&text).unwrap_or_else(|e| {
+            eprintln!("hosted-boot: {LOG_FILTER_VAR} is not a valid filter ({e}); using `info`");
+            EnvFilter::new("info")
+        }),
+    };
     let format = format.unwrap_or(if io::stderr().is_terminal() {
         LogFormat::Text
     } else {

@@ -62,9 +62,31 @@ fn take_boot_secret() -> (BTreeMap<OsString, OsString>, Option<Secret>) {
     (env, secret)
 }
 
+/// Marks every file descriptor above stderr close-on-exec, so that nothing
+/// the runner inherited (a socket, a pipe of the platform) reaches the agent.
+fn close_inherited_fds_on_exec() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: `fd` was listed as open; fcntl on one that closed since
+        // (the directory's own descriptor) fails with EBADF, which is ignored.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        if let Ok(flags) = rustix::io::fcntl_getfd(fd) {
+            let _ = rustix::io::fcntl_setfd(fd, flags | rustix::io::FdFlags::CLOEXEC);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Nothing may start a thread before this line.
     let (env, boot_secret) = take_boot_secret();
+    close_inherited_fds_on_exec();
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     tls::install_crypto_provider();
 

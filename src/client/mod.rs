@@ -215,7 +215,7 @@ impl Api {
             },
             reason: reason.map(|r| wire::truncate_reason(&self.redactor.redact(r))),
         };
-        let call = format!("boot status {}", status.as_str());
+        let call = format!("boot status \"{}\"", status.as_str());
         retry::send(&call, policy, self.timings.request_timeout, || {
             self.http
                 .post(self.config.boot_status_url.clone())

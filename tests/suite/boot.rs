@@ -367,6 +367,10 @@ async fn turn_started_exhausted_seals_the_run_failed_and_starts_no_agent() {
     assert_eq!(sb.read_out("env-run-1"), "", "the agent was started");
     assert!(!snap.requests.iter().any(|r| r.route == Route::RunStarted));
     assert!(!sb.session_dir().exists());
+    assert!(
+        !sb.root().join(".orizu-run/run-1").exists(),
+        "the prompt file outlived the seal"
+    );
 }
 
 #[tokio::test]
@@ -750,4 +754,76 @@ async fn compat_bodies_match_the_contract_literally() {
             .filter(|r| r.route != Route::Dev)
             .all(|r| r.header("authorization").is_some())
     );
+}
+
+fn sigterm(child: &tokio::process::Child) {
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+}
+
+#[tokio::test]
+async fn a_stop_while_turn_started_is_retried_posts_nothing_more() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    sb.coordinator
+        .add_fault(Fault::delay(Route::BootStatus, Duration::from_secs(20)).times(20))
+        .unwrap();
+    let child = sb.spawn(&sb.script(OBSERVER));
+    sb.coordinator
+        .wait_for(WAIT, |s| {
+            s.requests.iter().any(|r| r.route == Route::BootStatus)
+        })
+        .await
+        .unwrap();
+    sigterm(&child);
+    let started = std::time::Instant::now();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the stop waited for the retries"
+    );
+    let snap = sb.coordinator.snapshot();
+    let posted: Vec<&serde_json::Value> = snap
+        .requests
+        .iter()
+        .filter(|r| r.route == Route::BootStatus)
+        .map(|r| &r.body["status"])
+        .collect();
+    assert_eq!(posted, vec!["turn_started"], "posted after the stop");
+    assert!(!snap.requests.iter().any(|r| r.route == Route::Finish));
+    assert_eq!(sb.read_out("env-run-1"), "", "the agent was started");
+    assert!(!sb.session_dir().exists());
+    assert!(!sb.root().join(".orizu-run/run-1").exists());
+}
+
+#[tokio::test]
+async fn the_stop_budget_bounds_a_seal_in_progress() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    // Every finish hangs past its 2 s attempt timeout: sealing retries for
+    // 10 s and more, unless a stop's budget cuts it short.
+    sb.coordinator
+        .add_fault(Fault::delay(Route::Finish, Duration::from_secs(20)).times(20))
+        .unwrap();
+    let mut cmd = sb.runner(&sb.script("echo done"));
+    cmd.env("HOSTED_BOOT_STOP_BUDGET", "25s");
+    let child = cmd.spawn().unwrap();
+    sb.coordinator
+        .wait_for(WAIT, |s| {
+            s.requests.iter().any(|r| r.route == Route::Finish)
+        })
+        .await
+        .unwrap();
+    sigterm(&child);
+    let started = std::time::Instant::now();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    // Scaled by 0.05 the budget is 1.25 s; without it the retries take >10 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "the stop budget was not applied: {:?}",
+        started.elapsed()
+    );
+    let names = sb.coordinator.snapshot().status_names();
+    assert!(!names.contains(&"turn_failed"), "{names:?}");
+    assert!(!sb.session_dir().exists());
 }
