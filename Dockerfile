@@ -52,5 +52,9 @@ ENV HOSTED_BOOT_ROOT=/workspace
 WORKDIR /workspace
 USER agent
 STOPSIGNAL SIGTERM
+# Unhealthy when the runner is gone or stuck (its status file not rewritten
+# for 2 min); a coordinator outage alone is not unhealthy.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["/usr/local/bin/hosted-boot", "status", "--check"]
 ENTRYPOINT ["/usr/local/bin/hosted-boot"]
 CMD ["run"]

@@ -19,6 +19,7 @@ use crate::environment;
 use crate::idle::{self, IdleEnd};
 use crate::redact::{Redactor, SecretKind};
 use crate::signals::{self, Stop};
+use crate::status::{Phase, StatusFile};
 use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnInput};
 use crate::wire::{Access, BootStatus, ErrorCode, FinishBody, FinishError, RunOutcome, Session};
 use crate::workspace::{self, BootContext, SessionDir};
@@ -68,12 +69,26 @@ pub async fn run(config: BootConfig) -> i32 {
             return 1;
         }
     };
-    let api = Arc::new(Api::new(
-        config.api.clone(),
-        http.clone(),
-        config.timings,
-        redactor.clone(),
-    ));
+    let status = StatusFile::create(&config.root, &config.api.session_id);
+    let heartbeat = {
+        let status = status.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(crate::status::HEARTBEAT).await;
+                status.touch();
+            }
+        })
+    };
+    let contact = status.clone();
+    let api = Arc::new(
+        Api::new(
+            config.api.clone(),
+            http.clone(),
+            config.timings,
+            redactor.clone(),
+        )
+        .with_contact_hook(Arc::new(move |ok| contact.contact(ok))),
+    );
     tracing::info!(
         session_id = %config.api.session_id,
         agent = config.agent.name(),
@@ -82,7 +97,18 @@ pub async fn run(config: BootConfig) -> i32 {
     );
 
     let mut session_dir: Option<Arc<SessionDir>> = None;
-    let ending = boot(&config, &api, http, &redactor, &mut stop, &mut session_dir).await;
+    let ending = boot(
+        &config,
+        &api,
+        http,
+        &redactor,
+        &mut stop,
+        &mut session_dir,
+        &status,
+    )
+    .await;
+    status.phase(Phase::Stopping, None, None);
+    heartbeat.abort();
     let code = report(&api, &config.root, ending).await;
     if let Some(dir) = session_dir {
         if let Err(e) = dir.remove_bearer() {
@@ -134,6 +160,7 @@ async fn boot(
     redactor: &Redactor,
     stop: &mut watch::Receiver<Stop>,
     session_dir_slot: &mut Option<Arc<SessionDir>>,
+    status: &StatusFile,
 ) -> Ending {
     let timings = *api.timings();
     // A session directory left by a SIGKILLed boot goes before anything else
@@ -176,6 +203,7 @@ async fn boot(
                 }
                 Ok(Ok(())) => {}
             }
+            status.phase(Phase::Idle, None, None);
             match idle::wait(api, true, &done, stop).await {
                 Ok(IdleEnd::Turn(t)) => t,
                 Ok(IdleEnd::Ended) => return Ending::Clean,
@@ -186,6 +214,7 @@ async fn boot(
     };
 
     // Step 5: session files, credential helper, clone.
+    status.phase(Phase::Cloning, None, None);
     if let Err(e) = write_session_files(config, &session_dir, &resolved.remote) {
         return Ending::BeforeDrain(e);
     }
@@ -227,7 +256,7 @@ async fn boot(
             &resolved.session.client_info,
         ),
     };
-    let ending = drain(&ctx, first, &mut done, stop).await;
+    let ending = drain(&ctx, first, &mut done, stop, status).await;
     cache_watch.abort();
     ending
 }
@@ -237,11 +266,13 @@ async fn drain(
     first: TurnInput,
     done: &mut HashSet<String>,
     stop: &mut watch::Receiver<Stop>,
+    status: &StatusFile,
 ) -> Ending {
     let mut next = first;
     loop {
         let run_id = next.run_id.clone();
         done.insert(run_id.clone());
+        status.phase(Phase::Turn, Some(&run_id), next.ordinal);
         match turn::run(ctx, next, stop).await {
             Err(f) => {
                 return Ending::InDrain {
@@ -266,6 +297,7 @@ async fn drain(
                 }
             }
         }
+        status.phase(Phase::Idle, None, None);
         next = match idle::wait(&ctx.api, false, done, stop).await {
             Ok(IdleEnd::Turn(t)) => t,
             Ok(IdleEnd::Ended) => return Ending::Clean,

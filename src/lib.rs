@@ -17,6 +17,7 @@ pub mod logging;
 pub mod redact;
 pub mod secret;
 pub mod signals;
+pub mod status;
 pub mod timings;
 pub mod tls;
 pub mod turn;

@@ -12,7 +12,9 @@ use clap::Parser;
 use hosted_boot::cli::{Cli, Command, RunArgs};
 use hosted_boot::config::{self, BOOT_SECRET_VAR};
 use hosted_boot::secret::Secret;
-use hosted_boot::{boot, check, coordinator, demo, logging, redact::Redactor, tls, workspace};
+use hosted_boot::{
+    boot, check, coordinator, demo, logging, redact::Redactor, status, tls, workspace,
+};
 
 unsafe extern "C" {
     static environ: *const *mut c_char;
@@ -108,6 +110,12 @@ fn main() -> ExitCode {
             }
         }),
         Some(Command::Check(args)) => with_runtime(|| check::run(env, args, boot_secret)),
+        Some(Command::Status(args)) => {
+            let root = args
+                .root
+                .unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| "/".into()));
+            status::command(&root, args.check)
+        }
         Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
         Some(Command::DemoAgent) => demo::agent_main(),
     };

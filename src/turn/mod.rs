@@ -53,6 +53,8 @@ pub struct TurnInput {
     pub run_id: String,
     /// The prompt (the body, the answer prompt of 4.3, or the task).
     pub prompt: String,
+    /// The turn's ordinal (1 for the initial task), for the status file.
+    pub ordinal: Option<u64>,
 }
 
 /// How a turn ended when it did not end the boot with an error.
