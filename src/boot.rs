@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use reqwest::Url;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::checks;
 use crate::client::{Api, CallError, RepoToken};
@@ -106,6 +107,7 @@ pub async fn run(config: BootConfig) -> i32 {
         &mut session_dir,
         &status,
     )
+    .instrument(tracing::info_span!("boot", session_id = %config.api.session_id))
     .await;
     status.phase(Phase::Stopping, None, None);
     heartbeat.abort();
@@ -204,7 +206,10 @@ async fn boot(
                 Ok(Ok(())) => {}
             }
             status.phase(Phase::Idle, None, None);
-            match idle::wait(api, true, &done, stop).await {
+            match idle::wait(api, true, &done, stop)
+                .instrument(tracing::info_span!("step", step = "idle"))
+                .await
+            {
                 Ok(IdleEnd::Turn(t)) => t,
                 Ok(IdleEnd::Ended) => return Ending::Clean,
                 Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),
@@ -229,7 +234,8 @@ async fn boot(
         &session_dir,
         &resolved.remote,
         &resolved.session.repo_branch,
-    );
+    )
+    .instrument(tracing::info_span!("step", step = "clone"));
     match unless_stopped(stop, clone).await {
         Err(s) => {
             cache_watch.abort();
@@ -273,7 +279,9 @@ async fn drain(
         let run_id = next.run_id.clone();
         done.insert(run_id.clone());
         status.phase(Phase::Turn, Some(&run_id), next.ordinal);
-        match turn::run(ctx, next, stop).await {
+        let span =
+            tracing::info_span!("turn", run_id = %run_id, ordinal = next.ordinal, step = "turn");
+        match turn::run(ctx, next, stop).instrument(span).await {
             Err(f) => {
                 return Ending::InDrain {
                     run_id: f.run_id,
@@ -298,7 +306,10 @@ async fn drain(
             }
         }
         status.phase(Phase::Idle, None, None);
-        next = match idle::wait(&ctx.api, false, done, stop).await {
+        next = match idle::wait(&ctx.api, false, done, stop)
+            .instrument(tracing::info_span!("step", step = "idle"))
+            .await
+        {
             Ok(IdleEnd::Turn(t)) => t,
             Ok(IdleEnd::Ended) => return Ending::Clean,
             Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),

@@ -34,7 +34,14 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) {
         .with_writer(writer);
     let _ = match format {
         LogFormat::Text => builder.with_ansi(io::stderr().is_terminal()).try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        // The spans (boot: session id; turn: run id, ordinal; step) ride on
+        // every line, so a log pipeline can index them.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(true)
+            .try_init(),
     };
 }
 
