@@ -70,6 +70,16 @@ pub async fn run(config: BootConfig) -> i32 {
             return 1;
         }
     };
+    crate::status_line::enable(
+        config
+            .log_format
+            .unwrap_or(if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                crate::cli::LogFormat::Text
+            } else {
+                crate::cli::LogFormat::Json
+            })
+            == crate::cli::LogFormat::Text,
+    );
     let status = StatusFile::create(&config.root, &config.api.session_id);
     let heartbeat = {
         let status = status.clone();

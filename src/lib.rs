@@ -18,6 +18,7 @@ pub mod redact;
 pub mod secret;
 pub mod signals;
 pub mod status;
+pub mod status_line;
 pub mod timings;
 pub mod tls;
 pub mod turn;

@@ -87,6 +87,7 @@ impl Drop for RedactingWriter {
         }
         let text = String::from_utf8_lossy(&self.buffer);
         let redacted = self.redactor.redact(&text);
+        crate::status_line::erase();
         let _ = io::stderr().lock().write_all(redacted.as_bytes());
     }
 }

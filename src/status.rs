@@ -132,6 +132,14 @@ impl StatusFile {
 
     /// Enters `phase` (with the turn's run and ordinal for `Turn`).
     pub fn phase(&self, phase: Phase, run_id: Option<&str>, ordinal: Option<u64>) {
+        match (&phase, run_id) {
+            (Phase::Booting, _) => crate::status_line::set("booting"),
+            (Phase::Cloning, _) => crate::status_line::set("cloning the session branch"),
+            (Phase::Idle, _) => crate::status_line::set("waiting for a turn"),
+            (Phase::Turn, Some(run)) => crate::status_line::set(format!("turn {run} running")),
+            (Phase::Turn, None) => crate::status_line::set("turn running"),
+            (Phase::Stopping, _) => crate::status_line::clear(),
+        }
         self.update(true, |s| {
             s.phase = phase;
             s.run_id = run_id.map(str::to_string);
