@@ -7,6 +7,7 @@
 //! [`TurnEnd::Stopped`]; a second signal skips what is left.
 
 pub mod events;
+pub mod harvest;
 pub mod lines;
 pub mod rotation;
 pub mod supervisor;
@@ -25,7 +26,8 @@ use crate::client::Api;
 use crate::config::AgentConfig;
 use crate::signals::Stop;
 use crate::timings::RetryPolicy;
-use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError};
+use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult};
+use crate::workspace::Harvester;
 use crate::workspace::files::{RunDir, SessionDir};
 use events::EventSink;
 use supervisor::{Control, SpawnSpec};
@@ -44,6 +46,11 @@ pub struct TurnContext {
     pub agent: AgentConfig,
     /// The agent's environment without the per-turn variables.
     pub agent_env: Vec<(OsString, OsString)>,
+    /// Commits and pushes the agent's work after each turn (4.5).
+    pub harvester: Harvester,
+    /// The harvest of a reused `repo/` at boot, reported as an event of the
+    /// first turn (taken by it).
+    pub recovered_at_boot: std::sync::Mutex<Option<HarvestResult>>,
 }
 
 /// The turn to run.
@@ -65,6 +72,8 @@ pub enum TurnEnd {
 }
 
 /// Where the seal of the run stands, for the fatal path of 4 step 7.
+// One value per turn, moved a couple of times: boxing the body buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum SealState {
     /// No `finish` was sent.
@@ -160,6 +169,15 @@ pub async fn run(
         AgentConfig::Command { program, args } => (program.clone(), args.clone()),
     };
     sender.emit("hosted_boot.runner", agent::command::runner_event(&program));
+    if let Some(recovered) = ctx
+        .recovered_at_boot
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        harvest::emit(&sender, &recovered);
+    }
+    let start = ctx.harvester.start_point().await;
 
     let interrupted = Arc::new(AtomicBool::new(false));
     let (control_tx, control_rx) = mpsc::unbounded_channel();
@@ -254,12 +272,22 @@ pub async fn run(
     }
     rotation.stop().await;
     remove_bearer();
-    drop(sender);
     tracing::info!(run_id, status = outcome.status.as_str(), "agent finished");
 
-    // 6. Harvest (the harvest issue), flush events, finish, turn_completed.
+    // 6. Harvest, flush events, finish, turn_completed.
     // A stop that came after the agent ended keeps the outcome ("the seal in
     // progress keeps its status") but gets the stop's bounds.
+    let harvested = harvest::after_turn(
+        &ctx.harvester,
+        run_id,
+        outcome.status,
+        start,
+        &timings,
+        stop,
+        &sender,
+    )
+    .await;
+    drop(sender);
     let stopping = stopped_by.is_some() || *stop.borrow() != Stop::Running;
     if matches!(*stop.borrow(), Stop::Immediate(_)) {
         let _ = sink.close(std::time::Duration::ZERO).await;
@@ -282,7 +310,7 @@ pub async fn run(
             resets_at: None,
         }),
         usage: outcome.usage.clone(),
-        result: None,
+        result: harvested,
     };
     let policy = if stopping {
         RetryPolicy::ONCE
