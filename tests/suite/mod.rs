@@ -1,4 +1,5 @@
 mod boot;
 mod coordinator;
+mod harvest;
 mod support;
 mod workspace;
