@@ -656,3 +656,48 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
     coord.clear_faults();
     coord.shutdown().await;
 }
+
+/// The demo (README's main command) shows the harvest of each turn, the
+/// interrupted one included, before its seal.
+#[tokio::test]
+async fn the_demo_timeline_shows_a_harvest_line_for_each_turn() {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+            .arg("demo")
+            .env_remove("HOSTED_BOOT_LOG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the demo did not finish")
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    for (run, finish) in [
+        ("run-1", "succeeded"),
+        ("run-2", "succeeded"),
+        ("run-3", "interrupted"),
+    ] {
+        let harvest = lines
+            .iter()
+            .position(|l| l.contains(&format!("harvest     {run} ")))
+            .unwrap_or_else(|| panic!("no harvest line for {run}:\n{text}"));
+        let sealed = lines
+            .iter()
+            .position(|l| l.contains(&format!("finish      {run} {finish}")))
+            .unwrap_or_else(|| panic!("no finish line for {run}:\n{text}"));
+        assert!(harvest < sealed, "{text}");
+        assert!(!lines[harvest].contains("NOT pushed"), "{text}");
+    }
+    // The work the interrupted turn left is on the session branch as WIP.
+    assert!(
+        text.contains("WIP run-3: work in progress (turn interrupted)"),
+        "{text}"
+    );
+}
