@@ -1,10 +1,12 @@
 //! One turn (PROTOCOL.md 4.1): files, acknowledgements, bearer rotation and
 //! interrupt watch, the agent under the supervisor with its events streamed,
-//! then the seal (`finish`) and `turn_completed`.
+//! then the harvest of its work (4.5, [`harvest`]), the seal (`finish`) and
+//! `turn_completed`.
 //!
 //! A stop signal during the turn (4.4) stops the agent's tree with the stop
-//! grace, seals the run `interrupted` with one attempt per call, and returns
-//! [`TurnEnd::Stopped`]; a second signal skips what is left.
+//! grace, harvests within the stop's share, seals the run `interrupted` with
+//! one attempt per call, and returns [`TurnEnd::Stopped`]; a second signal
+//! skips what is left.
 
 pub mod events;
 pub mod harvest;
