@@ -701,3 +701,76 @@ async fn the_demo_timeline_shows_a_harvest_line_for_each_turn() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_failed_turn_gets_its_work_pushed_before_the_seal() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script("echo partial > FAIL.md\nexit 3");
+    let (status, output) = finish(sb.spawn(&script)).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run("run-1").unwrap().status, "failed");
+    let branch = sb.coordinator.branch();
+    let head = tip(&sb, &branch);
+    assert_eq!(
+        subject(&sb, &head),
+        "WIP run-1: work in progress (turn failed)"
+    );
+    assert_eq!(
+        result_of(&snap, "run-1"),
+        json!({"name": "run-1", "branch": branch, "headSha": head, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0,
+               "harvestCommit": head})
+    );
+    let (push, finish) = push_and_finish_positions(&snap, "run-1");
+    assert!(push.unwrap() < finish, "the push came after the seal");
+}
+
+/// A run that fails before its own harvest (here: `turn_started` is never
+/// acknowledged) is harvested on the fatal path when `repo/` holds work: a
+/// commit an earlier harvest could not push.
+#[tokio::test]
+async fn the_fatal_path_harvests_what_an_earlier_failed_push_left() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let child = sb.spawn(&waits_then_leaves_a_file(&sb));
+    wait_file(sb.out().join("ready-run-1")).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .unwrap();
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    let snap = sb.wait_sealed("run-1").await;
+    let kept = result_of(&snap, "run-1")["headSha"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(result_of(&snap, "run-1")["pushed"], json!(false));
+    sb.coordinator
+        .wait_for(WAIT, |s| {
+            s.status_names() == vec!["turn_started", "turn_completed"]
+        })
+        .await
+        .unwrap();
+    sb.coordinator.clear_faults();
+    sb.coordinator
+        .add_fault(Fault::status(Route::BootStatus, 503).times(5))
+        .unwrap();
+    let next = sb.coordinator.queue_turn("next", None);
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+
+    let snap = sb.coordinator.snapshot();
+    let run = snap.run(&next).unwrap();
+    assert_eq!(run.status, "failed");
+    let seal = run.finish.as_ref().unwrap();
+    assert_eq!(
+        serde_json::to_value(seal.error.as_ref().unwrap().code).unwrap(),
+        json!("runner_error")
+    );
+    let branch = sb.coordinator.branch();
+    assert_eq!(tip(&sb, &branch), kept);
+    assert_eq!(
+        result_of(&snap, &next),
+        json!({"name": next, "branch": branch, "headSha": kept, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0})
+    );
+}
