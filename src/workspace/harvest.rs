@@ -483,6 +483,16 @@ fn commit_message(job: &HarvestJob) -> String {
 /// Commits every change of the work tree that git does not ignore on
 /// `HEAD`. `None` when there is nothing to commit.
 fn commit_uncommitted(repo: &Repository, job: &HarvestJob) -> Result<Option<Oid>, git2::Error> {
+    // The agent's process group is gone by now: an index lock left behind is
+    // a git command killed mid-way (an interrupt), which would otherwise
+    // block every harvest from here on.
+    let index_lock = repo.path().join("index.lock");
+    if index_lock.exists() {
+        tracing::warn!(path = %index_lock.display(), "harvest: removing the index lock a killed git command left");
+        if let Err(e) = std::fs::remove_file(&index_lock) {
+            tracing::warn!(path = %index_lock.display(), error = %e, "harvest: cannot remove the index lock");
+        }
+    }
     let statuses = repo.statuses(Some(&mut status_options()))?;
     if statuses.is_empty() {
         return Ok(None);

@@ -133,12 +133,14 @@ async fn uncommitted_work_of_a_succeeded_turn_lands_on_the_session_branch() {
     .await;
     // A new file (two lines), a tracked file changed (one line added), a
     // .gitignore (one line) and an ignored file, which must stay behind.
+    // And the index lock of a git command killed mid-way.
     let script = sb.script(
         r#"
 printf 'one\ntwo\n' > NEW.md
 echo 'appended' >> README.md
 echo 'build.log' > .gitignore
 echo "key $ACME_API_KEY" > build.log
+touch .git/index.lock
 "#,
     );
     let child = sb.spawn(&script);
