@@ -22,10 +22,14 @@ use crate::redact::{Redactor, SecretKind};
 use crate::signals::{self, Stop};
 use crate::status::{Phase, StatusFile};
 use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnInput};
-use crate::wire::{Access, BootStatus, ErrorCode, FinishBody, FinishError, RunOutcome, Session};
-use crate::workspace::{self, BootContext, SessionDir};
+use crate::wire::{
+    Access, BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult, RunOutcome, Session,
+};
+use crate::workspace::{self, BootContext, HarvestJob, Harvester, SessionDir};
 
 /// How the boot ended, before reporting (step 7).
+// One value per boot: boxing the large variant buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Ending {
     /// The session ended: `complete`, exit 0.
@@ -39,6 +43,8 @@ enum Ending {
         run_id: String,
         reason: String,
         seal: SealState,
+        /// The harvest of the fatal path (4 step 7), for an unsealed run.
+        harvest: Option<HarvestResult>,
     },
 }
 
@@ -238,15 +244,22 @@ async fn boot(
         redactor.clone(),
     ));
     let repo_dir = config.root.join("repo");
-    let clone = clone_repo(
+    let harvester = match harvester(
         config,
         http,
         &session_dir,
         &resolved.remote,
         &resolved.session.repo_branch,
-    )
-    .instrument(tracing::info_span!("step", step = "clone"));
-    match unless_stopped(stop, clone).await {
+    ) {
+        Ok(h) => h,
+        Err(reason) => {
+            cache_watch.abort();
+            return Ending::BeforeDrain(reason);
+        }
+    };
+    let clone =
+        clone_repo(config, &harvester).instrument(tracing::info_span!("step", step = "clone"));
+    let reused = match unless_stopped(stop, clone).await {
         Err(s) => {
             cache_watch.abort();
             return Ending::Stopped(s);
@@ -255,7 +268,25 @@ async fn boot(
             cache_watch.abort();
             return Ending::BeforeDrain(reason);
         }
-        Ok(Ok(())) => {}
+        Ok(Ok(reused)) => reused,
+    };
+    // A reused repo/ (section 3): its work is harvested first, which also
+    // brings the local session branch to the remote's (4.5).
+    let mut recovered_at_boot = None;
+    if reused {
+        let job = HarvestJob {
+            name: workspace::RECOVERED_AT_BOOT.to_string(),
+            outcome: None,
+            start: None,
+            bound: timings.harvest_bound,
+        };
+        match unless_stopped(stop, harvester.harvest(job)).await {
+            Err(s) => {
+                cache_watch.abort();
+                return Ending::Stopped(s);
+            }
+            Ok(result) => recovered_at_boot = Some(result),
+        }
     }
 
     // Step 6: drain turns.
@@ -271,6 +302,8 @@ async fn boot(
             &config.api,
             &resolved.session.client_info,
         ),
+        harvester,
+        recovered_at_boot: std::sync::Mutex::new(recovered_at_boot),
     };
     let ending = drain(&ctx, first, &mut done, stop, status).await;
     cache_watch.abort();
@@ -293,10 +326,25 @@ async fn drain(
             tracing::info_span!("turn", run_id = %run_id, ordinal = next.ordinal, step = "turn");
         match turn::run(ctx, next, stop).instrument(span).await {
             Err(f) => {
+                // A turn that failed before its own harvest: harvest here if
+                // it left anything (4 step 7).
+                let harvest =
+                    if f.seal == SealState::NotSent && ctx.harvester.has_local_work().await {
+                        let job = HarvestJob {
+                            name: f.run_id.clone(),
+                            outcome: Some(RunOutcome::Failed),
+                            start: None,
+                            bound: ctx.api.timings().harvest_bound,
+                        };
+                        Some(ctx.harvester.harvest(job).await)
+                    } else {
+                        None
+                    };
                 return Ending::InDrain {
                     run_id: f.run_id,
                     reason: f.reason,
                     seal: f.seal,
+                    harvest,
                 };
             }
             Ok(TurnEnd::Stopped(s)) => return Ending::Stopped(s),
@@ -311,6 +359,7 @@ async fn drain(
                         run_id,
                         reason,
                         seal: SealState::Sealed,
+                        harvest: None,
                     };
                 }
             }
@@ -328,6 +377,7 @@ async fn drain(
                     run_id,
                     reason: e.to_string(),
                     seal: SealState::Sealed,
+                    harvest: None,
                 };
             }
         };
@@ -392,18 +442,20 @@ fn write_session_files(config: &BootConfig, dir: &SessionDir, remote: &Url) -> R
     dir.write_context(&context).map_err(|e| e.to_string())
 }
 
-async fn clone_repo(
+/// What the clone and every harvest need: `repo/`, the remote, the branch,
+/// the credential helper of this binary, the HTTP client.
+fn harvester(
     config: &BootConfig,
     http: reqwest::Client,
     session_dir: &SessionDir,
     remote: &Url,
     branch: &str,
-) -> Result<(), String> {
+) -> Result<Harvester, String> {
     let credential_helper =
         workspace::clone::current_exe_helper_command(&session_dir.context_path())
             .map_err(|e| e.to_string())?;
-    let spec = workspace::RepoSpec {
-        root: config.root.clone(),
+    Ok(Harvester {
+        repo_dir: config.root.join("repo"),
         remote_url: remote.to_string(),
         branch: branch.to_string(),
         credential_helper,
@@ -412,10 +464,27 @@ async fn clone_repo(
             runtime: tokio::runtime::Handle::current(),
             request_timeout: config.timings.request_timeout,
         },
+        push_policy: config.timings.retry.harvest_push,
+    })
+}
+
+/// Clones the session branch or reuses `repo/`; returns whether it was
+/// reused.
+async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, String> {
+    let spec = workspace::RepoSpec {
+        root: config.root.clone(),
+        remote_url: harvester.remote_url.clone(),
+        branch: harvester.branch.clone(),
+        credential_helper: harvester.credential_helper.clone(),
+        http: harvester.http.clone(),
     };
+    let branch = harvester.branch.as_str();
     workspace::prepare_repo_async(spec)
         .await
-        .map(|prepared| tracing::info!(head = %prepared.remote_head, reused = prepared.reused, branch, "repository ready"))
+        .map(|prepared| {
+            tracing::info!(head = %prepared.remote_head, reused = prepared.reused, branch, "repository ready");
+            prepared.reused
+        })
         .map_err(|e| e.to_string())
 }
 
@@ -463,6 +532,7 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
             run_id,
             reason,
             seal,
+            harvest,
         } => {
             tracing::error!(run_id = %run_id, reason = %reason, "turn failed");
             let body = match seal {
@@ -479,7 +549,7 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
                         resets_at: None,
                     }),
                     usage: None,
-                    result: None,
+                    result: harvest,
                 }),
             };
             let sealed = match body {

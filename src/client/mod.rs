@@ -374,8 +374,8 @@ impl Api {
         parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
     }
 
-    /// Seals a run (2.6 `finish`); `error.message` is redacted and cut to 800
-    /// characters here.
+    /// Seals a run (2.6 `finish`); `error.message` and
+    /// `result.pushError.message` are redacted and cut to 800 characters here.
     pub async fn finish(
         &self,
         run_id: &str,
@@ -385,6 +385,9 @@ impl Api {
         let mut body = body.clone();
         if let Some(error) = body.error.as_mut() {
             error.message = wire::truncate_reason(&self.redactor.redact(&error.message));
+        }
+        if let Some(push_error) = body.result.as_mut().and_then(|r| r.push_error.as_mut()) {
+            push_error.message = wire::truncate_reason(&self.redactor.redact(&push_error.message));
         }
         let path = wire::routes::finish(run_id);
         self.authed("finish", policy, |t| {

@@ -1,12 +1,15 @@
 //! One turn (PROTOCOL.md 4.1): files, acknowledgements, bearer rotation and
 //! interrupt watch, the agent under the supervisor with its events streamed,
-//! then the seal (`finish`) and `turn_completed`.
+//! then the harvest of its work (4.5, [`harvest`]), the seal (`finish`) and
+//! `turn_completed`.
 //!
 //! A stop signal during the turn (4.4) stops the agent's tree with the stop
-//! grace, seals the run `interrupted` with one attempt per call, and returns
-//! [`TurnEnd::Stopped`]; a second signal skips what is left.
+//! grace, harvests within the stop's share, seals the run `interrupted` with
+//! one attempt per call, and returns [`TurnEnd::Stopped`]; a second signal
+//! skips what is left.
 
 pub mod events;
+pub mod harvest;
 pub mod lines;
 pub mod rotation;
 pub mod supervisor;
@@ -25,7 +28,8 @@ use crate::client::Api;
 use crate::config::AgentConfig;
 use crate::signals::{Stop, StopBudget};
 use crate::timings::RetryPolicy;
-use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError};
+use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult};
+use crate::workspace::Harvester;
 use crate::workspace::files::{RunDir, SessionDir};
 use events::EventSink;
 use supervisor::{Control, SpawnSpec};
@@ -44,6 +48,11 @@ pub struct TurnContext {
     pub agent: AgentConfig,
     /// The agent's environment without the per-turn variables.
     pub agent_env: Vec<(OsString, OsString)>,
+    /// Commits and pushes the agent's work after each turn (4.5).
+    pub harvester: Harvester,
+    /// The harvest of a reused `repo/` at boot, reported as an event of the
+    /// first turn (taken by it).
+    pub recovered_at_boot: std::sync::Mutex<Option<HarvestResult>>,
 }
 
 /// The turn to run.
@@ -67,6 +76,8 @@ pub enum TurnEnd {
 }
 
 /// Where the seal of the run stands, for the fatal path of 4 step 7.
+// One value per turn, moved a couple of times: boxing the body buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum SealState {
     /// No `finish` was sent.
@@ -192,6 +203,15 @@ pub async fn run(
         AgentConfig::Command { program, args } => (program.clone(), args.clone()),
     };
     sender.emit("hosted_boot.runner", agent::command::runner_event(&program));
+    if let Some(recovered) = ctx
+        .recovered_at_boot
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        harvest::emit(&sender, &recovered);
+    }
+    let start = ctx.harvester.start_point().await;
 
     let interrupted = Arc::new(AtomicBool::new(false));
     let mut watch_task = None;
@@ -291,13 +311,23 @@ pub async fn run(
     }
     rotation.stop().await;
     remove_bearer();
-    drop(sender);
     tracing::info!(run_id, status = outcome.status.as_str(), "turn outcome");
 
-    // 6. Harvest (the harvest issue), flush events, finish, turn_completed.
+    // 6. Harvest, flush events, finish, turn_completed.
     // A stop that came after the agent ended keeps the outcome ("the seal in
     // progress keeps its status") but gets the stop's bounds: one attempt
     // each, within the stop budget; a second signal skips what is left.
+    let harvested = harvest::after_turn(
+        &ctx.harvester,
+        run_id,
+        outcome.status,
+        start,
+        &timings,
+        stop,
+        &sender,
+    )
+    .await;
+    drop(sender);
     let stopping = stopped_by.is_some() || guard.stopping();
     let flush_deadline = if stopping {
         timings.stop_flush
@@ -318,7 +348,7 @@ pub async fn run(
             resets_at: None,
         }),
         usage: outcome.usage.clone(),
-        result: None,
+        result: harvested,
     };
     let policy = if guard.stopping() {
         RetryPolicy::ONCE

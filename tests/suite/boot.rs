@@ -36,6 +36,17 @@ fn routes(s: &Snapshot) -> Vec<String> {
         .collect()
 }
 
+/// The tip of `branch` in the coordinator's bare repository.
+fn remote_tip(sb: &Sandbox, branch: &str) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.coordinator.bare_repo())
+        .args(["rev-parse", branch])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 fn dedup(v: Vec<String>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for s in v {
@@ -88,12 +99,20 @@ async fn happy_path_one_turn_then_the_session_ends() {
         "{turn:?}"
     );
     let finish_at = turn.iter().position(|s| *s == "finish").unwrap();
+    // Events and watch reads, then the harvest's fetch (git, through the
+    // credential helper) before the seal.
     assert!(
-        turn[3..finish_at]
-            .iter()
-            .all(|s| ["events", "session"].contains(s)),
+        turn[3..finish_at].iter().all(|s| [
+            "events",
+            "session",
+            "git",
+            "agent-token",
+            "repo-token"
+        ]
+        .contains(s)),
         "{turn:?}"
     );
+    assert!(turn[3..finish_at].contains(&"git"), "{turn:?}");
     assert_eq!(turn[finish_at + 1], "status:turn_completed");
     assert!(
         turn[finish_at + 2..turn.len() - 1]
@@ -123,9 +142,14 @@ async fn happy_path_one_turn_then_the_session_ends() {
     let run = snap.run("run-1").unwrap();
     assert_eq!(run.status, "succeeded");
     let f = run.finish.as_ref().unwrap();
+    let branch = sb.coordinator.branch();
+    let tip = remote_tip(&sb, &branch);
+    // Nothing to harvest: the result says where the work is all the same.
     assert_eq!(
         serde_json::to_value(f).unwrap(),
-        json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null, "result": null})
+        json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null,
+               "result": {"name": "run-1", "branch": branch, "headSha": tip, "pushed": true,
+                          "commits": 0, "filesChanged": 0, "insertions": 0, "deletions": 0}})
     );
     let kinds: Vec<&str> = run.events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(kinds[0], "hosted_boot.runner");
@@ -744,9 +768,13 @@ async fn compat_bodies_match_the_contract_literally() {
         ]
     );
     let finish_body = requests.iter().find(|r| r.route == Route::Finish).unwrap();
+    let branch = sb.coordinator.branch();
+    let tip = remote_tip(&sb, &branch);
     assert_eq!(
         finish_body.body,
-        json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null, "result": null})
+        json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null,
+               "result": {"name": "run-1", "branch": branch, "headSha": tip, "pushed": true,
+                          "commits": 0, "filesChanged": 0, "insertions": 0, "deletions": 0}})
     );
     assert!(
         requests

@@ -1,6 +1,7 @@
 mod boot;
 mod check;
 mod coordinator;
+mod harvest;
 mod image;
 mod status;
 mod support;
