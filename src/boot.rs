@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use reqwest::Url;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::checks;
 use crate::client::{Api, CallError, RepoToken};
@@ -19,12 +20,17 @@ use crate::environment;
 use crate::idle::{self, IdleEnd};
 use crate::redact::{Redactor, SecretKind};
 use crate::signals::{self, Stop};
+use crate::status::{Phase, StatusFile};
 use crate::turn::supervisor::Supervision;
 use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnInput};
-use crate::wire::{Access, BootStatus, ErrorCode, FinishBody, FinishError, RunOutcome, Session};
-use crate::workspace::{self, BootContext, SessionDir};
+use crate::wire::{
+    Access, BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult, RunOutcome, Session,
+};
+use crate::workspace::{self, BootContext, HarvestJob, Harvester, SessionDir};
 
 /// How the boot ended, before reporting (step 7).
+// One value per boot: boxing the large variant buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Ending {
     /// The session ended: `complete`, exit 0.
@@ -38,6 +44,8 @@ enum Ending {
         run_id: String,
         reason: String,
         seal: SealState,
+        /// The harvest of the fatal path (4 step 7), for an unsealed run.
+        harvest: Option<HarvestResult>,
     },
 }
 
@@ -69,12 +77,36 @@ pub async fn run(config: BootConfig) -> i32 {
             return 1;
         }
     };
-    let api = Arc::new(Api::new(
-        config.api.clone(),
-        http.clone(),
-        config.timings,
-        redactor.clone(),
-    ));
+    crate::status_line::enable(
+        config
+            .log_format
+            .unwrap_or(if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                crate::cli::LogFormat::Text
+            } else {
+                crate::cli::LogFormat::Json
+            })
+            == crate::cli::LogFormat::Text,
+    );
+    let status = StatusFile::create(&config.root, &config.api.session_id);
+    let heartbeat = {
+        let status = status.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(crate::status::HEARTBEAT).await;
+                status.touch();
+            }
+        })
+    };
+    let contact = status.clone();
+    let api = Arc::new(
+        Api::new(
+            config.api.clone(),
+            http.clone(),
+            config.timings,
+            redactor.clone(),
+        )
+        .with_contact_hook(Arc::new(move |ok| contact.contact(ok))),
+    );
     tracing::info!(
         session_id = %config.api.session_id,
         agent = config.agent.name(),
@@ -83,8 +115,20 @@ pub async fn run(config: BootConfig) -> i32 {
     );
 
     let mut session_dir: Option<Arc<SessionDir>> = None;
-    let ending = boot(&config, &api, http, &redactor, &mut stop, &mut session_dir).await;
-    let code = report(&api, ending).await;
+    let ending = boot(
+        &config,
+        &api,
+        http,
+        &redactor,
+        &mut stop,
+        &mut session_dir,
+        &status,
+    )
+    .instrument(tracing::info_span!("boot", session_id = %config.api.session_id))
+    .await;
+    status.phase(Phase::Stopping, None, None);
+    heartbeat.abort();
+    let code = report(&api, &config.root, ending).await;
     if let Some(dir) = session_dir {
         if let Err(e) = dir.remove_bearer() {
             tracing::error!(error = %e, "cannot remove the bearer file");
@@ -135,6 +179,7 @@ async fn boot(
     redactor: &Redactor,
     stop: &mut watch::Receiver<Stop>,
     session_dir_slot: &mut Option<Arc<SessionDir>>,
+    status: &StatusFile,
 ) -> Ending {
     let timings = *api.timings();
     // A session directory left by a SIGKILLed boot goes before anything else
@@ -177,7 +222,11 @@ async fn boot(
                 }
                 Ok(Ok(())) => {}
             }
-            match idle::wait(api, true, &done, stop).await {
+            status.phase(Phase::Idle, None, None);
+            match idle::wait(api, true, &done, stop)
+                .instrument(tracing::info_span!("step", step = "idle"))
+                .await
+            {
                 Ok(IdleEnd::Turn(t)) => t,
                 Ok(IdleEnd::Ended) => return Ending::Clean,
                 Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),
@@ -187,6 +236,7 @@ async fn boot(
     };
 
     // Step 5: session files, credential helper, clone.
+    status.phase(Phase::Cloning, None, None);
     if let Err(e) = write_session_files(config, &session_dir, &resolved.remote) {
         return Ending::BeforeDrain(e);
     }
@@ -195,14 +245,22 @@ async fn boot(
         redactor.clone(),
     ));
     let repo_dir = config.root.join("repo");
-    let clone = clone_repo(
+    let harvester = match harvester(
         config,
         http,
         &session_dir,
         &resolved.remote,
         &resolved.session.repo_branch,
-    );
-    match unless_stopped(stop, clone).await {
+    ) {
+        Ok(h) => h,
+        Err(reason) => {
+            cache_watch.abort();
+            return Ending::BeforeDrain(reason);
+        }
+    };
+    let clone =
+        clone_repo(config, &harvester).instrument(tracing::info_span!("step", step = "clone"));
+    let reused = match unless_stopped(stop, clone).await {
         Err(s) => {
             cache_watch.abort();
             return Ending::Stopped(s);
@@ -211,7 +269,25 @@ async fn boot(
             cache_watch.abort();
             return Ending::BeforeDrain(reason);
         }
-        Ok(Ok(())) => {}
+        Ok(Ok(reused)) => reused,
+    };
+    // A reused repo/ (section 3): its work is harvested first, which also
+    // brings the local session branch to the remote's (4.5).
+    let mut recovered_at_boot = None;
+    if reused {
+        let job = HarvestJob {
+            name: workspace::RECOVERED_AT_BOOT.to_string(),
+            outcome: None,
+            start: None,
+            bound: timings.harvest_bound,
+        };
+        match unless_stopped(stop, harvester.harvest(job)).await {
+            Err(s) => {
+                cache_watch.abort();
+                return Ending::Stopped(s);
+            }
+            Ok(result) => recovered_at_boot = Some(result),
+        }
     }
 
     // Step 6: drain turns.
@@ -236,8 +312,10 @@ async fn boot(
             cgroup: config.turn_cgroup,
             guard_exe: Some(PathBuf::from("/proc/self/exe")),
         },
+        harvester,
+        recovered_at_boot: std::sync::Mutex::new(recovered_at_boot),
     };
-    let ending = drain(&ctx, first, &mut done, stop).await;
+    let ending = drain(&ctx, first, &mut done, stop, status).await;
     cache_watch.abort();
     ending
 }
@@ -247,17 +325,36 @@ async fn drain(
     first: TurnInput,
     done: &mut HashSet<String>,
     stop: &mut watch::Receiver<Stop>,
+    status: &StatusFile,
 ) -> Ending {
     let mut next = first;
     loop {
         let run_id = next.run_id.clone();
         done.insert(run_id.clone());
-        match turn::run(ctx, next, stop).await {
+        status.phase(Phase::Turn, Some(&run_id), next.ordinal);
+        let span =
+            tracing::info_span!("turn", run_id = %run_id, ordinal = next.ordinal, step = "turn");
+        match turn::run(ctx, next, stop).instrument(span).await {
             Err(f) => {
+                // A turn that failed before its own harvest: harvest here if
+                // it left anything (4 step 7).
+                let harvest =
+                    if f.seal == SealState::NotSent && ctx.harvester.has_local_work().await {
+                        let job = HarvestJob {
+                            name: f.run_id.clone(),
+                            outcome: Some(RunOutcome::Failed),
+                            start: None,
+                            bound: ctx.api.timings().harvest_bound,
+                        };
+                        Some(ctx.harvester.harvest(job).await)
+                    } else {
+                        None
+                    };
                 return Ending::InDrain {
                     run_id: f.run_id,
                     reason: f.reason,
                     seal: f.seal,
+                    harvest,
                 };
             }
             Ok(TurnEnd::Stopped(s)) => return Ending::Stopped(s),
@@ -272,11 +369,16 @@ async fn drain(
                         run_id,
                         reason,
                         seal: SealState::Sealed,
+                        harvest: None,
                     };
                 }
             }
         }
-        next = match idle::wait(&ctx.api, false, done, stop).await {
+        status.phase(Phase::Idle, None, None);
+        next = match idle::wait(&ctx.api, false, done, stop)
+            .instrument(tracing::info_span!("step", step = "idle"))
+            .await
+        {
             Ok(IdleEnd::Turn(t)) => t,
             Ok(IdleEnd::Ended) => return Ending::Clean,
             Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),
@@ -285,6 +387,7 @@ async fn drain(
                     run_id,
                     reason: e.to_string(),
                     seal: SealState::Sealed,
+                    harvest: None,
                 };
             }
         };
@@ -349,18 +452,20 @@ fn write_session_files(config: &BootConfig, dir: &SessionDir, remote: &Url) -> R
     dir.write_context(&context).map_err(|e| e.to_string())
 }
 
-async fn clone_repo(
+/// What the clone and every harvest need: `repo/`, the remote, the branch,
+/// the credential helper of this binary, the HTTP client.
+fn harvester(
     config: &BootConfig,
     http: reqwest::Client,
     session_dir: &SessionDir,
     remote: &Url,
     branch: &str,
-) -> Result<(), String> {
+) -> Result<Harvester, String> {
     let credential_helper =
         workspace::clone::current_exe_helper_command(&session_dir.context_path())
             .map_err(|e| e.to_string())?;
-    let spec = workspace::RepoSpec {
-        root: config.root.clone(),
+    Ok(Harvester {
+        repo_dir: config.root.join("repo"),
         remote_url: remote.to_string(),
         branch: branch.to_string(),
         credential_helper,
@@ -369,10 +474,27 @@ async fn clone_repo(
             runtime: tokio::runtime::Handle::current(),
             request_timeout: config.timings.request_timeout,
         },
+        push_policy: config.timings.retry.harvest_push,
+    })
+}
+
+/// Clones the session branch or reuses `repo/`; returns whether it was
+/// reused.
+async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, String> {
+    let spec = workspace::RepoSpec {
+        root: config.root.clone(),
+        remote_url: harvester.remote_url.clone(),
+        branch: harvester.branch.clone(),
+        credential_helper: harvester.credential_helper.clone(),
+        http: harvester.http.clone(),
     };
+    let branch = harvester.branch.as_str();
     workspace::prepare_repo_async(spec)
         .await
-        .map(|prepared| tracing::info!(head = %prepared.remote_head, reused = prepared.reused, branch, "repository ready"))
+        .map(|prepared| {
+            tracing::info!(head = %prepared.remote_head, reused = prepared.reused, branch, "repository ready");
+            prepared.reused
+        })
         .map_err(|e| e.to_string())
 }
 
@@ -393,7 +515,7 @@ async fn watch_credential_cache(path: PathBuf, redactor: Redactor) {
 }
 
 /// Step 7: reports the ending and returns the exit code.
-async fn report(api: &Api, ending: Ending) -> i32 {
+async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
     match ending {
         Ending::Clean => {
             tracing::info!("session ended; posting complete");
@@ -420,6 +542,7 @@ async fn report(api: &Api, ending: Ending) -> i32 {
             run_id,
             reason,
             seal,
+            harvest,
         } => {
             tracing::error!(run_id = %run_id, reason = %reason, "turn failed");
             let body = match seal {
@@ -436,15 +559,28 @@ async fn report(api: &Api, ending: Ending) -> i32 {
                         resets_at: None,
                     }),
                     usage: None,
-                    result: None,
+                    result: harvest,
                 }),
             };
-            if let Some(body) = body
-                && let Err(e) = api
+            let sealed = match body {
+                None => true,
+                Some(body) => match api
                     .finish(&run_id, &body, api.timings().retry.required)
                     .await
+                {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(run_id = %run_id, error = %e, "the run could not be sealed");
+                        false
+                    }
+                },
+            };
+            // The prompt file goes once the run is sealed (PROTOCOL.md 3).
+            if sealed
+                && let Ok(dir) = workspace::RunDir::create(root, &run_id)
+                && let Err(e) = dir.remove()
             {
-                tracing::error!(run_id = %run_id, error = %e, "the run could not be sealed");
+                tracing::warn!(run_id = %run_id, error = %e, "cannot remove the run directory");
             }
             if let Err(e) = api
                 .post_status(BootStatus::TurnFailed, Some(&run_id), Some(&reason))

@@ -19,10 +19,17 @@ pub struct CheckError {
     pub reason: String,
 }
 
+/// Longest value quoted in an error (characters); longer ones are cut.
+const MAX_QUOTED_CHARS: usize = 160;
+
 fn fail(what: &str, value: &str, reason: impl Into<String>) -> CheckError {
+    let mut quoted: String = value.chars().take(MAX_QUOTED_CHARS).collect();
+    if quoted.len() < value.len() {
+        quoted.push('…');
+    }
     CheckError {
         what: what.to_string(),
-        value: value.to_string(),
+        value: quoted,
         reason: reason.into(),
     }
 }

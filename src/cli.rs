@@ -35,6 +35,11 @@ pub enum Command {
     Credential(CredentialArgs),
     /// Serve the reference coordinator on loopback, for local debugging.
     Coordinator(Box<crate::coordinator::CoordinatorArgs>),
+    /// Check the sandbox's environment, the coordinator and the tools, without
+    /// minting a repo token or posting a status.
+    Check(RunArgs),
+    /// Print the running runner's phase from its status file.
+    Status(StatusArgs),
     /// Run a three-turn scenario against an in-process coordinator.
     Demo(DemoArgs),
     /// The built-in demo agent (used by `demo` and the tests).
@@ -157,4 +162,20 @@ pub struct DemoArgs {
     /// Keep the demo's working directory instead of removing it.
     #[arg(long)]
     pub keep: bool,
+    /// The sandbox root the booted runner uses (an empty directory)
+    /// [default: a directory inside the demo's temporary directory].
+    #[arg(long, env = "HOSTED_BOOT_ROOT", hide_env_values = true)]
+    pub root: Option<std::path::PathBuf>,
+}
+
+/// `hosted-boot status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The runner's root [default: the working directory].
+    #[arg(long, env = "HOSTED_BOOT_ROOT", hide_env_values = true)]
+    pub root: Option<PathBuf>,
+    /// Exit 1 when the runner is gone or its status file is stale (2 min);
+    /// for a container HEALTHCHECK.
+    #[arg(long)]
+    pub check: bool,
 }

@@ -129,7 +129,7 @@ pub fn load(
     let opencode_port = match get("ORIZU_OPENCODE_PORT") {
         None => None,
         Some(v) => match v.parse::<u16>() {
-            Ok(p) if p >= 1 => Some(p),
+            Ok(p) if p >= 1 && v.bytes().all(|b| b.is_ascii_digit()) => Some(p),
             _ => {
                 return Err(ConfigError(format!(
                     "ORIZU_OPENCODE_PORT {v:?} is not a TCP port (1..=65535)"
@@ -152,10 +152,10 @@ pub fn load(
     let time_scale = match args.test_time_scale {
         None => 1.0,
         Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => f,
-        Some(f) => {
-            return Err(ConfigError(format!(
-                "HOSTED_BOOT_TEST_TIME_SCALE {f} must be a number in (0, 1]"
-            )));
+        Some(_) => {
+            return Err(ConfigError(
+                "HOSTED_BOOT_TEST_TIME_SCALE must be a number in (0, 1]".to_string(),
+            ));
         }
     };
     let mut timings = Timings {

@@ -3,8 +3,9 @@
 //! sample repository, runs the real boot (this binary, `run`) against it
 //! with the built-in demo agent through three turns (the initial task
 //! commits and pushes a file through the credential helper, a follow-up
-//! turn, a third turn that is interrupted), ends the session, and prints a
-//! readable timeline. No network beyond loopback.
+//! turn leaves a file uncommitted, a third turn is interrupted mid-work),
+//! ends the session, and prints a readable timeline with the runner's
+//! harvest of each turn (PROTOCOL.md 4.5). No network beyond loopback.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -42,7 +43,10 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
     let workdir = tempfile::Builder::new()
         .prefix("hosted-boot-demo-")
         .tempdir()?;
-    let root = workdir.path().join("sandbox");
+    let root = args
+        .root
+        .clone()
+        .unwrap_or_else(|| workdir.path().join("sandbox"));
     std::fs::create_dir_all(&root)?;
     let coordinator = Coordinator::start(CoordinatorOptions {
         workdir: Some(workdir.path().join("coordinator")),
@@ -63,7 +67,15 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         coordinator.branch()
     );
     println!("  sandbox root {}", root.display());
-    println!("  runner log   {}", log_path.display());
+    println!(
+        "  runner log   {}{}",
+        log_path.display(),
+        if args.keep {
+            ""
+        } else {
+            " (removed at exit; --keep keeps it)"
+        }
+    );
     println!("  (contract durations scaled x{DEMO_TIME_SCALE} so the demo takes seconds)");
     println!();
 
@@ -198,12 +210,70 @@ fn describe(r: &RecordedRequest) -> Option<String> {
     }
 }
 
+/// The harvest a `finish` request reports (PROTOCOL.md 4.5), as one line.
+fn harvest_line(r: &RecordedRequest) -> Option<String> {
+    if r.route != Route::Finish {
+        return None;
+    }
+    let run_id = r.path.split('/').nth(4).unwrap_or("?");
+    let result = &r.body["result"];
+    if result.is_null() {
+        return Some(format!("harvest     {run_id} none"));
+    }
+    let short = |key: &str| {
+        result[key]
+            .as_str()
+            .unwrap_or("?")
+            .chars()
+            .take(7)
+            .collect::<String>()
+    };
+    let count = |key: &str, one: &str| {
+        let n = result[key].as_u64().unwrap_or(0);
+        format!("{n} {one}{}", if n == 1 { "" } else { "s" })
+    };
+    let stats = format!(
+        "{}, {}, +{} -{}",
+        count("commits", "commit"),
+        count("filesChanged", "file"),
+        result["insertions"].as_u64().unwrap_or(0),
+        result["deletions"].as_u64().unwrap_or(0)
+    );
+    let head = if result["harvestCommit"].is_string() {
+        format!(
+            "committed what the agent left as {}",
+            short("harvestCommit")
+        )
+    } else {
+        format!("head {}", short("headSha"))
+    };
+    let error = &result["pushError"];
+    let line = if error.is_object() {
+        format!(
+            "harvest     {run_id} {head}, NOT pushed: {} ({})",
+            error["code"].as_str().unwrap_or("?"),
+            error["message"].as_str().unwrap_or("")
+        )
+    } else if let Some(recovery) = result["recoveryBranch"].as_str() {
+        format!("harvest     {run_id} {head}, on recovery branch {recovery} ({stats})")
+    } else {
+        format!(
+            "harvest     {run_id} {head}, on {} ({stats})",
+            result["branch"].as_str().unwrap_or("?")
+        )
+    };
+    Some(line)
+}
+
 fn print_timeline(c: &Coordinator, snapshot: &Snapshot) {
     println!("timeline (as the coordinator saw it)");
     let mut token_pulls = 0;
     for r in &snapshot.requests {
         if r.route == Route::AgentToken {
             token_pulls += 1;
+        }
+        if let Some(line) = harvest_line(r) {
+            println!("  {:>7.2}s  {line}", r.at_ms as f64 / 1000.0);
         }
         if let Some(line) = describe(r) {
             println!("  {:>7.2}s  {line}", r.at_ms as f64 / 1000.0);
@@ -280,9 +350,11 @@ fn branch_log(bare: &Path, branch: &str) -> anyhow::Result<String> {
 
 /// The built-in demo agent (`hosted-boot demo-agent`): reads the prompt on
 /// stdin and emits NDJSON events. A prompt that mentions the full test suite
-/// makes it work until it is interrupted; any other prompt makes it write a
-/// file, commit it and push the session branch through the credential
-/// helper.
+/// makes it start a report and work until it is interrupted (the runner's
+/// harvest saves the report as work in progress); a prompt about
+/// CONTRIBUTING.md makes it write the file, commit it and push the session
+/// branch through the credential helper; any other prompt makes it write
+/// NOTES.md and leave it uncommitted (the harvest commits and pushes it).
 pub fn agent_main() -> i32 {
     let mut prompt = String::new();
     let _ = std::io::stdin().read_to_string(&mut prompt);
@@ -306,6 +378,9 @@ pub fn agent_main() -> i32 {
     eprintln!("demo agent: prompt of {} bytes", prompt.len());
 
     if prompt.contains(SLOW_MARKER) {
+        if let Err(e) = std::fs::write("TEST_REPORT.md", "# Test report\n\nIn progress.\n") {
+            emit(json!({"type": "error", "text": format!("cannot write TEST_REPORT.md: {e}")}));
+        }
         for i in 1..=3000 {
             emit(json!({"type": "progress", "text": format!("running test {i}")}));
             std::thread::sleep(Duration::from_millis(200));
@@ -322,6 +397,12 @@ pub fn agent_main() -> i32 {
     if let Err(e) = std::fs::write(file, text) {
         emit(json!({"type": "error", "text": format!("cannot write {file}: {e}")}));
         return 1;
+    }
+    if file == "NOTES.md" {
+        emit(
+            json!({"type": "message", "role": "assistant", "text": "Wrote NOTES.md; leaving it for the runner to commit and push."}),
+        );
+        return 0;
     }
     for args in [
         vec!["add", file],

@@ -63,6 +63,7 @@ pub fn select_turn(
             return Ok(Some(TurnInput {
                 run_id: turn.run_id.clone(),
                 prompt: prompt_of(&turn),
+                ordinal: Some(turn.ordinal),
             }));
         }
     }
@@ -72,6 +73,7 @@ pub fn select_turn(
             return Ok(Some(TurnInput {
                 run_id: oldest.id.clone(),
                 prompt: session.client_info.task.clone(),
+                ordinal: Some(1),
             }));
         }
     }

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod boot;
+pub mod check;
 pub mod checks;
 pub mod cli;
 pub mod client;
@@ -17,6 +18,8 @@ pub mod reaper;
 pub mod redact;
 pub mod secret;
 pub mod signals;
+pub mod status;
+pub mod status_line;
 pub mod supervise;
 pub mod timings;
 pub mod tls;

@@ -16,7 +16,13 @@ pub const LOG_FILTER_VAR: &str = "HOSTED_BOOT_LOG";
 /// Installs the global subscriber. `format` defaults to text on a terminal
 /// and JSON otherwise. Calling it twice is harmless (the second is ignored).
 pub fn init(format: Option<LogFormat>, redactor: Redactor) {
-    let filter = EnvFilter::try_from_env(LOG_FILTER_VAR).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = match std::env::var(LOG_FILTER_VAR) {
+        Err(_) => EnvFilter::new("info"),
+        Ok(text) => EnvFilter::try_new(&text).unwrap_or_else(|e| {
+            eprintln!("hosted-boot: {LOG_FILTER_VAR} is not a valid filter ({e}); using `info`");
+            EnvFilter::new("info")
+        }),
+    };
     let format = format.unwrap_or(if io::stderr().is_terminal() {
         LogFormat::Text
     } else {
@@ -28,7 +34,14 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) {
         .with_writer(writer);
     let _ = match format {
         LogFormat::Text => builder.with_ansi(io::stderr().is_terminal()).try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        // The spans (boot: session id; turn: run id, ordinal; step) ride on
+        // every line, so a log pipeline can index them.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(true)
+            .try_init(),
     };
 }
 
@@ -74,6 +87,7 @@ impl Drop for RedactingWriter {
         }
         let text = String::from_utf8_lossy(&self.buffer);
         let redacted = self.redactor.redact(&text);
+        crate::status_line::erase();
         let _ = io::stderr().lock().write_all(redacted.as_bytes());
     }
 }

@@ -15,7 +15,8 @@ use hosted_boot::cli::{Cli, Command, RunArgs};
 use hosted_boot::config::{self, BOOT_SECRET_VAR};
 use hosted_boot::secret::Secret;
 use hosted_boot::{
-    boot, coordinator, demo, logging, reaper, redact::Redactor, supervise, tls, turn, workspace,
+    boot, check, coordinator, demo, logging, reaper, redact::Redactor, status, supervise, tls,
+    turn, workspace,
 };
 
 unsafe extern "C" {
@@ -66,10 +67,32 @@ fn take_boot_secret() -> (BTreeMap<OsString, OsString>, Option<Secret>) {
     (env, secret)
 }
 
+/// Marks every file descriptor above stderr close-on-exec, so that nothing
+/// the runner inherited (a socket, a pipe of the platform) reaches the agent.
+fn close_inherited_fds_on_exec() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: `fd` was listed as open; fcntl on one that closed since
+        // (the directory's own descriptor) fails with EBADF, which is ignored.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        if let Ok(flags) = rustix::io::fcntl_getfd(fd) {
+            let _ = rustix::io::fcntl_setfd(fd, flags | rustix::io::FdFlags::CLOEXEC);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Nothing may start a thread before this line.
     let handed = reaper::take_handed_secret();
     let (env, env_secret) = take_boot_secret();
+    close_inherited_fds_on_exec();
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let boot_secret = match handed {
         Ok(Some(secret)) => Some(secret),
@@ -102,6 +125,13 @@ fn main() -> ExitCode {
                 }
             }
         }),
+        Some(Command::Check(args)) => with_runtime(|| check::run(env, args, boot_secret)),
+        Some(Command::Status(args)) => {
+            let root = args
+                .root
+                .unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| "/".into()));
+            status::command(&root, args.check)
+        }
         Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
         Some(Command::DemoAgent) => demo::agent_main(),
         Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),

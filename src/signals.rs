@@ -65,3 +65,99 @@ pub fn listen() -> Result<watch::Receiver<Stop>, String> {
     });
     Ok(rx)
 }
+
+/// Work under the stop rules of PROTOCOL.md 4.4: once a graceful stop is
+/// requested, what is left must finish within the stop budget counted from
+/// the signal; an immediate stop abandons it at once.
+pub struct StopBudget {
+    rx: watch::Receiver<Stop>,
+    budget: std::time::Duration,
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl StopBudget {
+    /// Watches `rx` (a clone: the caller's receiver is not consumed);
+    /// `budget` is `--stop-budget`.
+    pub fn new(rx: watch::Receiver<Stop>, budget: std::time::Duration) -> Self {
+        let mut this = StopBudget {
+            rx,
+            budget,
+            deadline: None,
+        };
+        this.observe();
+        this
+    }
+
+    fn observe(&mut self) {
+        if *self.rx.borrow() != Stop::Running && self.deadline.is_none() {
+            self.deadline = Some(tokio::time::Instant::now() + self.budget);
+        }
+    }
+
+    /// The stop requested so far.
+    pub fn current(&self) -> Stop {
+        *self.rx.borrow()
+    }
+
+    /// Whether any stop was requested.
+    pub fn stopping(&self) -> bool {
+        self.current() != Stop::Running
+    }
+
+    /// Awaits `fut` unless a stop comes first (`None`).
+    pub async fn unless_stopped<T>(
+        &mut self,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        if self.stopping() {
+            self.observe();
+            return None;
+        }
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                r = &mut fut => return Some(r),
+                changed = self.rx.changed() => {
+                    self.observe();
+                    if changed.is_err() {
+                        return Some(fut.await);
+                    }
+                    if self.stopping() {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Awaits `fut`; after a graceful stop only until the stop budget runs
+    /// out, and not at all after an immediate stop (`None` in both cases).
+    pub async fn bounded<T>(&mut self, fut: impl std::future::Future<Output = T>) -> Option<T> {
+        self.observe();
+        tokio::pin!(fut);
+        loop {
+            if matches!(self.current(), Stop::Immediate(_)) {
+                return None;
+            }
+            let deadline = async {
+                match self.deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = &mut fut => return Some(r),
+                _ = deadline => {
+                    tracing::warn!("the stop budget ran out; skipping what is left");
+                    return None;
+                }
+                changed = self.rx.changed() => {
+                    if changed.is_err() {
+                        return Some(fut.await);
+                    }
+                    self.observe();
+                }
+            }
+        }
+    }
+}

@@ -63,6 +63,8 @@ pub struct RetryPolicies {
     pub events: RetryPolicy,
     /// The credential helper's own calls: 3 attempts, 250 ms, cap 2 s.
     pub credential_helper: RetryPolicy,
+    /// `git push` in the harvest (4.5): 3 attempts, 1 s, cap 4 s.
+    pub harvest_push: RetryPolicy,
 }
 
 impl Default for RetryPolicies {
@@ -74,6 +76,7 @@ impl Default for RetryPolicies {
             required: RetryPolicy::new(5, 250, 4_000),
             events: RetryPolicy::new(u32::MAX, 250, 5_000),
             credential_helper: RetryPolicy::new(3, 250, 2_000),
+            harvest_push: RetryPolicy::new(3, 1_000, 4_000),
         }
     }
 }
@@ -115,6 +118,10 @@ pub struct Timings {
     pub event_batch_interval: Duration,
     /// Deadline of the event flush at turn end (30 s).
     pub event_flush_deadline: Duration,
+    /// Bound on the harvest after a turn (60 s, 4.5).
+    pub harvest_bound: Duration,
+    /// The harvest's share of a graceful stop (10 s, 4.4).
+    pub stop_harvest: Duration,
     /// Attempts and backoff per call class.
     pub retry: RetryPolicies,
 }
@@ -139,6 +146,8 @@ impl Default for Timings {
             pipe_drain: Duration::from_secs(2),
             event_batch_interval: Duration::from_millis(250),
             event_flush_deadline: Duration::from_secs(30),
+            harvest_bound: Duration::from_secs(60),
+            stop_harvest: Duration::from_secs(10),
             retry: RetryPolicies::default(),
         }
     }
@@ -151,7 +160,8 @@ impl Timings {
     /// The per-attempt request timeout is not scaled below
     /// [`MIN_SCALED_REQUEST_TIMEOUT`]: a debug build's git server on a loaded
     /// machine needs that long, and a timeout that fires on a healthy
-    /// request would make tests flaky rather than fast.
+    /// request would make tests flaky rather than fast. The harvest bounds
+    /// are not scaled below [`MIN_SCALED_HARVEST_BOUND`], for the same reason.
     pub fn scaled(self, factor: f64) -> Self {
         let s = |d| scale(d, factor);
         let r = self.retry;
@@ -174,6 +184,9 @@ impl Timings {
             pipe_drain: s(self.pipe_drain),
             event_batch_interval: s(self.event_batch_interval),
             event_flush_deadline: s(self.event_flush_deadline),
+            harvest_bound: s(self.harvest_bound)
+                .max(MIN_SCALED_HARVEST_BOUND.min(self.harvest_bound)),
+            stop_harvest: s(self.stop_harvest).max(MIN_SCALED_HARVEST_BOUND.min(self.stop_harvest)),
             retry: RetryPolicies {
                 agent_token_boot: r.agent_token_boot.scaled(factor),
                 agent_token_refresh: r.agent_token_refresh.scaled(factor),
@@ -181,6 +194,7 @@ impl Timings {
                 required: r.required.scaled(factor),
                 events: r.events.scaled(factor),
                 credential_helper: r.credential_helper.scaled(factor),
+                harvest_push: r.harvest_push.scaled(factor),
             },
         }
     }
@@ -188,6 +202,11 @@ impl Timings {
 
 /// Floor of the scaled per-attempt request timeout (2 s).
 pub const MIN_SCALED_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Floor of the scaled harvest bounds (10 s): a harvest is a credential
+/// helper process and up to four git requests, which a debug build on a
+/// loaded machine does not finish in a scaled 500 ms.
+pub const MIN_SCALED_HARVEST_BOUND: Duration = Duration::from_secs(10);
 
 fn scale(d: Duration, factor: f64) -> Duration {
     Duration::from_secs_f64(d.as_secs_f64() * factor)

@@ -449,8 +449,70 @@ pub struct FinishBody {
     pub error: Option<FinishError>,
     /// Token usage, when the agent reports it.
     pub usage: Option<Value>,
-    /// The harvest (4.5); null until the harvest issue.
-    pub result: Option<Value>,
+    /// The harvest of the turn's work (4.5); null only when the run is
+    /// sealed by a fatal path on which no harvest ran.
+    pub result: Option<HarvestResult>,
+}
+
+/// `finish.result` and the `hosted_boot.harvest` event's data (PROTOCOL.md
+/// 4.5): where the agent's work went.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HarvestResult {
+    /// The run id, or `recovered-at-boot` for the harvest of a reused `repo/`.
+    pub name: String,
+    /// The session branch (the push target unless `recoveryBranch` is set).
+    pub branch: String,
+    /// The commit harvested (`HEAD` after the harvest's own commit, 40 hex);
+    /// null only when `repo/` could not be read.
+    pub head_sha: Option<String>,
+    /// Whether `headSha` is on the remote after the harvest (on the session
+    /// branch, or on `recoveryBranch`). False only with `pushError`.
+    pub pushed: bool,
+    /// Commits from where the turn started to `headSha`.
+    pub commits: u64,
+    /// Files changed from the turn's start (its merge base with `headSha`)
+    /// to `headSha`.
+    pub files_changed: u64,
+    /// Lines added, same range.
+    pub insertions: u64,
+    /// Lines removed, same range.
+    pub deletions: u64,
+    /// The commit the harvest made of what the agent left uncommitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harvest_commit: Option<String>,
+    /// `<branch>-recovered-<runId>` (or `<branch>-recovered-at-boot`) when the
+    /// session branch had moved on and the work was pushed there instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_branch: Option<String>,
+    /// Why the work is not (or not known to be) on the remote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push_error: Option<PushError>,
+}
+
+/// `finish.result.pushError` (4.5). A failed push does not fail the turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PushError {
+    /// What kind of failure.
+    pub code: PushErrorCode,
+    /// What happened (redacted, at most 800 characters).
+    pub message: String,
+}
+
+/// `finish.result.pushError.code` (4.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PushErrorCode {
+    /// git or the server refused (a ref update rejected, credentials
+    /// refused, no such repository): a verdict, not retried.
+    PushRejected,
+    /// The transport failed on every attempt (section 2: 3 attempts).
+    PushFailed,
+    /// The harvest's time bound ran out.
+    HarvestTimeout,
+    /// `repo/` could not be read or committed to.
+    HarvestFailed,
 }
 
 /// Most characters in a `reason` or `finish.error.message` (2.2, 2.6).

@@ -61,7 +61,12 @@ pub struct Api {
     timings: Timings,
     redactor: Redactor,
     bearer: watch::Sender<Option<Bearer>>,
+    contact_hook: Option<ContactHook>,
 }
+
+/// Called after each call to the coordinator with whether it succeeded (the
+/// status file records contacts with it).
+pub type ContactHook = std::sync::Arc<dyn Fn(bool) + Send + Sync>;
 
 impl Api {
     /// A client; the boot secret is added to `redactor` at once.
@@ -78,7 +83,21 @@ impl Api {
             timings,
             redactor,
             bearer: watch::channel(None).0,
+            contact_hook: None,
         }
+    }
+
+    /// Sets the hook called after every call (see [`ContactHook`]).
+    pub fn with_contact_hook(mut self, hook: ContactHook) -> Api {
+        self.contact_hook = Some(hook);
+        self
+    }
+
+    fn noted<T>(&self, result: Result<T, CallError>) -> Result<T, CallError> {
+        if let Some(hook) = &self.contact_hook {
+            hook(result.is_ok());
+        }
+        result
     }
 
     /// The timings this client uses.
@@ -122,12 +141,14 @@ impl Api {
     /// longer valid).
     pub async fn pull_bearer(&self, policy: RetryPolicy) -> Result<Bearer, CallError> {
         let call = "agent-token pull";
-        let reply = retry::send(call, policy, self.timings.request_timeout, || {
-            self.http
-                .get(self.config.agent_token_url.clone())
-                .bearer_auth(self.config.boot_secret.expose())
-        })
-        .await?;
+        let reply = self.noted(
+            retry::send(call, policy, self.timings.request_timeout, || {
+                self.http
+                    .get(self.config.agent_token_url.clone())
+                    .bearer_auth(self.config.boot_secret.expose())
+            })
+            .await,
+        )?;
         let date = reply.date();
         let response: AgentTokenResponse = parse(call, &reply)?;
         if response.token.is_empty() {
@@ -154,20 +175,24 @@ impl Api {
                     .await?
             }
         };
-        let first = retry::send(call, policy, self.timings.request_timeout, || {
-            build(&bearer.token)
-        })
-        .await;
+        let first = self.noted(
+            retry::send(call, policy, self.timings.request_timeout, || {
+                build(&bearer.token)
+            })
+            .await,
+        );
         match first {
             Err(e) if e.verdict_status() == Some(401) => {
                 tracing::info!(call, "bearer refused (401); pulling a fresh bearer once");
                 let fresh = self
                     .pull_bearer(self.timings.retry.agent_token_refresh)
                     .await?;
-                retry::send(call, policy, self.timings.request_timeout, || {
-                    build(&fresh.token)
-                })
-                .await
+                self.noted(
+                    retry::send(call, policy, self.timings.request_timeout, || {
+                        build(&fresh.token)
+                    })
+                    .await,
+                )
             }
             other => other,
         }
@@ -215,14 +240,16 @@ impl Api {
             },
             reason: reason.map(|r| wire::truncate_reason(&self.redactor.redact(r))),
         };
-        let call = format!("boot status {}", status.as_str());
-        retry::send(&call, policy, self.timings.request_timeout, || {
-            self.http
-                .post(self.config.boot_status_url.clone())
-                .bearer_auth(self.config.boot_secret.expose())
-                .json(&body)
-        })
-        .await
+        let call = format!("boot status \"{}\"", status.as_str());
+        self.noted(
+            retry::send(&call, policy, self.timings.request_timeout, || {
+                self.http
+                    .post(self.config.boot_status_url.clone())
+                    .bearer_auth(self.config.boot_secret.expose())
+                    .json(&body)
+            })
+            .await,
+        )
         .map(|_| ())
     }
 
@@ -266,16 +293,18 @@ impl Api {
     pub async fn session_with(&self, token: &Secret) -> Result<Session, CallError> {
         let call = "interrupt watch read";
         let path = wire::routes::session(&self.config.session_id);
-        let reply = retry::send(
-            call,
-            RetryPolicy::ONCE,
-            self.timings.request_timeout,
-            || {
-                self.request(Method::GET, &path, token)
-                    .header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
-            },
-        )
-        .await?;
+        let reply = self.noted(
+            retry::send(
+                call,
+                RetryPolicy::ONCE,
+                self.timings.request_timeout,
+                || {
+                    self.request(Method::GET, &path, token)
+                        .header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
+                },
+            )
+            .await,
+        )?;
         parse::<SessionEnvelope>(call, &reply).map(|e| e.session)
     }
 
@@ -345,8 +374,8 @@ impl Api {
         parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
     }
 
-    /// Seals a run (2.6 `finish`); `error.message` is redacted and cut to 800
-    /// characters here.
+    /// Seals a run (2.6 `finish`); `error.message` and
+    /// `result.pushError.message` are redacted and cut to 800 characters here.
     pub async fn finish(
         &self,
         run_id: &str,
@@ -356,6 +385,9 @@ impl Api {
         let mut body = body.clone();
         if let Some(error) = body.error.as_mut() {
             error.message = wire::truncate_reason(&self.redactor.redact(&error.message));
+        }
+        if let Some(push_error) = body.result.as_mut().and_then(|r| r.push_error.as_mut()) {
+            push_error.message = wire::truncate_reason(&self.redactor.redact(&push_error.message));
         }
         let path = wire::routes::finish(run_id);
         self.authed("finish", policy, |t| {

@@ -52,7 +52,7 @@ pub enum CallError {
         detail: String,
     },
     /// Every attempt failed with a retryable error.
-    #[error("{call} failed after {attempts} attempts: {last}")]
+    #[error("{call} failed after {attempts} attempt{}: {last}", if *attempts == 1 { "" } else { "s" })]
     Exhausted {
         /// What was called.
         call: String,
@@ -115,13 +115,21 @@ pub async fn send(
                 });
             }
             Attempt::Retry(why, retry_after) => {
-                tracing::debug!(call, attempt = n + 1, error = %why, "retryable failure");
                 last = why;
                 retry_after
             }
         };
         if n + 1 < attempts {
-            tokio::time::sleep(wait_before_retry(policy, n, retry_after)).await;
+            let wait = wait_before_retry(policy, n, retry_after);
+            tracing::warn!(
+                call,
+                attempt = n + 1,
+                of = attempts,
+                wait_ms = wait.as_millis() as u64,
+                error = %last,
+                "coordinator call failed; retrying"
+            );
+            tokio::time::sleep(wait).await;
         }
     }
     Err(CallError::Exhausted {

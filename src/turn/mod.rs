@@ -1,14 +1,17 @@
 //! One turn (PROTOCOL.md 4.1): files, acknowledgements, bearer rotation and
 //! interrupt watch, the agent under the supervisor with its events streamed,
-//! then the seal (`finish`) and `turn_completed`.
+//! then the harvest of its work (4.5, [`harvest`]), the seal (`finish`) and
+//! `turn_completed`.
 //!
 //! A stop signal during the turn (4.4) stops the agent's tree with the stop
-//! grace, seals the run `interrupted` with one attempt per call, and returns
-//! [`TurnEnd::Stopped`]; a second signal skips what is left.
+//! grace, harvests within the stop's share, seals the run `interrupted` with
+//! one attempt per call, and returns [`TurnEnd::Stopped`]; a second signal
+//! skips what is left.
 
 pub mod cgroup;
 pub mod events;
 pub mod guard;
+pub mod harvest;
 pub mod lines;
 pub mod rotation;
 pub mod supervisor;
@@ -26,9 +29,10 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use crate::agent::{self, TurnOutcome};
 use crate::client::Api;
 use crate::config::AgentConfig;
-use crate::signals::Stop;
+use crate::signals::{Stop, StopBudget};
 use crate::timings::RetryPolicy;
-use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError};
+use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult};
+use crate::workspace::Harvester;
 use crate::workspace::files::{RunDir, SessionDir};
 use events::EventSink;
 use supervisor::{Control, SpawnSpec, Supervision};
@@ -49,6 +53,11 @@ pub struct TurnContext {
     pub agent_env: Vec<(OsString, OsString)>,
     /// How the agent's processes are supervised (drain, time cap, cgroup).
     pub supervision: Supervision,
+    /// Commits and pushes the agent's work after each turn (4.5).
+    pub harvester: Harvester,
+    /// The harvest of a reused `repo/` at boot, reported as an event of the
+    /// first turn (taken by it).
+    pub recovered_at_boot: std::sync::Mutex<Option<HarvestResult>>,
 }
 
 /// The turn to run.
@@ -58,6 +67,8 @@ pub struct TurnInput {
     pub run_id: String,
     /// The prompt (the body, the answer prompt of 4.3, or the task).
     pub prompt: String,
+    /// The turn's ordinal (1 for the initial task), for the status file.
+    pub ordinal: Option<u64>,
 }
 
 /// How a turn ended when it did not end the boot with an error.
@@ -70,6 +81,8 @@ pub enum TurnEnd {
 }
 
 /// Where the seal of the run stands, for the fatal path of 4 step 7.
+// One value per turn, moved a couple of times: boxing the body buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum SealState {
     /// No `finish` was sent.
@@ -114,18 +127,35 @@ pub async fn run(
     let run_id = input.run_id.as_str();
     tracing::info!(run_id, "turn starting");
 
+    let mut guard = StopBudget::new(stop.clone(), timings.stop_budget);
+
     // 1. task.txt and the bearer file.
     let run_dir = RunDir::create(&ctx.root, run_id)
         .map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?;
+    let remove_run_dir = |run_dir: &RunDir| {
+        if let Err(e) = run_dir.remove() {
+            tracing::warn!(run_id, error = %e, "cannot remove the run directory");
+        }
+    };
     let task_path = run_dir
         .write_task(&input.prompt)
         .map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?;
-    let bearer = match api.bearer() {
-        Some(b) if !b.expires_within(timings.idle_refresh_lead) => b,
-        _ => api
-            .pull_bearer(timings.retry.agent_token_refresh)
-            .await
-            .map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?,
+    let fresh = match api.bearer() {
+        Some(b) if !b.expires_within(timings.idle_refresh_lead) => Some(Ok(b)),
+        _ => {
+            guard
+                .unless_stopped(api.pull_bearer(timings.retry.agent_token_refresh))
+                .await
+        }
+    };
+    let bearer = match fresh {
+        // A stop before the turn was acknowledged: as between turns, nothing
+        // is posted (PROTOCOL.md 4.4) and the run stays for the next sandbox.
+        None => {
+            remove_run_dir(&run_dir);
+            return Ok(TurnEnd::Stopped(guard.current()));
+        }
+        Some(r) => r.map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?,
     };
     ctx.session_dir
         .write_bearer(&bearer.token)
@@ -137,24 +167,37 @@ pub async fn run(
     };
 
     // 2. Acknowledgements.
-    if let Err(e) = api
-        .post_status(BootStatus::TurnStarted, Some(run_id), None)
+    match guard
+        .unless_stopped(api.post_status(BootStatus::TurnStarted, Some(run_id), None))
         .await
     {
-        remove_bearer();
-        return Err(fatal(
-            run_id,
-            format!("turn_started was not acknowledged: {e}"),
-            SealState::NotSent,
-        ));
+        None => {
+            remove_bearer();
+            remove_run_dir(&run_dir);
+            return Ok(TurnEnd::Stopped(guard.current()));
+        }
+        Some(Err(e)) => {
+            remove_bearer();
+            return Err(fatal(
+                run_id,
+                format!("turn_started was not acknowledged: {e}"),
+                SealState::NotSent,
+            ));
+        }
+        Some(Ok(())) => {}
     }
-    if let Err(e) = api.run_started(run_id).await {
-        remove_bearer();
-        return Err(fatal(
-            run_id,
-            format!("run_started was not acknowledged: {e}"),
-            SealState::NotSent,
-        ));
+    // From here on a stop seals the run `interrupted` (4.4).
+    match guard.unless_stopped(api.run_started(run_id)).await {
+        None => {}
+        Some(Err(e)) => {
+            remove_bearer();
+            return Err(fatal(
+                run_id,
+                format!("run_started was not acknowledged: {e}"),
+                SealState::NotSent,
+            ));
+        }
+        Some(Ok(())) => {}
     }
 
     // 3. Rotation, interrupt watch (first read before the agent starts).
@@ -165,17 +208,31 @@ pub async fn run(
         AgentConfig::Command { program, args } => (program.clone(), args.clone()),
     };
     sender.emit("hosted_boot.runner", agent::command::runner_event(&program));
+    if let Some(recovered) = ctx
+        .recovered_at_boot
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        harvest::emit(&sender, &recovered);
+    }
+    let start = ctx.harvester.start_point().await;
 
     let interrupted = Arc::new(AtomicBool::new(false));
-    let (control_tx, control_rx) = mpsc::unbounded_channel();
-    let first_read = watch::interrupt_requested(api, &ctx.session_dir.bearer_path(), run_id).await;
     let mut watch_task = None;
     let mut stopped_by: Option<Stop> = None;
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let first_read = if guard.stopping() {
+        stopped_by = Some(guard.current());
+        Ok(true)
+    } else {
+        watch::interrupt_requested(api, &ctx.session_dir.bearer_path(), run_id).await
+    };
     let outcome = match first_read {
         Ok(true) => {
             tracing::info!(
                 run_id,
-                "interrupt requested before the agent started; not starting it"
+                "interrupt or stop requested before the agent started; not starting it"
             );
             interrupted.store(true, Ordering::SeqCst);
             TurnOutcome::interrupted()
@@ -261,23 +318,32 @@ pub async fn run(
     }
     rotation.stop().await;
     remove_bearer();
-    drop(sender);
-    tracing::info!(run_id, status = outcome.status.as_str(), "agent finished");
+    tracing::info!(run_id, status = outcome.status.as_str(), "turn outcome");
 
-    // 6. Harvest (the harvest issue), flush events, finish, turn_completed.
+    // 6. Harvest, flush events, finish, turn_completed.
     // A stop that came after the agent ended keeps the outcome ("the seal in
-    // progress keeps its status") but gets the stop's bounds.
-    let stopping = stopped_by.is_some() || *stop.borrow() != Stop::Running;
-    if matches!(*stop.borrow(), Stop::Immediate(_)) {
-        let _ = sink.close(std::time::Duration::ZERO).await;
-        return Ok(TurnEnd::Stopped(*stop.borrow()));
-    }
+    // progress keeps its status") but gets the stop's bounds: one attempt
+    // each, within the stop budget; a second signal skips what is left.
+    let harvested = harvest::after_turn(
+        &ctx.harvester,
+        run_id,
+        outcome.status,
+        start,
+        &timings,
+        stop,
+        &sender,
+    )
+    .await;
+    drop(sender);
+    let stopping = stopped_by.is_some() || guard.stopping();
     let flush_deadline = if stopping {
         timings.stop_flush
     } else {
         timings.event_flush_deadline
     };
-    let report = sink.close(flush_deadline).await;
+    let Some(report) = guard.bounded(sink.close(flush_deadline)).await else {
+        return Ok(TurnEnd::Stopped(guard.current()));
+    };
     let body = FinishBody {
         status: outcome.status,
         agent_session_id: outcome.agent_session_id.clone(),
@@ -289,55 +355,56 @@ pub async fn run(
             resets_at: None,
         }),
         usage: outcome.usage.clone(),
-        result: None,
+        result: harvested,
     };
-    let policy = if stopping {
+    let policy = if guard.stopping() {
         RetryPolicy::ONCE
     } else {
         timings.retry.required
     };
-    if let Err(e) = api.finish(run_id, &body, policy).await {
-        if stopping {
+    match guard.bounded(api.finish(run_id, &body, policy)).await {
+        None => return Ok(TurnEnd::Stopped(guard.current())),
+        Some(Err(e)) if guard.stopping() => {
             tracing::error!(run_id, error = %e, "finish failed during the graceful stop");
-            return Ok(TurnEnd::Stopped(*stop.borrow()));
+            return Ok(TurnEnd::Stopped(guard.current()));
         }
-        return Err(fatal(
-            run_id,
-            format!("finish was not acknowledged: {e}"),
-            SealState::Unknown(body),
-        ));
+        Some(Err(e)) => {
+            return Err(fatal(
+                run_id,
+                format!("finish was not acknowledged: {e}"),
+                SealState::Unknown(body),
+            ));
+        }
+        Some(Ok(())) => {}
     }
     tracing::info!(run_id, status = outcome.status.as_str(), "run sealed");
-    if report.undelivered() == 0
-        && let Err(e) = run_dir.remove()
-    {
-        tracing::warn!(run_id, error = %e, "cannot remove the run directory");
+    if report.undelivered() == 0 {
+        remove_run_dir(&run_dir);
     }
-    let completed = if stopping {
-        api.post_status_with(
-            BootStatus::TurnCompleted,
-            Some(run_id),
-            None,
-            RetryPolicy::ONCE,
-        )
-        .await
+    let policy = if guard.stopping() {
+        RetryPolicy::ONCE
     } else {
-        api.post_status(BootStatus::TurnCompleted, Some(run_id), None)
-            .await
+        timings.retry.required
     };
-    if let Err(e) = completed {
-        if stopping {
+    let completed = guard
+        .bounded(api.post_status_with(BootStatus::TurnCompleted, Some(run_id), None, policy))
+        .await;
+    match completed {
+        None => return Ok(TurnEnd::Stopped(guard.current())),
+        Some(Err(e)) if guard.stopping() => {
             tracing::error!(run_id, error = %e, "turn_completed failed during the graceful stop");
-        } else {
+        }
+        Some(Err(e)) => {
             return Err(fatal(
                 run_id,
                 format!("turn_completed was not acknowledged: {e}"),
                 SealState::Sealed,
             ));
         }
+        Some(Ok(())) => {}
     }
-    if stopping {
-        return Ok(TurnEnd::Stopped(*stop.borrow()));
+    if guard.stopping() {
+        return Ok(TurnEnd::Stopped(guard.current()));
     }
     Ok(TurnEnd::Sealed(outcome))
 }

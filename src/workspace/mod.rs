@@ -9,11 +9,14 @@
 //!   trust roots), with credentials from the repository's helper.
 //! - [`clone`]: `repo/`: clone the session branch or reuse an existing clone.
 //! - [`credential`]: `hosted-boot credential get|store|erase`.
+//! - [`harvest`]: commit and push the agent's work after a turn and at boot
+//!   (4.5).
 
 pub mod clone;
 pub mod context;
 pub mod credential;
 pub mod files;
+pub mod harvest;
 pub mod transport;
 
 use std::path::{Path, PathBuf};
@@ -25,6 +28,7 @@ pub use clone::{
 pub use context::BootContext;
 pub use credential::{credential_helper_with_io, read_credential_cache, run_credential_helper};
 pub use files::{RunDir, SessionDir, write_secret_file};
+pub use harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT};
 pub use transport::{CredentialHelpers, HttpContext, RemoteRegistration, register_remote};
 
 /// Why a workspace step failed. Messages name the value concerned (path,

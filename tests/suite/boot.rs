@@ -36,6 +36,17 @@ fn routes(s: &Snapshot) -> Vec<String> {
         .collect()
 }
 
+/// The tip of `branch` in the coordinator's bare repository.
+fn remote_tip(sb: &Sandbox, branch: &str) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.coordinator.bare_repo())
+        .args(["rev-parse", branch])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 fn dedup(v: Vec<String>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for s in v {
@@ -88,12 +99,20 @@ async fn happy_path_one_turn_then_the_session_ends() {
         "{turn:?}"
     );
     let finish_at = turn.iter().position(|s| *s == "finish").unwrap();
+    // Events and watch reads, then the harvest's fetch (git, through the
+    // credential helper) before the seal.
     assert!(
-        turn[3..finish_at]
-            .iter()
-            .all(|s| ["events", "session"].contains(s)),
+        turn[3..finish_at].iter().all(|s| [
+            "events",
+            "session",
+            "git",
+            "agent-token",
+            "repo-token"
+        ]
+        .contains(s)),
         "{turn:?}"
     );
+    assert!(turn[3..finish_at].contains(&"git"), "{turn:?}");
     assert_eq!(turn[finish_at + 1], "status:turn_completed");
     assert!(
         turn[finish_at + 2..turn.len() - 1]
@@ -123,9 +142,14 @@ async fn happy_path_one_turn_then_the_session_ends() {
     let run = snap.run("run-1").unwrap();
     assert_eq!(run.status, "succeeded");
     let f = run.finish.as_ref().unwrap();
+    let branch = sb.coordinator.branch();
+    let tip = remote_tip(&sb, &branch);
+    // Nothing to harvest: the result says where the work is all the same.
     assert_eq!(
         serde_json::to_value(f).unwrap(),
-        json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null, "result": null})
+        json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null,
+               "result": {"name": "run-1", "branch": branch, "headSha": tip, "pushed": true,
+                          "commits": 0, "filesChanged": 0, "insertions": 0, "deletions": 0}})
     );
     let kinds: Vec<&str> = run.events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(kinds[0], "hosted_boot.runner");
@@ -367,6 +391,10 @@ async fn turn_started_exhausted_seals_the_run_failed_and_starts_no_agent() {
     assert_eq!(sb.read_out("env-run-1"), "", "the agent was started");
     assert!(!snap.requests.iter().any(|r| r.route == Route::RunStarted));
     assert!(!sb.session_dir().exists());
+    assert!(
+        !sb.root().join(".orizu-run/run-1").exists(),
+        "the prompt file outlived the seal"
+    );
 }
 
 #[tokio::test]
@@ -740,9 +768,13 @@ async fn compat_bodies_match_the_contract_literally() {
         ]
     );
     let finish_body = requests.iter().find(|r| r.route == Route::Finish).unwrap();
+    let branch = sb.coordinator.branch();
+    let tip = remote_tip(&sb, &branch);
     assert_eq!(
         finish_body.body,
-        json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null, "result": null})
+        json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null,
+               "result": {"name": "run-1", "branch": branch, "headSha": tip, "pushed": true,
+                          "commits": 0, "filesChanged": 0, "insertions": 0, "deletions": 0}})
     );
     assert!(
         requests
@@ -750,4 +782,76 @@ async fn compat_bodies_match_the_contract_literally() {
             .filter(|r| r.route != Route::Dev)
             .all(|r| r.header("authorization").is_some())
     );
+}
+
+fn sigterm(child: &tokio::process::Child) {
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+}
+
+#[tokio::test]
+async fn a_stop_while_turn_started_is_retried_posts_nothing_more() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    sb.coordinator
+        .add_fault(Fault::delay(Route::BootStatus, Duration::from_secs(20)).times(20))
+        .unwrap();
+    let child = sb.spawn(&sb.script(OBSERVER));
+    sb.coordinator
+        .wait_for(WAIT, |s| {
+            s.requests.iter().any(|r| r.route == Route::BootStatus)
+        })
+        .await
+        .unwrap();
+    sigterm(&child);
+    let started = std::time::Instant::now();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the stop waited for the retries"
+    );
+    let snap = sb.coordinator.snapshot();
+    let posted: Vec<&serde_json::Value> = snap
+        .requests
+        .iter()
+        .filter(|r| r.route == Route::BootStatus)
+        .map(|r| &r.body["status"])
+        .collect();
+    assert_eq!(posted, vec!["turn_started"], "posted after the stop");
+    assert!(!snap.requests.iter().any(|r| r.route == Route::Finish));
+    assert_eq!(sb.read_out("env-run-1"), "", "the agent was started");
+    assert!(!sb.session_dir().exists());
+    assert!(!sb.root().join(".orizu-run/run-1").exists());
+}
+
+#[tokio::test]
+async fn the_stop_budget_bounds_a_seal_in_progress() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    // Every finish hangs past its 2 s attempt timeout: sealing retries for
+    // 10 s and more, unless a stop's budget cuts it short.
+    sb.coordinator
+        .add_fault(Fault::delay(Route::Finish, Duration::from_secs(20)).times(20))
+        .unwrap();
+    let mut cmd = sb.runner(&sb.script("echo done"));
+    cmd.env("HOSTED_BOOT_STOP_BUDGET", "25s");
+    let child = cmd.spawn().unwrap();
+    sb.coordinator
+        .wait_for(WAIT, |s| {
+            s.requests.iter().any(|r| r.route == Route::Finish)
+        })
+        .await
+        .unwrap();
+    sigterm(&child);
+    let started = std::time::Instant::now();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    // Scaled by 0.05 the budget is 1.25 s; without it the retries take >10 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "the stop budget was not applied: {:?}",
+        started.elapsed()
+    );
+    let names = sb.coordinator.snapshot().status_names();
+    assert!(!names.contains(&"turn_failed"), "{names:?}");
+    assert!(!sb.session_dir().exists());
 }

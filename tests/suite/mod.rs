@@ -1,4 +1,8 @@
 mod boot;
+mod check;
 mod coordinator;
+mod harvest;
+mod image;
+mod status;
 mod support;
 mod workspace;

@@ -55,8 +55,13 @@ impl Sandbox {
     /// The runner command for an agent script, with the sandbox's
     /// environment, trace-level JSON logs and the test time scale.
     pub fn runner(&self, script: &Path) -> Command {
+        self.command("run", script)
+    }
+
+    /// `hosted-boot <subcommand>` with the environment of [`Sandbox::runner`].
+    pub fn command(&self, subcommand: &str, script: &Path) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hosted-boot"));
-        cmd.arg("run")
+        cmd.arg(subcommand)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("HOME", self.dir.path())

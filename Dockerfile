@@ -1,0 +1,60 @@
+# syntax=docker/dockerfile:1
+# The sandbox image: hosted-boot as the entrypoint, git, CA certificates,
+# an unprivileged `agent` user. Agent CLIs are not baked in: add them with
+# the AGENT_NPM_PACKAGES build argument or a derived image (image/README.md).
+
+ARG RUST_VERSION=1.95
+ARG DEBIAN_RELEASE=bookworm
+
+FROM rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS build
+WORKDIR /src
+# Dependencies first, in a layer of their own that survives source edits.
+COPY Cargo.toml Cargo.lock ./
+RUN mkdir src \
+ && echo 'fn main() {}' > src/main.rs \
+ && touch src/lib.rs \
+ && cargo build --release --locked \
+ && rm -rf src target/release/.fingerprint/hosted-boot-* \
+           target/release/deps/hosted_boot-* target/release/deps/libhosted_boot-*
+COPY src ./src
+RUN cargo build --release --locked \
+ && install -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot
+
+FROM debian:${DEBIAN_RELEASE}-slim AS runtime
+ARG VERSION=0.1.0
+# Space-separated npm packages of agent CLIs to install (with Debian's
+# nodejs and npm), e.g. "@anthropic-ai/claude-code". Empty: none.
+ARG AGENT_NPM_PACKAGES=""
+LABEL org.opencontainers.image.title="hosted-boot" \
+      org.opencontainers.image.description="Entrypoint of a cloud sandbox in which an AI coding agent works on a user's repository" \
+      org.opencontainers.image.source="https://github.com/hosted-boot/hosted-boot" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008,DL3016
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends git ca-certificates \
+ && if [ -n "${AGENT_NPM_PACKAGES}" ]; then \
+      apt-get install -y --no-install-recommends nodejs npm \
+      && npm install --global --no-fund --no-audit ${AGENT_NPM_PACKAGES} \
+      && npm cache clean --force; \
+    fi \
+ && rm -rf /var/lib/apt/lists/*
+
+RUN useradd --uid 1000 --user-group --create-home --shell /bin/bash agent \
+ && mkdir /workspace \
+ && chown agent:agent /workspace
+COPY image/gitconfig /etc/gitconfig
+COPY --from=build /usr/local/bin/hosted-boot /usr/local/bin/hosted-boot
+
+ENV HOSTED_BOOT_ROOT=/workspace
+WORKDIR /workspace
+USER agent
+STOPSIGNAL SIGTERM
+# Unhealthy when the runner is gone or stuck (its status file not rewritten
+# for 2 min); a coordinator outage alone is not unhealthy.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["/usr/local/bin/hosted-boot", "status", "--check"]
+ENTRYPOINT ["/usr/local/bin/hosted-boot"]
+CMD ["run"]

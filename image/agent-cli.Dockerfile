@@ -1,0 +1,17 @@
+# syntax=docker/dockerfile:1
+# A derived image that adds an agent CLI to the hosted-boot base image.
+#   docker build -t hosted-boot .
+#   docker build -f image/agent-cli.Dockerfile -t hosted-boot-claude .
+ARG BASE=hosted-boot:latest
+FROM ${BASE}
+USER root
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008,DL3016
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends nodejs npm \
+ && npm install --global --no-fund --no-audit @anthropic-ai/claude-code \
+ && npm cache clean --force \
+ && rm -rf /var/lib/apt/lists/*
+USER agent
+ENV HOSTED_BOOT_AGENT=command \
+    HOSTED_BOOT_AGENT_COMMAND="claude -p --output-format stream-json --verbose"

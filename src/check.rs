@@ -1,0 +1,264 @@
+//! `hosted-boot check`: for a person debugging a sandbox. With the sandbox's
+//! environment it validates the contract (section 1), reaches the agent-token
+//! route, the session and the env bundle (reading only: no repo token is
+//! minted and no status is posted), and checks that `git` and the agent
+//! program are present and runnable. It prints one line per check with a
+//! hint for each failure, never a secret, and exits 0 only when all pass.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::cli::RunArgs;
+use crate::client::Api;
+use crate::config::{self, AgentConfig, BootConfig};
+use crate::environment;
+use crate::redact::Redactor;
+use crate::secret::Secret;
+use crate::timings::RetryPolicy;
+
+/// One line of the report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckLine {
+    /// What was checked.
+    pub name: &'static str,
+    /// `None`: passed; `Some(hint)`: failed.
+    pub failure: Option<String>,
+    /// What was found (passed) or what went wrong (failed); redacted.
+    pub detail: String,
+}
+
+impl CheckLine {
+    fn pass(name: &'static str, detail: impl Into<String>) -> Self {
+        CheckLine {
+            name,
+            failure: None,
+            detail: detail.into(),
+        }
+    }
+
+    fn fail(name: &'static str, detail: impl Into<String>, hint: impl Into<String>) -> Self {
+        CheckLine {
+            name,
+            failure: Some(hint.into()),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Runs every check and prints the report; returns the exit code (0 when
+/// all pass, 1 otherwise).
+pub async fn run(
+    env: BTreeMap<OsString, OsString>,
+    args: RunArgs,
+    boot_secret: Option<Secret>,
+) -> i32 {
+    let redactor = Redactor::new();
+    if let Some(s) = &boot_secret {
+        redactor.add(s, crate::redact::SecretKind::Credential);
+    }
+    let lines = checks(&env, &args, boot_secret, &redactor).await;
+    let width = lines.iter().map(|l| l.name.len()).max().unwrap_or(0);
+    for line in &lines {
+        let mark = if line.failure.is_none() {
+            "ok  "
+        } else {
+            "FAIL"
+        };
+        println!(
+            "{mark}  {:<width$}  {}",
+            line.name,
+            redactor.redact(&line.detail)
+        );
+        if let Some(hint) = &line.failure {
+            println!("      {:<width$}  hint: {}", "", redactor.redact(hint));
+        }
+    }
+    let failed = lines.iter().filter(|l| l.failure.is_some()).count();
+    if failed == 0 {
+        println!("all {} checks passed", lines.len());
+        0
+    } else {
+        println!("{failed} of {} checks failed", lines.len());
+        1
+    }
+}
+
+async fn checks(
+    env: &BTreeMap<OsString, OsString>,
+    args: &RunArgs,
+    boot_secret: Option<Secret>,
+    redactor: &Redactor,
+) -> Vec<CheckLine> {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let config = match config::load(env, args, boot_secret, cwd) {
+        Ok(c) => c,
+        Err(e) => {
+            return vec![
+                CheckLine::fail(
+                    "environment",
+                    e.to_string(),
+                    "the coordinator injects ORIZU_*; the image sets HOSTED_BOOT_AGENT*",
+                ),
+                tool_line("git", Path::new("git"), env),
+            ];
+        }
+    };
+    let mut lines = vec![CheckLine::pass(
+        "environment",
+        format!(
+            "session {} at {}",
+            config.api.session_id, config.api.api_base
+        ),
+    )];
+    lines.extend(coordinator_lines(&config, redactor).await);
+    lines.push(tool_line("git", Path::new("git"), env));
+    match &config.agent {
+        AgentConfig::Command { program, .. } => {
+            lines.push(tool_line("agent program", Path::new(program), env))
+        }
+    }
+    lines
+}
+
+async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<CheckLine> {
+    let http = match crate::tls::http_client(config.ca_file.as_deref()) {
+        Ok(h) => h,
+        Err(e) => {
+            return vec![CheckLine::fail(
+                "tls",
+                format!("{e:#}"),
+                "check HOSTED_BOOT_CA_FILE",
+            )];
+        }
+    };
+    let mut timings = config.timings;
+    timings.retry.agent_token_refresh = RetryPolicy::ONCE;
+    let api = Arc::new(Api::new(
+        config.api.clone(),
+        http,
+        timings,
+        redactor.clone(),
+    ));
+    let mut lines = Vec::new();
+    match api.pull_bearer(RetryPolicy::ONCE).await {
+        Ok(b) => lines.push(CheckLine::pass(
+            "agent token",
+            format!("bearer received ({:?})", b.lifetime),
+        )),
+        Err(e) => {
+            let hint = match e.verdict_status() {
+                Some(401 | 403) => "the boot secret is not (or no longer) valid for this session",
+                Some(_) => "check ORIZU_AGENT_TOKEN_URL and the session id",
+                None => {
+                    "the coordinator is unreachable from here: check the URL, DNS, proxy and CA"
+                }
+            };
+            lines.push(CheckLine::fail("agent token", e.to_string(), hint));
+            lines.push(CheckLine::fail("session", "skipped", "needs a bearer"));
+            lines.push(CheckLine::fail("env bundle", "skipped", "needs a bearer"));
+            return lines;
+        }
+    }
+    match api.session(RetryPolicy::ONCE, false).await {
+        Ok(s) => {
+            let branch = crate::checks::git_branch("repoBranch", &s.repo_branch);
+            let pending = s.pending_turn();
+            match (branch, pending) {
+                (Err(e), _) => lines.push(CheckLine::fail(
+                    "session",
+                    e.to_string(),
+                    "the coordinator sent an unusable branch",
+                )),
+                (_, Err(e)) => lines.push(CheckLine::fail(
+                    "session",
+                    e,
+                    "the coordinator sent a malformed pendingTurn",
+                )),
+                (Ok(()), Ok(p)) => lines.push(CheckLine::pass(
+                    "session",
+                    format!(
+                        "status {}, branch {}, {} runs, pending turn: {}",
+                        s.status.as_deref().unwrap_or("active"),
+                        s.repo_branch,
+                        s.runs.len(),
+                        p.map_or("none".to_string(), |t| t.run_id)
+                    ),
+                )),
+            }
+        }
+        Err(e) => lines.push(CheckLine::fail(
+            "session",
+            e.to_string(),
+            "check ORIZU_API_BASE_URL and ORIZU_SESSION_ID",
+        )),
+    }
+    match api.env_bundle().await {
+        Ok(bundle) => {
+            let count = bundle.connectors.len();
+            match environment::apply_bundle(bundle, &config.base_env, redactor) {
+                Ok(_) => lines.push(CheckLine::pass("env bundle", format!("{count} connectors"))),
+                Err(e) => lines.push(CheckLine::fail(
+                    "env bundle",
+                    e.to_string(),
+                    "rename the connector in the session's settings",
+                )),
+            }
+        }
+        Err(e) => lines.push(CheckLine::fail(
+            "env bundle",
+            e.to_string(),
+            "check the coordinator's env-bundle route",
+        )),
+    }
+    lines
+}
+
+/// Finds `program` the way `execvp` would, with the environment's `PATH`.
+fn find_program(program: &Path, env: &BTreeMap<OsString, OsString>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if program.components().count() > 1 {
+        return executable(program).then(|| program.to_path_buf());
+    }
+    let path = env.get(&OsString::from("PATH"))?;
+    std::env::split_paths(path)
+        .map(|dir| dir.join(program))
+        .find(|p| executable(p))
+}
+
+fn tool_line(name: &'static str, program: &Path, env: &BTreeMap<OsString, OsString>) -> CheckLine {
+    let Some(found) = find_program(program, env) else {
+        return CheckLine::fail(
+            name,
+            format!("{} not found on PATH", program.display()),
+            "install it in the image, or fix PATH / HOSTED_BOOT_AGENT_COMMAND",
+        );
+    };
+    if name == "git" {
+        match std::process::Command::new(&found).arg("--version").output() {
+            Ok(o) if o.status.success() => {
+                CheckLine::pass(name, String::from_utf8_lossy(&o.stdout).trim().to_string())
+            }
+            Ok(o) => CheckLine::fail(
+                name,
+                format!("`git --version` exited with {}", o.status),
+                "reinstall git",
+            ),
+            Err(e) => CheckLine::fail(
+                name,
+                format!("cannot run {}: {e}", found.display()),
+                "reinstall git",
+            ),
+        }
+    } else {
+        // The agent is not started here (it would begin working); being an
+        // executable file is what `run` needs to spawn it.
+        CheckLine::pass(name, format!("{} is executable", found.display()))
+    }
+}

@@ -1,0 +1,823 @@
+//! The harvest (PROTOCOL.md 4.5): the agent's work never exists only inside
+//! the sandbox. After every turn, and at boot for a reused `repo/`:
+//!
+//! 1. what the agent left uncommitted (tracked or new, not ignored) is
+//!    committed on the current `HEAD` (whatever branch, or detached) with the
+//!    agent's git identity and a message naming the run and its outcome;
+//! 2. the session branch is fetched; `HEAD` is pushed to it when that is a
+//!    fast-forward, otherwise to `<branch>-recovered-<runId>`
+//!    (`<branch>-recovered-at-boot` at boot), never forced;
+//! 3. once `HEAD` is on the remote, the local session branch is brought to
+//!    the remote's (checked out, `HEAD` attached to it), so that the next
+//!    turn starts from the remote's head. A `HEAD` that could not be pushed
+//!    is left where it is: a commit is never dropped before it was pushed.
+//!
+//! The push goes through [`super::transport`] with the boot's own
+//! credential helper and remote URL, not the ones in `repo/.git/config`
+//! (which the agent can edit). Transport failures are retried (section 2
+//! table: 3 attempts, 1 s, cap 4 s); a rejection by git or the server is a
+//! verdict. Everything runs on tokio's blocking pool, within a time bound;
+//! the report is what was known when the bound ran out.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use git2::{
+    AutotagOption, Direction, ErrorClass, ErrorCode, FetchOptions, IndexAddOption, Oid,
+    PushOptions, RemoteCallbacks, Repository, RepositoryState, Signature, StatusOptions,
+};
+
+use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
+use super::transport::{CredentialHelpers, HttpContext, register_remote};
+use crate::client::retry::wait_before_retry;
+use crate::timings::RetryPolicy;
+use crate::wire::{HarvestResult, PushError, PushErrorCode, RunOutcome};
+
+/// The name of the harvest of a reused `repo/` at boot (PROTOCOL.md 4.5).
+pub const RECOVERED_AT_BOOT: &str = "recovered-at-boot";
+
+/// Most `-N` suffixes tried when a recovery branch name is taken.
+const MAX_RECOVERY_SUFFIX: u32 = 100;
+
+/// Serialises the runner's own git work on `repo/`: a harvest that outlived
+/// its bound (still pushing on the blocking pool) finishes before the next
+/// harvest, or the next turn's start point, touches the repository.
+static REPO_LOCK: Mutex<()> = Mutex::new(());
+
+fn lock_repo() -> MutexGuard<'static, ()> {
+    REPO_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What every harvest of a boot shares: where `repo/` is and how to reach
+/// its remote.
+#[derive(Clone, Debug)]
+pub struct Harvester {
+    /// `repo/`.
+    pub repo_dir: PathBuf,
+    /// The session remote (the clone URL; no user info).
+    pub remote_url: String,
+    /// The session branch.
+    pub branch: String,
+    /// The boot's `credential.helper` value (`!'<exe>' credential --context
+    /// '<path>'`); the one in `repo/.git/config` is not trusted.
+    pub credential_helper: String,
+    /// The HTTP client the transport uses.
+    pub http: HttpContext,
+    /// Push attempts and backoff (`Timings::retry.harvest_push`).
+    pub push_policy: RetryPolicy,
+}
+
+/// One harvest.
+#[derive(Clone, Debug)]
+pub struct HarvestJob {
+    /// The run id, or [`RECOVERED_AT_BOOT`].
+    pub name: String,
+    /// The turn's outcome (`None` at boot), for the commit message: work in
+    /// progress unless `succeeded`.
+    pub outcome: Option<RunOutcome>,
+    /// The commit the turn started from ([`Harvester::start_point`]), the
+    /// base of `commits` and the diff statistics; `None`: the remote's
+    /// session branch.
+    pub start: Option<String>,
+    /// The time bound (60 s after a turn, 10 s on a graceful stop).
+    pub bound: Duration,
+}
+
+/// Why an attempt to reach the remote failed.
+#[derive(Debug)]
+enum Failure {
+    /// A transport failure: retried.
+    Transport(String),
+    /// A ref update refused (non-fast-forward, hook): a verdict for that
+    /// ref; the work may still go to a recovery branch.
+    RefRejected(String),
+    /// Refused by the server (credentials, no such repository): a verdict.
+    Verdict(String),
+}
+
+fn message(e: &git2::Error) -> String {
+    e.message().replace('\0', "")
+}
+
+fn classify(e: git2::Error) -> Failure {
+    match (e.code(), e.class()) {
+        (ErrorCode::Auth, _)
+        | (ErrorCode::Certificate, _)
+        | (ErrorCode::NotFound, ErrorClass::Http) => Failure::Verdict(message(&e)),
+        (ErrorCode::NotFastForward, _) => Failure::RefRejected(message(&e)),
+        _ => Failure::Transport(message(&e)),
+    }
+}
+
+impl Harvester {
+    /// The commit `HEAD` points at, as a turn starts (the base of its
+    /// harvest's statistics). `None` when `repo/` cannot be read.
+    pub async fn start_point(&self) -> Option<String> {
+        let dir = self.repo_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            let _guard = lock_repo();
+            let repo = Repository::open(&dir).ok()?;
+            let head = repo.head().ok()?.peel_to_commit().ok()?;
+            Some(head.id().to_string())
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// Whether `repo/` holds work that may not be on the remote: uncommitted
+    /// changes, or a `HEAD` other than the last known remote session branch.
+    /// Local only (no request); `true` when it cannot tell.
+    pub async fn has_local_work(&self) -> bool {
+        let dir = self.repo_dir.clone();
+        let branch = self.branch.clone();
+        tokio::task::spawn_blocking(move || {
+            let _guard = lock_repo();
+            let Ok(repo) = Repository::open(&dir) else {
+                return true;
+            };
+            let dirty = repo
+                .statuses(Some(&mut status_options()))
+                .map(|s| !s.is_empty())
+                .unwrap_or(true);
+            let head = repo.head().ok().and_then(|h| h.target());
+            let known = repo
+                .refname_to_id(&format!("refs/remotes/origin/{branch}"))
+                .ok();
+            dirty || head.is_none() || head != known
+        })
+        .await
+        .unwrap_or(true)
+    }
+
+    /// Harvests `repo/` (see the module documentation) on the blocking pool,
+    /// within `job.bound`. Never fails: what went wrong is in `pushError`
+    /// (a failed push does not fail the turn), and when the bound runs out
+    /// the report holds what was done by then.
+    pub async fn harvest(&self, job: HarvestJob) -> HarvestResult {
+        self.harvest_until(job, std::future::pending()).await
+    }
+
+    /// [`Harvester::harvest`], cut short when `cut` completes first (a stop
+    /// signal): the report is then what was done by that moment, with a
+    /// `harvest_timeout` error carrying `cut`'s message. The blocking work
+    /// goes on in the background until its own bound (the next harvest waits
+    /// for it).
+    pub async fn harvest_until(
+        &self,
+        job: HarvestJob,
+        cut: impl std::future::Future<Output = String>,
+    ) -> HarvestResult {
+        let progress = Arc::new(Mutex::new(empty_result(&job.name, &self.branch)));
+        let deadline = Instant::now() + job.bound;
+        let bound = job.bound;
+        let this = self.clone();
+        let shared = progress.clone();
+        let task =
+            tokio::task::spawn_blocking(move || this.harvest_blocking(&job, deadline, &shared));
+        let ended = |code: PushErrorCode, text: String| {
+            let mut r = progress.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            r.pushed = false;
+            r.push_error = Some(PushError {
+                code,
+                message: text,
+            });
+            r
+        };
+        let result = tokio::select! {
+            joined = tokio::time::timeout(bound, task) => match joined {
+                Ok(Ok(result)) => result,
+                Ok(Err(e)) => ended(
+                    PushErrorCode::HarvestFailed,
+                    format!("the harvest task failed: {e}"),
+                ),
+                Err(_) => ended(
+                    PushErrorCode::HarvestTimeout,
+                    format!(
+                        "the harvest did not finish within its bound of {} ms; the work stays in repo/ for the next harvest",
+                        bound.as_millis()
+                    ),
+                ),
+            },
+            why = cut => ended(PushErrorCode::HarvestTimeout, why),
+        };
+        log_result(&result);
+        result
+    }
+
+    /// [`Harvester::harvest`] on the calling thread: blocking, never from an
+    /// async task. `progress` receives the report as it fills in.
+    pub fn harvest_blocking(
+        &self,
+        job: &HarvestJob,
+        deadline: Instant,
+        progress: &Mutex<HarvestResult>,
+    ) -> HarvestResult {
+        let _guard = lock_repo();
+        let mut r = empty_result(&job.name, &self.branch);
+        let publish = |r: &HarvestResult| {
+            *progress.lock().unwrap_or_else(|p| p.into_inner()) = r.clone();
+        };
+        let fail = |mut r: HarvestResult, code, text: String| {
+            r.pushed = false;
+            r.push_error = Some(PushError {
+                code,
+                message: text,
+            });
+            r
+        };
+        let repo = match Repository::open(&self.repo_dir) {
+            Ok(repo) => repo,
+            Err(e) => {
+                return fail(
+                    r,
+                    PushErrorCode::HarvestFailed,
+                    format!("cannot open {}: {}", self.repo_dir.display(), message(&e)),
+                );
+            }
+        };
+
+        // 1. Commit what the agent left.
+        match commit_uncommitted(&repo, job) {
+            Ok(commit) => r.harvest_commit = commit.map(|c| c.to_string()),
+            Err(e) => {
+                return fail(
+                    r,
+                    PushErrorCode::HarvestFailed,
+                    format!(
+                        "cannot commit the work left in {}: {}",
+                        self.repo_dir.display(),
+                        message(&e)
+                    ),
+                );
+            }
+        }
+        let head = match repo.head().and_then(|h| h.peel_to_commit()) {
+            Ok(c) => c.id(),
+            Err(e) => {
+                return fail(
+                    r,
+                    PushErrorCode::HarvestFailed,
+                    format!(
+                        "{} has no commit at HEAD: {}",
+                        self.repo_dir.display(),
+                        message(&e)
+                    ),
+                );
+            }
+        };
+        r.head_sha = Some(head.to_string());
+        publish(&r);
+
+        // 2. and 3. Fetch, push, bring the local session branch to the
+        // remote's; transport failures retried within the bound.
+        let helpers = CredentialHelpers::new(["", self.credential_helper.as_str()], true);
+        let policy = self.push_policy;
+        let mut failures = 0u32;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return fail(
+                    r,
+                    PushErrorCode::HarvestTimeout,
+                    "the harvest's time bound ran out before the push".to_string(),
+                );
+            }
+            let http = HttpContext {
+                request_timeout: self.http.request_timeout.min(remaining),
+                ..self.http.clone()
+            };
+            let _registration = match register_remote(&self.remote_url, http, helpers.clone()) {
+                Ok(reg) => reg,
+                Err(e) => {
+                    return fail(r, PushErrorCode::PushFailed, message(&e));
+                }
+            };
+            match self.sync(&repo, head, job, &mut r) {
+                Ok(()) => {
+                    r.pushed = true;
+                    return r;
+                }
+                Err(Failure::Verdict(text) | Failure::RefRejected(text)) => {
+                    return fail(
+                        r,
+                        PushErrorCode::PushRejected,
+                        format!("the push to {} was refused: {text}", self.remote_url),
+                    );
+                }
+                Err(Failure::Transport(text)) => {
+                    failures += 1;
+                    publish(&r);
+                    if failures >= policy.attempts {
+                        return fail(
+                            r,
+                            PushErrorCode::PushFailed,
+                            format!(
+                                "the push to {} failed after {failures} attempts: {text}",
+                                self.remote_url
+                            ),
+                        );
+                    }
+                    let wait = wait_before_retry(policy, failures - 1, None);
+                    if Instant::now() + wait >= deadline {
+                        return fail(
+                            r,
+                            PushErrorCode::HarvestTimeout,
+                            format!(
+                                "the harvest's time bound ran out after {failures} push attempts; the last failed: {text}"
+                            ),
+                        );
+                    }
+                    tracing::warn!(attempt = failures, error = %text, "harvest push failed; retrying");
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+    }
+
+    /// One attempt: fetch the session branch, push `head` where it may go,
+    /// then bring the local session branch to the remote's.
+    fn sync(
+        &self,
+        repo: &Repository,
+        head: Oid,
+        job: &HarvestJob,
+        r: &mut HarvestResult,
+    ) -> Result<(), Failure> {
+        let url = self.remote_url.as_str();
+        let branch = self.branch.as_str();
+        let remote = fetch(repo, url, branch)?;
+
+        let base = job
+            .start
+            .as_deref()
+            .and_then(|s| Oid::from_str(s).ok())
+            .filter(|oid| repo.find_commit(*oid).is_ok())
+            .or(remote.session_tip)
+            .unwrap_or(head);
+        match statistics(repo, base, head) {
+            Ok((commits, files, insertions, deletions)) => {
+                r.commits = commits;
+                r.files_changed = files;
+                r.insertions = insertions;
+                r.deletions = deletions;
+            }
+            Err(e) => {
+                tracing::warn!(error = %message(&e), "harvest: cannot count the turn's changes")
+            }
+        }
+
+        let contains = |a: Oid, b: Oid| a == b || repo.graph_descendant_of(a, b).unwrap_or(false);
+        let tip = remote.session_tip;
+        let session_ref = format!("refs/heads/{branch}");
+        let mut on_session = false;
+        match tip {
+            // Everything in HEAD is on the remote already.
+            Some(tip) if contains(tip, head) => {}
+            Some(tip) if contains(head, tip) => match push(repo, url, &session_ref) {
+                Ok(()) => on_session = true,
+                Err(Failure::RefRejected(text)) => {
+                    tracing::warn!(error = %text, "harvest: the session branch refused the push; using a recovery branch");
+                }
+                Err(other) => return Err(other),
+            },
+            // The remote moved on (or lost the session branch): recovery.
+            _ => {}
+        }
+        let is_recovery = !on_session && !tip.is_some_and(|t| contains(t, head));
+        if is_recovery {
+            let name =
+                recovery_name(repo, branch, &job.name, &remote.heads, head).ok_or_else(|| {
+                    Failure::Verdict(format!(
+                        "no free recovery branch name for {branch}-recovered-{}",
+                        recovery_suffix(&job.name)
+                    ))
+                })?;
+            let there = remote.heads.get(&format!("refs/heads/{name}"));
+            if there != Some(&head) {
+                push(repo, url, &format!("refs/heads/{name}"))?;
+            }
+            tracing::warn!(recovery_branch = %name, head = %head, "harvest: the session branch moved on; the work went to a recovery branch");
+            r.recovery_branch = Some(name);
+        }
+
+        // The session branch's tip on the remote now.
+        let remote_tip = if on_session { Some(head) } else { tip };
+        if let Some(tip) = remote_tip
+            && let Err(e) = bring_local_to(repo, branch, tip)
+        {
+            // The work is on the remote; the next harvest tries again.
+            tracing::warn!(error = %message(&e), "harvest: cannot bring the local session branch to the remote's");
+        }
+        Ok(())
+    }
+}
+
+fn empty_result(name: &str, branch: &str) -> HarvestResult {
+    HarvestResult {
+        name: name.to_string(),
+        branch: branch.to_string(),
+        head_sha: None,
+        pushed: false,
+        commits: 0,
+        files_changed: 0,
+        insertions: 0,
+        deletions: 0,
+        harvest_commit: None,
+        recovery_branch: None,
+        push_error: None,
+    }
+}
+
+fn log_result(r: &HarvestResult) {
+    match &r.push_error {
+        None => tracing::info!(
+            name = %r.name,
+            head = r.head_sha.as_deref().unwrap_or(""),
+            commits = r.commits,
+            files_changed = r.files_changed,
+            recovery_branch = r.recovery_branch.as_deref().unwrap_or(""),
+            harvest_commit = r.harvest_commit.as_deref().unwrap_or(""),
+            "harvest done"
+        ),
+        Some(e) => tracing::error!(
+            name = %r.name,
+            head = r.head_sha.as_deref().unwrap_or(""),
+            code = ?e.code,
+            error = %e.message,
+            "harvest: the work is not on the remote"
+        ),
+    }
+}
+
+fn status_options() -> StatusOptions {
+    let mut opts = StatusOptions::new();
+    opts.include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_ignored(false)
+        .exclude_submodules(true);
+    opts
+}
+
+fn commit_message(job: &HarvestJob) -> String {
+    let name = &job.name;
+    match job.outcome {
+        Some(RunOutcome::Succeeded) => format!(
+            "{name}: work the agent left uncommitted\n\nCommitted by hosted-boot after the turn succeeded (the harvest, PROTOCOL.md 4.5).\n"
+        ),
+        Some(outcome) => {
+            let outcome = outcome.as_str();
+            format!(
+                "WIP {name}: work in progress (turn {outcome})\n\nCommitted by hosted-boot when the turn ended {outcome}, so that the work is not lost (the harvest, PROTOCOL.md 4.5).\n"
+            )
+        }
+        None => format!(
+            "WIP {name}: work found in repo/ when the runner restarted\n\nCommitted by hosted-boot at boot, so that the work is not lost (the harvest, PROTOCOL.md 4.5).\n"
+        ),
+    }
+}
+
+/// Commits every change of the work tree that git does not ignore on
+/// `HEAD`. `None` when there is nothing to commit.
+fn commit_uncommitted(repo: &Repository, job: &HarvestJob) -> Result<Option<Oid>, git2::Error> {
+    // The agent's process group is gone by now: an index lock left behind is
+    // a git command killed mid-way (an interrupt), which would otherwise
+    // block every harvest from here on.
+    let index_lock = repo.path().join("index.lock");
+    if index_lock.exists() {
+        tracing::warn!(path = %index_lock.display(), "harvest: removing the index lock a killed git command left");
+        if let Err(e) = std::fs::remove_file(&index_lock) {
+            tracing::warn!(path = %index_lock.display(), error = %e, "harvest: cannot remove the index lock");
+        }
+    }
+    let statuses = repo.statuses(Some(&mut status_options()))?;
+    if statuses.is_empty() {
+        return Ok(None);
+    }
+    let mut index = repo.index()?;
+    if let Err(e) = index
+        .add_all(["*"], IndexAddOption::DEFAULT, None)
+        .and_then(|()| index.update_all(["*"], None))
+    {
+        // One path libgit2 cannot add (a nested repository, say) must not
+        // keep the others from being saved: add them one by one.
+        tracing::warn!(error = %message(&e), "harvest: adding everything failed; adding path by path");
+        index.read(true)?;
+        for entry in statuses.iter() {
+            let Ok(path) = entry.path() else { continue };
+            let path = Path::new(path);
+            let added = if repo.workdir().is_some_and(|w| w.join(path).exists()) {
+                index.add_path(path)
+            } else {
+                index.remove_path(path)
+            };
+            if let Err(e) = added {
+                tracing::warn!(path = %path.display(), error = %message(&e), "harvest: path left out of the commit");
+            }
+        }
+    }
+    index.write()?;
+    let tree_id = index.write_tree()?;
+    let parent = repo.head()?.peel_to_commit()?;
+    if parent.tree_id() == tree_id {
+        return Ok(None);
+    }
+    let tree = repo.find_tree(tree_id)?;
+    let sig = Signature::now(GIT_USER_NAME, GIT_USER_EMAIL)?;
+    let oid = repo.commit(
+        Some("HEAD"),
+        &sig,
+        &sig,
+        &commit_message(job),
+        &tree,
+        &[&parent],
+    )?;
+    if repo.state() != RepositoryState::Clean {
+        // A merge or rebase the agent left half done: its commit is made,
+        // the state files would only confuse the next turn.
+        repo.cleanup_state()?;
+    }
+    tracing::info!(commit = %oid, name = %job.name, "harvest: committed what the agent left uncommitted");
+    Ok(Some(oid))
+}
+
+/// `commits` from `base` to `head`, and the diff statistics from their
+/// merge base to `head`.
+fn statistics(
+    repo: &Repository,
+    base: Oid,
+    head: Oid,
+) -> Result<(u64, u64, u64, u64), git2::Error> {
+    let mut walk = repo.revwalk()?;
+    walk.push(head)?;
+    walk.hide(base)?;
+    let commits = walk.filter(Result::is_ok).count() as u64;
+    let from = repo.merge_base(base, head).unwrap_or(base);
+    let from_tree = repo.find_commit(from)?.tree()?;
+    let head_tree = repo.find_commit(head)?.tree()?;
+    let stats = repo
+        .diff_tree_to_tree(Some(&from_tree), Some(&head_tree), None)?
+        .stats()?;
+    Ok((
+        commits,
+        stats.files_changed() as u64,
+        stats.insertions() as u64,
+        stats.deletions() as u64,
+    ))
+}
+
+/// The remote as the harvest's fetch found it.
+struct RemoteState {
+    /// The session branch's tip (downloaded), `None` when it is missing.
+    session_tip: Option<Oid>,
+    /// Every branch on the remote (`refs/heads/…` → tip).
+    heads: HashMap<String, Oid>,
+}
+
+/// Lists the remote's refs and downloads the session branch when its tip is
+/// not here yet; updates `refs/remotes/origin/<branch>`.
+fn fetch(repo: &Repository, url: &str, branch: &str) -> Result<RemoteState, Failure> {
+    let mut remote = repo.remote_anonymous(url).map_err(classify)?;
+    let mut connection = remote
+        .connect_auth(Direction::Fetch, None, None)
+        .map_err(classify)?;
+    let heads: HashMap<String, Oid> = connection
+        .list()
+        .map_err(classify)?
+        .iter()
+        .filter(|h| h.name().starts_with("refs/heads/"))
+        .map(|h| (h.name().to_string(), h.oid()))
+        .collect();
+    let session_tip = heads.get(&format!("refs/heads/{branch}")).copied();
+    if let Some(tip) = session_tip {
+        let present = repo.odb().is_ok_and(|odb| odb.exists(tip));
+        if !present {
+            let mut options = FetchOptions::new();
+            options.download_tags(AutotagOption::None);
+            connection
+                .remote()
+                .download(
+                    &[format!("+refs/heads/{branch}:refs/remotes/origin/{branch}")],
+                    Some(&mut options),
+                )
+                .map_err(classify)?;
+        }
+    }
+    connection.remote().disconnect().map_err(classify)?;
+    if let Some(tip) = session_tip {
+        repo.reference(
+            &format!("refs/remotes/origin/{branch}"),
+            tip,
+            true,
+            "hosted-boot: harvest: fetch the session branch",
+        )
+        .map_err(|e| Failure::Transport(message(&e)))?;
+    }
+    Ok(RemoteState { session_tip, heads })
+}
+
+/// Pushes `HEAD` to `target` (a full ref name), never forced.
+fn push(repo: &Repository, url: &str, target: &str) -> Result<(), Failure> {
+    let mut remote = repo.remote_anonymous(url).map_err(classify)?;
+    let refused: RefCell<Vec<String>> = RefCell::new(Vec::new());
+    {
+        let mut callbacks = RemoteCallbacks::new();
+        callbacks.push_update_reference(|name, status| {
+            if let Some(s) = status {
+                refused.borrow_mut().push(format!("{name}: {s}"));
+            }
+            Ok(())
+        });
+        let mut options = PushOptions::new();
+        options.remote_callbacks(callbacks);
+        remote
+            .push(&[format!("HEAD:{target}")], Some(&mut options))
+            .map_err(classify)?;
+    }
+    let refused = refused.into_inner();
+    if !refused.is_empty() {
+        return Err(Failure::RefRejected(refused.join("; ")));
+    }
+    tracing::info!(target, "harvest: pushed HEAD");
+    Ok(())
+}
+
+fn recovery_suffix(name: &str) -> &str {
+    if name == RECOVERED_AT_BOOT {
+        "at-boot"
+    } else {
+        name
+    }
+}
+
+/// `<branch>-recovered-<runId>` (`<branch>-recovered-at-boot` at boot), or
+/// the same with `-2`, `-3`, … when the remote has that branch and `head`
+/// does not contain its tip.
+fn recovery_name(
+    repo: &Repository,
+    branch: &str,
+    name: &str,
+    heads: &HashMap<String, Oid>,
+    head: Oid,
+) -> Option<String> {
+    let base = format!("{branch}-recovered-{}", recovery_suffix(name));
+    (1..=MAX_RECOVERY_SUFFIX)
+        .map(|n| {
+            if n == 1 {
+                base.clone()
+            } else {
+                format!("{base}-{n}")
+            }
+        })
+        .filter(|candidate| git2::Reference::is_valid_name(&format!("refs/heads/{candidate}")))
+        .find(
+            |candidate| match heads.get(&format!("refs/heads/{candidate}")) {
+                None => true,
+                Some(tip) => *tip == head || repo.graph_descendant_of(head, *tip).unwrap_or(false),
+            },
+        )
+}
+
+/// Checks out `tip` (forced: the work tree holds nothing uncommitted by now)
+/// and points the local session branch, its remote-tracking branch and
+/// `HEAD` at it.
+fn bring_local_to(repo: &Repository, branch: &str, tip: Oid) -> Result<(), git2::Error> {
+    let local = format!("refs/heads/{branch}");
+    let attached = repo
+        .head()
+        .ok()
+        .and_then(|h| h.name().ok().map(str::to_string))
+        .is_some_and(|n| n == local);
+    let at_tip = repo.head().ok().and_then(|h| h.target()) == Some(tip);
+    if attached && at_tip {
+        return Ok(());
+    }
+    // Check out first, while HEAD still names the old commit: files of the
+    // old commit that the tip does not have are removed, not left behind as
+    // untracked files that the next harvest would commit again.
+    let commit = repo.find_commit(tip)?;
+    let mut checkout = git2::build::CheckoutBuilder::new();
+    checkout.force();
+    repo.checkout_tree(commit.as_object(), Some(&mut checkout))?;
+    repo.reference(
+        &format!("refs/remotes/origin/{branch}"),
+        tip,
+        true,
+        "hosted-boot: harvest",
+    )?;
+    repo.reference(
+        &local,
+        tip,
+        true,
+        "hosted-boot: harvest: the remote's session branch",
+    )?;
+    repo.set_head(&local)?;
+    tracing::info!(branch, commit = %tip, "harvest: local session branch brought to the remote's");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(name: &str, outcome: Option<RunOutcome>) -> HarvestJob {
+        HarvestJob {
+            name: name.to_string(),
+            outcome,
+            start: None,
+            bound: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn commit_messages_name_the_run_and_the_outcome() {
+        let m = commit_message(&job("run-2", Some(RunOutcome::Succeeded)));
+        assert!(
+            m.starts_with("run-2: work the agent left uncommitted\n\n"),
+            "{m}"
+        );
+        let m = commit_message(&job("run-3", Some(RunOutcome::Interrupted)));
+        assert!(
+            m.starts_with("WIP run-3: work in progress (turn interrupted)\n"),
+            "{m}"
+        );
+        let m = commit_message(&job("run-4", Some(RunOutcome::Failed)));
+        assert!(
+            m.starts_with("WIP run-4: work in progress (turn failed)\n"),
+            "{m}"
+        );
+        let m = commit_message(&job(RECOVERED_AT_BOOT, None));
+        assert!(
+            m.starts_with("WIP recovered-at-boot: work found in repo/"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn errors_are_classified_as_the_retry_rule_says() {
+        let e = |code, class| git2::Error::new(code, class, "x");
+        assert!(matches!(
+            classify(e(ErrorCode::Auth, ErrorClass::Http)),
+            Failure::Verdict(_)
+        ));
+        assert!(matches!(
+            classify(e(ErrorCode::NotFound, ErrorClass::Http)),
+            Failure::Verdict(_)
+        ));
+        assert!(matches!(
+            classify(e(ErrorCode::NotFastForward, ErrorClass::Reference)),
+            Failure::RefRejected(_)
+        ));
+        assert!(matches!(
+            classify(e(ErrorCode::GenericError, ErrorClass::Http)),
+            Failure::Transport(_)
+        ));
+        assert!(matches!(
+            classify(e(ErrorCode::GenericError, ErrorClass::Net)),
+            Failure::Transport(_)
+        ));
+    }
+
+    #[test]
+    fn recovery_names_skip_taken_branches() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repository::init(dir.path()).unwrap();
+        let sig = Signature::now("t", "t@example.invalid").unwrap();
+        let tree = repo
+            .find_tree(repo.index().unwrap().write_tree().unwrap())
+            .unwrap();
+        let a = repo
+            .commit(Some("HEAD"), &sig, &sig, "a", &tree, &[])
+            .unwrap();
+        let parent = repo.find_commit(a).unwrap();
+        let b = repo
+            .commit(Some("HEAD"), &sig, &sig, "b", &tree, &[&parent])
+            .unwrap();
+        let other = repo.commit(None, &sig, &sig, "other", &tree, &[]).unwrap();
+        let mut heads = HashMap::new();
+        assert_eq!(
+            recovery_name(&repo, "s", "run-2", &heads, b).as_deref(),
+            Some("s-recovered-run-2")
+        );
+        assert_eq!(
+            recovery_name(&repo, "s", RECOVERED_AT_BOOT, &heads, b).as_deref(),
+            Some("s-recovered-at-boot")
+        );
+        // Taken by an ancestor of HEAD: a fast-forward, same name.
+        heads.insert("refs/heads/s-recovered-run-2".to_string(), a);
+        assert_eq!(
+            recovery_name(&repo, "s", "run-2", &heads, b).as_deref(),
+            Some("s-recovered-run-2")
+        );
+        // Taken by unrelated work: the next free suffix.
+        heads.insert("refs/heads/s-recovered-run-2".to_string(), other);
+        heads.insert("refs/heads/s-recovered-run-2-2".to_string(), other);
+        assert_eq!(
+            recovery_name(&repo, "s", "run-2", &heads, b).as_deref(),
+            Some("s-recovered-run-2-3")
+        );
+    }
+}

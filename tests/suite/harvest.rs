@@ -1,0 +1,778 @@
+//! The harvest (PROTOCOL.md 4.5) against the reference coordinator's git
+//! server (a bare repository behind `git http-backend`, whose pre-receive
+//! hook admits only the session branch and `<branch>-recovered-*`, and which
+//! refuses non-fast-forward pushes and deletions): the real binary, agents
+//! that are shell scripts using the git CLI.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Fault, Route, Snapshot};
+use hosted_boot::secret::Secret;
+use hosted_boot::timings::Timings;
+use hosted_boot::wire::{HarvestResult, PushErrorCode};
+use hosted_boot::workspace::{
+    BootContext, HarvestJob, Harvester, HttpContext, RepoSpec, SessionDir,
+    credential_helper_command, prepare_repo_async,
+};
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::support::{Sandbox, WAIT, assert_no_secret, finish};
+
+const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
+
+/// Lets the test act between the agent's start and its end: the agent
+/// touches `ready-<runId>` and waits (bounded) for `go`.
+const WAIT_FOR_GO: &str = r#"
+touch "$AGENT_OUT/ready-$ORIZU_RUN_ID"
+i=0
+while [ ! -e "$AGENT_OUT/go" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+"#;
+
+/// `git` in the coordinator's bare repository; trimmed stdout ("" on error).
+fn bare_git(sb: &Sandbox, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.coordinator.bare_repo())
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return String::new();
+    }
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The tip of branch `name` on the remote ("" when it does not exist).
+fn tip(sb: &Sandbox, name: &str) -> String {
+    bare_git(
+        sb,
+        &["rev-parse", "--verify", "-q", &format!("refs/heads/{name}")],
+    )
+}
+
+fn subject(sb: &Sandbox, rev: &str) -> String {
+    bare_git(sb, &["log", "-1", "--format=%s", rev])
+}
+
+/// Adds a commit to the session branch of the bare repository (someone else
+/// pushed meanwhile) and returns it.
+fn advance_remote(sb: &Sandbox, file: &str) -> String {
+    let bare = git2::Repository::open_bare(sb.coordinator.bare_repo()).unwrap();
+    let refname = format!("refs/heads/{}", sb.coordinator.branch());
+    let parent = bare
+        .find_reference(&refname)
+        .unwrap()
+        .peel_to_commit()
+        .unwrap();
+    let blob = bare.blob(b"from elsewhere\n").unwrap();
+    let mut tb = bare.treebuilder(Some(&parent.tree().unwrap())).unwrap();
+    tb.insert(file, blob, 0o100644).unwrap();
+    let tree = bare.find_tree(tb.write().unwrap()).unwrap();
+    let sig = git2::Signature::now("someone", "someone@example.invalid").unwrap();
+    bare.commit(
+        Some(&refname),
+        &sig,
+        &sig,
+        "pushed elsewhere",
+        &tree,
+        &[&parent],
+    )
+    .unwrap()
+    .to_string()
+}
+
+fn result_of(snap: &Snapshot, run_id: &str) -> Value {
+    let finish = snap.run(run_id).unwrap().finish.as_ref().unwrap();
+    serde_json::to_value(&finish.result).unwrap()
+}
+
+fn harvest_events(snap: &Snapshot, run_id: &str) -> Vec<Value> {
+    snap.run(run_id)
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e.kind == "hosted_boot.harvest")
+        .map(|e| e.data.clone())
+        .collect()
+}
+
+/// Index of the last push (`POST …/git-receive-pack`) and of the `finish`
+/// of `run_id` among the requests.
+fn push_and_finish_positions(snap: &Snapshot, run_id: &str) -> (Option<usize>, usize) {
+    let push = snap
+        .requests
+        .iter()
+        .rposition(|r| r.method == "POST" && r.path.ends_with("/git-receive-pack"));
+    let finish = snap
+        .requests
+        .iter()
+        .position(|r| r.route == Route::Finish && r.path.contains(&format!("/{run_id}/")))
+        .unwrap();
+    (push, finish)
+}
+
+async fn wait_file(path: PathBuf) {
+    tokio::time::timeout(WAIT, async {
+        while !path.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} did not appear", path.display()));
+}
+
+#[tokio::test]
+async fn uncommitted_work_of_a_succeeded_turn_lands_on_the_session_branch() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(CONNECTOR.0.into(), CONNECTOR.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    // A new file (two lines), a tracked file changed (one line added), a
+    // .gitignore (one line) and an ignored file, which must stay behind.
+    // And the index lock of a git command killed mid-way.
+    let script = sb.script(
+        r#"
+printf 'one\ntwo\n' > NEW.md
+echo 'appended' >> README.md
+echo 'build.log' > .gitignore
+echo "key $ACME_API_KEY" > build.log
+touch .git/index.lock
+"#,
+    );
+    let child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
+    let branch = sb.coordinator.branch();
+    let head = tip(&sb, &branch);
+    assert_eq!(
+        result_of(&snap, "run-1"),
+        json!({"name": "run-1", "branch": branch, "headSha": head, "pushed": true,
+               "commits": 1, "filesChanged": 3, "insertions": 4, "deletions": 0,
+               "harvestCommit": head})
+    );
+    assert_eq!(
+        harvest_events(&snap, "run-1"),
+        vec![result_of(&snap, "run-1")]
+    );
+    assert_eq!(
+        subject(&sb, &head),
+        "run-1: work the agent left uncommitted"
+    );
+    assert_eq!(
+        bare_git(&sb, &["log", "-1", "--format=%an <%ae>", &head]),
+        "hosted-boot agent <agent@hosted-boot.invalid>"
+    );
+    let files = bare_git(&sb, &["ls-tree", "-r", "--name-only", &head]);
+    let files: Vec<&str> = files.lines().collect();
+    assert_eq!(
+        files,
+        vec![".gitignore", "NEW.md", "README.md", "src/greeting.txt"]
+    );
+    let (push, finish) = push_and_finish_positions(&snap, "run-1");
+    assert!(push.unwrap() < finish, "the push came after the seal");
+    // The ignored file is still in the sandbox, not on the remote.
+    assert!(sb.root().join("repo/build.log").exists());
+
+    let secrets = sb.secrets(&[CONNECTOR.1]);
+    assert_no_secret(
+        "harvest event",
+        &serde_json::to_string(&harvest_events(&snap, "run-1")).unwrap(),
+        &secrets,
+    );
+    assert_no_secret(
+        "finish.result",
+        &result_of(&snap, "run-1").to_string(),
+        &secrets,
+    );
+    assert_no_secret("runner output (trace level)", &output, &secrets);
+}
+
+#[tokio::test]
+async fn a_commit_the_agent_did_not_push_is_pushed() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+echo change > CHANGE.md
+git add CHANGE.md
+git commit -q -m "agent change"
+git rev-parse HEAD > "$AGENT_OUT/head"
+"#,
+    );
+    let child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let agent_head = sb.read_out("head").trim().to_string();
+    let branch = sb.coordinator.branch();
+    assert_eq!(tip(&sb, &branch), agent_head);
+    let result = result_of(&sb.coordinator.snapshot(), "run-1");
+    assert_eq!(
+        result,
+        json!({"name": "run-1", "branch": branch, "headSha": agent_head, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0})
+    );
+}
+
+#[tokio::test]
+async fn a_detached_head_with_a_new_commit_is_pushed_and_the_next_turn_is_on_the_branch() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  git checkout -q --detach
+  echo detached > DETACHED.md
+  git add DETACHED.md
+  git commit -q -m "commit on a detached HEAD"
+  git rev-parse HEAD > "$AGENT_OUT/head-run-1"
+else
+  git rev-parse HEAD > "$AGENT_OUT/head-$ORIZU_RUN_ID"
+  git symbolic-ref HEAD > "$AGENT_OUT/symref-$ORIZU_RUN_ID"
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    let next = sb.coordinator.queue_turn("next", None);
+    sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let branch = sb.coordinator.branch();
+    let detached = sb.read_out("head-run-1").trim().to_string();
+    assert_eq!(tip(&sb, &branch), detached);
+    let result = result_of(&sb.coordinator.snapshot(), "run-1");
+    assert_eq!(result["headSha"], json!(detached));
+    assert_eq!(result["commits"], json!(1));
+    assert!(result.get("recoveryBranch").is_none(), "{result}");
+    // The next turn starts on the session branch, at the remote's head.
+    assert_eq!(sb.read_out(&format!("head-{next}")).trim(), detached);
+    assert_eq!(
+        sb.read_out(&format!("symref-{next}")).trim(),
+        format!("refs/heads/{branch}")
+    );
+}
+
+/// An agent that leaves work uncommitted and works until it is stopped.
+const LEAVES_WORK_AND_SLEEPS: &str = r#"
+echo wip > WIP.md
+echo 'half done' >> README.md
+echo $$ > "$AGENT_OUT/pgid"
+echo '{"type":"message","text":"working"}'
+sleep 1000 &
+wait
+"#;
+
+async fn wait_working(sb: &Sandbox) {
+    sb.coordinator
+        .wait_for(WAIT, |s| {
+            s.run("run-1")
+                .is_some_and(|r| r.events.iter().any(|e| e.kind == "message"))
+        })
+        .await
+        .unwrap();
+}
+
+fn assert_wip_pushed_before_the_seal(sb: &Sandbox) {
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run("run-1").unwrap().status, "interrupted");
+    let branch = sb.coordinator.branch();
+    let head = tip(sb, &branch);
+    assert_eq!(
+        subject(sb, &head),
+        "WIP run-1: work in progress (turn interrupted)"
+    );
+    assert_eq!(bare_git(sb, &["show", &format!("{head}:WIP.md")]), "wip");
+    let result = result_of(&snap, "run-1");
+    assert_eq!(
+        result,
+        json!({"name": "run-1", "branch": branch, "headSha": head, "pushed": true,
+               "commits": 1, "filesChanged": 2, "insertions": 2, "deletions": 0,
+               "harvestCommit": head})
+    );
+    assert_eq!(harvest_events(&snap, "run-1"), vec![result]);
+    let (push, finish) = push_and_finish_positions(&snap, "run-1");
+    assert!(push.unwrap() < finish, "the push came after the seal");
+}
+
+#[tokio::test]
+async fn an_interrupted_turn_gets_a_wip_commit_pushed_before_the_seal() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let child = sb.spawn(&sb.script(LEAVES_WORK_AND_SLEEPS));
+    wait_working(&sb).await;
+    sb.coordinator.interrupt(Some("run-1")).unwrap();
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_wip_pushed_before_the_seal(&sb);
+}
+
+#[tokio::test]
+async fn sigterm_mid_turn_gets_a_wip_commit_pushed_before_the_seal() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let child = sb.spawn(&sb.script(LEAVES_WORK_AND_SLEEPS));
+    wait_working(&sb).await;
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    assert_wip_pushed_before_the_seal(&sb);
+    assert_eq!(
+        sb.coordinator.snapshot().status_names(),
+        vec!["turn_started", "turn_completed"]
+    );
+}
+
+#[tokio::test]
+async fn when_the_remote_moved_on_the_work_goes_to_a_recovery_branch() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  echo mine > MINE.md
+  git add MINE.md
+  git commit -q -m "agent work"
+  git rev-parse HEAD > "$AGENT_OUT/head-run-1"
+  {WAIT_FOR_GO}
+  exit 0
+fi
+git rev-parse HEAD > "$AGENT_OUT/head-$ORIZU_RUN_ID"
+ls > "$AGENT_OUT/ls-$ORIZU_RUN_ID"
+git status --porcelain > "$AGENT_OUT/status-$ORIZU_RUN_ID"
+"#
+    ));
+    let child = sb.spawn(&script);
+    wait_file(sb.out().join("ready-run-1")).await;
+    let theirs = advance_remote(&sb, "THEIRS.md");
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    sb.wait_sealed("run-1").await;
+    let next = sb.coordinator.queue_turn("next", None);
+    sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+
+    let branch = sb.coordinator.branch();
+    let recovery = format!("{branch}-recovered-run-1");
+    let mine = sb.read_out("head-run-1").trim().to_string();
+    // Nothing forced: the session branch keeps the other commit; the work is
+    // on the recovery branch, which finish.result names.
+    assert_eq!(tip(&sb, &branch), theirs);
+    assert_eq!(tip(&sb, &recovery), mine);
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
+    assert_eq!(
+        result_of(&snap, "run-1"),
+        json!({"name": "run-1", "branch": branch, "headSha": mine, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0,
+               "recoveryBranch": recovery})
+    );
+    // The next turn starts from the remote's head, without the recovered work.
+    assert_eq!(sb.read_out(&format!("head-{next}")).trim(), theirs);
+    let ls = sb.read_out(&format!("ls-{next}"));
+    assert!(ls.contains("THEIRS.md") && !ls.contains("MINE.md"), "{ls}");
+    assert_eq!(sb.read_out(&format!("status-{next}")), "");
+    assert_eq!(
+        result_of(&snap, &next),
+        json!({"name": next, "branch": branch, "headSha": theirs, "pushed": true,
+               "commits": 0, "filesChanged": 0, "insertions": 0, "deletions": 0})
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_runner_pushes_the_work_left_in_repo_first() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+if [ ! -e "$AGENT_OUT/first-done" ]; then
+  touch "$AGENT_OUT/first-done"
+  echo committed > COMMITTED.md
+  git add COMMITTED.md
+  git commit -q -m "agent: committed, not pushed"
+  echo left > LEFT.md
+  echo $$ > "$AGENT_OUT/pgid"
+  echo '{"type":"message","text":"working"}'
+  exec sleep 1000
+fi
+git rev-parse HEAD > "$AGENT_OUT/head"
+git status --porcelain > "$AGENT_OUT/status"
+git symbolic-ref HEAD > "$AGENT_OUT/symref"
+"#,
+    );
+    let mut first = sb.spawn(&script);
+    wait_working(&sb).await;
+    // The sandbox dies: no harvest, no seal.
+    first.kill().await.unwrap();
+    let _ = first.wait().await;
+    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
+    let _ = rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(pgid).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+    let branch = sb.coordinator.branch();
+    let before = tip(&sb, &branch);
+    assert!(sb.coordinator.run("run-1").unwrap().finish.is_none());
+
+    let second = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(second).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+
+    // The work left behind reached the session branch (a fast-forward).
+    let head = tip(&sb, &branch);
+    assert_eq!(
+        subject(&sb, &head),
+        "WIP recovered-at-boot: work found in repo/ when the runner restarted"
+    );
+    assert_eq!(
+        subject(&sb, &format!("{head}~1")),
+        "agent: committed, not pushed"
+    );
+    assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~2")]), before);
+    assert_eq!(bare_git(&sb, &["show", &format!("{head}:LEFT.md")]), "left");
+    // Then the turn ran on the remote's head, on the session branch.
+    assert_eq!(sb.read_out("head").trim(), head);
+    assert_eq!(sb.read_out("status"), "");
+    assert_eq!(sb.read_out("symref").trim(), format!("refs/heads/{branch}"));
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
+    assert_eq!(
+        result_of(&snap, "run-1"),
+        json!({"name": "run-1", "branch": branch, "headSha": head, "pushed": true,
+               "commits": 0, "filesChanged": 0, "insertions": 0, "deletions": 0})
+    );
+    let boot_harvest = output
+        .lines()
+        .find(|l| l.contains("harvest done") && l.contains("recovered-at-boot"))
+        .unwrap_or_else(|| panic!("no recovered-at-boot harvest in the log:\n{output}"));
+    assert!(boot_harvest.contains(&head), "{boot_harvest}");
+}
+
+/// An agent that waits for `go`, then leaves a file uncommitted; later turns
+/// leave nothing.
+fn waits_then_leaves_a_file(sb: &Sandbox) -> PathBuf {
+    sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  {WAIT_FOR_GO}
+  echo kept > KEPT.md
+fi
+"#
+    ))
+}
+
+fn git_requests_since(sb: &Sandbox, from: usize) -> Vec<(String, Option<u16>)> {
+    sb.coordinator.requests()[from..]
+        .iter()
+        .filter(|r| r.route == Route::Git)
+        .map(|r| (r.method.clone(), r.response_status))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_push_that_keeps_failing_is_reported_retried_three_times_and_never_dropped() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let child = sb.spawn(&waits_then_leaves_a_file(&sb));
+    wait_file(sb.out().join("ready-run-1")).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .unwrap();
+    let from = sb.coordinator.requests().len();
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    let snap = sb.wait_sealed("run-1").await;
+    // The turn is not failed by it, and the failure is not silent.
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
+    let result: HarvestResult = serde_json::from_value(result_of(&snap, "run-1")).unwrap();
+    assert!(!result.pushed);
+    let error = result.push_error.clone().unwrap();
+    assert_eq!(error.code, PushErrorCode::PushFailed, "{error:?}");
+    assert!(error.message.contains("after 3 attempts"), "{error:?}");
+    assert!(error.message.contains("503"), "{error:?}");
+    assert_eq!(
+        git_requests_since(&sb, from),
+        vec![("GET".to_string(), Some(503)); 3],
+        "one advertisement request per attempt"
+    );
+    assert_eq!(
+        harvest_events(&snap, "run-1"),
+        vec![serde_json::to_value(&result).unwrap()]
+    );
+    let kept = result.head_sha.clone().unwrap();
+    assert_eq!(result.harvest_commit.as_deref(), Some(kept.as_str()));
+
+    // The next harvest pushes the commit that could not be pushed.
+    sb.coordinator.clear_faults();
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let branch = sb.coordinator.branch();
+    assert_eq!(tip(&sb, &branch), kept);
+    assert_eq!(result_of(&snap, &next)["pushed"], json!(true));
+    assert_eq!(result_of(&snap, &next)["headSha"], json!(kept));
+}
+
+#[tokio::test]
+async fn a_push_refused_by_the_server_is_a_verdict_and_not_retried() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(CONNECTOR.0.into(), CONNECTOR.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let child = sb.spawn(&waits_then_leaves_a_file(&sb));
+    wait_file(sb.out().join("ready-run-1")).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Git, 403).times(1000))
+        .unwrap();
+    let from = sb.coordinator.requests().len();
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    let snap = sb.wait_sealed("run-1").await;
+    sb.coordinator.clear_faults();
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
+    let result: HarvestResult = serde_json::from_value(result_of(&snap, "run-1")).unwrap();
+    assert!(!result.pushed);
+    let error = result.push_error.clone().unwrap();
+    assert_eq!(error.code, PushErrorCode::PushRejected, "{error:?}");
+    assert_eq!(
+        git_requests_since(&sb, from),
+        vec![("GET".to_string(), Some(403))]
+    );
+    let secrets = sb.secrets(&[CONNECTOR.1]);
+    assert_no_secret(
+        "harvest event",
+        &serde_json::to_string(&harvest_events(&snap, "run-1")).unwrap(),
+        &secrets,
+    );
+    assert_no_secret(
+        "finish.result",
+        &result_of(&snap, "run-1").to_string(),
+        &secrets,
+    );
+    assert_no_secret("runner output (trace level)", &output, &secrets);
+}
+
+/// The time bound, through the library: a git server slower than the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() {
+    hosted_boot::tls::install_crypto_provider();
+    let root = tempfile::tempdir().unwrap();
+    let coord = Coordinator::start(CoordinatorOptions {
+        workdir: Some(root.path().join("coordinator")),
+        ..CoordinatorOptions::default()
+    })
+    .await
+    .unwrap();
+    let session = SessionDir::create(root.path(), &coord.session_id()).unwrap();
+    session
+        .write_boot_secret(&Secret::new(coord.boot_secret()))
+        .unwrap();
+    session.create_credential_cache().unwrap();
+    session
+        .write_context(&BootContext {
+            api_base_url: coord.base_url().to_string(),
+            agent_token_url: coord.agent_token_url(),
+            session_id: coord.session_id(),
+            remote_url: coord.clone_url(),
+            boot_secret_path: session.boot_secret_path(),
+            credential_cache_path: session.credential_cache_path(),
+            ca_file: None,
+            insecure_http: false,
+            time_scale: 0.05,
+        })
+        .unwrap();
+    let helper = credential_helper_command(
+        Path::new(env!("CARGO_BIN_EXE_hosted-boot")),
+        &session.context_path(),
+    )
+    .unwrap();
+    let http = HttpContext {
+        client: hosted_boot::tls::http_client(None).unwrap(),
+        runtime: tokio::runtime::Handle::current(),
+        request_timeout: Duration::from_secs(10),
+    };
+    let prepared = prepare_repo_async(RepoSpec {
+        root: root.path().to_path_buf(),
+        remote_url: coord.clone_url(),
+        branch: coord.branch(),
+        credential_helper: helper.clone(),
+        http: http.clone(),
+    })
+    .await
+    .unwrap();
+    std::fs::write(prepared.path.join("SLOW.md"), "slow\n").unwrap();
+    coord
+        .add_fault(Fault::delay(Route::Git, Duration::from_secs(20)).times(10))
+        .unwrap();
+    let harvester = Harvester {
+        repo_dir: prepared.path.clone(),
+        remote_url: coord.clone_url(),
+        branch: coord.branch(),
+        credential_helper: helper,
+        http,
+        push_policy: Timings::default().retry.harvest_push,
+    };
+    let started = std::time::Instant::now();
+    let result = harvester
+        .harvest(HarvestJob {
+            name: "run-9".into(),
+            outcome: None,
+            start: None,
+            bound: Duration::from_millis(1500),
+        })
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the bound was not kept: {:?}",
+        started.elapsed()
+    );
+    assert!(!result.pushed);
+    assert_eq!(
+        result.push_error.as_ref().map(|e| e.code),
+        Some(PushErrorCode::HarvestTimeout),
+        "{result:?}"
+    );
+    // What was done by then is reported: the commit of the work left.
+    let head = result.head_sha.clone().unwrap();
+    assert_eq!(result.harvest_commit.as_deref(), Some(head.as_str()));
+    let repo = git2::Repository::open(&prepared.path).unwrap();
+    assert_eq!(
+        repo.head().unwrap().target().unwrap().to_string(),
+        head,
+        "the commit is kept in repo/ for the next harvest"
+    );
+    coord.clear_faults();
+    coord.shutdown().await;
+}
+
+/// The demo (README's main command) shows the harvest of each turn, the
+/// interrupted one included, before its seal.
+#[tokio::test]
+async fn the_demo_timeline_shows_a_harvest_line_for_each_turn() {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+            .arg("demo")
+            .env_remove("HOSTED_BOOT_LOG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the demo did not finish")
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    for (run, finish) in [
+        ("run-1", "succeeded"),
+        ("run-2", "succeeded"),
+        ("run-3", "interrupted"),
+    ] {
+        let harvest = lines
+            .iter()
+            .position(|l| l.contains(&format!("harvest     {run} ")))
+            .unwrap_or_else(|| panic!("no harvest line for {run}:\n{text}"));
+        let sealed = lines
+            .iter()
+            .position(|l| l.contains(&format!("finish      {run} {finish}")))
+            .unwrap_or_else(|| panic!("no finish line for {run}:\n{text}"));
+        assert!(harvest < sealed, "{text}");
+        assert!(!lines[harvest].contains("NOT pushed"), "{text}");
+    }
+    // The work the interrupted turn left is on the session branch as WIP.
+    assert!(
+        text.contains("WIP run-3: work in progress (turn interrupted)"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_turn_gets_its_work_pushed_before_the_seal() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script("echo partial > FAIL.md\nexit 3");
+    let (status, output) = finish(sb.spawn(&script)).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run("run-1").unwrap().status, "failed");
+    let branch = sb.coordinator.branch();
+    let head = tip(&sb, &branch);
+    assert_eq!(
+        subject(&sb, &head),
+        "WIP run-1: work in progress (turn failed)"
+    );
+    assert_eq!(
+        result_of(&snap, "run-1"),
+        json!({"name": "run-1", "branch": branch, "headSha": head, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0,
+               "harvestCommit": head})
+    );
+    let (push, finish) = push_and_finish_positions(&snap, "run-1");
+    assert!(push.unwrap() < finish, "the push came after the seal");
+}
+
+/// A run that fails before its own harvest (here: `turn_started` is never
+/// acknowledged) is harvested on the fatal path when `repo/` holds work: a
+/// commit an earlier harvest could not push.
+#[tokio::test]
+async fn the_fatal_path_harvests_what_an_earlier_failed_push_left() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let child = sb.spawn(&waits_then_leaves_a_file(&sb));
+    wait_file(sb.out().join("ready-run-1")).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .unwrap();
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    let snap = sb.wait_sealed("run-1").await;
+    let kept = result_of(&snap, "run-1")["headSha"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(result_of(&snap, "run-1")["pushed"], json!(false));
+    sb.coordinator
+        .wait_for(WAIT, |s| {
+            s.status_names() == vec!["turn_started", "turn_completed"]
+        })
+        .await
+        .unwrap();
+    sb.coordinator.clear_faults();
+    sb.coordinator
+        .add_fault(Fault::status(Route::BootStatus, 503).times(5))
+        .unwrap();
+    let next = sb.coordinator.queue_turn("next", None);
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+
+    let snap = sb.coordinator.snapshot();
+    let run = snap.run(&next).unwrap();
+    assert_eq!(run.status, "failed");
+    let seal = run.finish.as_ref().unwrap();
+    assert_eq!(
+        serde_json::to_value(seal.error.as_ref().unwrap().code).unwrap(),
+        json!("runner_error")
+    );
+    let branch = sb.coordinator.branch();
+    assert_eq!(tip(&sb, &branch), kept);
+    assert_eq!(
+        result_of(&snap, &next),
+        json!({"name": next, "branch": branch, "headSha": kept, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0})
+    );
+}
