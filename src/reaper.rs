@@ -161,7 +161,8 @@ fn exit_code(code: Option<i32>, signal: Option<i32>) -> i32 {
     }
 }
 
-fn signal_set(signals: &[i32]) -> libc::sigset_t {
+/// A signal set holding `signals`.
+pub fn signal_set(signals: &[i32]) -> libc::sigset_t {
     let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
     // SAFETY: `sigemptyset` initialises the set before `sigaddset` and
     // `assume_init` read it; the signal numbers are valid.
@@ -190,11 +191,14 @@ fn spawn_worker(secret: Option<Secret>) -> std::io::Result<Pid> {
         }
         None => None,
     };
-    // SAFETY: `setsid` is async-signal-safe (a raw syscall). std resets the
-    // signal mask and SIGPIPE's disposition in the child before the exec.
+    let empty = signal_set(&[]);
+    // SAFETY: `setsid` and `pthread_sigmask` are async-signal-safe. The
+    // worker must not inherit the reaper's blocked signals (its tokio
+    // handlers would never run); std resets SIGPIPE's disposition itself.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             rustix::process::setsid()?;
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             Ok(())
         });
     }

@@ -35,11 +35,13 @@ pub fn command(exe: &Path, pgid: i32, cgroup: Option<&Path>) -> Command {
         .stderr(Stdio::inherit())
         .process_group(pgid)
         .kill_on_drop(true);
-    // SAFETY: `sigaction` through `libc::signal` is async-signal-safe. An
-    // ignored disposition survives the exec, so the guard ignores SIGINT
-    // from its first instruction on.
+    let no_signals = crate::reaper::signal_set(&[]);
+    // SAFETY: `sigprocmask` and `sigaction` (through `libc::signal`) are
+    // async-signal-safe. An ignored disposition survives the exec, so the
+    // guard ignores SIGINT from its first instruction on.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &no_signals, std::ptr::null_mut());
             for signal in IGNORED {
                 libc::signal(signal, libc::SIG_IGN);
             }

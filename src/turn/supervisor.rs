@@ -223,11 +223,15 @@ where
         .kill_on_drop(true);
     let parent = rustix::process::getpid();
     let procs_fd = cgroup.as_ref().map(|c| c.procs_fd().as_raw_fd());
-    // SAFETY: only raw syscalls (prctl, getppid, write) run between fork and
-    // exec; nothing allocates or takes a lock. `procs_fd` stays open (owned
-    // by `cgroup`) until the spawn returned.
+    let no_signals = crate::reaper::signal_set(&[]);
+    // SAFETY: only async-signal-safe calls (sigprocmask, prctl, getppid,
+    // write) run between fork and exec; nothing allocates or takes a lock.
+    // `procs_fd` stays open (owned by `cgroup`) until the spawn returned.
     unsafe {
         command.pre_exec(move || {
+            // The agent starts with no blocked signal, whatever the
+            // spawning thread had blocked.
+            libc::pthread_sigmask(libc::SIG_SETMASK, &no_signals, std::ptr::null_mut());
             rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
             // The runner may have died before the prctl: then nobody would
             // ever send the signal.
