@@ -33,8 +33,9 @@ pub fn command(exe: &Path, pgid: i32, cgroup: Option<&Path>) -> Command {
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
-        .process_group(pgid)
-        .kill_on_drop(true);
+        .process_group(pgid);
+    // No kill_on_drop: a supervisor dropped mid-turn drops the guard's pipe
+    // too, and the guard must live to act on that EOF.
     let no_signals = crate::reaper::signal_set(&[]);
     // SAFETY: `sigprocmask` and `sigaction` (through `libc::signal`) are
     // async-signal-safe. An ignored disposition survives the exec, so the
