@@ -341,3 +341,80 @@ exit 3
     // The reaper exits with the worker's code: the last run's (3).
     assert_eq!(run.status.code(), Some(3), "{}", run.stderr);
 }
+
+#[tokio::test]
+async fn the_sweep_catches_what_forks_while_it_runs() {
+    let out = tempfile::tempdir().unwrap();
+    // A daemon in its own session that keeps forking (100 a second), so
+    // that some of its children are born between a scan and a kill.
+    let script = r#"
+setsid sh -c 'echo $$ > "$OUT/forker"; while :; do sleep 1000 & sleep 0.01; done' > /dev/null 2>&1 &
+while [ ! -s "$OUT/forker" ]; do sleep 0.01; done
+sleep 0.2
+exit 0
+"#;
+    let run = supervise(
+        &[],
+        &["--turn-cgroup", "off", "--", "sh", "-c", script],
+        out.path(),
+    )
+    .await;
+    let exit = run.exit();
+    assert_eq!(exit["status"], "succeeded", "{}", run.stderr);
+    assert!(exit["swept"].as_u64().unwrap() >= 2, "{exit}");
+    let forker: i32 = std::fs::read_to_string(out.path().join("forker"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The forker leads its own session and group; nothing of it is left.
+    assert_groups_empty(&[forker]);
+}
+
+#[tokio::test]
+async fn the_drain_bound_closes_a_pipe_the_sweep_cannot_empty() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_path_buf();
+    // The test process itself opens the agent's stdout pipe: a holder no
+    // sweep of the agent's tree can kill, so only the drain bound ends the
+    // turn.
+    let holder = async {
+        let deadline = Instant::now() + WAIT;
+        while !dir.join("agent").exists() {
+            assert!(Instant::now() < deadline, "the agent did not start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let pid = std::fs::read_to_string(dir.join("agent")).unwrap();
+        let held = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{}/fd/1", pid.trim()))
+            .unwrap();
+        std::fs::write(dir.join("go"), "").unwrap();
+        (held, Instant::now())
+    };
+    let script = r#"
+echo $$ > "$OUT/agent.tmp"; mv "$OUT/agent.tmp" "$OUT/agent"
+while [ ! -e "$OUT/go" ]; do sleep 0.01; done
+echo bye
+exit 0
+"#;
+    let args = ["--drain", "700ms", "--", "sh", "-c", script];
+    let run = supervise(&[], &args, out.path());
+    let (run, (held, released)) = tokio::join!(run, holder);
+    let after_go = released.elapsed();
+    drop(held);
+    assert_eq!(run.exit()["status"], "succeeded", "{}", run.stderr);
+    assert!(
+        run.stderr.contains("still open after the drain bound"),
+        "{}",
+        run.stderr
+    );
+    assert!(after_go >= Duration::from_millis(700), "{after_go:?}");
+    assert!(after_go < Duration::from_secs(10), "{after_go:?}");
+    // What the pipe held when the agent exited was read.
+    assert!(
+        run.lines.iter().any(|l| l["text"] == "bye"),
+        "{:?}",
+        run.lines
+    );
+}
