@@ -21,6 +21,7 @@ use crate::idle::{self, IdleEnd};
 use crate::redact::{Redactor, SecretKind};
 use crate::signals::{self, Stop};
 use crate::status::{Phase, StatusFile};
+use crate::turn::supervisor::Supervision;
 use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnInput};
 use crate::wire::{
     Access, BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult, RunOutcome, Session,
@@ -302,6 +303,15 @@ async fn boot(
             &config.api,
             &resolved.session.client_info,
         ),
+        supervision: Supervision {
+            drain: timings.pipe_drain,
+            time_cap: Supervision::time_cap_from_minutes(
+                resolved.session.client_info.duration_minutes,
+            ),
+            cap_grace: timings.interrupt_grace,
+            cgroup: config.turn_cgroup,
+            guard_exe: Some(PathBuf::from("/proc/self/exe")),
+        },
         harvester,
         recovered_at_boot: std::sync::Mutex::new(recovered_at_boot),
     };

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::turn::cgroup::CgroupMode;
+
 /// The entrypoint of a cloud sandbox in which an AI coding agent works on a
 /// user's repository.
 #[derive(Debug, Parser)]
@@ -43,6 +45,20 @@ pub enum Command {
     /// The built-in demo agent (used by `demo` and the tests).
     #[command(hide = true)]
     DemoAgent,
+    /// Run a program under the turn supervisor, as a turn runs the agent,
+    /// and report how each run ended (for debugging an agent image).
+    Supervise(crate::supervise::SuperviseArgs),
+    /// A turn's guard (started by the supervisor, never by hand).
+    #[command(hide = true)]
+    TurnGuard(TurnGuardArgs),
+}
+
+/// `hosted-boot turn-guard`.
+#[derive(Debug, Args)]
+pub struct TurnGuardArgs {
+    /// The turn's cgroup directory, killed and removed with the group.
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
 }
 
 /// Log line format.
@@ -99,6 +115,16 @@ pub struct RunArgs {
     /// PEM file of extra CA certificates (an intercepting proxy's CA).
     #[arg(long, env = "HOSTED_BOOT_CA_FILE", hide_env_values = true)]
     pub ca_file: Option<PathBuf>,
+    /// Give each turn a cgroup v2 (killed whole at the turn's end) when the
+    /// sandbox allows one: `auto`, or `off` for the `/proc` sweep alone.
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_TURN_CGROUP",
+        hide_env_values = true,
+        value_enum,
+        default_value = "auto"
+    )]
+    pub turn_cgroup: CgroupMode,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,

@@ -13,6 +13,7 @@ use crate::cli::{LogFormat, RunArgs};
 use crate::client::ApiConfig;
 use crate::secret::Secret;
 use crate::timings::{Timings, parse_duration};
+use crate::turn::cgroup::CgroupMode;
 
 /// The boot secret's variable (PROTOCOL.md section 1).
 pub const BOOT_SECRET_VAR: &str = "ORIZU_BOOT_SECRET";
@@ -72,6 +73,8 @@ pub struct BootConfig {
     /// The runner's environment as it was started, minus the boot secret:
     /// the base of the agent's environment (PROTOCOL.md section 3).
     pub base_env: Vec<(OsString, OsString)>,
+    /// `--turn-cgroup`: whether each turn gets a cgroup when possible.
+    pub turn_cgroup: CgroupMode,
 }
 
 /// Reads `env` (the environment as the process was started, boot secret
@@ -194,6 +197,7 @@ pub fn load(
         insecure_http,
         ca_file: args.ca_file.clone(),
         base_env,
+        turn_cgroup: args.turn_cgroup,
     })
 }
 

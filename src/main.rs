@@ -1,7 +1,9 @@
 //! The `hosted-boot` binary. Before any thread or runtime exists it takes the
 //! boot secret out of the environment (and out of the initial environment
-//! block), marks the process non-dumpable and installs the TLS provider;
-//! then it parses the command line and runs the subcommand.
+//! block) or from the pipe of a PID 1 split, marks the process non-dumpable,
+//! splits into reaper and worker when it is PID 1 (`reaper.rs`), and
+//! installs the TLS provider; then it parses the command line and runs the
+//! subcommand.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, OsString, c_char};
@@ -13,7 +15,8 @@ use hosted_boot::cli::{Cli, Command, RunArgs};
 use hosted_boot::config::{self, BOOT_SECRET_VAR};
 use hosted_boot::secret::Secret;
 use hosted_boot::{
-    boot, check, coordinator, demo, logging, redact::Redactor, status, tls, workspace,
+    boot, check, coordinator, demo, logging, reaper, redact::Redactor, status, supervise, tls,
+    turn, workspace,
 };
 
 unsafe extern "C" {
@@ -87,9 +90,22 @@ fn close_inherited_fds_on_exec() {
 
 fn main() -> ExitCode {
     // Nothing may start a thread before this line.
-    let (env, boot_secret) = take_boot_secret();
+    let handed = reaper::take_handed_secret();
+    let (env, env_secret) = take_boot_secret();
     close_inherited_fds_on_exec();
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    let boot_secret = match handed {
+        Ok(Some(secret)) => Some(secret),
+        Ok(None) => env_secret,
+        Err(e) => {
+            eprintln!("hosted-boot: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if reaper::is_pid1() {
+        // Still single-threaded: the reaper forks the worker and only reaps.
+        return exit_code(reaper::run(boot_secret));
+    }
     tls::install_crypto_provider();
 
     let cli = Cli::parse();
@@ -118,7 +134,13 @@ fn main() -> ExitCode {
         }
         Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
         Some(Command::DemoAgent) => demo::agent_main(),
+        Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),
+        Some(Command::TurnGuard(args)) => turn::guard::main(args.cgroup),
     };
+    exit_code(code)
+}
+
+fn exit_code(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 

@@ -8,11 +8,14 @@
 //! one attempt per call, and returns [`TurnEnd::Stopped`]; a second signal
 //! skips what is left.
 
+pub mod cgroup;
 pub mod events;
+pub mod guard;
 pub mod harvest;
 pub mod lines;
 pub mod rotation;
 pub mod supervisor;
+pub mod tree;
 pub mod watch;
 
 use std::ffi::OsString;
@@ -32,7 +35,7 @@ use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult}
 use crate::workspace::Harvester;
 use crate::workspace::files::{RunDir, SessionDir};
 use events::EventSink;
-use supervisor::{Control, SpawnSpec};
+use supervisor::{Control, SpawnSpec, Supervision};
 
 /// What every turn of the boot shares.
 pub struct TurnContext {
@@ -48,6 +51,8 @@ pub struct TurnContext {
     pub agent: AgentConfig,
     /// The agent's environment without the per-turn variables.
     pub agent_env: Vec<(OsString, OsString)>,
+    /// How the agent's processes are supervised (drain, time cap, cgroup).
+    pub supervision: Supervision,
     /// Commits and pushes the agent's work after each turn (4.5).
     pub harvester: Harvester,
     /// The harvest of a reused `repo/` at boot, reported as an event of the
@@ -269,7 +274,7 @@ pub async fn run(
                 let (kind, data) = agent::command::event_for_line(stream, &line);
                 line_sender.emit(kind, data);
             };
-            let supervised = supervisor::run(spec, control_rx, timings.pipe_drain, on_line);
+            let supervised = supervisor::run(spec, control_rx, &ctx.supervision, on_line);
             tokio::pin!(supervised);
             let result = loop {
                 tokio::select! {
@@ -288,11 +293,13 @@ pub async fn run(
                     }
                 }
             };
+            let stopped = interrupted.load(Ordering::SeqCst) || stopped_by.is_some();
             match result {
-                Ok(exit) => agent::command::outcome(
-                    &exit,
-                    interrupted.load(Ordering::SeqCst) || stopped_by.is_some(),
-                ),
+                // An interrupt or stop that came during the cap's grace wins.
+                Ok(exit) if exit.timed_out && !stopped => {
+                    TurnOutcome::failed(ErrorCode::AgentTimeout, ctx.supervision.timeout_message())
+                }
+                Ok(exit) => agent::command::outcome(&exit, stopped),
                 Err(e) => {
                     tracing::error!(run_id, error = %e, "agent spawn failed");
                     sender.emit(

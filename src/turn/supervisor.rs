@@ -1,18 +1,37 @@
 //! The turn supervisor: runs the agent as the leader of its own process
 //! group, interrupts it (SIGINT to the group, SIGKILL after the grace
-//! period), and ends the turn when the leader exits, not when its pipes
-//! close: a grandchild may hold them open forever.
+//! period), caps the turn's time, and ends the turn when the leader exits,
+//! not when its pipes close (a grandchild may hold them open forever), with
+//! every process of the turn gone, whatever its group or session.
 //!
-//! The leader is waited for with `waitid(WNOWAIT)`, so it stays a zombie
-//! (and its process group id stays reserved) until the group has been
-//! signalled: a group id cannot be reused under our feet.
+//! ```text
+//! spawn (from the spawner thread)       leader L: own group (pgid L), env as
+//!   │                                    built, PDEATHSIG=KILL + parent
+//!   │                                    re-check, joins the turn cgroup
+//!   ├─ guard G in group L (stdin = pipe from the runner: EOF = runner died
+//!   │                      → cgroup.kill + SIGKILL to group L)
+//!   ├─ readers: stdout/stderr → lines → on_line
+//!   ├─ adopted orphans reaped on SIGCHLD (the runner is a subreaper)
+//!   ├─ waitid(L, WEXITED|WNOWAIT)  ◀── Interrupt: SIGINT to -L, SIGKILL after grace
+//!   │                               ◀── Kill: SIGKILL to -L
+//!   │                               ◀── time cap: as Interrupt, Exit.timed_out
+//!   ├─ L exited (still a zombie: group id L stays reserved)
+//!   ├─ SIGKILL to -L, cgroup.kill, sweep /proc until no turn process lives
+//!   ├─ reap L (its status) and G
+//!   ├─ drain the pipes ≤ `drain`, then close them
+//!   └─ wait until group L is empty (bounded, logged), remove the cgroup
+//! ```
 //!
-//! Later (the supervisor issue): the descendant sweep for processes that
-//! left the group (`setsid`), the per-turn time cap, the PID 1 split.
+//! Waiting with `WNOWAIT` keeps the leader's pid (= the group id) reserved
+//! until the group has been signalled, so a recycled group id is never hit.
+//! The tree beyond the group is `tree.rs`; the cgroup `cgroup.rs`; the
+//! guard `guard.rs`.
 
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
@@ -21,7 +40,59 @@ use tokio::process::Command;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::cgroup::{self, CgroupMode, TurnCgroup};
+use super::guard;
 use super::lines::{Line, MAX_LINE_BYTES, read_lines};
+use super::tree::{self, Runner};
+
+/// Bound on the sweep after the leader exits, and on the wait for the group
+/// to be empty (each logged when reached).
+pub const SWEEP_BOUND: Duration = Duration::from_secs(5);
+
+/// How a turn is supervised.
+#[derive(Clone, Debug)]
+pub struct Supervision {
+    /// After the leader exits, read its pipes for at most this (2 s).
+    pub drain: Duration,
+    /// The turn's time cap (`clientInfo.durationMinutes`); none when absent.
+    pub time_cap: Option<Duration>,
+    /// SIGINT → SIGKILL when the time cap is reached (the interrupt grace).
+    pub cap_grace: Duration,
+    /// Whether the turn gets a cgroup.
+    pub cgroup: CgroupMode,
+    /// The `hosted-boot` binary that runs the turn's guard (`turn-guard`);
+    /// none: no guard (the leader still has `PR_SET_PDEATHSIG`).
+    pub guard_exe: Option<PathBuf>,
+}
+
+impl Supervision {
+    /// The per-turn time cap of `clientInfo.durationMinutes`: none when
+    /// absent, and none (logged) when not a positive finite number.
+    pub fn time_cap_from_minutes(minutes: Option<f64>) -> Option<Duration> {
+        let m = minutes?;
+        let cap = (m.is_finite() && m > 0.0)
+            .then(|| Duration::try_from_secs_f64(m * 60.0).ok())
+            .flatten();
+        if cap.is_none() {
+            tracing::warn!(
+                duration_minutes = m,
+                "clientInfo.durationMinutes is not a positive number of minutes; turns have no time cap"
+            );
+        }
+        cap
+    }
+
+    /// The `agent_timeout` message of a turn stopped by the time cap.
+    pub fn timeout_message(&self) -> String {
+        match self.time_cap {
+            Some(cap) => format!(
+                "the agent was stopped at the turn's time cap ({}, clientInfo.durationMinutes)",
+                humantime::format_duration(Duration::from_millis(cap.as_millis() as u64))
+            ),
+            None => "the agent was stopped at the turn's time cap".to_string(),
+        }
+    }
+}
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -78,23 +149,67 @@ pub struct Exit {
     pub signalled: bool,
     /// The process group id the turn used.
     pub pgid: i32,
+    /// Whether the time cap was reached (and the runner interrupted the
+    /// agent for it, before any other interrupt).
+    pub timed_out: bool,
+    /// Processes outside the agent's process group that the sweep killed
+    /// after the leader exited (they had called `setsid` or `setpgid`).
+    pub swept: usize,
 }
 
 /// Starts the agent, hands every output line to `on_line`, obeys `control`
-/// until the leader exits, kills what is left of the group, drains the
-/// pipes for at most `drain`, and returns how it ended.
+/// and the time cap until the leader exits, kills every remaining process
+/// of the turn, drains the pipes for at most `supervision.drain`, and
+/// returns how it ended.
 ///
 /// Errors: the program could not be started (not found, not executable,
 /// bad working directory): nothing was started.
 pub async fn run<F>(
     spec: SpawnSpec,
     mut control: mpsc::UnboundedReceiver<Control>,
-    drain: Duration,
+    supervision: &Supervision,
     on_line: F,
 ) -> Result<Exit, SpawnError>
 where
     F: Fn(Stream, Line) + Send + Sync + Clone + 'static,
 {
+    let spawn_error = |reason: String| SpawnError {
+        program: spec.program.clone(),
+        reason,
+    };
+    // A failed chdir in the child reports only "No such file or directory",
+    // as if the program were missing: name the directory instead.
+    match std::fs::metadata(&spec.cwd) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(spawn_error(format!(
+                "its working directory {} is not a directory",
+                spec.cwd.display()
+            )));
+        }
+        Err(e) => {
+            return Err(spawn_error(format!(
+                "its working directory {} cannot be used: {e}",
+                spec.cwd.display()
+            )));
+        }
+    }
+    let runner = Runner::current();
+    tree::become_subreaper();
+    let cgroup = match supervision.cgroup {
+        CgroupMode::Off => None,
+        CgroupMode::Auto => match TurnCgroup::create() {
+            Ok(c) => Some(c),
+            Err(reason) => {
+                static LOGGED: AtomicBool = AtomicBool::new(false);
+                if !LOGGED.swap(true, Ordering::Relaxed) {
+                    tracing::info!(%reason, "no per-turn cgroup; the /proc sweep alone finds processes that leave the agent's group");
+                }
+                None
+            }
+        },
+    };
+
     let mut command = Command::new(&spec.program);
     command
         .args(&spec.args)
@@ -106,12 +221,60 @@ where
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = command.spawn().map_err(|e| SpawnError {
-        program: spec.program.clone(),
-        reason: e.to_string(),
-    })?;
+    let parent = rustix::process::getpid();
+    let procs_fd = cgroup.as_ref().map(|c| c.procs_fd().as_raw_fd());
+    let no_signals = crate::reaper::signal_set(&[]);
+    // SAFETY: only async-signal-safe calls (sigprocmask, prctl, getppid,
+    // write) run between fork and exec; nothing allocates or takes a lock.
+    // `procs_fd` stays open (owned by `cgroup`) until the spawn returned.
+    unsafe {
+        command.pre_exec(move || {
+            // The agent starts with no blocked signal, whatever the
+            // spawning thread had blocked.
+            libc::pthread_sigmask(libc::SIG_SETMASK, &no_signals, std::ptr::null_mut());
+            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+            // The runner may have died before the prctl: then nobody would
+            // ever send the signal.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if let Some(fd) = procs_fd {
+                cgroup::join_from_child(BorrowedFd::borrow_raw(fd));
+            }
+            Ok(())
+        });
+    }
+    let mut child = match tree::spawn(command).await {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some(c) = cgroup {
+                c.remove(Duration::ZERO).await;
+            }
+            return Err(spawn_error(e.to_string()));
+        }
+    };
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
-    tracing::info!(pgid = pid, program = %spec.program, "agent started in its own process group");
+    tracing::info!(pgid = pid, program = %spec.program, cgroup = cgroup.is_some(), "agent started in its own process group");
+
+    let mut guard = match &supervision.guard_exe {
+        Some(exe) => {
+            match tree::spawn(guard::command(exe, pid, cgroup.as_ref().map(|c| c.path()))).await {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    tracing::warn!(pgid = pid, error = %e, "cannot start the turn's guard; if the runner dies, only the agent's leader dies with it");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let guard_pid = guard
+        .as_ref()
+        .and_then(|g| g.id())
+        .and_then(|p| i32::try_from(p).ok());
+    // Held until the guard is reaped: closing it tells the guard the runner
+    // is gone.
+    let guard_pipe = guard.as_mut().and_then(|g| g.stdin.take());
 
     let mut readers = Vec::new();
     if let Some(stdout) = child.stdout.take() {
@@ -134,22 +297,24 @@ where
             let _ = stdin.shutdown().await;
         });
     }
+    let collector = tokio::spawn(tree::reap_adopted_continuously(runner));
 
     // Wait for the leader's exit without reaping it.
     let exited = tokio::task::spawn_blocking(move || wait_without_reaping(pid));
     tokio::pin!(exited);
     let mut signalled = false;
+    let mut timed_out = false;
+    let mut control_open = true;
     let mut kill_at: Option<Instant> = None;
+    let mut cap_at = supervision
+        .time_cap
+        .and_then(|cap| Instant::now().checked_add(cap));
     loop {
-        let kill_sleep = async {
-            match kill_at {
-                Some(t) => tokio::time::sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
+        let kill_sleep = sleep_until(kill_at);
+        let cap_sleep = sleep_until(cap_at);
         tokio::select! {
             _ = &mut exited => break,
-            msg = control.recv() => match msg {
+            msg = control.recv(), if control_open => match msg {
                 Some(Control::Interrupt { grace }) => {
                     signalled = true;
                     signal_group(pid, Signal::INT);
@@ -160,30 +325,70 @@ where
                     signalled = true;
                     signal_group(pid, Signal::KILL);
                 }
-                None => {
-                    // The turn is gone: nobody can interrupt any more; keep waiting.
-                    std::future::pending::<()>().await;
-                }
+                // The turn is gone: nobody can interrupt any more.
+                None => control_open = false,
             },
             _ = kill_sleep => {
                 tracing::warn!(pgid = pid, "agent still running after the grace period; SIGKILL to its process group");
                 signal_group(pid, Signal::KILL);
                 kill_at = None;
             }
+            _ = cap_sleep => {
+                cap_at = None;
+                if !signalled {
+                    tracing::warn!(pgid = pid, "the turn's time cap is reached; interrupting the agent");
+                    signalled = true;
+                    timed_out = true;
+                    signal_group(pid, Signal::INT);
+                    kill_at = Some(Instant::now() + supervision.cap_grace);
+                }
+            }
         }
     }
-    // The leader is a zombie: its group id is still ours. Kill the rest.
-    if group_alive(pid) {
+
+    tracing::debug!(pgid = pid, "agent leader exited");
+    // The leader is a zombie: its group id is still ours. Kill the rest of
+    // the group (the guard included), the cgroup, then whatever left both.
+    signal_group(pid, Signal::KILL);
+    if let Some(c) = &cgroup
+        && let Err(e) = c.kill()
+    {
+        tracing::warn!(cgroup = %c.path().display(), error = %e, "cannot kill the turn's cgroup");
+    }
+    let seeds = || {
+        let mut s = vec![pid];
+        s.extend(guard_pid);
+        if let Some(c) = &cgroup {
+            s.extend(c.pids());
+        }
+        s
+    };
+    let report = tree::sweep(runner, pid, seeds, SWEEP_BOUND).await;
+    if !report.left.is_empty() {
+        tracing::error!(pgid = pid, left = ?report.left, "processes of the turn are still alive after the sweep");
+    } else if report.killed > 0 {
         tracing::info!(
             pgid = pid,
-            "agent exited; killing what remains of its process group"
+            killed = report.killed,
+            "killed processes the agent left behind"
         );
-        signal_group(pid, Signal::KILL);
     }
+    tracing::debug!(pgid = pid, killed = report.killed, "sweep done");
     let status = child.wait().await.ok();
+    tree::forget(pid);
+    if let Some(mut g) = guard {
+        if tokio::time::timeout(SWEEP_BOUND, g.wait()).await.is_err() {
+            tracing::error!(pgid = pid, "the turn's guard survived SIGKILL to its group");
+        }
+        drop(guard_pipe);
+        if let Some(gpid) = guard_pid {
+            tree::forget(gpid);
+        }
+    }
 
-    // Drain what the pipes hold, bounded: a grandchild may keep them open.
-    let drain_deadline = Instant::now() + drain;
+    // Drain what the pipes hold, bounded: a process that escaped the sweep
+    // may keep them open.
+    let drain_deadline = Instant::now() + supervision.drain;
     for reader in readers.iter_mut() {
         if tokio::time::timeout_at(drain_deadline, &mut *reader)
             .await
@@ -196,12 +401,27 @@ where
             );
         }
     }
-    wait_group_gone(pid, Duration::from_secs(2)).await;
+    tracing::debug!(pgid = pid, "pipes drained");
+    wait_group_gone(pid, runner, SWEEP_BOUND).await;
+    tracing::debug!(pgid = pid, "process group empty");
+    collector.abort();
+    if let Some(c) = cgroup {
+        c.remove(SWEEP_BOUND).await;
+    }
     Ok(Exit {
         status,
         signalled,
         pgid: pid,
+        timed_out,
+        swept: report.killed,
     })
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
 }
 
 fn wait_without_reaping(pid: i32) {
@@ -233,16 +453,22 @@ pub fn group_alive(pgid: i32) -> bool {
     Pid::from_raw(pgid).is_some_and(|p| rustix::process::test_kill_process_group(p).is_ok())
 }
 
-async fn wait_group_gone(pgid: i32, bound: Duration) {
+/// Waits until no process of group `pgid` exists, reaping the runner's
+/// adopted zombies meanwhile (an orphan of the group is one).
+async fn wait_group_gone(pgid: i32, runner: Runner, bound: Duration) {
     let deadline = Instant::now() + bound;
-    while group_alive(pgid) {
+    loop {
+        tree::reap_adopted(&tree::children(), runner);
+        if !group_alive(pgid) {
+            return;
+        }
         if Instant::now() >= deadline {
             tracing::warn!(
                 pgid,
-                "the agent's process group is not empty after SIGKILL (zombies not yet reaped?)"
+                "the agent's process group is not empty after SIGKILL and the sweep"
             );
             return;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -3,6 +3,8 @@ mod check;
 mod coordinator;
 mod harvest;
 mod image;
+mod processes;
 mod status;
+mod supervisor;
 mod support;
 mod workspace;

@@ -45,10 +45,19 @@ impl Sandbox {
         self.dir.path().join("out")
     }
 
-    /// Writes an agent script (run with `sh`) and returns its path.
+    /// Writes an agent script (run with `sh`) and returns its path. The
+    /// script first records its process group (its own pid: the runner
+    /// makes it a group leader) for the check that runs when the sandbox
+    /// is dropped, unless it runs in another PID namespace.
     pub fn script(&self, body: &str) -> PathBuf {
         let path = self.dir.path().join("agent.sh");
-        std::fs::write(&path, format!("set -u\n{body}\n")).unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "set -u\n[ -n \"${{{IN_PID_NAMESPACE}:-}}\" ] || echo $$ >> \"$AGENT_OUT/{PGIDS_FILE}\"\n{body}\n"
+            ),
+        )
+        .unwrap();
         path
     }
 
@@ -60,7 +69,21 @@ impl Sandbox {
 
     /// `hosted-boot <subcommand>` with the environment of [`Sandbox::runner`].
     pub fn command(&self, subcommand: &str, script: &Path) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hosted-boot"));
+        self.wrapped_command(&[], subcommand, script)
+    }
+
+    /// [`Sandbox::command`] run through `wrapper` (for example `unshare …`
+    /// or `setpriv …`), which execs the binary with the same environment.
+    pub fn wrapped_command(&self, wrapper: &[&str], subcommand: &str, script: &Path) -> Command {
+        let bin = env!("CARGO_BIN_EXE_hosted-boot");
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg(subcommand)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -129,7 +152,90 @@ pub async fn finish(mut child: Child) -> (ExitStatus, String) {
     let (status, output) = tokio::time::timeout(WAIT, async { tokio::join!(child.wait(), read) })
         .await
         .expect("the runner did not exit in time");
+    assert_no_zombie_children().await;
     (status.unwrap(), output)
+}
+
+/// Set (to anything) in the environment of a runner started in another PID
+/// namespace: its agents' pids mean nothing in the test's namespace.
+pub const IN_PID_NAMESPACE: &str = "HOSTED_BOOT_TEST_IN_PID_NAMESPACE";
+/// Where agent scripts record their process group, under `$AGENT_OUT`.
+const PGIDS_FILE: &str = ".agent-pgids";
+
+impl Drop for Sandbox {
+    /// After every test: no live process remains in the process group of
+    /// any agent the sandbox ran (bounded wait: a runner killed on drop
+    /// takes its turn down through the turn's guard).
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let text = std::fs::read_to_string(self.out().join(PGIDS_FILE)).unwrap_or_default();
+        let pgids: Vec<i32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        assert_groups_empty(&pgids);
+    }
+}
+
+/// Asserts that no live process is in any of `pgids`, waiting up to 5 s.
+pub fn assert_groups_empty(pgids: &[i32]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<(i32, Vec<i32>)> = pgids
+            .iter()
+            .map(|g| (*g, live_group_members(*g)))
+            .filter(|(_, m)| !m.is_empty())
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "processes of an agent's group outlived the test: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Zombie children of this test process.
+pub fn zombie_children() -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() > 1 && fields[0] == "Z" && fields[1] == me {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Asserts that the test process keeps no zombie child: every zombie child
+/// seen now must be reaped within 5 s (tests run in parallel threads, so
+/// another test's child may be a zombie for an instant).
+pub async fn assert_no_zombie_children() {
+    let seen = zombie_children();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = zombie_children();
+        let kept: Vec<i32> = seen.iter().copied().filter(|p| now.contains(p)).collect();
+        if kept.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "zombie children of the test process were never reaped: {kept:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Live (non-zombie) processes whose process group is `pgid`.
@@ -163,5 +269,25 @@ pub fn assert_no_secret(what: &str, output: &str, secrets: &[String]) {
             "{what} contains a secret ({}…)",
             &s[..4.min(s.len())]
         );
+    }
+}
+
+/// `unshare --pid --fork --mount-proc` as this machine allows it, or the
+/// reason to skip. `--kill-child`: when a failed test kills `unshare`, the
+/// namespace's PID 1, and so everything in the namespace, dies with it.
+pub fn pid_namespace_wrapper() -> Result<Vec<&'static str>, String> {
+    let wrapper = vec!["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"];
+    match std::process::Command::new(wrapper[0])
+        .args(&wrapper[1..])
+        .arg("true")
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(wrapper),
+        Ok(o) => Err(format!(
+            "`unshare --pid --fork --mount-proc --kill-child` fails here ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("unshare cannot run: {e}")),
     }
 }

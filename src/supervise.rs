@@ -1,0 +1,189 @@
+//! `hosted-boot supervise`: runs a program under the turn supervisor exactly
+//! as a turn runs the agent (own process group, subreaper, cgroup, guard,
+//! sweep, drain, time cap), `--times` runs in a row, with no coordinator.
+//! It prints one JSON line per output line and per run on stdout, so that a
+//! person can see what an agent image leaves behind, and the tests can run
+//! the supervisor many times fast (under the PID 1 reaper too).
+//!
+//! Output lines:
+//! `{"type":"line","run":1,"stream":"stdout","text":"…"}` and
+//! `{"type":"exit","run":1,"pgid":…,"code":0,"signal":null,"status":"succeeded",
+//! "error":null,"timedOut":false,"swept":0}` (`status`/`error` as the
+//! `command` agent maps the exit), or `{"type":"spawn_failed","run":1,
+//! "error":"…"}`. The exit code is the last run's (its exit code, 128+N for
+//! signal N, 127 when it could not be started), or 128+N when SIGTERM or
+//! SIGINT stopped the runs.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::agent;
+use crate::config::BOOT_SECRET_VAR;
+use crate::redact::Redactor;
+use crate::signals::{self, Stop};
+use crate::timings::parse_duration;
+use crate::turn::cgroup::CgroupMode;
+use crate::turn::supervisor::{self, Control, SpawnSpec, Stream, Supervision};
+
+/// `hosted-boot supervise [OPTIONS] -- PROGRAM [ARGS]...`
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    /// Runs in a row.
+    #[arg(long, default_value_t = 1)]
+    pub times: u32,
+    /// SIGINT → SIGKILL grace of an interrupt, a stop signal or the time cap.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Bound on reading the pipes after the program exits.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub drain: Duration,
+    /// Time cap of each run (`agent_timeout` when reached).
+    #[arg(long, value_parser = parse_duration)]
+    pub time_cap: Option<Duration>,
+    /// Interrupt each run this long after it started, as a coordinator
+    /// interrupt would.
+    #[arg(long, value_parser = parse_duration)]
+    pub interrupt_after: Option<Duration>,
+    /// Per-run cgroup: `auto` or `off`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub turn_cgroup: CgroupMode,
+    /// Working directory of the program [default: the current one].
+    #[arg(long)]
+    pub cwd: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+fn emit(value: Value) {
+    // A closed stdout must not stop the runs (nor kill us: SIGPIPE is
+    // ignored by the Rust runtime).
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{value}");
+}
+
+/// Runs `args.command` `args.times` times; returns the exit code described
+/// in the module documentation. `env` is the program's environment (the
+/// runner's, boot secret already removed).
+pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 {
+    crate::logging::init(None, Redactor::new());
+    let mut stop = match signals::listen() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("hosted-boot supervise: {e}");
+            return 1;
+        }
+    };
+    let cwd = match &args.cwd {
+        Some(c) => c.clone(),
+        None => std::env::current_dir().unwrap_or_else(|_| "/".into()),
+    };
+    let env: Vec<(OsString, OsString)> = env
+        .into_iter()
+        .filter(|(k, _)| k != BOOT_SECRET_VAR)
+        .collect();
+    let mut words = args.command.iter().cloned();
+    let program = words.next().unwrap_or_default();
+    let rest: Vec<String> = words.collect();
+    let supervision = Supervision {
+        drain: args.drain,
+        time_cap: args.time_cap,
+        cap_grace: args.grace,
+        cgroup: args.turn_cgroup,
+        guard_exe: Some(PathBuf::from("/proc/self/exe")),
+    };
+    let mut code = 0;
+    for n in 1..=args.times {
+        let spec = SpawnSpec {
+            program: program.clone(),
+            args: rest.clone(),
+            cwd: cwd.clone(),
+            env: env.clone(),
+            stdin: Vec::new(),
+        };
+        let on_line = move |stream, line: crate::turn::lines::Line| {
+            let stream = match stream {
+                Stream::Stdout => "stdout",
+                Stream::Stderr => "stderr",
+            };
+            emit(json!({"type": "line", "run": n, "stream": stream, "text": line.text()}));
+        };
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let supervised = supervisor::run(spec, control_rx, &supervision, on_line);
+        tokio::pin!(supervised);
+        let interrupt = async {
+            match args.interrupt_after {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(interrupt);
+        let mut interrupted = false;
+        let mut stopped = false;
+        let result = loop {
+            tokio::select! {
+                r = &mut supervised => break r,
+                _ = &mut interrupt, if !interrupted => {
+                    interrupted = true;
+                    let _ = control_tx.send(Control::Interrupt { grace: args.grace });
+                }
+                changed = stop.changed() => {
+                    if changed.is_err() {
+                        continue;
+                    }
+                    stopped = true;
+                    let control = match *stop.borrow_and_update() {
+                        Stop::Immediate(_) => Control::Kill,
+                        _ => Control::Interrupt { grace: args.grace },
+                    };
+                    let _ = control_tx.send(control);
+                }
+            }
+        };
+        match result {
+            Ok(exit) => {
+                let outcome = if exit.timed_out && !(interrupted || stopped) {
+                    agent::TurnOutcome::failed(
+                        crate::wire::ErrorCode::AgentTimeout,
+                        supervision.timeout_message(),
+                    )
+                } else {
+                    agent::command::outcome(&exit, interrupted || stopped)
+                };
+                let status = exit.status;
+                code = match status.map(|s| (s.code(), s.signal())) {
+                    Some((Some(c), _)) => c,
+                    Some((None, Some(sig))) => 128 + sig,
+                    _ => 1,
+                };
+                emit(json!({
+                    "type": "exit",
+                    "run": n,
+                    "pgid": exit.pgid,
+                    "code": status.and_then(|s| s.code()),
+                    "signal": status.and_then(|s| s.signal()),
+                    "status": outcome.status.as_str(),
+                    "error": outcome.error.map(|e| e.code),
+                    "timedOut": exit.timed_out,
+                    "swept": exit.swept,
+                }));
+            }
+            Err(e) => {
+                code = 127;
+                emit(json!({"type": "spawn_failed", "run": n, "error": e.to_string()}));
+            }
+        }
+        if let Some(c) = stop.borrow().exit_code() {
+            return c;
+        }
+    }
+    code
+}

@@ -1,0 +1,413 @@
+//! A turn's processes and the runner's own, end to end (the real binary
+//! against the reference coordinator): the grace period of an interrupt,
+//! the time cap, SIGKILL to the runner, a second stop signal, SIGHUP and
+//! SIGPIPE, the runner as PID 1 under the reaper, and the `/proc`
+//! protections of PROTOCOL.md section 3 seen by an unprivileged reader.
+//! After every test the sandbox checks that no agent's group has a live
+//! process, and `finish` that the test process keeps no zombie child.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+use super::support::{
+    IN_PID_NAMESPACE, Sandbox, WAIT, assert_groups_empty, assert_no_zombie_children, finish,
+    pid_namespace_wrapper,
+};
+
+/// Waits until run `run_id` has an event with `text`.
+async fn wait_text(sb: &Sandbox, run_id: &str, text: &str) {
+    sb.coordinator
+        .wait_for(WAIT, |s| {
+            s.run(run_id)
+                .is_some_and(|r| r.events.iter().any(|e| e.data["text"] == text))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("no {text:?} event in {run_id}: {e}"));
+}
+
+fn signal(pid: u32, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
+}
+
+/// The only child of `pid` (as `/proc/<pid>/task/<pid>/children` lists it).
+fn only_child(pid: u32) -> u32 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let kids: Vec<u32> = text
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        if kids.len() == 1 {
+            return kids[0];
+        }
+        assert!(Instant::now() < deadline, "{pid} has children {kids:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn error_code(sb: &Sandbox, run_id: &str) -> serde_json::Value {
+    let run = sb.coordinator.run(run_id).unwrap();
+    let error = run.finish.as_ref().unwrap().error.as_ref().unwrap();
+    serde_json::to_value(error.code).unwrap()
+}
+
+#[tokio::test]
+async fn an_agent_ignoring_sigint_is_sealed_interrupted_after_the_grace_period() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+trap '' INT
+echo '{"type":"message","text":"working"}'
+sleep 1000
+"#,
+    );
+    let child = sb.spawn(&script);
+    wait_text(&sb, "run-1", "working").await;
+    let asked = Instant::now();
+    sb.coordinator.interrupt(Some("run-1")).unwrap();
+    let snap = sb.wait_sealed("run-1").await;
+    // The interrupt grace is 10 s scaled by 0.05: only SIGKILL ends it.
+    assert!(
+        asked.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(snap.run("run-1").unwrap().status, "interrupted");
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert!(output.contains("after the grace period"), "{output}");
+}
+
+#[tokio::test]
+async fn the_time_cap_fails_the_turn_with_agent_timeout() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        // 0.6 s (the cap is the session's number, not scaled).
+        duration_minutes: Some(0.01),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(
+        r#"
+trap '' INT
+echo '{"type":"message","text":"working"}'
+sleep 1000
+"#,
+    );
+    let started = Instant::now();
+    let (status, output) = finish(sb.spawn(&script)).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run("run-1").unwrap().status, "failed");
+    assert_eq!(error_code(&sb, "run-1"), json!("agent_timeout"));
+    assert_eq!(
+        snap.status_names(),
+        vec!["turn_started", "turn_completed", "turn_failed"]
+    );
+}
+
+#[tokio::test]
+async fn a_turn_within_its_time_cap_is_not_touched_by_it() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        duration_minutes: Some(5.0),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let child = sb.spawn(&sb.script("echo done"));
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_eq!(sb.coordinator.run("run-1").unwrap().status, "succeeded");
+}
+
+#[tokio::test]
+async fn a_not_executable_agent_is_a_failed_turn_with_agent_spawn_failed() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script("exit 0");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut cmd = sb.runner(&script);
+    cmd.env("HOSTED_BOOT_AGENT_COMMAND", script.display().to_string());
+    let (status, output) = finish(cmd.spawn().unwrap()).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert_eq!(error_code(&sb, "run-1"), json!("agent_spawn_failed"));
+    let run = sb.coordinator.run("run-1").unwrap();
+    let message = &run.finish.as_ref().unwrap().error.as_ref().unwrap().message;
+    assert!(
+        message.contains("agent.sh") && message.contains("Permission denied"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn sigkill_to_the_runner_kills_the_agent_group_and_a_restart_finds_no_stale_bearer() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+echo $$ > "$AGENT_OUT/pgid"
+sleep 1000 &
+sleep 1000 &
+echo '{"type":"message","text":"working"}'
+wait
+"#,
+    );
+    let mut child = sb.spawn(&script);
+    wait_text(&sb, "run-1", "working").await;
+    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
+    let bearer = sb.session_dir().join("bearer");
+    assert!(bearer.exists(), "the turn's bearer file is written");
+    signal(child.id().unwrap(), rustix::process::Signal::KILL);
+    child.wait().await.unwrap();
+    // The leader dies of PR_SET_PDEATHSIG, the rest of the group through
+    // the turn's guard.
+    assert_groups_empty(&[pgid]);
+    assert!(bearer.exists(), "a SIGKILLed runner cannot clean up");
+
+    // A restarted runner removes the stale session directory before its
+    // first request, which is held back here for 3 s: the file goes before
+    // the new boot can have done anything else.
+    sb.coordinator
+        .add_fault(Fault::delay(Route::AgentToken, Duration::from_secs(3)))
+        .unwrap();
+    let restarted = sb.spawn(&sb.script("echo again"));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while bearer.exists() {
+        assert!(Instant::now() < deadline, "the stale bearer file stayed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(restarted).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_no_zombie_children().await;
+}
+
+#[tokio::test]
+async fn a_second_sigterm_during_the_graceful_stop_kills_the_tree_at_once() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+trap '' INT
+echo '{"type":"message","text":"working"}'
+sleep 1000
+"#,
+    );
+    // Durations scaled by 0.5: the stop's SIGINT → SIGKILL grace is 2.5 s.
+    let mut cmd = sb.runner(&script);
+    cmd.env("HOSTED_BOOT_TEST_TIME_SCALE", "0.5");
+    let child = cmd.spawn().unwrap();
+    wait_text(&sb, "run-1", "working").await;
+    let pid = child.id().unwrap();
+    let first = Instant::now();
+    signal(pid, rustix::process::Signal::TERM);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    signal(pid, rustix::process::Signal::TERM);
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    assert!(
+        first.elapsed() < Duration::from_secs(2),
+        "the second signal did not cut the 2.5 s grace short: {:?}",
+        first.elapsed()
+    );
+    assert!(!sb.session_dir().exists());
+}
+
+#[tokio::test]
+async fn sighup_and_sigpipe_do_not_stop_the_runner_even_with_its_output_closed() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+echo '{"type":"message","text":"working"}'
+while [ ! -e "$AGENT_OUT/go" ]; do sleep 0.02; done
+echo done
+"#,
+    );
+    let mut child = sb.spawn(&script);
+    // Whoever read the runner's output is gone: every log line now meets
+    // a closed pipe (EPIPE, and SIGPIPE if it were not ignored).
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    wait_text(&sb, "run-1", "working").await;
+    let pid = child.id().unwrap();
+    signal(pid, rustix::process::Signal::HUP);
+    signal(pid, rustix::process::Signal::PIPE);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    let snap = sb.wait_sealed("run-1").await;
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
+    sb.coordinator.end_session();
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_no_zombie_children().await;
+}
+
+#[tokio::test]
+async fn as_pid1_the_runner_reaps_orphans_forwards_sigterm_and_hands_the_secret_through_a_pipe() {
+    let wrapper = match pid_namespace_wrapper() {
+        Ok(w) => w,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+tr '\0' ' ' < /proc/1/cmdline > "$AGENT_OUT/pid1"
+echo $PPID > "$AGENT_OUT/parent"
+i=0
+while [ $i -lt 100 ]; do (sleep 0.01 &); i=$((i + 1)); done
+sleep 0.5
+grep -l '^State:[[:space:]]*Z' /proc/[0-9]*/status 2>/dev/null | wc -l > "$AGENT_OUT/zombies"
+trap '' INT
+echo '{"type":"message","text":"ready"}'
+sleep 1000
+"#,
+    );
+    let mut cmd = sb.wrapped_command(&wrapper, "run", &script);
+    cmd.env(IN_PID_NAMESPACE, "1");
+    let child = cmd.spawn().unwrap();
+    wait_text(&sb, "run-1", "ready").await;
+
+    // PID 1 is the reaper; the agent's parent is the worker, not PID 1.
+    assert!(
+        sb.read_out("pid1").contains("hosted-boot run"),
+        "{}",
+        sb.read_out("pid1")
+    );
+    assert_ne!(sb.read_out("parent").trim(), "1");
+    // 100 orphans came and went; none stayed a zombie.
+    assert_eq!(sb.read_out("zombies").trim(), "0");
+
+    // Neither the reaper's nor the worker's /proc/<pid>/environ holds the
+    // boot secret (read as root, which reads through non-dumpable).
+    let reaper = only_child(child.id().unwrap());
+    let worker = only_child(reaper);
+    let secret = sb.coordinator.boot_secret();
+    for (name, pid) in [("reaper", reaper), ("worker", worker)] {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let environ = String::from_utf8_lossy(&environ);
+        assert!(environ.contains("ORIZU_SESSION_ID="), "{name}: {environ}");
+        assert!(
+            !environ.contains(&secret),
+            "the {name}'s environ holds the boot secret"
+        );
+    }
+
+    // SIGTERM to PID 1 is forwarded: the turn is sealed `interrupted`, the
+    // files removed, and PID 1 exits 143.
+    signal(reaper, rustix::process::Signal::TERM);
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run("run-1").unwrap().status, "interrupted");
+    assert_eq!(snap.status_names(), vec!["turn_started", "turn_completed"]);
+    assert!(!sb.session_dir().exists());
+}
+
+/// Runs `argv` as uid/gid 65534 (nobody) and returns (success, stdout+stderr).
+fn as_nobody(argv: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(argv)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test]
+async fn proc_protections_hold_against_a_reader_of_the_runners_own_uid() {
+    if !rustix::process::getuid().is_root() || !Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("SKIPPED: needs root and setpriv to run the runner and a reader as uid 65534");
+        return;
+    }
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    // The runner and the reader share the unprivileged uid 65534; the
+    // sandbox's files are theirs (the coordinator's stay root's).
+    let nobody = |p: &Path| std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(sb.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for p in [sb.dir.path(), &sb.root(), &sb.out()] {
+        nobody(p);
+    }
+    let script = sb.script(
+        r#"
+echo $PPID > "$AGENT_OUT/runner"
+sleep 1000 &
+echo $! > "$AGENT_OUT/sibling"
+echo '{"type":"message","text":"ready"}'
+while [ ! -e "$AGENT_OUT/go" ]; do sleep 0.02; done
+"#,
+    );
+    let setpriv = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+    ];
+    let child = sb
+        .wrapped_command(&setpriv, "run", &script)
+        .spawn()
+        .unwrap();
+    wait_text(&sb, "run-1", "ready").await;
+    let runner = sb.read_out("runner").trim().to_string();
+    let sibling = sb.read_out("sibling").trim().to_string();
+    assert_eq!(runner, child.id().unwrap().to_string());
+    let secret = sb.coordinator.boot_secret();
+    let open_mem = "exec 3< /proc/$0/mem && echo opened";
+
+    // The control: the same reader reads a dumpable process of its uid.
+    let (ok, text) = as_nobody(&["cat", &format!("/proc/{sibling}/environ")]);
+    assert!(ok && text.contains("ORIZU_SESSION_ID="), "{text}");
+    assert!(
+        !text.contains(&secret),
+        "the agent's environment holds the boot secret"
+    );
+    let (_, text) = as_nobody(&["sh", "-c", open_mem, &sibling]);
+    assert!(text.contains("opened"), "{text}");
+
+    // The runner: non-dumpable, so neither its environ nor its memory opens.
+    let (ok, text) = as_nobody(&["cat", &format!("/proc/{runner}/environ")]);
+    assert!(!ok && text.contains("Permission denied"), "{text}");
+    assert!(!text.contains(&secret));
+    let (_, text) = as_nobody(&["sh", "-c", open_mem, &runner]);
+    assert!(
+        !text.contains("opened") && text.contains("Permission denied"),
+        "{text}"
+    );
+
+    // And even root, which reads through non-dumpable, finds the initial
+    // environment block scrubbed.
+    let environ = std::fs::read(format!("/proc/{runner}/environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(environ.contains("ORIZU_SESSION_ID="), "{environ}");
+    assert!(
+        !environ.contains(&secret),
+        "the runner's environ holds the boot secret"
+    );
+
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+}

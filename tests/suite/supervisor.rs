@@ -1,0 +1,420 @@
+//! The turn supervisor on real processes, through `hosted-boot supervise`
+//! (the supervisor exactly as a turn runs it, without a coordinator, so
+//! that many runs stay fast): the drain bound, the sweep of processes that
+//! left the group (with and without a cgroup), the grace period, the time
+//! cap, spawn failures, and exact statuses under the PID 1 reaper.
+//! After every test: no process of an agent's group remains and the test
+//! process keeps no zombie child.
+
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+use super::support::{WAIT, assert_groups_empty, assert_no_zombie_children, pid_namespace_wrapper};
+
+/// What one `hosted-boot supervise` invocation printed.
+struct Supervised {
+    status: ExitStatus,
+    lines: Vec<Value>,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Supervised {
+    fn exits(&self) -> Vec<&Value> {
+        self.lines
+            .iter()
+            .filter(|l| l["type"] == "exit" || l["type"] == "spawn_failed")
+            .collect()
+    }
+
+    fn exit(&self) -> &Value {
+        let exits = self.exits();
+        assert_eq!(exits.len(), 1, "{:?}\n{}", self.lines, self.stderr);
+        exits[0]
+    }
+
+    fn pgids(&self) -> Vec<i32> {
+        self.exits()
+            .iter()
+            .filter_map(|e| e["pgid"].as_i64())
+            .map(|p| p as i32)
+            .collect()
+    }
+}
+
+/// Runs `hosted-boot supervise ARGS` (prefixed by `wrapper`, e.g. unshare)
+/// with `$OUT` set to `out`, and checks afterwards that no process of the
+/// runs' groups is left (unless they ran in another PID namespace) and that
+/// no zombie child of the test process remains.
+async fn supervise(wrapper: &[&str], args: &[&str], out: &Path) -> Supervised {
+    let bin = env!("CARGO_BIN_EXE_hosted-boot");
+    let mut cmd = match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    cmd.arg("supervise")
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("OUT", out)
+        .env("HOSTED_BOOT_LOG", "hosted_boot=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (status, out_text, err_text) = tokio::time::timeout(WAIT * 4, async {
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        let (status, _, _) = tokio::join!(
+            child.wait(),
+            stdout.read_to_end(&mut a),
+            stderr.read_to_end(&mut b)
+        );
+        (status.unwrap(), a, b)
+    })
+    .await
+    .expect("hosted-boot supervise did not finish in time");
+    let elapsed = started.elapsed();
+    let lines = String::from_utf8_lossy(&out_text)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let result = Supervised {
+        status,
+        lines,
+        stderr: String::from_utf8_lossy(&err_text).into_owned(),
+        elapsed,
+    };
+    if wrapper.is_empty() {
+        assert_groups_empty(&result.pgids());
+    }
+    assert_no_zombie_children().await;
+    result
+}
+
+/// Whether a process with this pid is alive (not a zombie), and that it is
+/// the one recorded: `pid` and `start` from the file `name` in `out`.
+fn recorded_alive(out: &Path, name: &str) -> bool {
+    let text = std::fs::read_to_string(out.join(name)).unwrap();
+    let pid: i32 = text.split_whitespace().next().unwrap().parse().unwrap();
+    hosted_boot::turn::tree::read_proc(pid).is_some_and(|p| !p.zombie)
+}
+
+#[tokio::test]
+async fn a_grandchild_holding_stdout_neither_holds_the_turn_nor_survives_it() {
+    for cgroup in ["auto", "off"] {
+        let out = tempfile::tempdir().unwrap();
+        // The drain bound is long: the turn must end because the sweep
+        // closed the pipe, not because the bound was reached.
+        let run = supervise(
+            &[],
+            &[
+                "--drain",
+                "20s",
+                "--turn-cgroup",
+                cgroup,
+                "--",
+                "sh",
+                "-c",
+                r#"sleep 1000 & echo $! > "$OUT/holder"; echo started; exit 0"#,
+            ],
+            out.path(),
+        )
+        .await;
+        let exit = run.exit();
+        assert_eq!(exit["status"], "succeeded", "{}", run.stderr);
+        assert_eq!(exit["code"], 0);
+        assert!(
+            run.elapsed < Duration::from_secs(10),
+            "the turn took {:?} ({cgroup})",
+            run.elapsed
+        );
+        assert!(!run.stderr.contains("still open after the drain bound"));
+        assert!(run.lines.iter().any(|l| l["text"] == "started"));
+        assert!(!recorded_alive(out.path(), "holder"), "{cgroup}");
+    }
+}
+
+#[tokio::test]
+async fn a_setsid_daemon_does_not_survive_the_turn() {
+    for cgroup in ["off", "auto"] {
+        let out = tempfile::tempdir().unwrap();
+        // A double fork into a new session, as a tool shell's daemon does;
+        // the agent exits once the daemon is in its own session.
+        let script = r#"
+(setsid sh -c 'echo "$$ $(cut -d" " -f6 /proc/$$/stat)" > "$OUT/daemon.tmp"; mv "$OUT/daemon.tmp" "$OUT/daemon"; exec sleep 1000' &)
+while [ ! -s "$OUT/daemon" ]; do sleep 0.01; done
+echo $$ > "$OUT/agent"
+exit 0
+"#;
+        let run = supervise(
+            &[],
+            &["--turn-cgroup", cgroup, "--", "sh", "-c", script],
+            out.path(),
+        )
+        .await;
+        let exit = run.exit();
+        assert_eq!(exit["status"], "succeeded", "{}", run.stderr);
+        let daemon = std::fs::read_to_string(out.path().join("daemon")).unwrap();
+        let fields: Vec<i32> = daemon
+            .split_whitespace()
+            .map(|f| f.parse().unwrap())
+            .collect();
+        assert_eq!(fields[0], fields[1], "the daemon leads its own session");
+        assert_ne!(Some(fields[1] as i64), exit["pgid"].as_i64());
+        assert!(!recorded_alive(out.path(), "daemon"), "{cgroup}");
+        if cgroup == "off" {
+            // The subreaper path: the /proc sweep found and killed it.
+            assert!(exit["swept"].as_u64().unwrap() >= 1, "{exit}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_agent_ignoring_sigint_is_killed_after_the_grace_period() {
+    let out = tempfile::tempdir().unwrap();
+    let run = supervise(
+        &[],
+        &[
+            "--interrupt-after",
+            "200ms",
+            "--grace",
+            "600ms",
+            "--",
+            "sh",
+            "-c",
+            "trap '' INT; echo $$ > \"$OUT/agent\"; sleep 1000",
+        ],
+        out.path(),
+    )
+    .await;
+    let exit = run.exit();
+    assert_eq!(exit["status"], "interrupted", "{}", run.stderr);
+    assert_eq!(exit["signal"], 9, "only SIGKILL ends it: {exit}");
+    assert!(
+        run.elapsed >= Duration::from_millis(800),
+        "{:?}",
+        run.elapsed
+    );
+    assert!(
+        run.stderr.contains("after the grace period"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[tokio::test]
+async fn the_time_cap_interrupts_and_fails_with_agent_timeout() {
+    let out = tempfile::tempdir().unwrap();
+    let run = supervise(
+        &[],
+        &[
+            "--time-cap",
+            "300ms",
+            "--grace",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            "trap '' INT; sleep 1000",
+        ],
+        out.path(),
+    )
+    .await;
+    let exit = run.exit();
+    assert_eq!(exit["status"], "failed", "{}", run.stderr);
+    assert_eq!(exit["error"], "agent_timeout");
+    assert_eq!(exit["timedOut"], true);
+    assert!(
+        run.elapsed >= Duration::from_millis(600),
+        "{:?}",
+        run.elapsed
+    );
+    // A run that ends before the cap is not touched by it.
+    let run = supervise(
+        &[],
+        &["--time-cap", "30s", "--", "sh", "-c", "exit 0"],
+        out.path(),
+    )
+    .await;
+    assert_eq!(run.exit()["status"], "succeeded");
+    assert_eq!(run.exit()["timedOut"], false);
+}
+
+#[tokio::test]
+async fn spawn_failures_name_the_program_or_the_directory() {
+    let out = tempfile::tempdir().unwrap();
+    let not_executable = out.path().join("agent.sh");
+    std::fs::write(&not_executable, "#!/bin/sh\nexit 0\n").unwrap();
+    let cases: Vec<(Vec<String>, &str, &str)> = vec![
+        (
+            vec!["/nonexistent/agent".into(), "--flag".into()],
+            "/nonexistent/agent",
+            "No such file",
+        ),
+        (
+            vec![not_executable.display().to_string()],
+            "agent.sh",
+            "Permission denied",
+        ),
+        (
+            vec![
+                "--cwd".into(),
+                "/nonexistent/dir".into(),
+                "--".into(),
+                "sh".into(),
+            ],
+            "/nonexistent/dir",
+            "working directory",
+        ),
+    ];
+    for (args, names, reason) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = supervise(&[], &args, out.path()).await;
+        let exit = run.exit();
+        assert_eq!(exit["type"], "spawn_failed", "{exit}");
+        let error = exit["error"].as_str().unwrap();
+        assert!(error.contains(names) && error.contains(reason), "{error}");
+        assert_eq!(run.status.code(), Some(127));
+    }
+}
+
+#[tokio::test]
+async fn as_pid1_statuses_stay_exact_over_1000_runs_while_orphans_are_reaped() {
+    let wrapper = match pid_namespace_wrapper() {
+        Ok(w) => w,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let out = tempfile::tempdir().unwrap();
+    // Run n exits 0 when n is even, 3 when odd, and leaves an orphan that
+    // exits while the next runs go on (the worker, a subreaper, reaps it
+    // in the process where tokio waits for the agents).
+    let script = r#"
+n=$(cat "$OUT/n" 2>/dev/null || echo 0)
+echo $((n + 1)) > "$OUT/n"
+(sleep 0.003 &)
+[ $((n % 2)) -eq 0 ] && exit 0
+exit 3
+"#;
+    let run = supervise(
+        &wrapper,
+        &[
+            "--times",
+            "1000",
+            "--turn-cgroup",
+            "off",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        out.path(),
+    )
+    .await;
+    let exits = run.exits();
+    assert_eq!(exits.len(), 1000, "{}", run.stderr);
+    for (i, exit) in exits.iter().enumerate() {
+        let (code, status) = if i % 2 == 0 {
+            (0, "succeeded")
+        } else {
+            (3, "failed")
+        };
+        assert_eq!(exit["code"], code, "run {}: {exit}", i + 1);
+        assert_eq!(exit["status"], status, "run {}: {exit}", i + 1);
+    }
+    // The reaper exits with the worker's code: the last run's (3).
+    assert_eq!(run.status.code(), Some(3), "{}", run.stderr);
+}
+
+#[tokio::test]
+async fn the_sweep_catches_what_forks_while_it_runs() {
+    let out = tempfile::tempdir().unwrap();
+    // A daemon in its own session that keeps forking (100 a second), so
+    // that some of its children are born between a scan and a kill.
+    let script = r#"
+setsid sh -c 'echo $$ > "$OUT/forker"; while :; do sleep 1000 & sleep 0.01; done' > /dev/null 2>&1 &
+while [ ! -s "$OUT/forker" ]; do sleep 0.01; done
+sleep 0.2
+exit 0
+"#;
+    let run = supervise(
+        &[],
+        &["--turn-cgroup", "off", "--", "sh", "-c", script],
+        out.path(),
+    )
+    .await;
+    let exit = run.exit();
+    assert_eq!(exit["status"], "succeeded", "{}", run.stderr);
+    assert!(exit["swept"].as_u64().unwrap() >= 2, "{exit}");
+    let forker: i32 = std::fs::read_to_string(out.path().join("forker"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The forker leads its own session and group; nothing of it is left.
+    assert_groups_empty(&[forker]);
+}
+
+#[tokio::test]
+async fn the_drain_bound_closes_a_pipe_the_sweep_cannot_empty() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_path_buf();
+    // The test process itself opens the agent's stdout pipe: a holder no
+    // sweep of the agent's tree can kill, so only the drain bound ends the
+    // turn.
+    let holder = async {
+        let deadline = Instant::now() + WAIT;
+        while !dir.join("agent").exists() {
+            assert!(Instant::now() < deadline, "the agent did not start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let pid = std::fs::read_to_string(dir.join("agent")).unwrap();
+        let held = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{}/fd/1", pid.trim()))
+            .unwrap();
+        std::fs::write(dir.join("go"), "").unwrap();
+        (held, Instant::now())
+    };
+    let script = r#"
+echo $$ > "$OUT/agent.tmp"; mv "$OUT/agent.tmp" "$OUT/agent"
+while [ ! -e "$OUT/go" ]; do sleep 0.01; done
+echo bye
+exit 0
+"#;
+    let args = ["--drain", "700ms", "--", "sh", "-c", script];
+    let run = supervise(&[], &args, out.path());
+    let (run, (held, released)) = tokio::join!(run, holder);
+    let after_go = released.elapsed();
+    drop(held);
+    assert_eq!(run.exit()["status"], "succeeded", "{}", run.stderr);
+    assert!(
+        run.stderr.contains("still open after the drain bound"),
+        "{}",
+        run.stderr
+    );
+    assert!(after_go >= Duration::from_millis(700), "{after_go:?}");
+    assert!(after_go < Duration::from_secs(10), "{after_go:?}");
+    // What the pipe held when the agent exited was read.
+    assert!(
+        run.lines.iter().any(|l| l["text"] == "bye"),
+        "{:?}",
+        run.lines
+    );
+}
