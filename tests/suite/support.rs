@@ -75,7 +75,20 @@ impl Sandbox {
     /// [`Sandbox::command`] run through `wrapper` (for example `unshare …`
     /// or `setpriv …`), which execs the binary with the same environment.
     pub fn wrapped_command(&self, wrapper: &[&str], subcommand: &str, script: &Path) -> Command {
-        let bin = env!("CARGO_BIN_EXE_hosted-boot");
+        let mut bin = PathBuf::from(env!("CARGO_BIN_EXE_hosted-boot"));
+        if !wrapper.is_empty() {
+            // A wrapper may drop privileges, and the build directory may be
+            // private (CI clones into a 0700 temporary directory): run a
+            // world-executable copy from the sandbox's directory.
+            use std::os::unix::fs::PermissionsExt;
+            let copy = self.dir.path().join("hosted-boot");
+            if !copy.exists() {
+                std::fs::copy(&bin, &copy).unwrap();
+                std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            bin = copy;
+        }
+        let bin = bin.as_path();
         let mut cmd = match wrapper.split_first() {
             Some((first, rest)) => {
                 let mut c = Command::new(first);
