@@ -302,6 +302,10 @@ async fn boot(
             &config.api,
             &resolved.session.client_info,
         ),
+        agent_session: Arc::new(crate::agent::AgentSession::new(
+            &resolved.session.client_info,
+            resolved.session.agent_session_id.clone(),
+        )),
         harvester,
         recovered_at_boot: std::sync::Mutex::new(recovered_at_boot),
     };
