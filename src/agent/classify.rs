@@ -216,6 +216,37 @@ pub fn tail(text: &str, max: usize) -> String {
     format!("…{}", &text[start..])
 }
 
+/// The wait a provider's message names: "try again in 2.4s", "… in
+/// 500ms", "retry after 7 seconds".
+pub fn retry_after_in_text(text: &str) -> Option<u64> {
+    let lower = text.to_lowercase();
+    for marker in ["try again in ", "retry after ", "retry in "] {
+        let Some(i) = lower.find(marker) else {
+            continue;
+        };
+        let rest = &lower[i + marker.len()..];
+        let num: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        let Ok(value) = num.parse::<f64>() else {
+            continue;
+        };
+        let unit = rest[num.len()..].trim_start();
+        let ms = if unit.starts_with("ms") || unit.starts_with("milli") {
+            value
+        } else if unit.starts_with('m') && !unit.starts_with("ms") {
+            value * 60_000.0
+        } else {
+            value * 1000.0
+        };
+        if ms.is_finite() && ms >= 0.0 {
+            return Some(ms.round() as u64);
+        }
+    }
+    None
+}
+
 /// Unix seconds (or milliseconds, when the value is too large for seconds)
 /// as RFC 3339 UTC.
 pub fn rfc3339_from_unix(value: f64) -> Option<String> {
@@ -376,5 +407,10 @@ mod tests {
             Some(1_700_000_000.0)
         );
         assert_eq!(tail("abcdef", 3), "…def");
+        assert_eq!(retry_after_in_text("Please try again in 2.4s."), Some(2400));
+        assert_eq!(retry_after_in_text("try again in 500ms"), Some(500));
+        assert_eq!(retry_after_in_text("Retry after 7 seconds"), Some(7000));
+        assert_eq!(retry_after_in_text("try again in 2m"), Some(120_000));
+        assert_eq!(retry_after_in_text("later"), None);
     }
 }

@@ -440,18 +440,25 @@ pub fn classify_error(error: &Value) -> AgentError {
         | "responseStreamConnectionFailed"
         | "responseStreamDisconnected"
         | "responseTooManyFailedAttempts" => match http {
-            // "exceeded retry limit, last status: 429 Too Many Requests":
-            // Codex collapses plan quotas elsewhere, but a throttle and a
-            // quota still look alike here; never assume a plain rate limit.
+            // "exceeded retry limit, last status: 429 Too Many Requests" is
+            // a 429 and its reason phrase: no evidence of a throttle rather
+            // than a quota, so never assumed to be a plain rate limit. Only
+            // the provider's own wording ("Rate limit reached …") is.
             Some(429) => {
+                let lower = text.to_lowercase();
                 if classify::from_text(&text, false) == Some(ErrorCode::ProviderQuotaExhausted) {
                     err(ErrorCode::ProviderQuotaExhausted)
+                } else if lower.contains("rate limit") || lower.contains("rate_limit") {
+                    err(ErrorCode::ProviderRateLimited)
+                        .retry_after(classify::retry_after_in_text(&text))
                 } else {
                     err(ErrorCode::ProviderLimitUnknown)
                 }
             }
             Some(s) => err(from_http_status(s, &text)),
-            None => err(ErrorCode::ProviderServerError),
+            None => {
+                err(classify::from_text(&text, false).unwrap_or(ErrorCode::ProviderServerError))
+            }
         },
         _ => err(classify::from_text(&text, false).unwrap_or(ErrorCode::AgentCrashed)),
     }
@@ -513,6 +520,13 @@ mod tests {
             ErrorCode::ProviderQuotaExhausted
         );
         assert_eq!(c(json!({"message": "boom"})), ErrorCode::AgentCrashed);
+        let e = classify_error(&json!({
+            "message": "Rate limit reached for gpt-5 on tokens per min (TPM). Please try again in 2.4s.",
+            "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": 429}}}));
+        assert_eq!(
+            (e.code, e.retry_after_ms),
+            (ErrorCode::ProviderRateLimited, Some(2400))
+        );
     }
 
     #[test]

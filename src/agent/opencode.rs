@@ -195,6 +195,7 @@ async fn run(driver: OpenCodeDriver, mut io: DriverIo) -> Observation {
         .map(|h| tokio::spawn(connect(h, spec.clone(), tx, cancel.clone())));
     let mut commands_open = true;
     let mut server_open = setup.is_some();
+    tracing::debug!(port, "opencode driver started");
     loop {
         tokio::select! {
             line = io.lines.recv() => {
@@ -262,14 +263,19 @@ fn server_message(
             io.note(Note::Abort(e));
         }
         Server::Event(event) => {
-            io.note(Note::Activity);
             let kind = event
                 .get("type")
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
             let props = event.get("properties").cloned().unwrap_or(Value::Null);
-            if kind.is_empty() || kind == "server.heartbeat" || kind == "message.part.delta" {
+            // A heartbeat is the server's, not the agent's: it does not keep
+            // the idle watchdog quiet.
+            if kind.is_empty() || kind == "server.heartbeat" || kind == "server.connected" {
+                return;
+            }
+            io.note(Note::Activity);
+            if kind == "message.part.delta" {
                 return;
             }
             io.events.emit(kind.clone(), props.clone());
@@ -553,6 +559,7 @@ async fn connect(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    tracing::debug!(base = %http.base, "opencode server healthy");
     // 2. The event stream, before anything happens in the session.
     let stream = match http.request(reqwest::Method::GET, "/event").send().await {
         Ok(r) if r.status().is_success() => r,
@@ -569,11 +576,23 @@ async fn connect(
             );
         }
     };
+    tracing::debug!("opencode event stream open");
     let events_tx = tx.clone();
     tokio::spawn(async move {
         let mut stream = stream;
         let mut parser = SseParser::new();
-        while let Ok(Some(chunk)) = stream.chunk().await {
+        loop {
+            let chunk = match stream.chunk().await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => {
+                    tracing::debug!("the opencode event stream ended");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e.without_url(), "the opencode event stream failed");
+                    return;
+                }
+            };
             for data in parser.push(&chunk) {
                 if let Ok(v) = serde_json::from_str::<Value>(&data)
                     && events_tx.send(Server::Event(v)).is_err()
@@ -646,7 +665,9 @@ async fn connect(
             }
         }
     };
+    tracing::debug!(session = %sid, "opencode session ready");
     if tx.send(Server::Session(sid.clone())).is_err() || cancel.load(Ordering::SeqCst) {
+        tracing::debug!("opencode driver gone or cancelled before the prompt");
         return;
     }
     // 4. The prompt.
