@@ -95,7 +95,8 @@ pub struct RunArgs {
         default_value = "https://github.com"
     )]
     pub git_base_url: String,
-    /// SIGINT → SIGKILL grace period of an interrupt (`500ms`, `10s`, `2m`).
+    /// Grace of an interrupt (`500ms`, `10s`, `2m`): the CLI's protocol
+    /// interrupt at once, SIGINT at half of it, SIGKILL at its end.
     #[arg(
         long,
         env = "HOSTED_BOOT_INTERRUPT_GRACE",
