@@ -152,6 +152,18 @@ async fn sealed_or_log(sb: &Sandbox, runner: &mut Runner, run: &str) -> Snapshot
         Ok(snap) => snap,
         Err(e) => {
             let _ = runner.child.start_kill();
+            // A runner killed outright leaves its agent's group behind.
+            for cli in ["claude", "codex", "opencode"] {
+                for start in records(&log(sb, cli), "start") {
+                    if let Some(pid) = start["pid"]
+                        .as_i64()
+                        .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+                    {
+                        let _ =
+                            rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+                    }
+                }
+            }
             let out = runner.output();
             let log: Vec<&str> = out
                 .lines()
