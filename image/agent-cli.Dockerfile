@@ -13,5 +13,4 @@ RUN apt-get update \
  && npm cache clean --force \
  && rm -rf /var/lib/apt/lists/*
 USER agent
-ENV HOSTED_BOOT_AGENT=command \
-    HOSTED_BOOT_AGENT_COMMAND="claude -p --output-format stream-json --verbose"
+ENV HOSTED_BOOT_AGENT=claude

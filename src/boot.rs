@@ -312,6 +312,10 @@ async fn boot(
             cgroup: config.turn_cgroup,
             guard_exe: Some(PathBuf::from("/proc/self/exe")),
         },
+        agent_session: Arc::new(crate::agent::AgentSession::new(
+            &resolved.session.client_info,
+            resolved.session.agent_session_id.clone(),
+        )),
         harvester,
         recovered_at_boot: std::sync::Mutex::new(recovered_at_boot),
     };

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::cli::RunArgs;
 use crate::client::Api;
-use crate::config::{self, AgentConfig, BootConfig};
+use crate::config::{self, BootConfig};
 use crate::environment;
 use crate::redact::Redactor;
 use crate::secret::Secret;
@@ -114,11 +114,11 @@ async fn checks(
     )];
     lines.extend(coordinator_lines(&config, redactor).await);
     lines.push(tool_line("git", Path::new("git"), env));
-    match &config.agent {
-        AgentConfig::Command { program, .. } => {
-            lines.push(tool_line("agent program", Path::new(program), env))
-        }
-    }
+    lines.push(tool_line(
+        "agent program",
+        Path::new(&config.agent.program),
+        env,
+    ));
     lines
 }
 

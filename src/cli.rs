@@ -73,13 +73,32 @@ pub enum LogFormat {
 /// Settings of `hosted-boot run`.
 #[derive(Clone, Debug, Default, Args)]
 pub struct RunArgs {
-    /// The agent to run: `command` (any program).
+    /// The agent to run: `claude`, `codex`, `codex-exec`, `opencode`,
+    /// `opencode-run` or `command` (any program).
     #[arg(long, env = "HOSTED_BOOT_AGENT", hide_env_values = true)]
     pub agent: Option<String>,
-    /// For `--agent command`: a program and its arguments, split as a POSIX
-    /// shell splits words (no shell is run).
+    /// A program and its arguments, split as a POSIX shell splits words (no
+    /// shell is run). Required for `--agent command`; for a CLI agent it
+    /// replaces the CLI's name (a path, or a launcher and its arguments).
     #[arg(long, env = "HOSTED_BOOT_AGENT_COMMAND", hide_env_values = true)]
     pub agent_command: Option<String>,
+    /// A literal argument added after the adapter's own (repeatable; also
+    /// `HOSTED_BOOT_AGENT_ARGS`, shell words).
+    #[arg(long = "agent-arg", allow_hyphen_values = true, value_name = "ARG")]
+    pub agent_arg: Vec<String>,
+    /// `NAME=VALUE` added to the agent's environment (repeatable; also
+    /// `HOSTED_BOOT_AGENT_ENV`, shell words). `ORIZU_*` names are refused.
+    #[arg(long = "agent-env", value_name = "NAME=VALUE")]
+    pub agent_env: Vec<String>,
+    /// No output from the agent for this long: interrupt it and fail the
+    /// turn with `agent_hung` (`0`: never).
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_AGENT_IDLE_TIMEOUT",
+        hide_env_values = true,
+        default_value = "10m"
+    )]
+    pub agent_idle_timeout: String,
     /// Directory holding `repo/`, the session files and the run files
     /// [default: the working directory].
     #[arg(long, env = "HOSTED_BOOT_ROOT", hide_env_values = true)]
@@ -92,7 +111,8 @@ pub struct RunArgs {
         default_value = "https://github.com"
     )]
     pub git_base_url: String,
-    /// SIGINT → SIGKILL grace period of an interrupt (`500ms`, `10s`, `2m`).
+    /// Grace of an interrupt (`500ms`, `10s`, `2m`): the CLI's protocol
+    /// interrupt at once, SIGINT at half of it, SIGKILL at its end.
     #[arg(
         long,
         env = "HOSTED_BOOT_INTERRUPT_GRACE",

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use reqwest::Url;
 
+use crate::agent::{AgentKind, AgentTimings};
 use crate::checks;
 use crate::cli::{LogFormat, RunArgs};
 use crate::client::ApiConfig;
@@ -24,26 +25,7 @@ pub const BOOT_SECRET_VAR: &str = "ORIZU_BOOT_SECRET";
 #[error("configuration error: {0}")]
 pub struct ConfigError(pub String);
 
-/// The agent to run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AgentConfig {
-    /// Any program: `program` and `args`, no shell.
-    Command {
-        /// The program (looked up on `PATH` when it has no slash).
-        program: String,
-        /// Its arguments.
-        args: Vec<String>,
-    },
-}
-
-impl AgentConfig {
-    /// The agent's name as configured (`command`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            AgentConfig::Command { .. } => "command",
-        }
-    }
-}
+pub use crate::agent::AgentConfig;
 
 /// Everything the boot needs, validated.
 #[derive(Clone)]
@@ -138,7 +120,20 @@ pub fn load(
         },
     };
 
-    let agent = agent(args)?;
+    let time_scale = match args.test_time_scale {
+        None => 1.0,
+        Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => f,
+        Some(_) => {
+            return Err(ConfigError(
+                "HOSTED_BOOT_TEST_TIME_SCALE must be a number in (0, 1]".to_string(),
+            ));
+        }
+    };
+    let mut agent = agent(args, &get)?;
+    agent.opencode_port = opencode_port;
+    if time_scale != 1.0 {
+        agent.timings = agent.timings.scaled(time_scale);
+    }
     let root = match &args.root {
         Some(r) if r.is_absolute() => r.clone(),
         Some(r) => cwd.join(r),
@@ -149,15 +144,6 @@ pub fn load(
         args.git_base_url.trim_end_matches('/'),
     )?;
 
-    let time_scale = match args.test_time_scale {
-        None => 1.0,
-        Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => f,
-        Some(_) => {
-            return Err(ConfigError(
-                "HOSTED_BOOT_TEST_TIME_SCALE must be a number in (0, 1]".to_string(),
-            ));
-        }
-    };
     let mut timings = Timings {
         interrupt_grace: parse_duration(&args.interrupt_grace)
             .map_err(|e| ConfigError(format!("--interrupt-grace: {e}")))?,
@@ -209,45 +195,116 @@ fn default_boot_status_url(token_url: &Url) -> Result<Url, ConfigError> {
     Ok(url)
 }
 
-fn agent(args: &RunArgs) -> Result<AgentConfig, ConfigError> {
+fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentConfig, ConfigError> {
+    let names: Vec<&str> = AgentKind::ALL.iter().map(|k| k.name()).collect();
     let name = args
         .agent
         .as_deref()
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .ok_or_else(|| {
-            ConfigError(
-                "no agent configured; set HOSTED_BOOT_AGENT (or --agent) to `command` and \
-             HOSTED_BOOT_AGENT_COMMAND to the program to run"
-                    .to_string(),
-            )
+            ConfigError(format!(
+                "no agent configured; set HOSTED_BOOT_AGENT (or --agent) to one of {}",
+                names.join(", ")
+            ))
         })?;
-    match name {
-        "command" => {
-            let text = args.agent_command.as_deref().unwrap_or("").trim();
-            if text.is_empty() {
-                return Err(ConfigError(
-                    "HOSTED_BOOT_AGENT=command needs HOSTED_BOOT_AGENT_COMMAND (or --agent-command): \
-                     the program and its arguments"
-                        .to_string(),
-                ));
-            }
-            let words = shlex::split(text).ok_or_else(|| {
-                ConfigError(format!(
-                    "HOSTED_BOOT_AGENT_COMMAND {text:?} cannot be split into words (unbalanced quote?)"
-                ))
-            })?;
-            let mut words = words.into_iter();
-            let program = words.next().unwrap_or_default();
-            Ok(AgentConfig::Command {
-                program,
-                args: words.collect(),
-            })
+    let kind = AgentKind::from_name(name).ok_or_else(|| {
+        ConfigError(format!(
+            "unknown agent {name:?}; the agents are: {}",
+            names.join(", ")
+        ))
+    })?;
+    let text = args.agent_command.as_deref().unwrap_or("").trim();
+    let words = if text.is_empty() {
+        Vec::new()
+    } else {
+        shlex::split(text).ok_or_else(|| {
+            ConfigError(format!(
+                "HOSTED_BOOT_AGENT_COMMAND {text:?} cannot be split into words (unbalanced quote?)"
+            ))
+        })?
+    };
+    let mut words = words.into_iter();
+    let program = match (words.next(), kind.default_program()) {
+        (Some(p), _) => p,
+        (None, Some(p)) => p.to_string(),
+        (None, None) => {
+            return Err(ConfigError(
+                "HOSTED_BOOT_AGENT=command needs HOSTED_BOOT_AGENT_COMMAND (or --agent-command): \
+                 the program and its arguments"
+                    .to_string(),
+            ));
         }
-        other => Err(ConfigError(format!(
-            "unknown agent {other:?}; the agents are: command"
-        ))),
+    };
+    let mut extra_args = args.agent_arg.clone();
+    if let Some(text) = get("HOSTED_BOOT_AGENT_ARGS") {
+        extra_args.extend(shell_words("HOSTED_BOOT_AGENT_ARGS", &text)?);
     }
+    let mut env_words = args.agent_env.clone();
+    if let Some(text) = get("HOSTED_BOOT_AGENT_ENV") {
+        env_words.extend(shell_words("HOSTED_BOOT_AGENT_ENV", &text)?);
+    }
+    let env = env_words
+        .iter()
+        .map(|w| agent_env_pair(w))
+        .collect::<Result<Vec<_>, _>>()?;
+    let idle = args.agent_idle_timeout.trim();
+    let idle_timeout = match idle {
+        "" => AgentTimings::default().idle_timeout,
+        "0" => None,
+        text => match parse_duration(text) {
+            Ok(d) if d.is_zero() => None,
+            Ok(d) => Some(d),
+            Err(e) => return Err(ConfigError(format!("--agent-idle-timeout: {e}"))),
+        },
+    };
+    Ok(AgentConfig {
+        kind,
+        program,
+        args: words.collect(),
+        extra_args,
+        env,
+        opencode_port: None,
+        timings: AgentTimings {
+            idle_timeout,
+            ..AgentTimings::default()
+        },
+    })
+}
+
+fn shell_words(name: &str, text: &str) -> Result<Vec<String>, ConfigError> {
+    shlex::split(text).ok_or_else(|| {
+        ConfigError(format!(
+            "{name} cannot be split into words (unbalanced quote?)"
+        ))
+    })
+}
+
+/// One `--agent-env NAME=VALUE`: a valid name, never `ORIZU_*` (the
+/// contract's own variables). The error names the variable, not the value.
+fn agent_env_pair(word: &str) -> Result<(String, String), ConfigError> {
+    let Some((name, value)) = word.split_once('=') else {
+        return Err(ConfigError(format!(
+            "--agent-env {:?} is not NAME=VALUE",
+            word.chars().take(40).collect::<String>()
+        )));
+    };
+    let mut chars = name.chars();
+    let valid = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(ConfigError(format!(
+            "--agent-env names {name:?}, which is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"
+        )));
+    }
+    if name.starts_with("ORIZU_") {
+        return Err(ConfigError(format!(
+            "--agent-env sets {name}: ORIZU_* variables belong to the coordinator contract; remove it"
+        )));
+    }
+    Ok((name.to_string(), value.to_string()))
 }
 
 #[cfg(test)]
@@ -280,6 +337,7 @@ mod tests {
             git_base_url: "https://github.com".into(),
             interrupt_grace: "10s".into(),
             stop_budget: "25s".into(),
+            agent_idle_timeout: "10m".into(),
             ..RunArgs::default()
         }
     }
@@ -296,13 +354,9 @@ mod tests {
             "https://plane.example/api/cli/sessions/s1/boot-status"
         );
         assert_eq!(c.api.api_base.as_str(), "https://plane.example/");
-        assert_eq!(
-            c.agent,
-            AgentConfig::Command {
-                program: "my-agent".into(),
-                args: vec!["--flag".into(), "two words".into()]
-            }
-        );
+        assert_eq!(c.agent.kind, AgentKind::Command);
+        assert_eq!(c.agent.program, "my-agent");
+        assert_eq!(c.agent.args, vec!["--flag", "two words"]);
         assert_eq!(c.root, PathBuf::from("/work"));
         assert!(c.base_env.iter().all(|(k, _)| k != BOOT_SECRET_VAR));
     }
@@ -350,6 +404,58 @@ mod tests {
         let mut e = base();
         e.push(("ORIZU_OPENCODE_PORT", "0"));
         assert!(load(&env(&e), &args(), secret(), "/".into()).is_err());
+    }
+
+    #[test]
+    fn cli_agents_default_their_program_and_take_args_and_env() {
+        let a = RunArgs {
+            agent: Some("claude".into()),
+            agent_command: None,
+            agent_arg: vec!["--max-turns=3".into()],
+            agent_env: vec!["FOO=bar=baz".into()],
+            agent_idle_timeout: "0".into(),
+            ..args()
+        };
+        let mut e = base();
+        e.push(("HOSTED_BOOT_AGENT_ARGS", "--add-dir '/a b'"));
+        e.push(("ORIZU_OPENCODE_PORT", "4242"));
+        let c = load(&env(&e), &a, secret(), "/".into()).unwrap();
+        assert_eq!(c.agent.kind, AgentKind::Claude);
+        assert_eq!(c.agent.program, "claude");
+        assert_eq!(
+            c.agent.extra_args,
+            vec!["--max-turns=3", "--add-dir", "/a b"]
+        );
+        assert_eq!(
+            c.agent.env,
+            vec![("FOO".to_string(), "bar=baz".to_string())]
+        );
+        assert_eq!(c.agent.timings.idle_timeout, None);
+        assert_eq!(c.agent.opencode_port, Some(4242));
+
+        for bad in ["ORIZU_MODEL=x", "1X=y", "novalue"] {
+            let a = RunArgs {
+                agent_env: vec![bad.into()],
+                ..args()
+            };
+            let err = load(&env(&base()), &a, secret(), "/".into())
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.contains("--agent-env"), "{err}");
+        }
+        let a = RunArgs {
+            agent: Some("gemini".into()),
+            ..args()
+        };
+        let err = load(&env(&base()), &a, secret(), "/".into())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("claude, codex, codex-exec, opencode, opencode-run, command"),
+            "{err}"
+        );
     }
 
     #[test]

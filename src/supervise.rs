@@ -108,6 +108,7 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
             cwd: cwd.clone(),
             env: env.clone(),
             stdin: Vec::new(),
+            stdin_feed: None,
         };
         let on_line = move |stream, line: crate::turn::lines::Line| {
             let stream = match stream {
@@ -155,8 +156,10 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
                         crate::wire::ErrorCode::AgentTimeout,
                         supervision.timeout_message(),
                     )
+                } else if interrupted || stopped {
+                    agent::TurnOutcome::interrupted()
                 } else {
-                    agent::command::outcome(&exit, interrupted || stopped)
+                    agent::command::outcome(&exit)
                 };
                 let status = exit.status;
                 code = match status.map(|s| (s.code(), s.signal())) {

@@ -1,17 +1,22 @@
 //! The `command` agent: any program. The prompt goes on stdin (then EOF),
 //! each stdout line that is a JSON object with a string `type` becomes an
 //! event of that type, any other line an `output` event, stderr lines
-//! `stderr` events (PROTOCOL.md 4.6 for `hosted_boot.` types).
+//! `stderr` events (PROTOCOL.md 4.6 for `hosted_boot.` types). The CLI
+//! adapters share this line mapping and [`JsonLines`].
 
 use std::os::unix::process::ExitStatusExt;
 
-use serde_json::{Value, json};
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use serde_json::Value;
 
-use super::TurnOutcome;
+use super::{
+    Driver, DriverIo, Effects, ExitRule, Launch, Observation, StdinMode, TurnOutcome, TurnSpec,
+};
 use crate::turn::events::text_data;
-use crate::turn::lines::Line;
+use crate::turn::lines::{Line, MAX_LINE_BYTES};
 use crate::turn::supervisor::{Exit, Stream};
-use crate::wire::{ErrorCode, RunOutcome};
+use crate::wire::ErrorCode;
 
 /// Prefix reserved for the runner's own events.
 pub const RUNNER_EVENT_PREFIX: &str = "hosted_boot.";
@@ -35,28 +40,15 @@ pub fn event_for_line(stream: Stream, line: &Line) -> (String, Value) {
     }
 }
 
-/// The outcome of a `command` turn: exit 0 → `succeeded`; stopped by the
-/// runner for an interrupt → `interrupted` whatever the status; anything
-/// else → `failed` with `agent_crashed`.
-pub fn outcome(exit: &Exit, interrupted: bool) -> TurnOutcome {
-    if interrupted {
-        return TurnOutcome::interrupted();
-    }
+/// The outcome of a `command` process: exit 0 → `succeeded`; anything else
+/// → `failed` with `agent_crashed` (the runner decides `interrupted`).
+pub fn outcome(exit: &Exit) -> TurnOutcome {
     match exit.status {
-        Some(s) if s.success() => TurnOutcome {
-            status: RunOutcome::Succeeded,
-            agent_session_id: None,
-            error: None,
-            usage: None,
-        },
-        Some(s) => {
-            let how = match (s.code(), s.signal()) {
-                (Some(code), _) => format!("exited with status {code}"),
-                (None, Some(sig)) => format!("was killed by signal {sig}"),
-                (None, None) => "ended abnormally".to_string(),
-            };
-            TurnOutcome::failed(ErrorCode::AgentCrashed, format!("the agent {how}"))
-        }
+        Some(s) if s.success() => TurnOutcome::succeeded(),
+        Some(s) => TurnOutcome::failed(
+            ErrorCode::AgentCrashed,
+            format!("the agent {}", describe_status(s)),
+        ),
         None => TurnOutcome::failed(
             ErrorCode::AgentCrashed,
             "the agent's exit status could not be collected",
@@ -64,18 +56,116 @@ pub fn outcome(exit: &Exit, interrupted: bool) -> TurnOutcome {
     }
 }
 
-/// The payload of the `hosted_boot.runner` event that opens every run.
-pub fn runner_event(program: &str) -> Value {
-    json!({
-        "runnerVersion": env!("CARGO_PKG_VERSION"),
-        "agent": "command",
-        "program": program,
-    })
+/// "exited with status N" or "was killed by signal N".
+pub fn describe_status(s: std::process::ExitStatus) -> String {
+    match (s.code(), s.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(sig)) => format!("was killed by signal {sig}"),
+        (None, None) => "ended abnormally".to_string(),
+    }
+}
+
+/// The `command` agent's driver: the prompt on stdin, lines to events.
+pub struct CommandDriver {
+    spec: TurnSpec,
+}
+
+impl CommandDriver {
+    /// For one turn.
+    pub fn new(spec: TurnSpec) -> Self {
+        CommandDriver { spec }
+    }
+}
+
+impl Driver for CommandDriver {
+    fn launch(&self) -> Launch {
+        Launch {
+            args: self.spec.extra_args.clone(),
+            env: Vec::new(),
+            stdin: StdinMode::Bytes(self.spec.prompt.clone().into_bytes()),
+            protocol_interrupt: false,
+            server: false,
+            exit_rule: ExitRule::Command,
+        }
+    }
+
+    fn run(self: Box<Self>, mut io: DriverIo) -> BoxFuture<'static, Observation> {
+        async move {
+            while let Some((stream, line)) = io.lines.recv().await {
+                let (kind, data) = event_for_line(stream, &line);
+                io.events.emit(kind, data);
+            }
+            Observation {
+                effects: Effects::Unknown,
+                ..Observation::default()
+            }
+        }
+        .boxed()
+    }
+}
+
+/// Longest JSON line a CLI adapter reassembles from the pieces of
+/// [`MAX_LINE_BYTES`] the line framing hands on (32 MiB).
+pub const MAX_JSON_LINE: usize = 32 * 1024 * 1024;
+
+/// Reads JSON objects from a CLI's stdout lines, reassembling a line the
+/// framing cut into pieces (its events are still sent as those pieces).
+/// Lines that do not start with `{` (debug output) are skipped.
+#[derive(Debug, Default)]
+pub struct JsonLines {
+    buf: Vec<u8>,
+    active: bool,
+}
+
+impl JsonLines {
+    /// A reader at the start of a stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The JSON object `line` completes, if any.
+    pub fn push(&mut self, line: &Line) -> Option<serde_json::Map<String, Value>> {
+        if !line.continued {
+            self.buf.clear();
+            self.active = false;
+        } else if !self.active {
+            return None;
+        }
+        // Pieces are cut at exactly MAX_LINE_BYTES; a shorter one ends the line.
+        let full_piece = line.bytes.len() >= MAX_LINE_BYTES;
+        if full_piece || line.continued {
+            if self.buf.len() + line.bytes.len() > MAX_JSON_LINE {
+                self.buf.clear();
+                self.active = false;
+                return None;
+            }
+            self.buf.extend_from_slice(&line.bytes);
+            self.active = full_piece;
+            if full_piece {
+                return None;
+            }
+            let bytes = std::mem::take(&mut self.buf);
+            return parse_object(&bytes);
+        }
+        parse_object(&line.bytes)
+    }
+}
+
+fn parse_object(bytes: &[u8]) -> Option<serde_json::Map<String, Value>> {
+    let start = bytes.iter().position(|b| !b.is_ascii_whitespace())?;
+    if bytes[start] != b'{' {
+        return None;
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Some(map),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn line(text: &str) -> Line {
         Line {
@@ -90,6 +180,28 @@ mod tests {
             event_for_line(Stream::Stdout, &line(r#"{"type":"message","text":"hi"}"#));
         assert_eq!(kind, "message");
         assert_eq!(data, json!({"type": "message", "text": "hi"}));
+    }
+
+    #[test]
+    fn json_lines_are_reassembled_from_pieces_and_debug_lines_skipped() {
+        let mut j = JsonLines::new();
+        assert!(j.push(&line("[SandboxDebug] hi")).is_none());
+        assert_eq!(j.push(&line(r#"{"a":1}"#)).unwrap()["a"], json!(1));
+        let big = format!(
+            r#"{{"type":"result","text":"{}"}}"#,
+            "x".repeat(MAX_LINE_BYTES)
+        );
+        let bytes = big.as_bytes();
+        let first = Line {
+            bytes: bytes[..MAX_LINE_BYTES].to_vec(),
+            continued: false,
+        };
+        let rest = Line {
+            bytes: bytes[MAX_LINE_BYTES..].to_vec(),
+            continued: true,
+        };
+        assert!(j.push(&first).is_none());
+        assert_eq!(j.push(&rest).unwrap()["type"], json!("result"));
     }
 
     #[test]

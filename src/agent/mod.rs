@@ -1,35 +1,317 @@
-//! Agent adapters: given a turn, build the command; map each output line to
-//! an event; map the exit to an outcome. `command` (any program) is the
-//! first; Claude Code, Codex and opencode are the agents issue's. This is
-//! the one planned extension point: a trait comes with the second adapter.
+//! Agent adapters (the one planned extension point): one module per agent
+//! CLI, each a [`Driver`] that says what to start ([`Launch`]) and then
+//! speaks the CLI's protocol over its stdin, its output lines (and, for
+//! `opencode serve`, HTTP), reporting what it saw as an [`Observation`].
+//! [`drive`] runs one turn's agent under the supervisor with the watchdogs,
+//! the two-stage interrupt and the overload continuation, and turns the
+//! observation into a [`TurnOutcome`] (PROTOCOL.md 4.1 step 4, 2.6).
+//!
+//! Adding an adapter: a module with a `Driver`, a variant of [`AgentKind`],
+//! a line in [`driver_for`] and in [`env::for_agent`], a stand-in CLI under
+//! `tests/fakes/` and its tests (README, "Adding an adapter").
 
+pub mod classify;
+pub mod claude;
+pub mod codex;
+pub mod codex_exec;
 pub mod command;
+pub mod drive;
+pub mod env;
+pub mod jsonrpc;
+pub mod opencode;
+pub mod opencode_run;
+pub mod sse;
+pub mod usage;
 
-use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
 
-use crate::wire::{ErrorCode, RunOutcome};
+use futures_util::future::BoxFuture;
+use tokio::sync::mpsc;
 
-/// How a turn ended, as the agent adapter sees it.
+use crate::redact::Redactor;
+use crate::turn::events::EventSender;
+use crate::turn::lines::Line;
+use crate::turn::supervisor::Stream;
+use crate::wire::{ClientInfo, ErrorCode, RunOutcome};
+pub use usage::Usage;
+
+/// The agents `--agent` accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentKind {
+    /// Any program (`--agent-command`), NDJSON or text on stdout.
+    Command,
+    /// Claude Code: `claude -p` with stream-json in and out.
+    Claude,
+    /// Codex: `codex app-server` (JSON-RPC over stdio).
+    Codex,
+    /// Codex fallback: `codex exec --json`.
+    CodexExec,
+    /// opencode: `opencode serve` (HTTP and an event stream).
+    OpenCode,
+    /// opencode fallback: `opencode run --format json`.
+    OpenCodeRun,
+}
+
+impl AgentKind {
+    /// Every kind, in the order the help lists them.
+    pub const ALL: [AgentKind; 6] = [
+        AgentKind::Claude,
+        AgentKind::Codex,
+        AgentKind::CodexExec,
+        AgentKind::OpenCode,
+        AgentKind::OpenCodeRun,
+        AgentKind::Command,
+    ];
+
+    /// The name `--agent` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentKind::Command => "command",
+            AgentKind::Claude => "claude",
+            AgentKind::Codex => "codex",
+            AgentKind::CodexExec => "codex-exec",
+            AgentKind::OpenCode => "opencode",
+            AgentKind::OpenCodeRun => "opencode-run",
+        }
+    }
+
+    /// The kind named `name`, if any.
+    pub fn from_name(name: &str) -> Option<AgentKind> {
+        AgentKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The program run when `--agent-command` does not name another one;
+    /// `None` for `command`, which needs it.
+    pub fn default_program(self) -> Option<&'static str> {
+        match self {
+            AgentKind::Command => None,
+            AgentKind::Claude => Some("claude"),
+            AgentKind::Codex | AgentKind::CodexExec => Some("codex"),
+            AgentKind::OpenCode | AgentKind::OpenCodeRun => Some("opencode"),
+        }
+    }
+}
+
+/// Durations of the agent's watchdogs and continuations; scaled by
+/// `HOSTED_BOOT_TEST_TIME_SCALE` like every contract duration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AgentTimings {
+    /// No output for this long → interrupt, fail `agent_hung`
+    /// (`--agent-idle-timeout`, 10 min; `None`: off).
+    pub idle_timeout: Option<Duration>,
+    /// Terminal event seen, process still alive after this → stop the tree,
+    /// keep the outcome (10 s).
+    pub terminal_grace: Duration,
+    /// A server-mode CLI (`opencode serve`) is stopped this long after its
+    /// terminal event, so that late usage events still arrive (500 ms).
+    pub server_settle: Duration,
+    /// Waits before the first and the second overload continuation (5 s, 15 s).
+    pub overload_delays: [Duration; 2],
+    /// Bound on `<cli> --version` for the `hosted_boot.runner` event (5 s).
+    pub version_timeout: Duration,
+    /// Bound on a server-mode CLI becoming healthy (60 s).
+    pub server_ready: Duration,
+}
+
+impl Default for AgentTimings {
+    fn default() -> Self {
+        AgentTimings {
+            idle_timeout: Some(Duration::from_secs(600)),
+            terminal_grace: Duration::from_secs(10),
+            server_settle: Duration::from_millis(500),
+            overload_delays: [Duration::from_secs(5), Duration::from_secs(15)],
+            version_timeout: Duration::from_secs(5),
+            server_ready: Duration::from_secs(60),
+        }
+    }
+}
+
+impl AgentTimings {
+    /// Every duration multiplied by `factor` (> 0).
+    pub fn scaled(self, factor: f64) -> Self {
+        let s = |d: Duration| Duration::from_secs_f64(d.as_secs_f64() * factor);
+        AgentTimings {
+            idle_timeout: self.idle_timeout.map(s),
+            terminal_grace: s(self.terminal_grace),
+            server_settle: s(self.server_settle),
+            overload_delays: [s(self.overload_delays[0]), s(self.overload_delays[1])],
+            // Starting a real program and a loopback server take what they
+            // take; a scaled bound would only make tests flaky.
+            version_timeout: self.version_timeout,
+            server_ready: self.server_ready,
+        }
+    }
+}
+
+/// The agent to run: what `--agent`, `--agent-command`, `--agent-arg`,
+/// `--agent-env` and `--agent-idle-timeout` say.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentConfig {
+    /// Which adapter.
+    pub kind: AgentKind,
+    /// The program (looked up on `PATH` when it has no slash): the first
+    /// word of `--agent-command`, or the CLI's name.
+    pub program: String,
+    /// The other words of `--agent-command`: the `command` agent's
+    /// arguments, or for a CLI arguments before the adapter's own (a
+    /// launcher such as `npx -y @anthropic-ai/claude-code`).
+    pub args: Vec<String>,
+    /// `--agent-arg`s: literal arguments after the adapter's own.
+    pub extra_args: Vec<String>,
+    /// Literal environment added last (`--agent-env`); never `ORIZU_*`.
+    pub env: Vec<(String, String)>,
+    /// `ORIZU_OPENCODE_PORT`: the port `opencode serve` listens on.
+    pub opencode_port: Option<u16>,
+    /// Watchdogs and continuation delays.
+    pub timings: AgentTimings,
+}
+
+impl AgentConfig {
+    /// A `command` agent with default timings (tests, `check`).
+    pub fn command(program: impl Into<String>, args: Vec<String>) -> Self {
+        AgentConfig {
+            kind: AgentKind::Command,
+            program: program.into(),
+            args,
+            extra_args: Vec::new(),
+            env: Vec::new(),
+            opencode_port: None,
+            timings: AgentTimings::default(),
+        }
+    }
+
+    /// The agent's name as configured (`claude`, `command`, …).
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+}
+
+/// What the agent keeps from one turn to the next within a boot: the agent
+/// session to resume (the coordinator's `agentSessionId` at first, then the
+/// id each turn reports), the model and effort of `clientInfo`, and the
+/// CLI's version (asked once).
+#[derive(Debug, Default)]
+pub struct AgentSession {
+    resume: Mutex<Option<String>>,
+    /// `clientInfo.model`.
+    pub model: Option<String>,
+    /// `clientInfo.reasoningEffort`.
+    pub effort: Option<String>,
+    version: tokio::sync::OnceCell<Option<String>>,
+    /// `codex exec` reports the thread's running token total: the last one
+    /// seen, per thread, so that a turn reports only its own.
+    cumulative: Mutex<Option<(String, Usage)>>,
+}
+
+impl AgentSession {
+    /// The state at boot, from the session (2.4).
+    pub fn new(client_info: &ClientInfo, agent_session_id: Option<String>) -> Self {
+        AgentSession {
+            resume: Mutex::new(agent_session_id.filter(|s| !s.is_empty())),
+            model: client_info.model.clone().filter(|s| !s.is_empty()),
+            effort: client_info
+                .reasoning_effort
+                .clone()
+                .filter(|s| !s.is_empty()),
+            version: tokio::sync::OnceCell::new(),
+            cumulative: Mutex::new(None),
+        }
+    }
+
+    /// The agent session id to resume, if any.
+    pub fn resume_id(&self) -> Option<String> {
+        self.resume
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records the id the agent reported; returns the previous one.
+    pub fn set_resume_id(&self, id: String) -> Option<String> {
+        self.resume
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(id)
+    }
+
+    /// The last running total recorded for `thread`.
+    pub fn cumulative_for(&self, thread: &str) -> Option<Usage> {
+        self.cumulative
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .filter(|(t, _)| t == thread)
+            .map(|(_, u)| u.clone())
+    }
+
+    /// Records the running total of `thread`.
+    pub fn set_cumulative(&self, thread: String, total: Usage) {
+        *self.cumulative.lock().unwrap_or_else(|p| p.into_inner()) = Some((thread, total));
+    }
+
+    /// The CLI's version, computed once by `probe`.
+    pub async fn version<F>(&self, probe: F) -> Option<String>
+    where
+        F: std::future::Future<Output = Option<String>>,
+    {
+        self.version.get_or_init(|| probe).await.clone()
+    }
+}
+
+/// How a turn ended, as the runner reports it in `finish` (2.6).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TurnOutcome {
     /// The terminal status.
     pub status: RunOutcome,
-    /// The agent's own session id, when known.
+    /// The agent's own session id, when known (`finish.agentSessionId`).
     pub agent_session_id: Option<String>,
     /// Why it failed.
     pub error: Option<AgentError>,
-    /// Token usage, when reported.
-    pub usage: Option<Value>,
+    /// Token usage of the turn (`finish.usage`, PROTOCOL.md 2.6).
+    pub usage: Option<serde_json::Value>,
 }
 
 /// A failure class of the turn; `code` maps one to one onto the wire codes
-/// of PROTOCOL.md 2.6.
+/// of PROTOCOL.md 2.6 (`finish.error`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentError {
     /// The wire code.
     pub code: ErrorCode,
-    /// What happened (redacted before it is sent).
+    /// What happened (redacted and cut to 800 characters when sent).
     pub message: String,
+    /// Whether the coordinator may retry (only `provider_rate_limited`).
+    pub retryable: bool,
+    /// The wait the agent suggested, in milliseconds.
+    pub retry_after_ms: Option<u64>,
+    /// When the limit resets, RFC 3339 (UTC).
+    pub resets_at: Option<String>,
+}
+
+impl AgentError {
+    /// An error of class `code`; `retryable` follows the code.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        AgentError {
+            code,
+            message: message.into(),
+            retryable: code == ErrorCode::ProviderRateLimited,
+            retry_after_ms: None,
+            resets_at: None,
+        }
+    }
+
+    /// With the agent's suggested wait.
+    pub fn retry_after(mut self, ms: Option<u64>) -> Self {
+        self.retry_after_ms = ms;
+        self
+    }
+
+    /// With the reset time, given in Unix seconds.
+    pub fn resets_at_unix(mut self, secs: Option<f64>) -> Self {
+        self.resets_at = secs.and_then(classify::rfc3339_from_unix);
+        self
+    }
 }
 
 impl TurnOutcome {
@@ -45,14 +327,206 @@ impl TurnOutcome {
 
     /// A turn that `failed` with `code`.
     pub fn failed(code: ErrorCode, message: impl Into<String>) -> Self {
+        TurnOutcome::failed_with(AgentError::new(code, message))
+    }
+
+    /// A turn that `failed` with `error`.
+    pub fn failed_with(error: AgentError) -> Self {
         TurnOutcome {
             status: RunOutcome::Failed,
             agent_session_id: None,
-            error: Some(AgentError {
-                code,
-                message: message.into(),
-            }),
+            error: Some(error),
             usage: None,
         }
+    }
+
+    /// A turn that `succeeded`.
+    pub fn succeeded() -> Self {
+        TurnOutcome {
+            status: RunOutcome::Succeeded,
+            agent_session_id: None,
+            error: None,
+            usage: None,
+        }
+    }
+}
+
+/// What the agent's own events said about the end of its turn.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Terminal {
+    /// The turn completed.
+    Completed,
+    /// The turn failed, classified.
+    Failed(AgentError),
+    /// The agent aborted the turn (after an interrupt).
+    Aborted,
+}
+
+/// How the process exit counts when there is no terminal event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitRule {
+    /// `command`: exit 0 succeeds; anything else is `agent_crashed`.
+    Command,
+    /// A CLI with a terminal event: without one the turn failed; the stderr
+    /// tail is classified as text, else `agent_crashed`.
+    NeedsTerminal,
+    /// A CLI whose clean exit is its terminal event (`opencode run` before
+    /// its `done` event existed): exit 0 without a failure succeeds.
+    ZeroSucceeds,
+}
+
+/// Whether the turn's own events prove it had no effects (overload
+/// continuation, issue "Overload continuation").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Effects {
+    /// Only messages and reasoning were seen.
+    #[default]
+    None,
+    /// A tool call, command or file change was seen.
+    Some,
+    /// The adapter cannot tell (the `command` agent).
+    Unknown,
+}
+
+/// What a driver saw during one agent process.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observation {
+    /// The terminal event, if one came.
+    pub terminal: Option<Terminal>,
+    /// A classified failure seen without a terminal event (a refused
+    /// resume, an error event before the process died).
+    pub failure: Option<AgentError>,
+    /// Usage of this process's part of the turn.
+    pub usage: Usage,
+    /// Effects seen.
+    pub effects: Effects,
+}
+
+/// What to write to the agent's stdin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StdinMode {
+    /// These bytes, then EOF (the prompt).
+    Bytes(Vec<u8>),
+    /// The protocol channel: the driver writes and closes it.
+    Channel,
+}
+
+/// What to start for one agent process.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    /// Arguments after the program (the adapter's, then `--agent-arg`s).
+    pub args: Vec<String>,
+    /// Variables this process needs beyond the adapter's fixed ones (the
+    /// opencode server password), set last.
+    pub env: Vec<(String, crate::secret::Secret)>,
+    /// Stdin.
+    pub stdin: StdinMode,
+    /// Whether the driver has a protocol interrupt (tried before signals).
+    pub protocol_interrupt: bool,
+    /// A server that does not exit by itself after its terminal event.
+    pub server: bool,
+    /// How the exit counts without a terminal event.
+    pub exit_rule: ExitRule,
+}
+
+/// A request from the runner to a driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverCommand {
+    /// Interrupt the turn through the CLI's protocol.
+    Interrupt,
+}
+
+/// What a driver tells the runner while the agent runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Note {
+    /// The agent's session id, from the first event that carries it.
+    SessionId(String),
+    /// The terminal event came (the runner stops a process that lingers).
+    Terminal,
+    /// Output that does not come as a line (an event stream): counts for
+    /// the idle watchdog.
+    Activity,
+    /// Give up on the turn: interrupt the agent and fail with this error
+    /// (a server that never became healthy, a retry loop on a dead quota).
+    Abort(AgentError),
+}
+
+/// A driver's channels.
+pub struct DriverIo {
+    /// The agent's output lines, until the process has exited and its pipes
+    /// are drained (then the channel closes and the driver returns).
+    pub lines: mpsc::UnboundedReceiver<(Stream, Line)>,
+    /// The agent's stdin in [`StdinMode::Channel`]; dropping it closes stdin.
+    pub stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Requests from the runner.
+    pub commands: mpsc::UnboundedReceiver<DriverCommand>,
+    /// To the runner.
+    pub notes: mpsc::UnboundedSender<Note>,
+    /// The run's events (redacted by the sink).
+    pub events: EventSender,
+}
+
+impl DriverIo {
+    /// Writes one JSON line to stdin; false when stdin is closed.
+    pub fn send_json(&self, value: &serde_json::Value) -> bool {
+        let Some(stdin) = &self.stdin else {
+            return false;
+        };
+        let mut bytes = value.to_string().into_bytes();
+        bytes.push(b'\n');
+        stdin.send(bytes).is_ok()
+    }
+
+    /// Tells the runner `note` (ignored once the runner stopped listening).
+    pub fn note(&self, note: Note) {
+        let _ = self.notes.send(note);
+    }
+}
+
+/// One turn's adapter for one agent process.
+pub trait Driver: Send {
+    /// What to start.
+    fn launch(&self) -> Launch;
+    /// Speaks the CLI's protocol until the output ends.
+    fn run(self: Box<Self>, io: DriverIo) -> BoxFuture<'static, Observation>;
+}
+
+/// What a driver needs to know about the turn.
+#[derive(Clone, Debug)]
+pub struct TurnSpec {
+    /// The prompt: it travels through stdin or the protocol, never argv.
+    pub prompt: String,
+    /// `repo/`, the same for every turn (resume is tied to it).
+    pub cwd: PathBuf,
+    /// The agent session to resume.
+    pub resume: Option<String>,
+    /// The model (`clientInfo.model`).
+    pub model: Option<String>,
+    /// The reasoning effort (`clientInfo.reasoningEffort`).
+    pub effort: Option<String>,
+    /// Arguments after the adapter's own: `--agent-arg`s (for `command`,
+    /// all of its arguments).
+    pub extra_args: Vec<String>,
+    /// `ORIZU_OPENCODE_PORT`.
+    pub opencode_port: Option<u16>,
+    /// Watchdog bounds.
+    pub timings: AgentTimings,
+}
+
+/// The driver of `kind` for one agent process of a turn. Secrets it makes
+/// (the opencode server password) go to `redactor` first.
+pub fn driver_for(
+    config: &AgentConfig,
+    spec: TurnSpec,
+    session: &std::sync::Arc<AgentSession>,
+    redactor: &Redactor,
+) -> Box<dyn Driver> {
+    match config.kind {
+        AgentKind::Command => Box::new(command::CommandDriver::new(spec)),
+        AgentKind::Claude => Box::new(claude::ClaudeDriver::new(spec)),
+        AgentKind::Codex => Box::new(codex::CodexDriver::new(spec)),
+        AgentKind::CodexExec => Box::new(codex_exec::CodexExecDriver::new(spec, session.clone())),
+        AgentKind::OpenCode => Box::new(opencode::OpenCodeDriver::new(spec, redactor)),
+        AgentKind::OpenCodeRun => Box::new(opencode_run::OpenCodeRunDriver::new(spec)),
     }
 }

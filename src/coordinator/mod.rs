@@ -82,6 +82,8 @@ pub struct CoordinatorOptions {
     pub surface: Option<String>,
     /// `clientInfo.durationMinutes` (per-turn time cap).
     pub duration_minutes: Option<f64>,
+    /// The session's `agentSessionId` at start (an agent session to resume).
+    pub agent_session_id: Option<String>,
     /// Start with no run at all (the boot posts `ready` and waits); the first
     /// queued turn is then `run-1`, shown in `pendingTurn`.
     pub start_idle: bool,
@@ -118,6 +120,7 @@ impl Default for CoordinatorOptions {
             reasoning_effort: None,
             surface: None,
             duration_minutes: None,
+            agent_session_id: None,
             start_idle: false,
             connectors: Vec::new(),
             redact_vars: Vec::new(),
@@ -229,9 +232,11 @@ impl Coordinator {
                 dev_token,
                 repo,
             },
-            state: Mutex::new(state::State::new(
-                (!opts.start_idle).then_some(opts.task.as_str()),
-            )),
+            state: Mutex::new({
+                let mut s = state::State::new((!opts.start_idle).then_some(opts.task.as_str()));
+                s.agent_session_id = opts.agent_session_id.clone();
+                s
+            }),
             changed: tokio::sync::Notify::new(),
         });
 

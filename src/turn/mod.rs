@@ -23,19 +23,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde_json::json;
 use tokio::sync::{mpsc, watch as tokio_watch};
 
-use crate::agent::{self, TurnOutcome};
+use crate::agent::drive::{self, DriveInput, Request};
+use crate::agent::{AgentSession, TurnOutcome};
 use crate::client::Api;
 use crate::config::AgentConfig;
 use crate::signals::{Stop, StopBudget};
 use crate::timings::RetryPolicy;
-use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult};
+use crate::wire::{BootStatus, FinishBody, FinishError, HarvestResult};
 use crate::workspace::Harvester;
 use crate::workspace::files::{RunDir, SessionDir};
 use events::EventSink;
-use supervisor::{Control, SpawnSpec, Supervision};
+use supervisor::Supervision;
 
 /// What every turn of the boot shares.
 pub struct TurnContext {
@@ -53,6 +53,9 @@ pub struct TurnContext {
     pub agent_env: Vec<(OsString, OsString)>,
     /// How the agent's processes are supervised (drain, time cap, cgroup).
     pub supervision: Supervision,
+    /// What the agent keeps across turns: the session to resume, model,
+    /// effort, the CLI's version.
+    pub agent_session: Arc<AgentSession>,
     /// Commits and pushes the agent's work after each turn (4.5).
     pub harvester: Harvester,
     /// The harvest of a reused `repo/` at boot, reported as an event of the
@@ -204,10 +207,16 @@ pub async fn run(
     let rotation = rotation::Rotation::start(api.clone(), ctx.session_dir.clone());
     let sink = EventSink::start(api.clone(), run_id.to_string());
     let sender = sink.sender();
-    let (program, args) = match &ctx.agent {
-        AgentConfig::Command { program, args } => (program.clone(), args.clone()),
-    };
-    sender.emit("hosted_boot.runner", agent::command::runner_event(&program));
+    sender.emit(
+        "hosted_boot.runner",
+        drive::runner_event(
+            &ctx.agent,
+            &ctx.agent_session,
+            &ctx.agent_env,
+            &ctx.repo_dir,
+        )
+        .await,
+    );
     if let Some(recovered) = ctx
         .recovered_at_boot
         .lock()
@@ -221,7 +230,7 @@ pub async fn run(
     let interrupted = Arc::new(AtomicBool::new(false));
     let mut watch_task = None;
     let mut stopped_by: Option<Stop> = None;
-    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let (request_tx, mut request_rx) = mpsc::unbounded_channel();
     let first_read = if guard.stopping() {
         stopped_by = Some(guard.current());
         Ok(true)
@@ -235,26 +244,28 @@ pub async fn run(
                 "interrupt or stop requested before the agent started; not starting it"
             );
             interrupted.store(true, Ordering::SeqCst);
-            TurnOutcome::interrupted()
+            TurnOutcome {
+                agent_session_id: ctx.agent_session.resume_id(),
+                ..TurnOutcome::interrupted()
+            }
         }
         other => {
             if let Err(e) = other {
                 tracing::warn!(run_id, error = %e, "first interrupt watch read failed; starting the agent anyway");
             }
             let flag = interrupted.clone();
-            let tx = control_tx.clone();
-            let grace = timings.interrupt_grace;
+            let tx = request_tx.clone();
             watch_task = Some(watch::spawn(
                 api.clone(),
                 ctx.session_dir.bearer_path(),
                 run_id.to_string(),
                 move || {
                     flag.store(true, Ordering::SeqCst);
-                    let _ = tx.send(Control::Interrupt { grace });
+                    let _ = tx.send(Request::Interrupt);
                 },
             ));
 
-            // 4. The agent.
+            // 4. The agent (agent::drive: adapter, watchdogs, interrupts).
             let mut env = ctx.agent_env.clone();
             env.push((
                 "ORIZU_TOKEN_FILE".into(),
@@ -262,53 +273,22 @@ pub async fn run(
             ));
             env.push(("ORIZU_TASK_FILE".into(), task_path.clone().into()));
             env.push(("ORIZU_RUN_ID".into(), run_id.into()));
-            let spec = SpawnSpec {
-                program: program.clone(),
-                args,
+            let input = DriveInput {
+                config: ctx.agent.clone(),
+                session: ctx.agent_session.clone(),
+                prompt: input.prompt.clone(),
                 cwd: ctx.repo_dir.clone(),
                 env,
-                stdin: input.prompt.clone().into_bytes(),
+                events: sender.clone(),
+                redactor: api.redactor().clone(),
+                timings,
+                supervision: ctx.supervision.clone(),
             };
-            let line_sender = sender.clone();
-            let on_line = move |stream, line: lines::Line| {
-                let (kind, data) = agent::command::event_for_line(stream, &line);
-                line_sender.emit(kind, data);
-            };
-            let supervised = supervisor::run(spec, control_rx, &ctx.supervision, on_line);
-            tokio::pin!(supervised);
-            let result = loop {
-                tokio::select! {
-                    r = &mut supervised => break r,
-                    changed = stop.changed() => {
-                        if changed.is_err() {
-                            continue;
-                        }
-                        let s = *stop.borrow_and_update();
-                        stopped_by = Some(s);
-                        match s {
-                            Stop::Graceful(_) => { let _ = control_tx.send(Control::Interrupt { grace: timings.stop_grace }); }
-                            Stop::Immediate(_) => { let _ = control_tx.send(Control::Kill); }
-                            Stop::Running => {}
-                        }
-                    }
-                }
-            };
-            let stopped = interrupted.load(Ordering::SeqCst) || stopped_by.is_some();
-            match result {
-                // An interrupt or stop that came during the cap's grace wins.
-                Ok(exit) if exit.timed_out && !stopped => {
-                    TurnOutcome::failed(ErrorCode::AgentTimeout, ctx.supervision.timeout_message())
-                }
-                Ok(exit) => agent::command::outcome(&exit, stopped),
-                Err(e) => {
-                    tracing::error!(run_id, error = %e, "agent spawn failed");
-                    sender.emit(
-                        "hosted_boot.spawn_failed",
-                        json!({"program": program, "error": e.reason}),
-                    );
-                    TurnOutcome::failed(ErrorCode::AgentSpawnFailed, e.to_string())
-                }
+            let driven = drive::run(input, &mut request_rx, stop).await;
+            if driven.stopped_by.is_some() {
+                stopped_by = driven.stopped_by;
             }
+            driven.outcome
         }
     };
     // 5. Stop the watch and the rotation, remove the bearer file.
@@ -350,9 +330,9 @@ pub async fn run(
         error: outcome.error.as_ref().map(|e| FinishError {
             code: e.code,
             message: e.message.clone(),
-            retryable: false,
-            retry_after_ms: None,
-            resets_at: None,
+            retryable: e.retryable,
+            retry_after_ms: e.retry_after_ms,
+            resets_at: e.resets_at.clone(),
         }),
         usage: outcome.usage.clone(),
         result: harvested,

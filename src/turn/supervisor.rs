@@ -95,7 +95,7 @@ impl Supervision {
 }
 
 /// What to start.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct SpawnSpec {
     /// The program.
     pub program: String,
@@ -105,8 +105,11 @@ pub struct SpawnSpec {
     pub cwd: PathBuf,
     /// The whole environment (nothing is inherited).
     pub env: Vec<(OsString, OsString)>,
-    /// Written to stdin, then stdin is closed.
+    /// Written to stdin, then stdin is closed (unless `stdin_feed` is set).
     pub stdin: Vec<u8>,
+    /// After `stdin`, every message of this channel is written in order;
+    /// stdin is closed when the channel closes (an agent protocol on stdin).
+    pub stdin_feed: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
 }
 
 /// Why the agent could not be started.
@@ -291,9 +294,15 @@ where
     }
     if let Some(mut stdin) = child.stdin.take() {
         let input = spec.stdin;
+        let mut feed = spec.stdin_feed;
         // A separate task: an agent that never reads stdin must not block us.
         tokio::spawn(async move {
-            let _ = stdin.write_all(&input).await;
+            let mut ok = stdin.write_all(&input).await.is_ok();
+            if let Some(feed) = feed.as_mut() {
+                while ok && let Some(bytes) = feed.recv().await {
+                    ok = stdin.write_all(&bytes).await.is_ok() && stdin.flush().await.is_ok();
+                }
+            }
             let _ = stdin.shutdown().await;
         });
     }

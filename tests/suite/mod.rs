@@ -1,3 +1,4 @@
+mod agents;
 mod boot;
 mod check;
 mod coordinator;

@@ -1,0 +1,844 @@
+//! One turn's agent (PROTOCOL.md 4.1 step 4): the adapter's driver, the
+//! process under the supervisor, and around them
+//!
+//! - the **interrupt in two stages**: the CLI's own protocol first (Claude's
+//!   control request, Codex's `turn/interrupt`, opencode's abort), then,
+//!   after half the grace period, SIGINT to the tree and SIGKILL at the end
+//!   of the grace (adapters without a protocol get the signals at once); the
+//!   runner, not the exit status, decides `interrupted`;
+//! - the **idle watchdog**: no output line (or event) for
+//!   `--agent-idle-timeout` → interrupt, `failed` with `agent_hung`;
+//! - the **terminal watchdog**: the terminal event came but the process is
+//!   still alive after 10 s (a server at once) → stop its tree, keep the
+//!   outcome;
+//! - the **agent session**: the id of the first event that carries it is
+//!   recorded at once (a `hosted_boot.agent_session` event) and resumed on
+//!   the next turn;
+//! - the **overload continuation**: a turn that failed `provider_overloaded`
+//!   and whose events prove it had no effect is continued in the same agent
+//!   session after 5 s, then 15 s, at most twice.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::{
+    AgentConfig, AgentError, AgentKind, AgentSession, DriverCommand, DriverIo, Effects, ExitRule,
+    Note, Observation, StdinMode, Terminal, TurnOutcome, TurnSpec, Usage, classify, command,
+    driver_for, env,
+};
+use crate::redact::Redactor;
+use crate::signals::Stop;
+use crate::timings::Timings;
+use crate::turn::events::EventSender;
+use crate::turn::lines::Line;
+use crate::turn::supervisor::{self, Control, Exit, SpawnError, SpawnSpec, Stream};
+use crate::wire::ErrorCode;
+
+/// The prompt of an overload continuation.
+pub const CONTINUE_PROMPT: &str = "The model was overloaded and your last reply was cut short. \
+Continue the same task from its current state.";
+
+/// At most this many overload continuations per turn.
+pub const MAX_CONTINUATIONS: usize = 2;
+
+/// What the turn asks of its agent.
+pub struct DriveInput {
+    /// The agent.
+    pub config: AgentConfig,
+    /// What the agent keeps across turns.
+    pub session: Arc<AgentSession>,
+    /// The prompt.
+    pub prompt: String,
+    /// `repo/`.
+    pub cwd: PathBuf,
+    /// The agent's environment (the contract's, with the turn's variables).
+    pub env: Vec<(OsString, OsString)>,
+    /// The run's events.
+    pub events: EventSender,
+    /// Secrets the adapter makes are added here.
+    pub redactor: Redactor,
+    /// Interrupt and stop graces, the pipe drain.
+    pub timings: Timings,
+    /// How the agent's processes are supervised (drain, time cap, cgroup).
+    pub supervision: crate::turn::supervisor::Supervision,
+}
+
+/// A request from the turn to its agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// The coordinator asked for an interrupt (the watch saw it).
+    Interrupt,
+}
+
+/// How the agent's part of the turn ended.
+#[derive(Debug)]
+pub struct Driven {
+    /// The outcome to seal.
+    pub outcome: TurnOutcome,
+    /// The stop signal that ended it, if one did.
+    pub stopped_by: Option<Stop>,
+}
+
+/// Runs the agent for one turn (continuations included) and decides the
+/// outcome.
+pub async fn run(
+    input: DriveInput,
+    requests: &mut mpsc::UnboundedReceiver<Request>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Driven {
+    let mut flags = Flags::default();
+    let mut usage = Usage::default();
+    let mut prompt = input.prompt.clone();
+    let mut continuations = 0;
+    loop {
+        let resume = input.session.resume_id();
+        let once = match run_once(
+            &input,
+            prompt.clone(),
+            resume.clone(),
+            requests,
+            stop,
+            &mut flags,
+        )
+        .await
+        {
+            Ok(once) => once,
+            Err(e) => {
+                tracing::error!(error = %e, "agent spawn failed");
+                input.events.emit(
+                    "hosted_boot.spawn_failed",
+                    json!({"program": e.program, "error": e.reason}),
+                );
+                return finish(
+                    &input,
+                    TurnOutcome::failed(ErrorCode::AgentSpawnFailed, e.to_string()),
+                    &usage,
+                    &flags,
+                );
+            }
+        };
+        usage.add(&once.observation.usage);
+        let outcome = verdict(&input.config, &once, &flags, resume.is_some());
+        let overloaded = outcome
+            .error
+            .as_ref()
+            .is_some_and(|e| e.code == ErrorCode::ProviderOverloaded);
+        let continuable = overloaded
+            && input.config.kind != AgentKind::Command
+            && once.observation.effects == Effects::None
+            && continuations < MAX_CONTINUATIONS
+            && !flags.interrupted()
+            && input.session.resume_id().is_some();
+        if overloaded && !continuable {
+            tracing::info!(
+                effects = ?once.observation.effects,
+                continuations,
+                "provider overloaded; the failure stands"
+            );
+        }
+        if !continuable {
+            return finish(&input, outcome, &usage, &flags);
+        }
+        let delay = input.config.timings.overload_delays[continuations];
+        continuations += 1;
+        input.events.emit(
+            "hosted_boot.overload_continuation",
+            json!({
+                "attempt": continuations,
+                "delayMs": u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                "agentSessionId": input.session.resume_id(),
+            }),
+        );
+        tracing::warn!(
+            attempt = continuations,
+            ?delay,
+            "provider overloaded and the turn had no effect; continuing it in the same agent session"
+        );
+        if !wait_unless_stopped(delay, requests, stop, &mut flags).await {
+            return finish(&input, TurnOutcome::interrupted(), &usage, &flags);
+        }
+        prompt = CONTINUE_PROMPT.to_string();
+    }
+}
+
+/// What the runner itself did during the turn.
+#[derive(Debug, Default)]
+struct Flags {
+    interrupt_requested: bool,
+    stopped_by: Option<Stop>,
+}
+
+impl Flags {
+    fn interrupted(&self) -> bool {
+        self.interrupt_requested || self.stopped_by.is_some()
+    }
+}
+
+fn finish(input: &DriveInput, mut outcome: TurnOutcome, usage: &Usage, flags: &Flags) -> Driven {
+    if flags.interrupted() {
+        outcome = TurnOutcome {
+            usage: None,
+            agent_session_id: None,
+            ..TurnOutcome::interrupted()
+        };
+    }
+    let resume_failed = outcome
+        .error
+        .as_ref()
+        .is_some_and(|e| e.code == ErrorCode::ResumeFailed);
+    outcome.agent_session_id = if resume_failed {
+        // The id leads nowhere; the next turn (or sandbox) starts afresh.
+        None
+    } else {
+        input.session.resume_id()
+    };
+    outcome.usage = usage.to_json();
+    Driven {
+        outcome,
+        stopped_by: flags.stopped_by,
+    }
+}
+
+/// Waits `delay` unless an interrupt or a stop comes first (then false).
+async fn wait_unless_stopped(
+    delay: Duration,
+    requests: &mut mpsc::UnboundedReceiver<Request>,
+    stop: &mut watch::Receiver<Stop>,
+    flags: &mut Flags,
+) -> bool {
+    let until = Instant::now() + delay;
+    let mut requests_open = true;
+    let mut stop_open = true;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => return true,
+            r = requests.recv(), if requests_open => match r {
+                Some(Request::Interrupt) => {
+                    flags.interrupt_requested = true;
+                    return false;
+                }
+                None => requests_open = false,
+            },
+            changed = stop.changed(), if stop_open => {
+                if changed.is_err() {
+                    stop_open = false;
+                    continue;
+                }
+                let s = *stop.borrow_and_update();
+                if s != Stop::Running {
+                    flags.stopped_by = Some(s);
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// One agent process.
+struct Once {
+    observation: Observation,
+    exit: Exit,
+    exit_rule: ExitRule,
+    hung: Option<Duration>,
+    abort: Option<AgentError>,
+    stderr_tail: String,
+}
+
+/// Keeps the last few KiB of the agent's stderr (for `agent_crashed`).
+#[derive(Default)]
+struct Tail(String);
+
+impl Tail {
+    const MAX: usize = 4096;
+
+    fn push(&mut self, text: &str) {
+        self.0.push_str(text);
+        self.0.push('\n');
+        if self.0.len() > 2 * Self::MAX {
+            let cut = self.0.len() - Self::MAX;
+            let cut = (cut..self.0.len())
+                .find(|i| self.0.is_char_boundary(*i))
+                .unwrap_or(0);
+            self.0.drain(..cut);
+        }
+    }
+}
+
+/// The runner's side of an interrupt: protocol first, then signals.
+struct Escalation {
+    protocol: bool,
+    protocol_sent: bool,
+    signal_at: Option<(Instant, Duration)>,
+    signalled: bool,
+}
+
+impl Escalation {
+    fn start(
+        &mut self,
+        grace: Duration,
+        terminal_seen: bool,
+        commands: &mpsc::UnboundedSender<DriverCommand>,
+        control: &mpsc::UnboundedSender<Control>,
+    ) {
+        if self.signalled {
+            // A shorter grace (a stop after an interrupt) still applies.
+            let _ = control.send(Control::Interrupt { grace });
+            return;
+        }
+        if self.protocol && !terminal_seen {
+            if !self.protocol_sent {
+                self.protocol_sent = true;
+                let _ = commands.send(DriverCommand::Interrupt);
+            }
+            let half = grace / 2;
+            let at = Instant::now() + half;
+            let rest = grace.saturating_sub(half);
+            self.signal_at = Some(match self.signal_at {
+                Some((t, g)) if t <= at => (t, g.min(rest)),
+                _ => (at, rest),
+            });
+        } else {
+            self.signalled = true;
+            self.signal_at = None;
+            let _ = control.send(Control::Interrupt { grace });
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn record_session(input: &DriveInput, requested: Option<&str>, id: String) {
+    let previous = input.session.set_resume_id(id.clone());
+    if let Some(asked) = requested
+        && asked != id
+    {
+        tracing::warn!(
+            requested = asked,
+            reported = %id,
+            "the agent reported another session than the one it was asked to resume; carrying the new one"
+        );
+    } else if previous.as_deref() != Some(id.as_str()) {
+        tracing::info!(agent_session_id = %id, "agent session");
+    }
+    input.events.emit(
+        "hosted_boot.agent_session",
+        json!({
+            "agentSessionId": id,
+            "requested": requested,
+            "resumed": requested == Some(id.as_str()),
+        }),
+    );
+}
+
+fn runner_is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// The agent's environment for one process of `config`.
+fn agent_env(
+    config: &AgentConfig,
+    base: &[(OsString, OsString)],
+    session: &AgentSession,
+    resume: Option<&str>,
+    launch_env: &[(String, crate::secret::Secret)],
+) -> Vec<(OsString, OsString)> {
+    let mut env: BTreeMap<OsString, OsString> = base.iter().cloned().collect();
+    let placeholder = env::for_agent(
+        config.kind,
+        &mut env,
+        &config.env,
+        session.model.as_deref(),
+        runner_is_root(),
+    );
+    if let Some(var) = placeholder {
+        tracing::info!(
+            variable = var,
+            "no provider key for the agent; set the documented placeholder (an egress proxy injects the real one)"
+        );
+    }
+    for (k, v) in launch_env {
+        env.insert(k.into(), v.expose().into());
+    }
+    match resume {
+        Some(id) => env.insert("ORIZU_AGENT_SESSION_ID".into(), id.into()),
+        None => env.remove(std::ffi::OsStr::new("ORIZU_AGENT_SESSION_ID")),
+    };
+    env.into_iter().collect()
+}
+
+async fn run_once(
+    input: &DriveInput,
+    prompt: String,
+    resume: Option<String>,
+    requests: &mut mpsc::UnboundedReceiver<Request>,
+    stop: &mut watch::Receiver<Stop>,
+    flags: &mut Flags,
+) -> Result<Once, SpawnError> {
+    let config = &input.config;
+    let spec = TurnSpec {
+        prompt,
+        cwd: input.cwd.clone(),
+        resume: resume.clone(),
+        model: input.session.model.clone(),
+        effort: input.session.effort.clone(),
+        extra_args: match config.kind {
+            AgentKind::Command => [config.args.clone(), config.extra_args.clone()].concat(),
+            _ => config.extra_args.clone(),
+        },
+        opencode_port: config.opencode_port,
+        timings: config.timings,
+    };
+    let driver = driver_for(config, spec, &input.session, &input.redactor);
+    let launch = driver.launch();
+    let env = agent_env(
+        config,
+        &input.env,
+        &input.session,
+        resume.as_deref(),
+        &launch.env,
+    );
+
+    let (line_tx, line_rx) = mpsc::unbounded_channel::<(Stream, Line)>();
+    let (stdin_tx, stdin_rx) = match launch.stdin {
+        StdinMode::Channel => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (Some(tx), Some(rx))
+        }
+        StdinMode::Bytes(_) => (None, None),
+    };
+    let stdin_bytes = match &launch.stdin {
+        StdinMode::Bytes(b) => b.clone(),
+        StdinMode::Channel => Vec::new(),
+    };
+    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (note_tx, mut note_rx) = mpsc::unbounded_channel();
+    let io = DriverIo {
+        lines: line_rx,
+        stdin: stdin_tx,
+        commands: cmd_rx,
+        notes: note_tx,
+        events: input.events.clone(),
+    };
+    let driver_task = tokio::spawn(driver.run(io));
+
+    let last_output = Arc::new(Mutex::new(Instant::now()));
+    let tail = Arc::new(Mutex::new(Tail::default()));
+    let on_line = {
+        let last_output = last_output.clone();
+        let tail = tail.clone();
+        move |stream: Stream, line: Line| {
+            *last_output.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            if stream == Stream::Stderr {
+                tail.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(&line.text());
+            }
+            let _ = line_tx.send((stream, line));
+        }
+    };
+    let args = match config.kind {
+        AgentKind::Command => launch.args.clone(),
+        _ => [config.args.clone(), launch.args.clone()].concat(),
+    };
+    let spawn = SpawnSpec {
+        program: config.program.clone(),
+        args,
+        cwd: input.cwd.clone(),
+        env,
+        stdin: stdin_bytes,
+        stdin_feed: stdin_rx,
+    };
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let supervised = supervisor::run(spawn, control_rx, &input.supervision, on_line);
+    tokio::pin!(supervised);
+
+    let timings = input.timings;
+    let idle_timeout = config.timings.idle_timeout;
+    let mut escalation = Escalation {
+        protocol: launch.protocol_interrupt,
+        protocol_sent: false,
+        signal_at: None,
+        signalled: false,
+    };
+    let mut hung: Option<Duration> = None;
+    let mut abort: Option<AgentError> = None;
+    let mut terminal_seen = false;
+    let mut terminal_at: Option<Instant> = None;
+    let mut requests_open = true;
+    let mut stop_open = true;
+    let mut notes_open = true;
+    // An interrupt or stop that came before this process (a continuation).
+    if flags.interrupted() {
+        escalation.start(timings.interrupt_grace, false, &cmd_tx, &control_tx);
+    }
+    let result = loop {
+        let stopping = escalation.protocol_sent || escalation.signalled;
+        let idle_at = match idle_timeout {
+            Some(t) if !stopping && !terminal_seen => {
+                Some(*last_output.lock().unwrap_or_else(|p| p.into_inner()) + t)
+            }
+            _ => None,
+        };
+        tokio::select! {
+            r = &mut supervised => break r,
+            r = requests.recv(), if requests_open => match r {
+                Some(Request::Interrupt) => {
+                    flags.interrupt_requested = true;
+                    tracing::info!("interrupt requested; asking the agent to stop");
+                    escalation.start(timings.interrupt_grace, terminal_seen, &cmd_tx, &control_tx);
+                }
+                None => requests_open = false,
+            },
+            changed = stop.changed(), if stop_open => {
+                if changed.is_err() {
+                    stop_open = false;
+                    continue;
+                }
+                let s = *stop.borrow_and_update();
+                match s {
+                    Stop::Graceful(_) => {
+                        flags.stopped_by = Some(s);
+                        escalation.start(timings.stop_grace, terminal_seen, &cmd_tx, &control_tx);
+                    }
+                    Stop::Immediate(_) => {
+                        flags.stopped_by = Some(s);
+                        let _ = control_tx.send(Control::Kill);
+                    }
+                    Stop::Running => {}
+                }
+            }
+            note = note_rx.recv(), if notes_open => match note {
+                Some(Note::SessionId(id)) => record_session(input, resume.as_deref(), id),
+                Some(Note::Terminal) => {
+                    if !terminal_seen {
+                        terminal_seen = true;
+                        let wait = if launch.server {
+                            config.timings.server_settle
+                        } else {
+                            config.timings.terminal_grace
+                        };
+                        terminal_at = Some(Instant::now() + wait);
+                    }
+                }
+                Some(Note::Activity) => {
+                    *last_output.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                }
+                Some(Note::Abort(e)) => {
+                    if abort.is_none() && !flags.interrupted() {
+                        tracing::warn!(code = ?e.code, "giving up on the turn: {}", e.message);
+                        abort = Some(e);
+                        escalation.start(timings.interrupt_grace, terminal_seen, &cmd_tx, &control_tx);
+                    }
+                }
+                None => notes_open = false,
+            },
+            _ = sleep_until_opt(idle_at) => {
+                let last = *last_output.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(t) = idle_timeout
+                    && Instant::now() >= last + t
+                    && hung.is_none()
+                {
+                    tracing::warn!(idle = ?t, "no output from the agent; interrupting it (agent_hung)");
+                    hung = Some(t);
+                    escalation.start(timings.interrupt_grace, terminal_seen, &cmd_tx, &control_tx);
+                }
+            }
+            _ = sleep_until_opt(escalation.signal_at.map(|(t, _)| t)) => {
+                if let Some((_, grace)) = escalation.signal_at.take() {
+                    tracing::info!(?grace, "the agent is still running after its protocol interrupt; SIGINT to its process group");
+                    escalation.signalled = true;
+                    let _ = control_tx.send(Control::Interrupt { grace });
+                }
+            }
+            _ = sleep_until_opt(terminal_at) => {
+                terminal_at = None;
+                if !escalation.signalled {
+                    if !launch.server {
+                        tracing::warn!("the agent sent its terminal event but is still running; stopping its process tree");
+                    }
+                    escalation.signalled = true;
+                    escalation.signal_at = None;
+                    let _ = control_tx.send(Control::Interrupt { grace: timings.stop_grace });
+                }
+            }
+        }
+    };
+    let exit = match result {
+        Ok(exit) => exit,
+        Err(e) => {
+            driver_task.abort();
+            return Err(e);
+        }
+    };
+    // The supervisor returned: its line callbacks are dropped, so the
+    // driver sees the end of the output and returns.
+    let bound = input.timings.pipe_drain + Duration::from_secs(1);
+    let observation = match tokio::time::timeout(bound, driver_task).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "the agent's driver failed");
+            Observation::default()
+        }
+        Err(_) => {
+            tracing::error!("the agent's driver did not finish after the agent exited");
+            Observation::default()
+        }
+    };
+    while let Ok(note) = note_rx.try_recv() {
+        match note {
+            Note::SessionId(id) => record_session(input, resume.as_deref(), id),
+            Note::Abort(e) if abort.is_none() && !flags.interrupted() => abort = Some(e),
+            _ => {}
+        }
+    }
+    // The supervisor stopped the agent at the turn's time cap; an interrupt
+    // or stop that came during the cap's grace wins (PROTOCOL.md 4.1 step 4).
+    if exit.timed_out && !flags.interrupted() {
+        hung = None;
+        abort = Some(AgentError::new(
+            ErrorCode::AgentTimeout,
+            input.supervision.timeout_message(),
+        ));
+    }
+    let stderr_tail = std::mem::take(&mut tail.lock().unwrap_or_else(|p| p.into_inner()).0);
+    Ok(Once {
+        observation,
+        exit,
+        exit_rule: launch.exit_rule,
+        hung,
+        abort,
+        stderr_tail,
+    })
+}
+
+/// The outcome of one agent process: the runner's own evidence first
+/// (interrupt, stop, watchdog, a give-up), then the terminal event, then
+/// what the driver saw, then the stderr text, then the exit status.
+fn verdict(config: &AgentConfig, once: &Once, flags: &Flags, resuming: bool) -> TurnOutcome {
+    if flags.interrupted() {
+        return TurnOutcome::interrupted();
+    }
+    if let Some(idle) = once.hung {
+        return TurnOutcome::failed(
+            ErrorCode::AgentHung,
+            format!(
+                "the agent produced no output for {}; the runner interrupted it",
+                humantime::format_duration(Duration::from_secs(idle.as_secs().max(1)))
+            ),
+        );
+    }
+    if let Some(e) = &once.abort {
+        return TurnOutcome::failed_with(e.clone());
+    }
+    match &once.observation.terminal {
+        Some(Terminal::Completed) => return TurnOutcome::succeeded(),
+        Some(Terminal::Failed(e)) => return TurnOutcome::failed_with(e.clone()),
+        Some(Terminal::Aborted) => {
+            return TurnOutcome::failed(
+                ErrorCode::AgentCrashed,
+                "the agent reported its turn aborted, but the runner did not interrupt it",
+            );
+        }
+        None => {}
+    }
+    let success = once.exit.status.is_some_and(|s| s.success());
+    match once.exit_rule {
+        ExitRule::Command => return command::outcome(&once.exit),
+        ExitRule::ZeroSucceeds if success && once.observation.failure.is_none() => {
+            return TurnOutcome::succeeded();
+        }
+        _ => {}
+    }
+    if let Some(e) = &once.observation.failure {
+        return TurnOutcome::failed_with(e.clone());
+    }
+    let how = match once.exit.status {
+        Some(s) => command::describe_status(s),
+        None => "ended".to_string(),
+    };
+    let tail = classify::tail(once.stderr_tail.trim(), 400);
+    let message = if tail.is_empty() {
+        format!("{} {how} without a terminal event", config.program)
+    } else {
+        format!(
+            "{} {how} without a terminal event; stderr: {tail}",
+            config.program
+        )
+    };
+    let code = classify::from_text(&once.stderr_tail, resuming).unwrap_or(ErrorCode::AgentCrashed);
+    TurnOutcome::failed(code, message)
+}
+
+/// The payload of the `hosted_boot.runner` event that opens every run:
+/// `runnerVersion`, `agent`, `program` and, for the known CLIs,
+/// `cliVersion` (the first line `<program> --version` prints, or null).
+pub async fn runner_event(
+    config: &AgentConfig,
+    session: &AgentSession,
+    base_env: &[(OsString, OsString)],
+    cwd: &std::path::Path,
+) -> Value {
+    let mut data = json!({
+        "runnerVersion": env!("CARGO_PKG_VERSION"),
+        "agent": config.name(),
+        "program": config.program,
+    });
+    if config.kind != AgentKind::Command {
+        let env = agent_env(config, base_env, session, None, &[]);
+        let version = session
+            .version(cli_version(
+                &config.program,
+                &config.args,
+                env,
+                cwd,
+                config.timings.version_timeout,
+            ))
+            .await;
+        data["cliVersion"] = json!(version);
+    }
+    data
+}
+
+/// `<program> --version`'s first line (at most 200 characters), bounded.
+async fn cli_version(
+    program: &str,
+    prefix: &[String],
+    env: Vec<(OsString, OsString)>,
+    cwd: &std::path::Path,
+    bound: Duration,
+) -> Option<String> {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(prefix)
+        .arg("--version")
+        .current_dir(cwd)
+        .env_clear()
+        .envs(env)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = match tokio::time::timeout(bound, cmd.output()).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => {
+            tracing::warn!(program, error = %e, "cannot run the agent CLI for its version");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(program, "the agent CLI did not print its version in time");
+            return None;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    Some(line.chars().take(200).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::RunOutcome;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn once(terminal: Option<Terminal>, code: i32, rule: ExitRule, stderr: &str) -> Once {
+        Once {
+            observation: Observation {
+                terminal,
+                ..Observation::default()
+            },
+            exit: Exit {
+                status: Some(std::process::ExitStatus::from_raw(code << 8)),
+                signalled: false,
+                pgid: 1,
+                timed_out: false,
+                swept: 0,
+            },
+            exit_rule: rule,
+            hung: None,
+            abort: None,
+            stderr_tail: stderr.into(),
+        }
+    }
+
+    fn claude() -> AgentConfig {
+        AgentConfig {
+            kind: AgentKind::Claude,
+            ..AgentConfig::command("claude", vec![])
+        }
+    }
+
+    #[test]
+    fn the_runner_decides_interrupted_whatever_the_agent_says() {
+        let flags = Flags {
+            interrupt_requested: true,
+            stopped_by: None,
+        };
+        let o = once(Some(Terminal::Completed), 0, ExitRule::NeedsTerminal, "");
+        assert_eq!(
+            verdict(&claude(), &o, &flags, false).status,
+            RunOutcome::Interrupted
+        );
+    }
+
+    #[test]
+    fn a_terminal_event_wins_over_the_exit_status() {
+        let o = once(Some(Terminal::Completed), 143, ExitRule::NeedsTerminal, "");
+        assert_eq!(
+            verdict(&claude(), &o, &Flags::default(), false).status,
+            RunOutcome::Succeeded
+        );
+    }
+
+    #[test]
+    fn no_terminal_event_is_a_crash_with_the_stderr_tail_or_its_class() {
+        let o = once(None, 1, ExitRule::NeedsTerminal, "boom\n");
+        let v = verdict(&claude(), &o, &Flags::default(), false);
+        let e = v.error.unwrap();
+        assert_eq!(e.code, ErrorCode::AgentCrashed);
+        assert!(e.message.contains("exited with status 1") && e.message.contains("boom"));
+        let o = once(
+            None,
+            1,
+            ExitRule::NeedsTerminal,
+            "Error: No conversation found with session ID: x",
+        );
+        assert_eq!(
+            verdict(&claude(), &o, &Flags::default(), true)
+                .error
+                .unwrap()
+                .code,
+            ErrorCode::ResumeFailed
+        );
+        // Exit 0 without a terminal event is no success for such a CLI.
+        let o = once(None, 0, ExitRule::NeedsTerminal, "");
+        assert_eq!(
+            verdict(&claude(), &o, &Flags::default(), false).status,
+            RunOutcome::Failed
+        );
+        let o = once(None, 0, ExitRule::ZeroSucceeds, "");
+        assert_eq!(
+            verdict(&claude(), &o, &Flags::default(), false).status,
+            RunOutcome::Succeeded
+        );
+    }
+
+    #[test]
+    fn the_stderr_tail_is_bounded() {
+        let mut t = Tail::default();
+        for _ in 0..10_000 {
+            t.push("0123456789");
+        }
+        assert!(t.0.len() <= 2 * Tail::MAX);
+    }
+}

@@ -1,0 +1,782 @@
+//! opencode (`--agent opencode`): one `opencode serve` per turn, on loopback,
+//!
+//! ```text
+//! opencode serve --hostname 127.0.0.1 --port <ORIZU_OPENCODE_PORT or a free port>
+//!                [--agent-arg …]
+//! env: OPENCODE_SERVER_USERNAME=opencode, OPENCODE_SERVER_PASSWORD=<random, per turn>
+//! ```
+//!
+//! then, over HTTP with basic auth: wait for `GET /global/health`, open the
+//! event stream `GET /event`, create the session (`POST /session`) or check
+//! the one to resume (`GET /session/:id`), send the prompt (`POST
+//! /session/:id/prompt_async` with the model of `clientInfo` as
+//! `{providerID, modelID}`), and follow the events until the session is
+//! idle; `POST /session/:id/abort` interrupts. The server does not exit by
+//! itself: the runner stops it shortly after the turn's end. Permission
+//! requests for the session are answered `always` (the sandbox is the
+//! boundary). opencode retries provider errors forever, so a retry notice
+//! that names an exhausted quota, or the ninth retry of a turn, gives up on
+//! the turn with the classified error rather than hang.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::classify::{self, from_http_status};
+use super::command::event_for_line;
+use super::sse::SseParser;
+use super::usage::as_u64;
+use super::{
+    AgentError, Driver, DriverCommand, DriverIo, Effects, ExitRule, Launch, Note, Observation,
+    StdinMode, Terminal, TurnSpec, Usage,
+};
+use crate::redact::{Redactor, SecretKind};
+use crate::secret::Secret;
+use crate::wire::ErrorCode;
+
+/// The basic-auth user name of the server.
+pub const USERNAME: &str = "opencode";
+/// Retry notices of one turn after which the runner gives up on it.
+pub const MAX_RETRIES: u32 = 8;
+
+/// The `opencode serve` driver for one process.
+pub struct OpenCodeDriver {
+    spec: TurnSpec,
+    port: u16,
+    password: Secret,
+}
+
+impl OpenCodeDriver {
+    /// For one turn: the port is `ORIZU_OPENCODE_PORT`, else a free one; the
+    /// server password is fresh and goes to `redactor` at once.
+    pub fn new(spec: TurnSpec, redactor: &Redactor) -> Self {
+        let port = spec.opencode_port.unwrap_or_else(free_port);
+        let password = Secret::new(format!(
+            "{:016x}{:016x}",
+            fastrand::u64(..),
+            fastrand::u64(..)
+        ));
+        redactor.add(&password, SecretKind::Credential);
+        OpenCodeDriver {
+            spec,
+            port,
+            password,
+        }
+    }
+}
+
+/// A loopback port free right now (4096, opencode's default, if none is).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(4096)
+}
+
+impl Driver for OpenCodeDriver {
+    fn launch(&self) -> Launch {
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--hostname".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            self.port.to_string(),
+        ];
+        args.extend(self.spec.extra_args.iter().cloned());
+        Launch {
+            args,
+            env: vec![
+                (
+                    "OPENCODE_SERVER_USERNAME".to_string(),
+                    Secret::new(USERNAME.to_string()),
+                ),
+                (
+                    "OPENCODE_SERVER_PASSWORD".to_string(),
+                    self.password.clone(),
+                ),
+            ],
+            stdin: StdinMode::Bytes(Vec::new()),
+            protocol_interrupt: true,
+            server: true,
+            exit_rule: ExitRule::NeedsTerminal,
+        }
+    }
+
+    fn run(self: Box<Self>, io: DriverIo) -> BoxFuture<'static, Observation> {
+        run(*self, io).boxed()
+    }
+}
+
+/// What the connection task reports.
+#[derive(Debug)]
+enum Server {
+    /// The session of the turn.
+    Session(String),
+    /// The prompt was accepted.
+    Prompted,
+    /// An event of the stream.
+    Event(Value),
+    /// Setting up failed.
+    Failed(AgentError),
+}
+
+#[derive(Clone)]
+struct Http {
+    client: reqwest::Client,
+    base: String,
+    password: Secret,
+}
+
+impl Http {
+    fn new(port: u16, password: Secret) -> Result<Http, String> {
+        crate::tls::install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {}", e.without_url()))?;
+        Ok(Http {
+            client,
+            base: format!("http://127.0.0.1:{port}"),
+            password,
+        })
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .request(method, format!("{}{path}", self.base))
+            .basic_auth(USERNAME, Some(self.password.expose()))
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    session: Option<String>,
+    prompted: bool,
+    busy: bool,
+    terminal: Option<Terminal>,
+    error: Option<AgentError>,
+    aborted: bool,
+    retries: u32,
+    gave_up: bool,
+    effects: Effects,
+    model: Option<String>,
+    /// Usage of each step, by part id (a part is updated more than once).
+    steps: Vec<(String, Usage)>,
+}
+
+async fn run(driver: OpenCodeDriver, mut io: DriverIo) -> Observation {
+    let OpenCodeDriver {
+        spec,
+        port,
+        password,
+    } = driver;
+    let mut state = State {
+        model: spec.model.clone(),
+        ..State::default()
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let http = match Http::new(port, password) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            io.note(Note::Abort(AgentError::new(ErrorCode::AgentCrashed, e)));
+            None
+        }
+    };
+    let setup = http
+        .clone()
+        .map(|h| tokio::spawn(connect(h, spec.clone(), tx, cancel.clone())));
+    let mut commands_open = true;
+    let mut server_open = setup.is_some();
+    tracing::debug!(port, "opencode driver started");
+    loop {
+        tokio::select! {
+            line = io.lines.recv() => {
+                let Some((stream, line)) = line else { break };
+                let (kind, data) = event_for_line(stream, &line);
+                io.events.emit(kind, data);
+            }
+            msg = rx.recv(), if server_open => match msg {
+                Some(msg) => server_message(&spec, &mut state, &mut io, http.as_ref(), msg),
+                None => server_open = false,
+            },
+            cmd = io.commands.recv(), if commands_open => match cmd {
+                Some(DriverCommand::Interrupt) => {
+                    cancel.store(true, Ordering::SeqCst);
+                    if let (Some(h), Some(sid)) = (&http, &state.session)
+                        && state.terminal.is_none()
+                    {
+                        let req = h.request(reqwest::Method::POST, &format!("/session/{sid}/abort"));
+                        tokio::spawn(async move {
+                            if let Err(e) = req.send().await {
+                                tracing::warn!(error = %e.without_url(), "opencode abort request failed");
+                            }
+                        });
+                    }
+                }
+                None => commands_open = false,
+            },
+        }
+    }
+    if let Some(task) = setup {
+        task.abort();
+    }
+    let mut usage = Usage {
+        model: state.model.clone(),
+        ..Usage::default()
+    };
+    for (_, step) in &state.steps {
+        usage.add(step);
+    }
+    Observation {
+        terminal: state.terminal,
+        failure: state.error,
+        usage,
+        effects: state.effects,
+    }
+}
+
+fn server_message(
+    spec: &TurnSpec,
+    state: &mut State,
+    io: &mut DriverIo,
+    http: Option<&Http>,
+    msg: Server,
+) {
+    match msg {
+        Server::Session(id) => {
+            io.note(Note::SessionId(id.clone()));
+            state.session = Some(id);
+        }
+        Server::Prompted => state.prompted = true,
+        Server::Failed(e) => {
+            if state.error.is_none() {
+                state.error = Some(e.clone());
+            }
+            io.note(Note::Abort(e));
+        }
+        Server::Event(event) => {
+            let kind = event
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let props = event.get("properties").cloned().unwrap_or(Value::Null);
+            // A heartbeat is the server's, not the agent's: it does not keep
+            // the idle watchdog quiet.
+            if kind.is_empty() || kind == "server.heartbeat" || kind == "server.connected" {
+                return;
+            }
+            io.note(Note::Activity);
+            if kind == "message.part.delta" {
+                return;
+            }
+            io.events.emit(kind.clone(), props.clone());
+            handle_event(spec, state, io, http, &kind, &props);
+        }
+    }
+}
+
+/// The session an event is about, if it names one.
+fn event_session(props: &Value) -> Option<&str> {
+    props
+        .get("sessionID")
+        .or_else(|| props.get("info").and_then(|i| i.get("sessionID")))
+        .or_else(|| props.get("part").and_then(|p| p.get("sessionID")))
+        .and_then(Value::as_str)
+}
+
+fn handle_event(
+    spec: &TurnSpec,
+    state: &mut State,
+    io: &mut DriverIo,
+    http: Option<&Http>,
+    kind: &str,
+    props: &Value,
+) {
+    let Some(sid) = state.session.clone() else {
+        return;
+    };
+    if event_session(props).is_some_and(|s| s != sid) {
+        return;
+    }
+    match kind {
+        "session.status" => {
+            let status = props.get("status");
+            match status.and_then(|s| s.get("type")).and_then(Value::as_str) {
+                Some("busy") => state.busy = true,
+                Some("idle") => idle(state, io),
+                Some("retry") => {
+                    state.retries += 1;
+                    let message = status
+                        .and_then(|s| s.get("message"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    let code = classify::from_text(message, false);
+                    let give_up = if code == Some(ErrorCode::ProviderQuotaExhausted) {
+                        Some(ErrorCode::ProviderQuotaExhausted)
+                    } else if state.retries > MAX_RETRIES {
+                        Some(code.unwrap_or(ErrorCode::ProviderLimitUnknown))
+                    } else {
+                        None
+                    };
+                    if let Some(code) = give_up
+                        && !state.gave_up
+                    {
+                        state.gave_up = true;
+                        let e = AgentError::new(
+                            code,
+                            classify::clip(&format!(
+                                "opencode was retrying (attempt {}): {message}",
+                                state.retries
+                            )),
+                        );
+                        io.note(Note::Abort(e));
+                    }
+                }
+                _ => {}
+            }
+        }
+        "session.idle" => idle(state, io),
+        "session.error" => {
+            if let Some(error) = props.get("error") {
+                record_error(spec, state, error);
+            }
+        }
+        "message.updated" => {
+            let info = props.get("info");
+            if info.and_then(|i| i.get("role")).and_then(Value::as_str) == Some("assistant") {
+                let provider = info
+                    .and_then(|i| i.get("providerID"))
+                    .and_then(Value::as_str);
+                let model = info.and_then(|i| i.get("modelID")).and_then(Value::as_str);
+                if let Some(m) = model {
+                    state.model = Some(match provider {
+                        Some(p) => format!("{p}/{m}"),
+                        None => m.to_string(),
+                    });
+                }
+                if let Some(error) = info.and_then(|i| i.get("error")).filter(|e| !e.is_null()) {
+                    record_error(spec, state, error);
+                }
+            }
+        }
+        "message.part.updated" => {
+            let part = props.get("part");
+            let part_type = part
+                .and_then(|p| p.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            match part_type {
+                "tool" | "patch" | "subtask" => state.effects = Effects::Some,
+                "step-finish" => {
+                    if let Some(p) = part {
+                        let id = p
+                            .get("id")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string();
+                        let usage = step_usage(p);
+                        match state.steps.iter_mut().find(|(i, _)| *i == id) {
+                            Some(slot) => slot.1 = usage,
+                            None => state.steps.push((id, usage)),
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        "permission.asked" | "permission.updated" => {
+            let id = props.get("id").and_then(Value::as_str);
+            if let (Some(h), Some(id)) = (http, id) {
+                let req = h
+                    .request(
+                        reqwest::Method::POST,
+                        &format!("/session/{sid}/permissions/{id}"),
+                    )
+                    .json(&json!({"response": "always"}));
+                tokio::spawn(async move {
+                    if let Err(e) = req.send().await {
+                        tracing::warn!(error = %e.without_url(), "answering an opencode permission request failed");
+                    }
+                });
+            }
+        }
+        _ => {}
+    }
+}
+
+fn idle(state: &mut State, io: &mut DriverIo) {
+    if state.terminal.is_some() || !(state.busy || state.prompted) {
+        return;
+    }
+    state.terminal = Some(if state.aborted {
+        Terminal::Aborted
+    } else {
+        match &state.error {
+            Some(e) => Terminal::Failed(e.clone()),
+            None => Terminal::Completed,
+        }
+    });
+    io.note(Note::Terminal);
+}
+
+fn record_error(spec: &TurnSpec, state: &mut State, error: &Value) {
+    match classify_error(error, spec.resume.is_some()) {
+        None => state.aborted = true,
+        Some(e) => {
+            if state.error.is_none() {
+                state.error = Some(e);
+            }
+        }
+    }
+}
+
+/// The usage of a `step-finish` part (`opencode run`'s `step_finish.part`
+/// has the same shape).
+pub fn step_usage(part: &Value) -> Usage {
+    let tokens = part.get("tokens");
+    let t = |k: &str| as_u64(tokens.and_then(|t| t.get(k)));
+    let cache = tokens.and_then(|t| t.get("cache"));
+    Usage {
+        model: None,
+        input_tokens: t("input"),
+        output_tokens: match (t("output"), t("reasoning")) {
+            (Some(o), Some(r)) => Some(o + r),
+            (o, None) => o,
+            (None, r) => r,
+        },
+        cache_read_tokens: as_u64(cache.and_then(|c| c.get("read"))),
+        cache_write_tokens: as_u64(cache.and_then(|c| c.get("write"))),
+        cost_usd: part.get("cost").and_then(Value::as_f64),
+    }
+}
+
+/// Classifies an opencode error `{name, data: {message, statusCode?,
+/// isRetryable?, responseHeaders?, responseBody?}}`; `None` for
+/// `MessageAbortedError` (the turn was aborted).
+pub fn classify_error(error: &Value, resuming: bool) -> Option<AgentError> {
+    let name = error.get("name").and_then(Value::as_str).unwrap_or("");
+    let data = error.get("data");
+    let message = data
+        .and_then(|d| d.get("message"))
+        .and_then(Value::as_str)
+        .or_else(|| error.get("message").and_then(Value::as_str))
+        .unwrap_or(name)
+        .to_string();
+    let body = data
+        .and_then(|d| d.get("responseBody"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let text = if body.is_empty() {
+        message.clone()
+    } else {
+        format!("{message} {body}")
+    };
+    let err = |code| AgentError::new(code, classify::clip(&format!("{name}: {message}")));
+    match name {
+        "MessageAbortedError" => None,
+        "ProviderAuthError" => Some(err(ErrorCode::ProviderAuth)),
+        "ContextOverflowError" | "MessageOutputLengthError" => {
+            Some(err(ErrorCode::ContextWindowExceeded))
+        }
+        "APIError" => {
+            let status =
+                as_u64(data.and_then(|d| d.get("statusCode"))).and_then(|s| u16::try_from(s).ok());
+            let headers = data.and_then(|d| d.get("responseHeaders"));
+            let header = |k: &str| {
+                headers
+                    .and_then(|h| h.get(k))
+                    .and_then(Value::as_str)
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            };
+            let retry_after_ms = header("retry-after-ms")
+                .or_else(|| header("retry-after").map(|s| s * 1000.0))
+                .filter(|ms| ms.is_finite() && *ms >= 0.0)
+                .map(|ms| ms as u64);
+            let quota = body.contains("FreeUsageLimitError")
+                || classify::from_text(&text, false) == Some(ErrorCode::ProviderQuotaExhausted);
+            let code = match status {
+                _ if quota => ErrorCode::ProviderQuotaExhausted,
+                // A 429 that says how long to wait is a rate limit.
+                Some(429) if retry_after_ms.is_some() => ErrorCode::ProviderRateLimited,
+                Some(s) => from_http_status(s, &text),
+                None => {
+                    classify::from_text(&text, resuming).unwrap_or(ErrorCode::ProviderServerError)
+                }
+            };
+            let e = err(code);
+            Some(if code == ErrorCode::ProviderRateLimited {
+                e.retry_after(retry_after_ms)
+            } else {
+                e
+            })
+        }
+        _ => Some(err(
+            classify::from_text(&text, resuming).unwrap_or(ErrorCode::AgentCrashed)
+        )),
+    }
+}
+
+/// Sets up the turn on the server: health, event stream, session, prompt.
+async fn connect(
+    http: Http,
+    spec: TurnSpec,
+    tx: mpsc::UnboundedSender<Server>,
+    cancel: Arc<AtomicBool>,
+) {
+    let fail = |code, message: String| {
+        let _ = tx.send(Server::Failed(AgentError::new(code, message)));
+    };
+    // 1. Health.
+    let deadline = tokio::time::Instant::now() + spec.timings.server_ready;
+    loop {
+        let healthy = http
+            .request(reqwest::Method::GET, "/global/health")
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success());
+        if healthy.is_some() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return fail(
+                ErrorCode::AgentCrashed,
+                format!(
+                    "opencode serve did not answer {}/global/health within {:?}",
+                    http.base, spec.timings.server_ready
+                ),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::debug!(base = %http.base, "opencode server healthy");
+    // 2. The event stream, before anything happens in the session.
+    let stream = match http.request(reqwest::Method::GET, "/event").send().await {
+        Ok(r) if r.status().is_success() => r,
+        Ok(r) => {
+            return fail(
+                ErrorCode::AgentCrashed,
+                format!("opencode serve refused its event stream: {}", r.status()),
+            );
+        }
+        Err(e) => {
+            return fail(
+                ErrorCode::AgentCrashed,
+                format!("cannot open the opencode event stream: {}", e.without_url()),
+            );
+        }
+    };
+    tracing::debug!("opencode event stream open");
+    let events_tx = tx.clone();
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let mut parser = SseParser::new();
+        loop {
+            let chunk = match stream.chunk().await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => {
+                    tracing::debug!("the opencode event stream ended");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e.without_url(), "the opencode event stream failed");
+                    return;
+                }
+            };
+            for data in parser.push(&chunk) {
+                if let Ok(v) = serde_json::from_str::<Value>(&data)
+                    && events_tx.send(Server::Event(v)).is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+    // 3. The session.
+    let sid = match &spec.resume {
+        Some(id) => {
+            match http
+                .request(reqwest::Method::GET, &format!("/session/{id}"))
+                .send()
+                .await
+            {
+                Ok(r) if r.status().is_success() => id.clone(),
+                Ok(r) => {
+                    let status = r.status();
+                    let body = r.text().await.unwrap_or_default();
+                    return fail(
+                        ErrorCode::ResumeFailed,
+                        classify::clip(&format!(
+                            "opencode has no session {id} to resume ({status}): {body}"
+                        )),
+                    );
+                }
+                Err(e) => {
+                    return fail(
+                        ErrorCode::AgentCrashed,
+                        format!("cannot read the opencode session: {}", e.without_url()),
+                    );
+                }
+            }
+        }
+        None => {
+            let created = http
+                .request(reqwest::Method::POST, "/session")
+                .json(&json!({}))
+                .send()
+                .await;
+            let body: Option<Value> = match created {
+                Ok(r) if r.status().is_success() => r.json().await.ok(),
+                Ok(r) => {
+                    return fail(
+                        ErrorCode::AgentCrashed,
+                        format!("opencode refused to create a session: {}", r.status()),
+                    );
+                }
+                Err(e) => {
+                    return fail(
+                        ErrorCode::AgentCrashed,
+                        format!("cannot create an opencode session: {}", e.without_url()),
+                    );
+                }
+            };
+            match body
+                .as_ref()
+                .and_then(|b| b.get("id"))
+                .and_then(Value::as_str)
+            {
+                Some(id) => id.to_string(),
+                None => {
+                    return fail(
+                        ErrorCode::AgentCrashed,
+                        "opencode created a session without an id".to_string(),
+                    );
+                }
+            }
+        }
+    };
+    tracing::debug!(session = %sid, "opencode session ready");
+    if tx.send(Server::Session(sid.clone())).is_err() || cancel.load(Ordering::SeqCst) {
+        tracing::debug!("opencode driver gone or cancelled before the prompt");
+        return;
+    }
+    // 4. The prompt.
+    let mut body = json!({"parts": [{"type": "text", "text": spec.prompt}]});
+    if let Some(model) = &spec.model {
+        body["model"] = match model.split_once('/') {
+            Some((provider, id)) => json!({"providerID": provider, "modelID": id}),
+            None => json!({"modelID": model}),
+        };
+    }
+    match http
+        .request(
+            reqwest::Method::POST,
+            &format!("/session/{sid}/prompt_async"),
+        )
+        .json(&body)
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => {
+            let _ = tx.send(Server::Prompted);
+        }
+        Ok(r) => {
+            let status = r.status();
+            let text = r.text().await.unwrap_or_default();
+            let code = classify::from_text(&text, false).unwrap_or(ErrorCode::InvalidRequest);
+            fail(
+                code,
+                classify::clip(&format!("opencode refused the prompt ({status}): {text}")),
+            );
+        }
+        Err(e) => fail(
+            ErrorCode::AgentCrashed,
+            format!("cannot send the prompt to opencode: {}", e.without_url()),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_errors_are_classified() {
+        let c = |v: Value| classify_error(&v, false).map(|e| (e.code, e.retry_after_ms));
+        assert_eq!(
+            c(
+                json!({"name": "APIError", "data": {"message": "Too Many Requests", "statusCode": 429,
+                "isRetryable": true, "responseHeaders": {"retry-after": "7"}}})
+            ),
+            Some((ErrorCode::ProviderRateLimited, Some(7000)))
+        );
+        assert_eq!(
+            c(
+                json!({"name": "APIError", "data": {"message": "Too Many Requests", "statusCode": 429,
+                "responseBody": "{\"type\":\"error\",\"error\":{\"type\":\"FreeUsageLimitError\"}}"}})
+            ),
+            Some((ErrorCode::ProviderQuotaExhausted, None))
+        );
+        assert_eq!(
+            c(json!({"name": "APIError", "data": {"message": "", "statusCode": 429}})),
+            Some((ErrorCode::ProviderLimitUnknown, None))
+        );
+        assert_eq!(
+            c(
+                json!({"name": "APIError", "data": {"message": "Provider is overloaded", "statusCode": 529}})
+            ),
+            Some((ErrorCode::ProviderOverloaded, None))
+        );
+        assert_eq!(
+            c(json!({"name": "APIError", "data": {"message": "oops", "statusCode": 500}})),
+            Some((ErrorCode::ProviderServerError, None))
+        );
+        assert_eq!(
+            c(
+                json!({"name": "APIError", "data": {"message": "model not found", "statusCode": 404}})
+            ),
+            Some((ErrorCode::InvalidRequest, None))
+        );
+        assert_eq!(
+            c(
+                json!({"name": "ProviderAuthError", "data": {"providerID": "anthropic", "message": "bad key"}})
+            ),
+            Some((ErrorCode::ProviderAuth, None))
+        );
+        assert_eq!(
+            c(json!({"name": "ContextOverflowError", "data": {"message": "too long"}})),
+            Some((ErrorCode::ContextWindowExceeded, None))
+        );
+        assert_eq!(
+            c(json!({"name": "MessageAbortedError", "data": {"message": "Aborted"}})),
+            None
+        );
+        assert_eq!(
+            c(json!({"name": "UnknownError", "data": {"message": "segfault"}})),
+            Some((ErrorCode::AgentCrashed, None))
+        );
+    }
+
+    #[test]
+    fn step_usage_counts_reasoning_as_output() {
+        let u = step_usage(&json!({"tokens": {"input": 1, "output": 2, "reasoning": 3,
+            "cache": {"read": 4, "write": 5}}, "cost": 0.5}));
+        assert_eq!(
+            u.to_json(),
+            Some(
+                json!({"inputTokens": 1, "outputTokens": 5, "cacheReadTokens": 4,
+                "cacheWriteTokens": 5, "costUsd": 0.5})
+            )
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! Token usage of a turn (`finish.usage`, PROTOCOL.md 2.6):
+//! `{"model", "inputTokens", "outputTokens", "cacheReadTokens",
+//! "cacheWriteTokens", "costUsd"}`, each present when the CLI reported it,
+//! summed over the turn (its continuations included), never cumulative
+//! across turns. `inputTokens` counts input that was neither read from nor
+//! written to the cache (Anthropic's convention; Codex's input total is
+//! reduced by its cached part).
+
+use serde_json::{Map, Value, json};
+
+/// Usage counters; `None` means "not reported".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    /// The model that served the turn (the last one reported).
+    pub model: Option<String>,
+    /// Uncached input tokens.
+    pub input_tokens: Option<u64>,
+    /// Output tokens (reasoning included).
+    pub output_tokens: Option<u64>,
+    /// Input tokens read from the cache.
+    pub cache_read_tokens: Option<u64>,
+    /// Input tokens written to the cache.
+    pub cache_write_tokens: Option<u64>,
+    /// Cost in US dollars, as the CLI computed it.
+    pub cost_usd: Option<f64>,
+}
+
+fn add_opt<T: std::ops::Add<Output = T> + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x + y),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+fn sub_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.saturating_sub(y)),
+        (x, _) => x,
+    }
+}
+
+impl Usage {
+    /// Adds `other`'s counters; its model replaces ours when it has one.
+    pub fn add(&mut self, other: &Usage) {
+        if other.model.is_some() {
+            self.model = other.model.clone();
+        }
+        self.input_tokens = add_opt(self.input_tokens, other.input_tokens);
+        self.output_tokens = add_opt(self.output_tokens, other.output_tokens);
+        self.cache_read_tokens = add_opt(self.cache_read_tokens, other.cache_read_tokens);
+        self.cache_write_tokens = add_opt(self.cache_write_tokens, other.cache_write_tokens);
+        self.cost_usd = add_opt(self.cost_usd, other.cost_usd);
+    }
+
+    /// `self - earlier` for running totals (counters only; saturating).
+    pub fn minus(&self, earlier: &Usage) -> Usage {
+        Usage {
+            model: self.model.clone(),
+            input_tokens: sub_opt(self.input_tokens, earlier.input_tokens),
+            output_tokens: sub_opt(self.output_tokens, earlier.output_tokens),
+            cache_read_tokens: sub_opt(self.cache_read_tokens, earlier.cache_read_tokens),
+            cache_write_tokens: sub_opt(self.cache_write_tokens, earlier.cache_write_tokens),
+            cost_usd: self.cost_usd,
+        }
+    }
+
+    /// Whether nothing was reported.
+    pub fn is_empty(&self) -> bool {
+        *self == Usage::default()
+    }
+
+    /// The `finish.usage` object, or `None` when nothing was reported.
+    pub fn to_json(&self) -> Option<Value> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut map = Map::new();
+        if let Some(m) = &self.model {
+            map.insert("model".into(), json!(m));
+        }
+        let counters = [
+            ("inputTokens", self.input_tokens),
+            ("outputTokens", self.output_tokens),
+            ("cacheReadTokens", self.cache_read_tokens),
+            ("cacheWriteTokens", self.cache_write_tokens),
+        ];
+        for (name, value) in counters {
+            if let Some(v) = value {
+                map.insert(name.into(), json!(v));
+            }
+        }
+        if let Some(c) = self.cost_usd {
+            // Sums of binary fractions: keep what a person would write.
+            let rounded = (c * 1e9).round() / 1e9;
+            map.insert("costUsd".into(), json!(rounded));
+        }
+        Some(Value::Object(map))
+    }
+}
+
+/// A JSON number as `u64` (integers, or floats without a fraction).
+pub fn as_u64(v: Option<&Value>) -> Option<u64> {
+    let v = v?;
+    v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|f| *f >= 0.0 && f.fract() == 0.0)
+            .map(|f| f as u64)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_present_counters_and_omits_absent_ones() {
+        let mut a = Usage {
+            model: Some("m1".into()),
+            input_tokens: Some(10),
+            cost_usd: Some(0.1),
+            ..Usage::default()
+        };
+        a.add(&Usage {
+            input_tokens: Some(5),
+            output_tokens: Some(7),
+            cost_usd: Some(0.2),
+            ..Usage::default()
+        });
+        assert_eq!(
+            a.to_json(),
+            Some(json!({"model": "m1", "inputTokens": 15, "outputTokens": 7, "costUsd": 0.3}))
+        );
+        assert_eq!(Usage::default().to_json(), None);
+    }
+
+    #[test]
+    fn minus_subtracts_running_totals() {
+        let total = Usage {
+            input_tokens: Some(100),
+            output_tokens: Some(40),
+            ..Usage::default()
+        };
+        let before = Usage {
+            input_tokens: Some(60),
+            output_tokens: Some(50),
+            ..Usage::default()
+        };
+        let d = total.minus(&before);
+        assert_eq!(d.input_tokens, Some(40));
+        assert_eq!(d.output_tokens, Some(0));
+    }
+}
