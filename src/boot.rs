@@ -53,7 +53,7 @@ enum Ending {
 /// after reporting it, 128+N stopped by signal N.
 pub async fn run(config: BootConfig) -> i32 {
     let redactor = Redactor::new();
-    crate::logging::init(config.log_format, redactor.clone());
+    let _log = crate::logging::init(config.log_format, redactor.clone());
     if config.time_scale != 1.0 {
         tracing::warn!(
             scale = config.time_scale,

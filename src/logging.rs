@@ -1,6 +1,13 @@
 //! The runner's own log: tracing to stderr, every line passed through the
 //! redactor before it is written (PROTOCOL.md section 5), so a secret that
 //! reaches a log field by mistake still never reaches the output.
+//!
+//! Lines are handed to a writer thread (tracing-appender) instead of being
+//! written by the thread that logs: a reader that stops draining stderr
+//! (a stalled log pipeline, a test that reads at the end) must not freeze
+//! the runtime's workers, and with them the interrupt watch and the turn.
+//! The buffer holds 128k lines; beyond that logging waits rather than
+//! dropping lines.
 
 use std::io::{self, IsTerminal, Write};
 
@@ -13,9 +20,14 @@ use crate::redact::Redactor;
 /// The log filter's variable (tracing's filter syntax, default `info`).
 pub const LOG_FILTER_VAR: &str = "HOSTED_BOOT_LOG";
 
+/// Flushes the log's writer thread when dropped: keep it until exit.
+pub type LogGuard = Option<tracing_appender::non_blocking::WorkerGuard>;
+
 /// Installs the global subscriber. `format` defaults to text on a terminal
-/// and JSON otherwise. Calling it twice is harmless (the second is ignored).
-pub fn init(format: Option<LogFormat>, redactor: Redactor) {
+/// and JSON otherwise. Calling it twice is harmless (the second is ignored
+/// and returns no guard).
+#[must_use = "the guard flushes the log at exit"]
+pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
     let filter = match std::env::var(LOG_FILTER_VAR) {
         Err(_) => EnvFilter::new("info"),
         Ok(text) => EnvFilter::try_new(&text).unwrap_or_else(|e| {
@@ -28,11 +40,14 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) {
     } else {
         LogFormat::Json
     });
-    let writer = RedactingMakeWriter { redactor };
+    let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(io::stderr());
+    let writer = RedactingMakeWriter { redactor, stderr };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
-    let _ = match format {
+    let installed = match format {
         LogFormat::Text => builder.with_ansi(io::stderr().is_terminal()).try_init(),
         // The spans (boot: session id; turn: run id, ordinal; step) ride on
         // every line, so a log pipeline can index them.
@@ -43,6 +58,7 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) {
             .with_span_list(true)
             .try_init(),
     };
+    installed.ok().map(|()| guard)
 }
 
 /// Gives each log event a buffer that is redacted and written to stderr in
@@ -50,6 +66,7 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) {
 #[derive(Clone)]
 pub struct RedactingMakeWriter {
     redactor: Redactor,
+    stderr: tracing_appender::non_blocking::NonBlocking,
 }
 
 impl<'a> MakeWriter<'a> for RedactingMakeWriter {
@@ -58,6 +75,7 @@ impl<'a> MakeWriter<'a> for RedactingMakeWriter {
     fn make_writer(&'a self) -> Self::Writer {
         RedactingWriter {
             redactor: self.redactor.clone(),
+            stderr: self.stderr.clone(),
             buffer: Vec::new(),
         }
     }
@@ -66,6 +84,7 @@ impl<'a> MakeWriter<'a> for RedactingMakeWriter {
 /// One log event's buffer; flushed (redacted) on drop.
 pub struct RedactingWriter {
     redactor: Redactor,
+    stderr: tracing_appender::non_blocking::NonBlocking,
     buffer: Vec<u8>,
 }
 
@@ -88,6 +107,6 @@ impl Drop for RedactingWriter {
         let text = String::from_utf8_lossy(&self.buffer);
         let redacted = self.redactor.redact(&text);
         crate::status_line::erase();
-        let _ = io::stderr().lock().write_all(redacted.as_bytes());
+        let _ = self.stderr.write_all(redacted.as_bytes());
     }
 }

@@ -116,7 +116,7 @@ fn main() -> ExitCode {
             workspace::credential::run_credential_helper(&args.action, &args.context)
         }
         Some(Command::Coordinator(args)) => with_runtime(|| async move {
-            logging::init(None, Redactor::new());
+            let _log = logging::init(None, Redactor::new());
             match coordinator::run_cli(*args).await {
                 Ok(()) => 0,
                 Err(e) => {
