@@ -8,7 +8,9 @@
 
 pub mod events;
 pub mod lines;
+pub mod output;
 pub mod rotation;
+pub mod spool;
 pub mod supervisor;
 pub mod watch;
 
@@ -152,9 +154,17 @@ pub async fn run(
         ));
     }
 
+    // The run's event spool (resumed if a killed runner left one).
+    let sink = match EventSink::open(api.clone(), &run_dir, run_id).await {
+        Ok(sink) => sink,
+        Err(e) => {
+            remove_bearer();
+            return Err(fatal(run_id, e.to_string(), SealState::NotSent));
+        }
+    };
+
     // 3. Rotation, interrupt watch (first read before the agent starts).
     let rotation = rotation::Rotation::start(api.clone(), ctx.session_dir.clone());
-    let sink = EventSink::start(api.clone(), run_id.to_string());
     let sender = sink.sender();
     let (program, args) = match &ctx.agent {
         AgentConfig::Command { program, args } => (program.clone(), args.clone()),
@@ -207,12 +217,15 @@ pub async fn run(
                 env,
                 stdin: input.prompt.clone().into_bytes(),
             };
-            let line_sender = sender.clone();
-            let on_line = move |stream, line: lines::Line| {
-                let (kind, data) = agent::command::event_for_line(stream, &line);
-                line_sender.emit(kind, data);
+            let output = |stream| {
+                output::OutputStream::new(
+                    stream,
+                    api.redactor(),
+                    sender.clone(),
+                    agent::command::event_for_line,
+                )
             };
-            let supervised = supervisor::run(spec, control_rx, timings.pipe_drain, on_line);
+            let supervised = supervisor::run(spec, control_rx, timings.pipe_drain, output);
             tokio::pin!(supervised);
             let result = loop {
                 tokio::select! {
@@ -271,7 +284,7 @@ pub async fn run(
         timings.event_flush_deadline
     };
     let report = sink.close(flush_deadline).await;
-    let body = FinishBody {
+    let mut body = FinishBody {
         status: outcome.status,
         agent_session_id: outcome.agent_session_id.clone(),
         error: outcome.error.as_ref().map(|e| FinishError {
@@ -284,6 +297,7 @@ pub async fn run(
         usage: outcome.usage.clone(),
         result: None,
     };
+    report.record_in(&mut body.error);
     let policy = if stopping {
         RetryPolicy::ONCE
     } else {

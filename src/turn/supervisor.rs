@@ -21,7 +21,7 @@ use tokio::process::Command;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::lines::{Line, MAX_LINE_BYTES, read_lines};
+use super::output::{OutputSink, pump};
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -80,20 +80,21 @@ pub struct Exit {
     pub pgid: i32,
 }
 
-/// Starts the agent, hands every output line to `on_line`, obeys `control`
-/// until the leader exits, kills what is left of the group, drains the
-/// pipes for at most `drain`, and returns how it ended.
+/// Starts the agent, pumps each output stream into the sink `output` makes
+/// for it, obeys `control` until the leader exits, kills what is left of the
+/// group, drains the pipes for at most `drain`, and returns how it ended.
 ///
 /// Errors: the program could not be started (not found, not executable,
 /// bad working directory): nothing was started.
-pub async fn run<F>(
+pub async fn run<F, S>(
     spec: SpawnSpec,
     mut control: mpsc::UnboundedReceiver<Control>,
     drain: Duration,
-    on_line: F,
+    output: F,
 ) -> Result<Exit, SpawnError>
 where
-    F: Fn(Stream, Line) + Send + Sync + Clone + 'static,
+    F: Fn(Stream) -> S,
+    S: OutputSink,
 {
     let mut command = Command::new(&spec.program);
     command
@@ -115,16 +116,10 @@ where
 
     let mut readers = Vec::new();
     if let Some(stdout) = child.stdout.take() {
-        let f = on_line.clone();
-        readers.push(tokio::spawn(read_lines(stdout, MAX_LINE_BYTES, move |l| {
-            f(Stream::Stdout, l)
-        })));
+        readers.push(tokio::spawn(pump(stdout, output(Stream::Stdout))));
     }
     if let Some(stderr) = child.stderr.take() {
-        let f = on_line.clone();
-        readers.push(tokio::spawn(read_lines(stderr, MAX_LINE_BYTES, move |l| {
-            f(Stream::Stderr, l)
-        })));
+        readers.push(tokio::spawn(pump(stderr, output(Stream::Stderr))));
     }
     if let Some(mut stdin) = child.stdin.take() {
         let input = spec.stdin;
