@@ -149,6 +149,12 @@ impl EventSender {
         self.shared.spool.append(events, at)
     }
 
+    /// [`EventSender::append`] for events already redacted (see
+    /// [`Spool::append_redacted`]).
+    pub fn append_redacted(&self, events: &mut Vec<(String, Value)>, at: &str) -> Option<u64> {
+        self.shared.spool.append_redacted(events, at)
+    }
+
     /// The spool written to.
     pub fn spool(&self) -> &Spool {
         &self.shared.spool

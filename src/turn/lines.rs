@@ -47,7 +47,7 @@ impl LineFramer {
     /// piece of an over-long one) to `on_line`.
     pub fn push(&mut self, mut input: &[u8], on_line: &mut impl FnMut(Line)) {
         while !input.is_empty() {
-            let (take, newline) = match memchr(b'\n', input) {
+            let (take, newline) = match memchr::memchr(b'\n', input) {
                 Some(i) => (i, true),
                 None => (input.len(), false),
             };
@@ -94,10 +94,6 @@ impl LineFramer {
             continued: self.continued,
         });
     }
-}
-
-fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
-    hay.iter().position(|&b| b == needle)
 }
 
 /// Where to cut `bytes` (which is exactly full) so that a UTF-8 character

@@ -56,11 +56,25 @@ where
 
 /// Maps one framed line of a stream to an event `(type, data)` (the agent
 /// adapter's job, e.g. `agent::command::event_for_line`).
+///
+/// The line is already redacted. A mapper may parse it as JSON (whose
+/// escapes can spell a secret the byte stream did not show, so the values
+/// of a line that starts with `{`, `[` or `"` are redacted again); otherwise
+/// it must put the line's text in the event as it is, without decoding it.
 pub type LineMapper = fn(Stream, &Line) -> (String, Value);
+
+/// Whether a line may be JSON whose parse unescapes strings.
+fn may_be_json(bytes: &[u8]) -> bool {
+    matches!(
+        bytes.iter().find(|b| !b.is_ascii_whitespace()),
+        Some(b'{' | b'[' | b'"')
+    )
+}
 
 /// One output stream of the agent: redact, frame, map, spool.
 pub struct OutputStream {
     stream: Stream,
+    values: Redactor,
     redactor: StreamRedactor,
     framer: LineFramer,
     map: LineMapper,
@@ -76,6 +90,7 @@ impl OutputStream {
     pub fn new(stream: Stream, redactor: &Redactor, events: EventSender, map: LineMapper) -> Self {
         OutputStream {
             stream,
+            values: redactor.clone(),
             redactor: redactor.stream(),
             framer: LineFramer::new(MAX_LINE_BYTES),
             map,
@@ -87,8 +102,15 @@ impl OutputStream {
     }
 
     fn frame(&mut self, last: bool) {
-        let (stream, map, pending) = (self.stream, self.map, &mut self.pending);
-        let mut on_line = |line: Line| pending.push(map(stream, &line));
+        let (stream, map, pending, values) =
+            (self.stream, self.map, &mut self.pending, &self.values);
+        let mut on_line = |line: Line| {
+            let (kind, mut data) = map(stream, &line);
+            if may_be_json(&line.bytes) {
+                values.redact_value(&mut data);
+            }
+            pending.push((kind, data));
+        };
         self.framer.push(&self.redacted, &mut on_line);
         if last {
             self.framer.finish(&mut on_line);
@@ -99,7 +121,8 @@ impl OutputStream {
         }
         if !self.pending.is_empty() {
             // Lines of one read arrived together: one timestamp, one write.
-            self.events.append(&mut self.pending, &now_rfc3339());
+            self.events
+                .append_redacted(&mut self.pending, &now_rfc3339());
         }
     }
 }

@@ -163,12 +163,19 @@ impl Spool {
     /// the last `seq` written, or `None` when the write failed (the events
     /// are then counted as dropped).
     pub fn append(&self, events: &mut Vec<(String, Value)>, at: &str) -> Option<u64> {
-        if events.is_empty() {
-            return Some(self.last_seq.load(Ordering::SeqCst));
-        }
         self.redactor.refresh();
         for (_, data) in events.iter_mut() {
             self.redactor.redact_value(data);
+        }
+        self.append_redacted(events, at)
+    }
+
+    /// [`Spool::append`] for events the caller has already redacted (the
+    /// output pipeline, which redacts the byte stream and re-checks only the
+    /// values a JSON parse may have unescaped).
+    pub fn append_redacted(&self, events: &mut Vec<(String, Value)>, at: &str) -> Option<u64> {
+        if events.is_empty() {
+            return Some(self.last_seq.load(Ordering::SeqCst));
         }
         let count = events.len() as u64;
         let mut w = lock(&self.writer);

@@ -1,4 +1,5 @@
 mod boot;
 mod coordinator;
+mod events;
 mod support;
 mod workspace;
