@@ -203,6 +203,12 @@ async fn boot(
         Ok(Ok(())) => {}
     }
 
+    // Events an earlier boot could not deliver (PROTOCOL.md 2.6).
+    let leftovers = turn::events::deliver_leftovers(api, &config.root, &first.run_id);
+    if let Err(s) = unless_stopped(stop, leftovers).await {
+        return Ending::Stopped(s);
+    }
+
     // Step 6: drain turns.
     let ctx = TurnContext {
         api: api.clone(),

@@ -281,6 +281,59 @@ impl EventSink {
     }
 }
 
+/// Delivers what earlier runners left in the spools of other runs (a run
+/// sealed with `events_undelivered`, or a runner stopped or killed during
+/// the flush): for each run directory under `root` but `current` (the turn
+/// about to run resumes its own), reads the cursor, sends the rest within
+/// the flush deadline, and removes the run directory once everything is
+/// delivered (or it holds no event). What still cannot be delivered stays
+/// for the next boot. Never fails the boot: problems are logged.
+pub async fn deliver_leftovers(api: &Arc<Api>, root: &std::path::Path, current: &str) {
+    let parent = root.join(crate::workspace::files::RUN_PARENT);
+    let Ok(entries) = std::fs::read_dir(&parent) else {
+        return;
+    };
+    let mut runs: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| name != current)
+        .collect();
+    runs.sort();
+    for run_id in runs {
+        let dir = match RunDir::create(root, &run_id) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "skipping a leftover run directory");
+                continue;
+            }
+        };
+        let sink = match EventSink::open(api.clone(), &dir, &run_id).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "cannot open a leftover event spool");
+                continue;
+            }
+        };
+        let report = sink.close(api.timings().event_flush_deadline).await;
+        if report.undelivered() == 0 {
+            tracing::info!(
+                run_id,
+                events = report.last_seq,
+                "leftover events delivered; removing the run directory"
+            );
+            if let Err(e) = dir.remove() {
+                tracing::warn!(run_id, error = %e, "cannot remove the run directory");
+            }
+        } else {
+            tracing::warn!(
+                run_id,
+                undelivered = report.undelivered(),
+                "leftover events still undelivered; kept for the next boot"
+            );
+        }
+    }
+}
+
 /// Now, as an event timestamp (RFC 3339, milliseconds, UTC).
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()

@@ -581,3 +581,59 @@ while [ ! -e "$AGENT_OUT/measured" ]; do sleep 0.02; done
     assert_no_secret("spool", &text, &sb.secrets(&[KEY.1]));
     assert_no_secret("runner output", &output, &sb.secrets(&[KEY.1]));
 }
+
+#[tokio::test]
+async fn events_left_undelivered_are_delivered_by_the_next_boot() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    // run-1's events are refused (a 4xx stops sending): it is sealed with
+    // events_undelivered and its spool stays. The runner is stopped between
+    // turns; a new one boots for run-2 and first delivers run-1's spool.
+    sb.coordinator
+        .add_fault(Fault::status(Route::Events, 400))
+        .unwrap();
+    let script = sb.script(r#"echo "turn $ORIZU_RUN_ID""#);
+    let first = Runner::spawn(&sb, &script);
+    sb.coordinator
+        .wait_for(WAIT, |s| s.status_names().contains(&"turn_completed"))
+        .await
+        .unwrap();
+    let pid = rustix::process::Pid::from_raw(first.pid() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let (status, output) = first.finish().await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    let run1 = sb.coordinator.run("run-1").unwrap();
+    assert!(run1.events.is_empty());
+    let error = run1.finish.as_ref().unwrap().error.clone().unwrap();
+    assert_eq!(error.code, ErrorCode::EventsUndelivered);
+    let spooled = std::fs::read_to_string(spool_path(&sb, "run-1"))
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(spooled, 2);
+
+    sb.coordinator.queue_turn("next", None);
+    let second = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-2").await;
+    sb.coordinator.end_session();
+    let (status, output) = second.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let snap = sb.coordinator.snapshot();
+    let run1 = snap.run("run-1").unwrap();
+    assert_contiguous(&run1.events);
+    assert_eq!(run1.events.len(), spooled);
+    assert_eq!(texts(run1), vec!["turn run-1"]);
+    assert_eq!(texts(snap.run("run-2").unwrap()), vec!["turn run-2"]);
+    assert!(!sb.root().join(".orizu-run/run-1").exists());
+    // Before run-2 started.
+    let cursor_at = snap
+        .requests
+        .iter()
+        .position(|r| r.route == Route::Cursor && r.path.contains("run-1"))
+        .unwrap();
+    let run2_started = snap
+        .requests
+        .iter()
+        .position(|r| r.route == Route::BootStatus && r.body["runId"] == "run-2")
+        .unwrap();
+    assert!(cursor_at < run2_started);
+}
