@@ -637,3 +637,60 @@ async fn events_left_undelivered_are_delivered_by_the_next_boot() {
         .unwrap();
     assert!(cursor_at < run2_started);
 }
+
+#[tokio::test]
+async fn a_line_over_1_mib_is_cut_into_continued_pieces_with_a_secret_on_the_cut() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(KEY.0.into(), KEY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    // 2.5 MiB on one line; the secret straddles the first 1 MiB cut.
+    let script = sb.script(
+        r#"
+{ head -c 1048570 /dev/zero | tr '\0' x; printf '%s' "$ACME_API_KEY"; head -c 1572864 /dev/zero | tr '\0' y; echo; echo after; }
+"#,
+    );
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    let pieces: Vec<(usize, bool)> = run
+        .events
+        .iter()
+        .filter(|e| e.kind == "output")
+        .map(|e| {
+            (
+                e.data["text"].as_str().unwrap().len(),
+                e.data["continued"] == true,
+            )
+        })
+        .collect();
+    let total = 1048570 + "[REDACTED]".len() + 1572864;
+    assert_eq!(
+        pieces,
+        vec![
+            (1 << 20, false),
+            (1 << 20, true),
+            (total - 2 * (1 << 20), true),
+            ("after".len(), false)
+        ]
+    );
+    let joined: String = run
+        .events
+        .iter()
+        .filter(|e| {
+            e.data["continued"] == true
+                || e.data["text"].as_str().is_some_and(|t| t.starts_with('x'))
+        })
+        .map(|e| e.data["text"].as_str().unwrap())
+        .collect();
+    assert!(joined.contains("x[REDACTED]y"));
+    assert_no_secret(
+        "events",
+        &serde_json::to_string(&run.events).unwrap(),
+        &sb.secrets(&[KEY.1]),
+    );
+}
