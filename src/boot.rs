@@ -7,7 +7,6 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use reqwest::Url;
 use tokio::sync::watch;
@@ -18,7 +17,7 @@ use crate::client::{Api, CallError, RepoToken};
 use crate::config::BootConfig;
 use crate::environment;
 use crate::idle::{self, IdleEnd};
-use crate::redact::{Redactor, SecretKind};
+use crate::redact::Redactor;
 use crate::signals::{self, Stop};
 use crate::status::{Phase, StatusFile};
 use crate::turn::supervisor::Supervision;
@@ -240,10 +239,7 @@ async fn boot(
     if let Err(e) = write_session_files(config, &session_dir, &resolved.remote) {
         return Ending::BeforeDrain(e);
     }
-    let cache_watch = tokio::spawn(watch_credential_cache(
-        session_dir.credential_cache_path(),
-        redactor.clone(),
-    ));
+    redactor.add_source(credential_cache_source(session_dir.credential_cache_path()));
     let repo_dir = config.root.join("repo");
     let harvester = match harvester(
         config,
@@ -254,7 +250,6 @@ async fn boot(
     ) {
         Ok(h) => h,
         Err(reason) => {
-            cache_watch.abort();
             return Ending::BeforeDrain(reason);
         }
     };
@@ -262,11 +257,9 @@ async fn boot(
         clone_repo(config, &harvester).instrument(tracing::info_span!("step", step = "clone"));
     let reused = match unless_stopped(stop, clone).await {
         Err(s) => {
-            cache_watch.abort();
             return Ending::Stopped(s);
         }
         Ok(Err(reason)) => {
-            cache_watch.abort();
             return Ending::BeforeDrain(reason);
         }
         Ok(Ok(reused)) => reused,
@@ -283,11 +276,16 @@ async fn boot(
         };
         match unless_stopped(stop, harvester.harvest(job)).await {
             Err(s) => {
-                cache_watch.abort();
                 return Ending::Stopped(s);
             }
             Ok(result) => recovered_at_boot = Some(result),
         }
+    }
+
+    // Events an earlier boot could not deliver (PROTOCOL.md 2.6).
+    let leftovers = turn::events::deliver_leftovers(api, &config.root, &first.run_id);
+    if let Err(s) = unless_stopped(stop, leftovers).await {
+        return Ending::Stopped(s);
     }
 
     // Step 6: drain turns.
@@ -319,9 +317,7 @@ async fn boot(
         harvester,
         recovered_at_boot: std::sync::Mutex::new(recovered_at_boot),
     };
-    let ending = drain(&ctx, first, &mut done, stop, status).await;
-    cache_watch.abort();
-    ending
+    drain(&ctx, first, &mut done, stop, status).await
 }
 
 async fn drain(
@@ -502,20 +498,24 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
         .map_err(|e| e.to_string())
 }
 
-/// Adds every repo token the credential helper caches to the redactor
-/// (PROTOCOL.md section 3): the helper mints them in its own process.
-async fn watch_credential_cache(path: PathBuf, redactor: Redactor) {
+/// A redactor source (PROTOCOL.md section 3) for the repo tokens the
+/// credential helper mints in its own process and caches: polled before
+/// every redaction (a `stat`; the file is read only when it changed), so a
+/// token the helper wrote before git or the agent could print it is in the
+/// set before that output is redacted, with no polling window.
+fn credential_cache_source(path: PathBuf) -> crate::redact::SecretSource {
+    use std::os::unix::fs::MetadataExt;
     let mut last = None;
-    loop {
-        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-        if modified != last {
-            last = modified;
-            if let Some((token, _)) = workspace::read_credential_cache(&path) {
-                redactor.add(&token, SecretKind::Credential);
-            }
+    Box::new(move || {
+        let meta = std::fs::metadata(&path).ok()?;
+        // The helper replaces the file (a new inode) on every write.
+        let id = (meta.ino(), meta.mtime(), meta.mtime_nsec(), meta.len());
+        if last == Some(id) {
+            return None;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        last = Some(id);
+        workspace::read_credential_cache(&path).map(|(token, _)| token)
+    })
 }
 
 /// Step 7: reports the ending and returns the exit code.

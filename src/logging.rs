@@ -6,8 +6,8 @@
 //! written by the thread that logs: a reader that stops draining stderr
 //! (a stalled log pipeline, a test that reads at the end) must not freeze
 //! the runtime's workers, and with them the interrupt watch and the turn.
-//! The buffer holds 128k lines; beyond that logging waits rather than
-//! dropping lines.
+//! The buffer holds 16k lines (its slots are allocated up front, so it is
+//! kept small); beyond that logging waits rather than dropping lines.
 
 use std::io::{self, IsTerminal, Write};
 
@@ -42,6 +42,7 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
     });
     let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
+        .buffered_lines_limit(16 * 1024)
         .finish(io::stderr());
     let writer = RedactingMakeWriter { redactor, stderr };
     let builder = tracing_subscriber::fmt()

@@ -118,7 +118,9 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
             emit(json!({"type": "line", "run": n, "stream": stream, "text": line.text()}));
         };
         let (control_tx, control_rx) = mpsc::unbounded_channel();
-        let supervised = supervisor::run(spec, control_rx, &supervision, on_line);
+        let redactor = crate::redact::Redactor::new();
+        let output = move |stream| crate::turn::output::LineSink::new(stream, &redactor, on_line);
+        let supervised = supervisor::run(spec, control_rx, &supervision, output);
         tokio::pin!(supervised);
         let interrupt = async {
             match args.interrupt_after {

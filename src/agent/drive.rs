@@ -38,6 +38,7 @@ use crate::signals::Stop;
 use crate::timings::Timings;
 use crate::turn::events::EventSender;
 use crate::turn::lines::Line;
+use crate::turn::output::ChannelSink;
 use crate::turn::supervisor::{self, Control, Exit, SpawnError, SpawnSpec, Stream};
 use crate::wire::ErrorCode;
 
@@ -47,6 +48,10 @@ Continue the same task from its current state.";
 
 /// At most this many overload continuations per turn.
 pub const MAX_CONTINUATIONS: usize = 2;
+
+/// Lines queued between an output stream's reader and the driver; beyond
+/// this the reader waits (each line is at most 1 MiB).
+const LINE_QUEUE: usize = 16;
 
 /// What the turn asks of its agent.
 pub struct DriveInput {
@@ -410,7 +415,8 @@ async fn run_once(
         &launch.env,
     );
 
-    let (line_tx, line_rx) = mpsc::unbounded_channel::<(Stream, Line)>();
+    // Bounded: a driver that falls behind slows the reader, not memory.
+    let (line_tx, line_rx) = mpsc::channel::<(Stream, Line)>(LINE_QUEUE);
     let (stdin_tx, stdin_rx) = match launch.stdin {
         StdinMode::Channel => {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -435,17 +441,16 @@ async fn run_once(
 
     let last_output = Arc::new(Mutex::new(Instant::now()));
     let tail = Arc::new(Mutex::new(Tail::default()));
-    let on_line = {
+    let observe = {
         let last_output = last_output.clone();
         let tail = tail.clone();
-        move |stream: Stream, line: Line| {
+        move |stream: Stream, line: &Line| {
             *last_output.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
             if stream == Stream::Stderr {
                 tail.lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push(&line.text());
             }
-            let _ = line_tx.send((stream, line));
         }
     };
     let args = match config.kind {
@@ -461,7 +466,15 @@ async fn run_once(
         stdin_feed: stdin_rx,
     };
     let (control_tx, control_rx) = mpsc::unbounded_channel();
-    let supervised = supervisor::run(spawn, control_rx, &input.supervision, on_line);
+    // Bytes are redacted as a stream before lines are cut (a secret split
+    // across reads or across the 1 MiB cut is still found), then the lines
+    // go to the driver, whose events are redacted again as values.
+    // The factory owns the callback: when the supervisor returns, every
+    // sender of the driver's lines is gone and the driver sees the end.
+    let redactor = input.redactor.clone();
+    let output =
+        move |stream| ChannelSink::new(stream, &redactor, observe.clone(), line_tx.clone());
+    let supervised = supervisor::run(spawn, control_rx, &input.supervision, output);
     tokio::pin!(supervised);
 
     let timings = input.timings;

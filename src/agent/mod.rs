@@ -455,7 +455,7 @@ pub enum Note {
 pub struct DriverIo {
     /// The agent's output lines, until the process has exited and its pipes
     /// are drained (then the channel closes and the driver returns).
-    pub lines: mpsc::UnboundedReceiver<(Stream, Line)>,
+    pub lines: mpsc::Receiver<(Stream, Line)>,
     /// The agent's stdin in [`StdinMode::Channel`]; dropping it closes stdin.
     pub stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
     /// Requests from the runner.

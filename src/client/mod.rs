@@ -362,6 +362,30 @@ impl Api {
         parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
     }
 
+    /// Posts a ready-made events body (`{"events":[…]}`, as read back from
+    /// the run's spool) under `policy` and returns `acceptedThrough`. The
+    /// body is shared, not copied, between attempts.
+    ///
+    /// Errors: as [`retry::send`]; a 2xx whose body is not
+    /// `{"acceptedThrough": n}` is [`CallError::BadResponse`].
+    pub async fn post_events_body(
+        &self,
+        run_id: &str,
+        body: bytes::Bytes,
+        policy: RetryPolicy,
+    ) -> Result<u64, CallError> {
+        let call = "events post";
+        let path = wire::routes::events(run_id);
+        let reply = self
+            .authed(call, policy, |t| {
+                self.request(Method::POST, &path, t)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
+    }
+
     /// Reads the events cursor (2.6).
     pub async fn events_cursor(&self, run_id: &str) -> Result<u64, CallError> {
         let call = "events cursor";

@@ -13,7 +13,9 @@ pub mod events;
 pub mod guard;
 pub mod harvest;
 pub mod lines;
+pub mod output;
 pub mod rotation;
+pub mod spool;
 pub mod supervisor;
 pub mod tree;
 pub mod watch;
@@ -203,9 +205,17 @@ pub async fn run(
         Some(Ok(())) => {}
     }
 
+    // The run's event spool (resumed if a killed runner left one).
+    let sink = match EventSink::open(api.clone(), &run_dir, run_id).await {
+        Ok(sink) => sink,
+        Err(e) => {
+            remove_bearer();
+            return Err(fatal(run_id, e.to_string(), SealState::NotSent));
+        }
+    };
+
     // 3. Rotation, interrupt watch (first read before the agent starts).
     let rotation = rotation::Rotation::start(api.clone(), ctx.session_dir.clone());
-    let sink = EventSink::start(api.clone(), run_id.to_string());
     let sender = sink.sender();
     sender.emit(
         "hosted_boot.runner",
@@ -324,7 +334,7 @@ pub async fn run(
     let Some(report) = guard.bounded(sink.close(flush_deadline)).await else {
         return Ok(TurnEnd::Stopped(guard.current()));
     };
-    let body = FinishBody {
+    let mut body = FinishBody {
         status: outcome.status,
         agent_session_id: outcome.agent_session_id.clone(),
         error: outcome.error.as_ref().map(|e| FinishError {
@@ -337,6 +347,7 @@ pub async fn run(
         usage: outcome.usage.clone(),
         result: harvested,
     };
+    report.record_in(&mut body.error);
     let policy = if guard.stopping() {
         RetryPolicy::ONCE
     } else {

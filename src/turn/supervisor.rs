@@ -10,7 +10,7 @@
 //!   │                                    re-check, joins the turn cgroup
 //!   ├─ guard G in group L (stdin = pipe from the runner: EOF = runner died
 //!   │                      → cgroup.kill + SIGKILL to group L)
-//!   ├─ readers: stdout/stderr → lines → on_line
+//!   ├─ readers: stdout/stderr → output sinks (redact, frame, map)
 //!   ├─ adopted orphans reaped on SIGCHLD (the runner is a subreaper)
 //!   ├─ waitid(L, WEXITED|WNOWAIT)  ◀── Interrupt: SIGINT to -L, SIGKILL after grace
 //!   │                               ◀── Kill: SIGKILL to -L
@@ -42,7 +42,7 @@ use tokio::time::Instant;
 
 use super::cgroup::{self, CgroupMode, TurnCgroup};
 use super::guard;
-use super::lines::{Line, MAX_LINE_BYTES, read_lines};
+use super::output::{OutputSink, pump};
 use super::tree::{self, Runner};
 
 /// Bound on the sweep after the leader exits, and on the wait for the group
@@ -160,21 +160,23 @@ pub struct Exit {
     pub swept: usize,
 }
 
-/// Starts the agent, hands every output line to `on_line`, obeys `control`
+/// Starts the agent, pumps each output stream into the sink `output` makes
+/// for it (see [`super::output`]), obeys `control`
 /// and the time cap until the leader exits, kills every remaining process
 /// of the turn, drains the pipes for at most `supervision.drain`, and
 /// returns how it ended.
 ///
 /// Errors: the program could not be started (not found, not executable,
 /// bad working directory): nothing was started.
-pub async fn run<F>(
+pub async fn run<F, S>(
     spec: SpawnSpec,
     mut control: mpsc::UnboundedReceiver<Control>,
     supervision: &Supervision,
-    on_line: F,
+    output: F,
 ) -> Result<Exit, SpawnError>
 where
-    F: Fn(Stream, Line) + Send + Sync + Clone + 'static,
+    F: Fn(Stream) -> S,
+    S: OutputSink,
 {
     let spawn_error = |reason: String| SpawnError {
         program: spec.program.clone(),
@@ -281,16 +283,10 @@ where
 
     let mut readers = Vec::new();
     if let Some(stdout) = child.stdout.take() {
-        let f = on_line.clone();
-        readers.push(tokio::spawn(read_lines(stdout, MAX_LINE_BYTES, move |l| {
-            f(Stream::Stdout, l)
-        })));
+        readers.push(tokio::spawn(pump(stdout, output(Stream::Stdout))));
     }
     if let Some(stderr) = child.stderr.take() {
-        let f = on_line.clone();
-        readers.push(tokio::spawn(read_lines(stderr, MAX_LINE_BYTES, move |l| {
-            f(Stream::Stderr, l)
-        })));
+        readers.push(tokio::spawn(pump(stderr, output(Stream::Stderr))));
     }
     if let Some(mut stdin) = child.stdin.take() {
         let input = spec.stdin;

@@ -2,6 +2,7 @@ mod agents;
 mod boot;
 mod check;
 mod coordinator;
+mod events;
 mod harvest;
 mod image;
 mod processes;

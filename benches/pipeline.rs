@@ -1,0 +1,236 @@
+//! Throughput of the agent-output pipeline (PROTOCOL.md 2.6 and section 5):
+//! streaming redaction, line framing, mapping to events and appending to the
+//! run's spool, with 100 secrets registered. Run with
+//! `cargo bench --bench pipeline`; the figures go to BENCHMARKS.md.
+//!
+//! Each case feeds the same bytes the supervisor would (64 KiB reads) through
+//! `OutputStream` into a spool file in a temporary directory, and prints the
+//! best and median of 5 runs in MB/s of agent output (1 MB = 10^6 bytes).
+
+use std::time::{Duration, Instant};
+
+use hosted_boot::redact::{Redactor, SecretKind};
+use hosted_boot::secret::Secret;
+use hosted_boot::turn::events::EventSender;
+use hosted_boot::turn::output::{OutputSink, OutputStream, READ_BYTES};
+use hosted_boot::turn::spool::Spool;
+use hosted_boot::turn::supervisor::Stream;
+
+const SECRETS: usize = 100;
+const TOTAL: usize = 256 * 1024 * 1024;
+const RUNS: usize = 5;
+
+/// A small deterministic generator (xorshift), so runs are comparable.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn token(&mut self, len: usize) -> String {
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-";
+        (0..len)
+            .map(|_| ALPHABET[self.below(ALPHABET.len())] as char)
+            .collect()
+    }
+}
+
+const WORDS: &[&str] = &[
+    "the",
+    "agent",
+    "reads",
+    "src/main.rs",
+    "and",
+    "runs",
+    "cargo",
+    "test",
+    "--",
+    "ok",
+    "error:",
+    "warning:",
+    "fn",
+    "let",
+    "=",
+    "{",
+    "}",
+    "compiling",
+    "hosted-boot",
+    "v0.1.0",
+    "finished",
+    "in",
+    "2.31s",
+    "passed;",
+    "0",
+    "failed;",
+    "diff",
+    "--git",
+    "a/README.md",
+    "b/README.md",
+];
+
+fn words(rng: &mut Rng, bytes: usize) -> String {
+    let mut s = String::new();
+    while s.len() < bytes {
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        s.push_str(WORDS[rng.below(WORDS.len())]);
+    }
+    s
+}
+
+/// About `TOTAL` bytes of lines made by `line`, with one of the secrets in
+/// roughly one line in 500.
+fn corpus(
+    rng: &mut Rng,
+    secrets: &[String],
+    mut line: impl FnMut(&mut Rng, Option<&str>) -> String,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(TOTAL + 128 * 1024);
+    while out.len() < TOTAL {
+        let secret = (rng.below(500) == 0).then(|| secrets[rng.below(secrets.len())].as_str());
+        out.extend_from_slice(line(rng, secret).as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+fn run_once(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (spool, _) = Spool::open(dir.path(), redactor.clone()).expect("spool");
+    let path = spool.path().to_path_buf();
+    let events = EventSender::detached(spool);
+    let start = Instant::now();
+    let mut out = OutputStream::new(
+        Stream::Stdout,
+        redactor,
+        events,
+        hosted_boot::agent::command::event_for_line,
+    );
+    for chunk in input.chunks(READ_BYTES) {
+        out.write(chunk);
+    }
+    out.end();
+    drop(out);
+    let elapsed = start.elapsed();
+    let spooled = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    (elapsed, spooled)
+}
+
+fn redact_only(redactor: &Redactor, input: &[u8]) -> Duration {
+    let start = Instant::now();
+    let mut s = redactor.stream();
+    let mut out = Vec::with_capacity(2 * READ_BYTES);
+    let mut total = 0usize;
+    for chunk in input.chunks(READ_BYTES) {
+        out.clear();
+        s.push(chunk, &mut out);
+        total += out.len();
+    }
+    s.finish(&mut out);
+    std::hint::black_box(total);
+    start.elapsed()
+}
+
+fn report(name: &str, bytes: usize, mut times: Vec<Duration>, extra: &str) {
+    times.sort();
+    let mbps = |d: Duration| bytes as f64 / 1e6 / d.as_secs_f64();
+    println!(
+        "{name:<44} {:>8.0} MB/s best {:>8.0} MB/s median  ({} MB{extra})",
+        mbps(times[0]),
+        mbps(times[times.len() / 2]),
+        bytes / 1_000_000
+    );
+}
+
+fn main() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let redactor = Redactor::new();
+    let mut secrets = Vec::new();
+    for i in 0..SECRETS {
+        // Tokens of the shapes the runner sees: 64-hex boot secret, ~40-char
+        // bearers and repo tokens, connector values of various lengths.
+        let value = match i % 4 {
+            0 => format!("ghs_{}", rng.token(36)),
+            1 => rng.token(64),
+            2 => format!("sk-{}", rng.token(45)),
+            _ => {
+                let n = 12 + rng.below(20);
+                rng.token(n)
+            }
+        };
+        let kind = if i % 2 == 0 {
+            SecretKind::Credential
+        } else {
+            SecretKind::Configured
+        };
+        redactor.add(&Secret::new(value.clone()), kind);
+        secrets.push(value);
+    }
+
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "text lines (~80 B), output events",
+            corpus(&mut rng, &secrets, |rng, s| {
+                let n = 20 + rng.below(100);
+                let mut l = words(rng, n);
+                if let Some(s) = s {
+                    l.push_str(" token=");
+                    l.push_str(s);
+                }
+                l
+            }),
+        ),
+        (
+            "JSON agent events (~400 B)",
+            corpus(&mut rng, &secrets, |rng, s| {
+                let n = 200 + rng.below(400);
+                let text = words(rng, n);
+                let text = match s {
+                    Some(s) => format!("{text} key={s}"),
+                    None => text,
+                };
+                serde_json::json!({"type": "assistant", "message": {"role": "assistant", "content": [{"type": "text", "text": text}]}}).to_string()
+            }),
+        ),
+        (
+            "long lines (64 KiB), output events",
+            corpus(&mut rng, &secrets, |rng, s| {
+                let mut l = words(rng, 64 * 1024);
+                if let Some(s) = s {
+                    l.push_str(s);
+                }
+                l
+            }),
+        ),
+    ];
+
+    println!(
+        "hosted-boot pipeline benchmark: {SECRETS} secrets, reads of {READ_BYTES} bytes, best of {RUNS}"
+    );
+    for (name, input) in &cases {
+        let mut times = Vec::new();
+        let mut spooled = 0;
+        for _ in 0..RUNS {
+            let (t, s) = run_once(&redactor, input);
+            times.push(t);
+            spooled = s;
+        }
+        report(
+            &format!("redact+frame+spool: {name}"),
+            input.len(),
+            times,
+            &format!(", spool {} MB", spooled / 1_000_000),
+        );
+    }
+    for (name, input) in &cases {
+        let times = (0..RUNS).map(|_| redact_only(&redactor, input)).collect();
+        report(&format!("redaction only: {name}"), input.len(), times, "");
+    }
+}

@@ -1,0 +1,371 @@
+//! The agent's output streams to run events: each read of stdout or stderr
+//! goes through the streaming redactor (so a secret split across reads, or
+//! across the 1 MiB cut of a long line, is still found), then line framing,
+//! then the agent adapter's mapping of a line to an event, and the read's
+//! events are appended to the run's spool in one write.
+//!
+//! Nothing here waits for the coordinator: the reader keeps draining the
+//! pipe whatever the sender is doing, so the agent is never blocked by a slow
+//! or failing coordinator; the spool on disk absorbs the backlog. Memory per
+//! stream is one read buffer, the redactor's carry (the longest secret form)
+//! and one line of at most [`MAX_LINE_BYTES`].
+
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::events::{EventSender, now_rfc3339};
+use super::lines::{Line, LineFramer, MAX_LINE_BYTES};
+use super::supervisor::Stream;
+use crate::redact::{Redactor, StreamRedactor};
+
+/// Size of each read from a pipe (a Linux pipe holds 64 KiB).
+pub const READ_BYTES: usize = 64 * 1024;
+
+/// Where a pumped stream's bytes go.
+pub trait OutputSink: Send + 'static {
+    /// The bytes of one read.
+    fn write(&mut self, bytes: &[u8]);
+    /// The stream ended (EOF, an error, or the reader was cancelled). Called
+    /// once; the sink hands on whatever it still holds.
+    fn end(&mut self);
+    /// Waits until what `write` or `end` queued has been handed on: the
+    /// reader's backpressure (a sink that hands lines to a task through a
+    /// bounded channel waits here; the spool sink never does).
+    fn ready(&mut self) -> impl std::future::Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// Reads `reader` to EOF (or error), handing every read to `sink`, then
+/// ends it. If the task running this is aborted (the supervisor closes
+/// pipes a grandchild keeps open), the sink is dropped, and
+/// [`OutputStream`]'s drop ends it, so what it held is not lost.
+pub async fn pump<R, S>(mut reader: R, mut sink: S)
+where
+    R: AsyncRead + Unpin,
+    S: OutputSink,
+{
+    let mut buf = vec![0u8; READ_BYTES];
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => {
+                sink.write(&buf[..n]);
+                sink.ready().await;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the agent's output failed; the stream is closed");
+                break;
+            }
+        }
+    }
+    sink.end();
+    sink.ready().await;
+}
+
+/// Maps one framed line of a stream to an event `(type, data)` (the agent
+/// adapter's job, e.g. `agent::command::event_for_line`).
+///
+/// The line is already redacted. A mapper may parse it as JSON (whose
+/// escapes can spell a secret the byte stream did not show, so the values
+/// of a line that starts with `{`, `[` or `"` are redacted again); otherwise
+/// it must put the line's text in the event as it is, without decoding it.
+pub type LineMapper = fn(Stream, &Line) -> (String, Value);
+
+/// Whether a line may be JSON whose parse unescapes strings.
+fn may_be_json(bytes: &[u8]) -> bool {
+    matches!(
+        bytes.iter().find(|b| !b.is_ascii_whitespace()),
+        Some(b'{' | b'[' | b'"')
+    )
+}
+
+/// One output stream of the agent: redact, frame, map, spool.
+pub struct OutputStream {
+    stream: Stream,
+    values: Redactor,
+    redactor: StreamRedactor,
+    framer: LineFramer,
+    map: LineMapper,
+    events: EventSender,
+    redacted: Vec<u8>,
+    pending: Vec<(String, Value)>,
+    ended: bool,
+}
+
+impl OutputStream {
+    /// A stream whose events go to `events`, redacted with `redactor`, each
+    /// line mapped by `map`.
+    pub fn new(stream: Stream, redactor: &Redactor, events: EventSender, map: LineMapper) -> Self {
+        OutputStream {
+            stream,
+            values: redactor.clone(),
+            redactor: redactor.stream(),
+            framer: LineFramer::new(MAX_LINE_BYTES),
+            map,
+            events,
+            redacted: Vec::with_capacity(READ_BYTES),
+            pending: Vec::new(),
+            ended: false,
+        }
+    }
+
+    fn frame(&mut self, last: bool) {
+        let (stream, map, pending, values) =
+            (self.stream, self.map, &mut self.pending, &self.values);
+        let mut on_line = |line: Line| {
+            let (kind, mut data) = map(stream, &line);
+            if may_be_json(&line.bytes) {
+                values.redact_value(&mut data);
+            }
+            pending.push((kind, data));
+        };
+        self.framer.push(&self.redacted, &mut on_line);
+        if last {
+            self.framer.finish(&mut on_line);
+        }
+        self.redacted.clear();
+        if self.redacted.capacity() > 4 * READ_BYTES {
+            self.redacted = Vec::with_capacity(READ_BYTES);
+        }
+        if !self.pending.is_empty() {
+            // Lines of one read arrived together: one timestamp, one write.
+            self.events
+                .append_redacted(&mut self.pending, &now_rfc3339());
+        }
+    }
+}
+
+impl OutputSink for OutputStream {
+    fn write(&mut self, bytes: &[u8]) {
+        if self.ended {
+            return;
+        }
+        self.redactor.push(bytes, &mut self.redacted);
+        self.frame(false);
+    }
+
+    fn end(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        self.redactor.finish(&mut self.redacted);
+        self.frame(true);
+    }
+}
+
+impl Drop for OutputStream {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// One output stream of the agent handed on as redacted lines: redact the
+/// bytes, frame lines, call `on_line` (for adapters that map lines
+/// themselves, and for `hosted-boot supervise`).
+pub struct LineSink<F: FnMut(Stream, Line) + Send + 'static> {
+    stream: Stream,
+    redactor: StreamRedactor,
+    framer: LineFramer,
+    on_line: F,
+    redacted: Vec<u8>,
+    ended: bool,
+}
+
+impl<F: FnMut(Stream, Line) + Send + 'static> LineSink<F> {
+    /// Lines of `stream`, redacted with `redactor`.
+    pub fn new(stream: Stream, redactor: &Redactor, on_line: F) -> Self {
+        LineSink {
+            stream,
+            redactor: redactor.stream(),
+            framer: LineFramer::new(MAX_LINE_BYTES),
+            on_line,
+            redacted: Vec::with_capacity(READ_BYTES),
+            ended: false,
+        }
+    }
+
+    fn frame(&mut self, last: bool) {
+        let (stream, on_line) = (self.stream, &mut self.on_line);
+        let mut each = |line: Line| on_line(stream, line);
+        self.framer.push(&self.redacted, &mut each);
+        if last {
+            self.framer.finish(&mut each);
+        }
+        self.redacted.clear();
+    }
+}
+
+impl<F: FnMut(Stream, Line) + Send + 'static> OutputSink for LineSink<F> {
+    fn write(&mut self, bytes: &[u8]) {
+        if self.ended {
+            return;
+        }
+        self.redactor.push(bytes, &mut self.redacted);
+        self.frame(false);
+    }
+
+    fn end(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        self.redactor.finish(&mut self.redacted);
+        self.frame(true);
+    }
+}
+
+impl<F: FnMut(Stream, Line) + Send + 'static> Drop for LineSink<F> {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// One output stream of the agent handed to a task as redacted lines over a
+/// bounded channel: the reader waits when the task falls behind, so memory
+/// stays bounded whatever the agent prints (the task spools to disk, so the
+/// agent still never waits for the coordinator).
+pub struct ChannelSink<F: FnMut(Stream, &Line) + Send + 'static> {
+    stream: Stream,
+    redactor: StreamRedactor,
+    framer: LineFramer,
+    observe: F,
+    tx: tokio::sync::mpsc::Sender<(Stream, Line)>,
+    redacted: Vec<u8>,
+    queued: Vec<Line>,
+    ended: bool,
+}
+
+impl<F: FnMut(Stream, &Line) + Send + 'static> ChannelSink<F> {
+    /// Lines of `stream`, redacted with `redactor`, each shown to `observe`
+    /// (activity, a stderr tail) and then sent on `tx`.
+    pub fn new(
+        stream: Stream,
+        redactor: &Redactor,
+        observe: F,
+        tx: tokio::sync::mpsc::Sender<(Stream, Line)>,
+    ) -> Self {
+        ChannelSink {
+            stream,
+            redactor: redactor.stream(),
+            framer: LineFramer::new(MAX_LINE_BYTES),
+            observe,
+            tx,
+            redacted: Vec::with_capacity(READ_BYTES),
+            queued: Vec::new(),
+            ended: false,
+        }
+    }
+
+    fn frame(&mut self, last: bool) {
+        let queued = &mut self.queued;
+        let mut each = |line: Line| queued.push(line);
+        self.framer.push(&self.redacted, &mut each);
+        if last {
+            self.framer.finish(&mut each);
+        }
+        self.redacted.clear();
+    }
+}
+
+impl<F: FnMut(Stream, &Line) + Send + 'static> OutputSink for ChannelSink<F> {
+    fn write(&mut self, bytes: &[u8]) {
+        if self.ended {
+            return;
+        }
+        self.redactor.push(bytes, &mut self.redacted);
+        self.frame(false);
+    }
+
+    fn end(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        self.redactor.finish(&mut self.redacted);
+        self.frame(true);
+    }
+
+    async fn ready(&mut self) {
+        for line in std::mem::take(&mut self.queued) {
+            (self.observe)(self.stream, &line);
+            if self.tx.send((self.stream, line)).await.is_err() {
+                break;
+            }
+        }
+    }
+}
+
+impl<F: FnMut(Stream, &Line) + Send + 'static> Drop for ChannelSink<F> {
+    // A reader aborted at the drain bound: hand on what fits, without waiting.
+    fn drop(&mut self) {
+        self.end();
+        for line in std::mem::take(&mut self.queued) {
+            (self.observe)(self.stream, &line);
+            let _ = self.tx.try_send((self.stream, line));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redact::SecretKind;
+    use crate::secret::Secret;
+    use crate::turn::spool::Spool;
+
+    fn map(stream: Stream, line: &Line) -> (String, Value) {
+        crate::agent::command::event_for_line(stream, line)
+    }
+
+    fn spooled(path: &std::path::Path) -> Vec<Value> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_secret_across_reads_and_a_long_line_cut_never_reaches_the_spool() {
+        let dir = tempfile::tempdir().unwrap();
+        let redactor = Redactor::new();
+        redactor.add(&Secret::new("sk-0123456789".into()), SecretKind::Credential);
+        let (spool, _) = Spool::open(dir.path(), redactor.clone()).unwrap();
+        let path = spool.path().to_path_buf();
+        let events = EventSender::detached(spool);
+        let mut out = OutputStream::new(Stream::Stdout, &redactor, events, map);
+        // A line of exactly MAX_LINE_BYTES - 5 bytes then the secret: the
+        // cut falls inside the secret.
+        let mut input = vec![b'x'; MAX_LINE_BYTES - 5];
+        input.extend_from_slice(
+            b"sk-0123456789 end\n{\"type\":\"message\",\"text\":\"k=sk-0123456789\"}\n",
+        );
+        for chunk in input.chunks(4093) {
+            out.write(chunk);
+        }
+        out.write(b"tail sk-01234");
+        drop(out); // ends the stream: the carry and the last line are kept
+        let lines = spooled(&path);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("sk-0123456789"));
+        let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4]);
+        assert_eq!(lines[1]["data"]["continued"], true);
+        let joined = format!(
+            "{}{}",
+            lines[0]["data"]["text"].as_str().unwrap(),
+            lines[1]["data"]["text"].as_str().unwrap()
+        );
+        assert!(
+            joined.ends_with("x[REDACTED] end"),
+            "{}",
+            &joined[joined.len() - 30..]
+        );
+        assert_eq!(lines[2]["type"], "message");
+        assert_eq!(lines[2]["data"]["text"], "k=[REDACTED]");
+        assert_eq!(lines[3]["data"]["text"], "tail sk-01234");
+    }
+}
