@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use hosted_boot::redact::{Redactor, SecretKind};
 use hosted_boot::secret::Secret;
 use hosted_boot::turn::events::EventSender;
-use hosted_boot::turn::output::{OutputSink, OutputStream, READ_BYTES};
+use hosted_boot::turn::output::{ChannelSink, OutputSink, OutputStream, READ_BYTES};
 use hosted_boot::turn::spool::Spool;
 use hosted_boot::turn::supervisor::Stream;
 
@@ -123,6 +123,44 @@ fn run_once(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
     (elapsed, spooled)
 }
 
+/// The path agent output takes in the runner (`agent::drive`): the reader's
+/// `ChannelSink` (streaming redaction, framing, a bounded channel of 16
+/// lines) and the `command` driver's task (map each line, `emit`: redact by
+/// value, number, append to the spool), on a two-worker runtime.
+fn run_drive_path(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let (spool, _) = Spool::open(dir.path(), redactor.clone()).expect("spool");
+        let path = spool.path().to_path_buf();
+        let events = EventSender::detached(spool);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        let driver = tokio::spawn(async move {
+            while let Some((stream, line)) = rx.recv().await {
+                let (kind, data) = hosted_boot::agent::command::event_for_line(stream, &line);
+                events.emit(kind, data);
+            }
+        });
+        let start = Instant::now();
+        let mut sink = ChannelSink::new(Stream::Stdout, redactor, |_: Stream, _: &_| {}, tx);
+        for chunk in input.chunks(READ_BYTES) {
+            sink.write(chunk);
+            sink.ready().await;
+        }
+        sink.end();
+        sink.ready().await;
+        drop(sink);
+        driver.await.expect("driver task");
+        let elapsed = start.elapsed();
+        let spooled = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        (elapsed, spooled)
+    })
+}
+
 fn redact_only(redactor: &Redactor, input: &[u8]) -> Duration {
     let start = Instant::now();
     let mut s = redactor.stream();
@@ -224,6 +262,21 @@ fn main() {
         }
         report(
             &format!("redact+frame+spool: {name}"),
+            input.len(),
+            times,
+            &format!(", spool {} MB", spooled / 1_000_000),
+        );
+    }
+    for (name, input) in &cases {
+        let mut times = Vec::new();
+        let mut spooled = 0;
+        for _ in 0..RUNS {
+            let (t, s) = run_drive_path(&redactor, input);
+            times.push(t);
+            spooled = s;
+        }
+        report(
+            &format!("drive path (channel, driver, emit): {name}"),
             input.len(),
             times,
             &format!(", spool {} MB", spooled / 1_000_000),
