@@ -125,8 +125,9 @@ fn run_once(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
 
 /// The path agent output takes in the runner (`agent::drive`): the reader's
 /// `ChannelSink` (streaming redaction, framing, a bounded channel of 16
-/// lines) and the `command` driver's task (map each line, `emit`: redact by
-/// value, number, append to the spool), on a two-worker runtime.
+/// reads) and the `command` driver's task (`agent::command::lines_to_events`:
+/// map the queued lines, redact by value, number, append to the spool in one
+/// write), on a two-worker runtime.
 fn run_drive_path(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -138,12 +139,10 @@ fn run_drive_path(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
         let (spool, _) = Spool::open(dir.path(), redactor.clone()).expect("spool");
         let path = spool.path().to_path_buf();
         let events = EventSender::detached(spool);
-        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
         let driver = tokio::spawn(async move {
-            while let Some((stream, line)) = rx.recv().await {
-                let (kind, data) = hosted_boot::agent::command::event_for_line(stream, &line);
-                events.emit(kind, data);
-            }
+            let mut lines = hosted_boot::turn::output::LineReceiver::new(rx);
+            hosted_boot::agent::command::lines_to_events(&mut lines, &events).await;
         });
         let start = Instant::now();
         let mut sink = ChannelSink::new(Stream::Stdout, redactor, |_: Stream, _: &_| {}, tx);

@@ -91,16 +91,38 @@ impl Driver for CommandDriver {
 
     fn run(self: Box<Self>, mut io: DriverIo) -> BoxFuture<'static, Observation> {
         async move {
-            while let Some((stream, line)) = io.lines.recv().await {
-                let (kind, data) = event_for_line(stream, &line);
-                io.events.emit(kind, data);
-            }
+            lines_to_events(&mut io.lines, &io.events).await;
             Observation {
                 effects: Effects::Unknown,
                 ..Observation::default()
             }
         }
         .boxed()
+    }
+}
+
+/// Most lines mapped and spooled in one write by [`lines_to_events`].
+pub const LINE_BATCH: usize = 512;
+
+/// Maps every line of `lines` to an event and spools them, taking whatever
+/// lines are already queued together (up to [`LINE_BATCH`]) so that a burst
+/// of short lines costs one spool write, not one per line. Returns when the
+/// channel closes.
+pub async fn lines_to_events(
+    lines: &mut crate::turn::output::LineReceiver,
+    events: &crate::turn::events::EventSender,
+) {
+    let mut batch = Vec::with_capacity(LINE_BATCH);
+    while let Some((stream, line)) = lines.recv().await {
+        batch.push(event_for_line(stream, &line));
+        while batch.len() < LINE_BATCH {
+            match lines.try_recv() {
+                Some((stream, line)) => batch.push(event_for_line(stream, &line)),
+                None => break,
+            }
+        }
+        events.append(&mut batch, &crate::turn::events::now_rfc3339());
+        batch.clear();
     }
 }
 

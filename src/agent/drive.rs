@@ -49,8 +49,9 @@ Continue the same task from its current state.";
 /// At most this many overload continuations per turn.
 pub const MAX_CONTINUATIONS: usize = 2;
 
-/// Lines queued between an output stream's reader and the driver; beyond
-/// this the reader waits (each line is at most 1 MiB).
+/// Reads (batches of lines) queued between an output stream's reader and
+/// the driver; beyond this the reader waits (a read is 64 KiB, plus at most
+/// one line of up to 1 MiB completed by it).
 const LINE_QUEUE: usize = 16;
 
 /// What the turn asks of its agent.
@@ -416,7 +417,7 @@ async fn run_once(
     );
 
     // Bounded: a driver that falls behind slows the reader, not memory.
-    let (line_tx, line_rx) = mpsc::channel::<(Stream, Line)>(LINE_QUEUE);
+    let (line_tx, line_rx) = mpsc::channel::<(Stream, Vec<Line>)>(LINE_QUEUE);
     let (stdin_tx, stdin_rx) = match launch.stdin {
         StdinMode::Channel => {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -431,7 +432,7 @@ async fn run_once(
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (note_tx, mut note_rx) = mpsc::unbounded_channel();
     let io = DriverIo {
-        lines: line_rx,
+        lines: crate::turn::output::LineReceiver::new(line_rx),
         stdin: stdin_tx,
         commands: cmd_rx,
         notes: note_tx,

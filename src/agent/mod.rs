@@ -32,8 +32,6 @@ use tokio::sync::mpsc;
 
 use crate::redact::Redactor;
 use crate::turn::events::EventSender;
-use crate::turn::lines::Line;
-use crate::turn::supervisor::Stream;
 use crate::wire::{ClientInfo, ErrorCode, RunOutcome};
 pub use usage::Usage;
 
@@ -455,7 +453,7 @@ pub enum Note {
 pub struct DriverIo {
     /// The agent's output lines, until the process has exited and its pipes
     /// are drained (then the channel closes and the driver returns).
-    pub lines: mpsc::Receiver<(Stream, Line)>,
+    pub lines: crate::turn::output::LineReceiver,
     /// The agent's stdin in [`StdinMode::Channel`]; dropping it closes stdin.
     pub stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
     /// Requests from the runner.

@@ -224,18 +224,57 @@ impl<F: FnMut(Stream, Line) + Send + 'static> Drop for LineSink<F> {
 }
 
 /// One output stream of the agent handed to a task as redacted lines over a
-/// bounded channel: the reader waits when the task falls behind, so memory
-/// stays bounded whatever the agent prints (the task spools to disk, so the
+/// bounded channel (one message per read): the reader waits when the task
+/// falls behind, so memory stays bounded whatever the agent prints (the task spools to disk, so the
 /// agent still never waits for the coordinator).
 pub struct ChannelSink<F: FnMut(Stream, &Line) + Send + 'static> {
     stream: Stream,
     redactor: StreamRedactor,
     framer: LineFramer,
     observe: F,
-    tx: tokio::sync::mpsc::Sender<(Stream, Line)>,
+    tx: tokio::sync::mpsc::Sender<(Stream, Vec<Line>)>,
     redacted: Vec<u8>,
     queued: Vec<Line>,
     ended: bool,
+}
+
+/// The receiving end of [`ChannelSink`]s: lines one at a time, although
+/// they travel one read's worth per message (a message per line made short
+/// lines cost a cross-thread wake-up each). `recv` is cancel-safe.
+pub struct LineReceiver {
+    rx: tokio::sync::mpsc::Receiver<(Stream, Vec<Line>)>,
+    current: std::collections::VecDeque<(Stream, Line)>,
+}
+
+impl LineReceiver {
+    /// Wraps the channel the sinks send on.
+    pub fn new(rx: tokio::sync::mpsc::Receiver<(Stream, Vec<Line>)>) -> Self {
+        LineReceiver {
+            rx,
+            current: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The next line, or `None` once every sink is gone and all was read.
+    pub async fn recv(&mut self) -> Option<(Stream, Line)> {
+        loop {
+            if let Some(line) = self.current.pop_front() {
+                return Some(line);
+            }
+            let (stream, lines) = self.rx.recv().await?;
+            self.current.extend(lines.into_iter().map(|l| (stream, l)));
+        }
+    }
+
+    /// The next line if one is already here.
+    pub fn try_recv(&mut self) -> Option<(Stream, Line)> {
+        if self.current.is_empty()
+            && let Ok((stream, lines)) = self.rx.try_recv()
+        {
+            self.current.extend(lines.into_iter().map(|l| (stream, l)));
+        }
+        self.current.pop_front()
+    }
 }
 
 impl<F: FnMut(Stream, &Line) + Send + 'static> ChannelSink<F> {
@@ -245,7 +284,7 @@ impl<F: FnMut(Stream, &Line) + Send + 'static> ChannelSink<F> {
         stream: Stream,
         redactor: &Redactor,
         observe: F,
-        tx: tokio::sync::mpsc::Sender<(Stream, Line)>,
+        tx: tokio::sync::mpsc::Sender<(Stream, Vec<Line>)>,
     ) -> Self {
         ChannelSink {
             stream,
@@ -289,12 +328,14 @@ impl<F: FnMut(Stream, &Line) + Send + 'static> OutputSink for ChannelSink<F> {
     }
 
     async fn ready(&mut self) {
-        for line in std::mem::take(&mut self.queued) {
-            (self.observe)(self.stream, &line);
-            if self.tx.send((self.stream, line)).await.is_err() {
-                break;
-            }
+        if self.queued.is_empty() {
+            return;
         }
+        let lines = std::mem::take(&mut self.queued);
+        for line in &lines {
+            (self.observe)(self.stream, line);
+        }
+        let _ = self.tx.send((self.stream, lines)).await;
     }
 }
 
@@ -302,9 +343,12 @@ impl<F: FnMut(Stream, &Line) + Send + 'static> Drop for ChannelSink<F> {
     // A reader aborted at the drain bound: hand on what fits, without waiting.
     fn drop(&mut self) {
         self.end();
-        for line in std::mem::take(&mut self.queued) {
-            (self.observe)(self.stream, &line);
-            let _ = self.tx.try_send((self.stream, line));
+        let lines = std::mem::take(&mut self.queued);
+        if !lines.is_empty() {
+            for line in &lines {
+                (self.observe)(self.stream, line);
+            }
+            let _ = self.tx.try_send((self.stream, lines));
         }
     }
 }
