@@ -124,7 +124,7 @@ fn run_once(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
 }
 
 /// The path agent output takes in the runner (`agent::drive`): the reader's
-/// `ChannelSink` (streaming redaction, framing, a bounded channel of 16
+/// `ChannelSink` (streaming redaction, framing, a bounded channel of 4
 /// reads) and the `command` driver's task (`agent::command::lines_to_events`:
 /// map the queued lines, redact by value, number, append to the spool in one
 /// write), on a two-worker runtime.
@@ -139,7 +139,7 @@ fn run_drive_path(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
         let (spool, _) = Spool::open(dir.path(), redactor.clone()).expect("spool");
         let path = spool.path().to_path_buf();
         let events = EventSender::detached(spool);
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
         let driver = tokio::spawn(async move {
             let mut lines = hosted_boot::turn::output::LineReceiver::new(rx);
             hosted_boot::agent::command::lines_to_events(&mut lines, &events).await;

@@ -52,7 +52,7 @@ pub const MAX_CONTINUATIONS: usize = 2;
 /// Reads (batches of lines) queued between an output stream's reader and
 /// the driver; beyond this the reader waits (a read is 64 KiB, plus at most
 /// one line of up to 1 MiB completed by it).
-const LINE_QUEUE: usize = 16;
+const LINE_QUEUE: usize = 4;
 
 /// What the turn asks of its agent.
 pub struct DriveInput {
