@@ -81,17 +81,66 @@ fn may_be_json(bytes: &[u8]) -> bool {
     )
 }
 
+/// The part every sink shares: streaming redaction of the bytes, then line
+/// framing. `write` and `end` hand each complete (redacted) line to
+/// `on_line`; after `end` nothing more is accepted.
+pub struct RedactedLines {
+    redactor: StreamRedactor,
+    framer: LineFramer,
+    redacted: Vec<u8>,
+    ended: bool,
+}
+
+impl RedactedLines {
+    /// Lines redacted with `redactor`, cut at [`MAX_LINE_BYTES`].
+    pub fn new(redactor: &Redactor) -> Self {
+        RedactedLines {
+            redactor: redactor.stream(),
+            framer: LineFramer::new(MAX_LINE_BYTES),
+            redacted: Vec::with_capacity(READ_BYTES),
+            ended: false,
+        }
+    }
+
+    /// The bytes of one read; complete lines go to `on_line`.
+    pub fn write(&mut self, bytes: &[u8], mut on_line: impl FnMut(Line)) {
+        if self.ended {
+            return;
+        }
+        self.redactor.push(bytes, &mut self.redacted);
+        self.framer.push(&self.redacted, &mut on_line);
+        self.clear();
+    }
+
+    /// The end of the stream: what the redactor held back and the last,
+    /// unterminated line go to `on_line`. Only the first call does anything.
+    pub fn end(&mut self, mut on_line: impl FnMut(Line)) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        self.redactor.finish(&mut self.redacted);
+        self.framer.push(&self.redacted, &mut on_line);
+        self.framer.finish(&mut on_line);
+        self.clear();
+    }
+
+    fn clear(&mut self) {
+        self.redacted.clear();
+        if self.redacted.capacity() > 4 * READ_BYTES {
+            self.redacted = Vec::with_capacity(READ_BYTES);
+        }
+    }
+}
+
 /// One output stream of the agent: redact, frame, map, spool.
 pub struct OutputStream {
     stream: Stream,
     values: Redactor,
-    redactor: StreamRedactor,
-    framer: LineFramer,
+    lines: RedactedLines,
     map: LineMapper,
     events: EventSender,
-    redacted: Vec<u8>,
     pending: Vec<(String, Value)>,
-    ended: bool,
 }
 
 impl OutputStream {
@@ -101,34 +150,14 @@ impl OutputStream {
         OutputStream {
             stream,
             values: redactor.clone(),
-            redactor: redactor.stream(),
-            framer: LineFramer::new(MAX_LINE_BYTES),
+            lines: RedactedLines::new(redactor),
             map,
             events,
-            redacted: Vec::with_capacity(READ_BYTES),
             pending: Vec::new(),
-            ended: false,
         }
     }
 
-    fn frame(&mut self, last: bool) {
-        let (stream, map, pending, values) =
-            (self.stream, self.map, &mut self.pending, &self.values);
-        let mut on_line = |line: Line| {
-            let (kind, mut data) = map(stream, &line);
-            if may_be_json(&line.bytes) {
-                values.redact_value(&mut data);
-            }
-            pending.push((kind, data));
-        };
-        self.framer.push(&self.redacted, &mut on_line);
-        if last {
-            self.framer.finish(&mut on_line);
-        }
-        self.redacted.clear();
-        if self.redacted.capacity() > 4 * READ_BYTES {
-            self.redacted = Vec::with_capacity(READ_BYTES);
-        }
+    fn spool(&mut self) {
         if !self.pending.is_empty() {
             // Lines of one read arrived together: one timestamp, one write.
             self.events
@@ -137,22 +166,34 @@ impl OutputStream {
     }
 }
 
+/// Maps each line to an event (values redacted again when the line may be
+/// JSON) and queues it in `pending`.
+fn mapper<'a>(
+    stream: Stream,
+    map: LineMapper,
+    values: &'a Redactor,
+    pending: &'a mut Vec<(String, Value)>,
+) -> impl FnMut(Line) + 'a {
+    move |line: Line| {
+        let (kind, mut data) = map(stream, &line);
+        if may_be_json(&line.bytes) {
+            values.redact_value(&mut data);
+        }
+        pending.push((kind, data));
+    }
+}
+
 impl OutputSink for OutputStream {
     fn write(&mut self, bytes: &[u8]) {
-        if self.ended {
-            return;
-        }
-        self.redactor.push(bytes, &mut self.redacted);
-        self.frame(false);
+        let on_line = mapper(self.stream, self.map, &self.values, &mut self.pending);
+        self.lines.write(bytes, on_line);
+        self.spool();
     }
 
     fn end(&mut self) {
-        if self.ended {
-            return;
-        }
-        self.ended = true;
-        self.redactor.finish(&mut self.redacted);
-        self.frame(true);
+        let on_line = mapper(self.stream, self.map, &self.values, &mut self.pending);
+        self.lines.end(on_line);
+        self.spool();
     }
 }
 
@@ -167,11 +208,8 @@ impl Drop for OutputStream {
 /// themselves, and for `hosted-boot supervise`).
 pub struct LineSink<F: FnMut(Stream, Line) + Send + 'static> {
     stream: Stream,
-    redactor: StreamRedactor,
-    framer: LineFramer,
+    lines: RedactedLines,
     on_line: F,
-    redacted: Vec<u8>,
-    ended: bool,
 }
 
 impl<F: FnMut(Stream, Line) + Send + 'static> LineSink<F> {
@@ -179,41 +217,21 @@ impl<F: FnMut(Stream, Line) + Send + 'static> LineSink<F> {
     pub fn new(stream: Stream, redactor: &Redactor, on_line: F) -> Self {
         LineSink {
             stream,
-            redactor: redactor.stream(),
-            framer: LineFramer::new(MAX_LINE_BYTES),
+            lines: RedactedLines::new(redactor),
             on_line,
-            redacted: Vec::with_capacity(READ_BYTES),
-            ended: false,
         }
-    }
-
-    fn frame(&mut self, last: bool) {
-        let (stream, on_line) = (self.stream, &mut self.on_line);
-        let mut each = |line: Line| on_line(stream, line);
-        self.framer.push(&self.redacted, &mut each);
-        if last {
-            self.framer.finish(&mut each);
-        }
-        self.redacted.clear();
     }
 }
 
 impl<F: FnMut(Stream, Line) + Send + 'static> OutputSink for LineSink<F> {
     fn write(&mut self, bytes: &[u8]) {
-        if self.ended {
-            return;
-        }
-        self.redactor.push(bytes, &mut self.redacted);
-        self.frame(false);
+        let (stream, on_line) = (self.stream, &mut self.on_line);
+        self.lines.write(bytes, |line| on_line(stream, line));
     }
 
     fn end(&mut self) {
-        if self.ended {
-            return;
-        }
-        self.ended = true;
-        self.redactor.finish(&mut self.redacted);
-        self.frame(true);
+        let (stream, on_line) = (self.stream, &mut self.on_line);
+        self.lines.end(|line| on_line(stream, line));
     }
 }
 
@@ -229,13 +247,10 @@ impl<F: FnMut(Stream, Line) + Send + 'static> Drop for LineSink<F> {
 /// agent still never waits for the coordinator).
 pub struct ChannelSink<F: FnMut(Stream, &Line) + Send + 'static> {
     stream: Stream,
-    redactor: StreamRedactor,
-    framer: LineFramer,
+    lines: RedactedLines,
     observe: F,
     tx: tokio::sync::mpsc::Sender<(Stream, Vec<Line>)>,
-    redacted: Vec<u8>,
     queued: Vec<Line>,
-    ended: bool,
 }
 
 /// The receiving end of [`ChannelSink`]s: lines one at a time, although
@@ -288,43 +303,23 @@ impl<F: FnMut(Stream, &Line) + Send + 'static> ChannelSink<F> {
     ) -> Self {
         ChannelSink {
             stream,
-            redactor: redactor.stream(),
-            framer: LineFramer::new(MAX_LINE_BYTES),
+            lines: RedactedLines::new(redactor),
             observe,
             tx,
-            redacted: Vec::with_capacity(READ_BYTES),
             queued: Vec::new(),
-            ended: false,
         }
-    }
-
-    fn frame(&mut self, last: bool) {
-        let queued = &mut self.queued;
-        let mut each = |line: Line| queued.push(line);
-        self.framer.push(&self.redacted, &mut each);
-        if last {
-            self.framer.finish(&mut each);
-        }
-        self.redacted.clear();
     }
 }
 
 impl<F: FnMut(Stream, &Line) + Send + 'static> OutputSink for ChannelSink<F> {
     fn write(&mut self, bytes: &[u8]) {
-        if self.ended {
-            return;
-        }
-        self.redactor.push(bytes, &mut self.redacted);
-        self.frame(false);
+        let queued = &mut self.queued;
+        self.lines.write(bytes, |line| queued.push(line));
     }
 
     fn end(&mut self) {
-        if self.ended {
-            return;
-        }
-        self.ended = true;
-        self.redactor.finish(&mut self.redacted);
-        self.frame(true);
+        let queued = &mut self.queued;
+        self.lines.end(|line| queued.push(line));
     }
 
     async fn ready(&mut self) {
