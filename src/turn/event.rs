@@ -45,7 +45,7 @@ pub fn is_reserved(kind: &str) -> bool {
 ///
 /// Each constructor redacts with the redactor as it stands: the caller
 /// polls its sources ([`Redactor::refresh`]) once per batch of events
-/// (`EventSender::fresh_redactor` does).
+/// ([`super::events::EventSender::fresh_redactor`] does).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentEvent {
     kind: String,
