@@ -131,8 +131,8 @@ async fn run(spec: TurnSpec, mut io: DriverIo) -> Observation {
         tokio::select! {
             line = io.lines.recv() => {
                 let Some((stream, line)) = line else { break };
-                let (kind, data) = event_for_line(stream, &line);
-                io.events.emit(kind, data);
+                io.events
+                    .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
                 match stream {
                     Stream::Stdout => {
                         if let Some(obj) = json_lines.push(&line) {

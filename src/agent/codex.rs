@@ -30,6 +30,7 @@ use super::{
     AgentError, Driver, DriverCommand, DriverIo, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
 };
+use crate::turn::event::{AgentEvent, TextStream};
 use crate::turn::supervisor::Stream;
 use crate::wire::ErrorCode;
 
@@ -108,14 +109,14 @@ async fn run(spec: TurnSpec, mut io: DriverIo) -> Observation {
                 let Some((stream, line)) = line else { break };
                 match stream {
                     Stream::Stderr => {
-                        let (kind, data) = event_for_line(stream, &line);
-                        io.events.emit(kind, data);
+                        io.events
+                            .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
                     }
                     Stream::Stdout => match json_lines.push(&line) {
                         Some(obj) => handle(&spec, &mut state, &mut io, &Value::Object(obj)),
                         None => {
-                            let (kind, data) = event_for_line(stream, &line);
-                            io.events.emit(kind, data);
+                            io.events
+                                .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
                         }
                     },
                 }
@@ -179,22 +180,32 @@ fn start_turn(spec: &TurnSpec, state: &State, io: &DriverIo) {
 
 fn handle(spec: &TurnSpec, state: &mut State, io: &mut DriverIo, value: &Value) {
     let Some(message) = jsonrpc::parse(value) else {
-        let data = value.clone();
-        io.events.emit("output", json!({"text": data.to_string()}));
+        let redactor = io.events.fresh_redactor();
+        io.events.emit_agent(AgentEvent::text(
+            redactor,
+            TextStream::Stdout,
+            value.to_string(),
+            false,
+        ));
         return;
     };
     match message {
         Message::Response { id, result } => response(spec, state, io, id.as_u64(), result),
         Message::Notification { method, params } => {
             if !(method.ends_with("delta") || method.ends_with("Delta")) {
-                io.events.emit(method.clone(), params.clone());
+                let redactor = io.events.fresh_redactor();
+                let event =
+                    AgentEvent::named(redactor, method.clone(), params.clone(), || value.clone());
+                io.events.emit_agent(event);
             } else {
                 io.note(Note::Activity);
             }
             notification(state, io, &method, &params);
         }
         Message::Request { id, method, params } => {
-            io.events.emit(method.clone(), params);
+            let redactor = io.events.fresh_redactor();
+            let event = AgentEvent::named(redactor, method.clone(), params, || value.clone());
+            io.events.emit_agent(event);
             let answer = if method.ends_with("requestApproval") {
                 jsonrpc::response(&id, json!({"decision": "decline"}))
             } else {

@@ -124,8 +124,8 @@ async fn run(spec: TurnSpec, session: Arc<AgentSession>, mut io: DriverIo) -> Ob
     let mut json_lines = JsonLines::new();
     let mut stderr = String::new();
     while let Some((stream, line)) = io.lines.recv().await {
-        let (kind, data) = event_for_line(stream, &line);
-        io.events.emit(kind, data);
+        io.events
+            .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
         match stream {
             Stream::Stdout => {
                 if let Some(obj) = json_lines.push(&line) {

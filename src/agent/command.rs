@@ -1,8 +1,9 @@
 //! The `command` agent: any program. The prompt goes on stdin (then EOF),
 //! each stdout line that is a JSON object with a string `type` becomes an
 //! event of that type, any other line an `output` event, stderr lines
-//! `stderr` events (PROTOCOL.md 4.6 for `hosted_boot.` types). The CLI
-//! adapters share this line mapping and [`JsonLines`].
+//! `stderr` events (PROTOCOL.md 4.6: types are redacted, and `hosted_boot.`
+//! types refused, by [`AgentEvent`]). The CLI adapters share this line
+//! mapping and [`JsonLines`].
 
 use std::os::unix::process::ExitStatusExt;
 
@@ -13,29 +14,30 @@ use serde_json::Value;
 use super::{
     Driver, DriverIo, Effects, ExitRule, Launch, Observation, StdinMode, TurnOutcome, TurnSpec,
 };
-use crate::turn::events::text_data;
+use crate::redact::Redactor;
+use crate::turn::event::{AgentEvent, TextStream};
 use crate::turn::lines::{Line, MAX_LINE_BYTES};
 use crate::turn::supervisor::{Exit, Stream};
 use crate::wire::ErrorCode;
 
-/// Prefix reserved for the runner's own events.
-pub const RUNNER_EVENT_PREFIX: &str = "hosted_boot.";
-
-/// Maps one output line to `(type, data)`.
-pub fn event_for_line(stream: Stream, line: &Line) -> (String, Value) {
+/// Maps one output line to an event (PROTOCOL.md 4.6): a stdout line that
+/// is a JSON object with a string `type` becomes an event of that type (the
+/// object is its data), any other stdout line an `output` event and a
+/// stderr line a `stderr` event, all through [`AgentEvent`]'s one rule
+/// (redaction of type and data by value, the runner's namespace refused).
+/// `redactor` has had its sources polled for this batch.
+pub fn event_for_line(redactor: &Redactor, stream: Stream, line: &Line) -> AgentEvent {
     let text = line.text();
     match stream {
-        Stream::Stderr => ("stderr".to_string(), text_data(text, line.continued)),
+        Stream::Stderr => AgentEvent::text(redactor, TextStream::Stderr, text, line.continued),
         Stream::Stdout => {
             if !line.continued
                 && let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&text)
-                && let Some(Value::String(kind)) = map.get("type")
-                && !kind.starts_with(RUNNER_EVENT_PREFIX)
-                && !kind.is_empty()
+                && let Some(event) = AgentEvent::typed(redactor, map)
             {
-                return (kind.clone(), Value::Object(map));
+                return event;
             }
-            ("output".to_string(), text_data(text, line.continued))
+            AgentEvent::text(redactor, TextStream::Stdout, text, line.continued)
         }
     }
 }
@@ -106,22 +108,23 @@ pub const LINE_BATCH: usize = 512;
 
 /// Maps every line of `lines` to an event and spools them, taking whatever
 /// lines are already queued together (up to [`LINE_BATCH`]) so that a burst
-/// of short lines costs one spool write, not one per line. Returns when the
-/// channel closes.
+/// of short lines costs one spool write (and one poll of the redactor's
+/// sources), not one per line. Returns when the channel closes.
 pub async fn lines_to_events(
     lines: &mut crate::turn::output::LineReceiver,
     events: &crate::turn::events::EventSender,
 ) {
     let mut batch = Vec::with_capacity(LINE_BATCH);
     while let Some((stream, line)) = lines.recv().await {
-        batch.push(event_for_line(stream, &line));
+        let redactor = events.fresh_redactor();
+        batch.push(event_for_line(redactor, stream, &line));
         while batch.len() < LINE_BATCH {
             match lines.try_recv() {
-                Some((stream, line)) => batch.push(event_for_line(stream, &line)),
+                Some((stream, line)) => batch.push(event_for_line(redactor, stream, &line)),
                 None => break,
             }
         }
-        events.append(&mut batch, &crate::turn::events::now_rfc3339());
+        events.append_agent(&mut batch, &crate::turn::events::now_rfc3339());
         batch.clear();
     }
 }
@@ -196,10 +199,14 @@ mod tests {
         }
     }
 
+    fn map(text: &str) -> (String, Value) {
+        let e = event_for_line(&Redactor::new(), Stream::Stdout, &line(text));
+        (e.kind().to_string(), e.data().clone())
+    }
+
     #[test]
     fn json_lines_with_a_type_become_events() {
-        let (kind, data) =
-            event_for_line(Stream::Stdout, &line(r#"{"type":"message","text":"hi"}"#));
+        let (kind, data) = map(r#"{"type":"message","text":"hi"}"#);
         assert_eq!(kind, "message");
         assert_eq!(data, json!({"type": "message", "text": "hi"}));
     }
@@ -230,16 +237,21 @@ mod tests {
     fn other_lines_are_output_and_runner_types_cannot_be_forged() {
         for text in [
             r#"{"type":"hosted_boot.harvest"}"#,
+            r#"{"type":""}"#,
             r#"{"type":3}"#,
             "[1]",
             "plain",
             r#"{"x":1}"#,
         ] {
-            let (kind, data) = event_for_line(Stream::Stdout, &line(text));
+            let (kind, data) = map(text);
             assert_eq!(kind, "output", "{text}");
             assert_eq!(data, json!({"text": text}));
         }
-        let (kind, _) = event_for_line(Stream::Stderr, &line(r#"{"type":"message"}"#));
-        assert_eq!(kind, "stderr");
+        let e = event_for_line(
+            &Redactor::new(),
+            Stream::Stderr,
+            &line(r#"{"type":"message"}"#),
+        );
+        assert_eq!(e.kind(), "stderr");
     }
 }

@@ -36,6 +36,7 @@ use super::{
 use crate::redact::Redactor;
 use crate::signals::Stop;
 use crate::timings::Timings;
+use crate::turn::event::RunnerEvent;
 use crate::turn::events::EventSender;
 use crate::turn::lines::Line;
 use crate::turn::output::ChannelSink;
@@ -119,7 +120,7 @@ pub async fn run(
             Err(e) => {
                 tracing::error!(error = %e, "agent spawn failed");
                 input.events.emit(
-                    "hosted_boot.spawn_failed",
+                    RunnerEvent::SpawnFailed,
                     json!({"program": e.program, "error": e.reason}),
                 );
                 return finish(
@@ -155,7 +156,7 @@ pub async fn run(
         let delay = input.config.timings.overload_delays[continuations];
         continuations += 1;
         input.events.emit(
-            "hosted_boot.overload_continuation",
+            RunnerEvent::OverloadContinuation,
             json!({
                 "attempt": continuations,
                 "delayMs": u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
@@ -339,7 +340,7 @@ fn record_session(input: &DriveInput, requested: Option<&str>, id: String) {
         tracing::info!(agent_session_id = %id, "agent session");
     }
     input.events.emit(
-        "hosted_boot.agent_session",
+        RunnerEvent::AgentSession,
         json!({
             "agentSessionId": id,
             "requested": requested,

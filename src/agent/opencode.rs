@@ -37,6 +37,7 @@ use super::{
 };
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
+use crate::turn::event::AgentEvent;
 use crate::wire::ErrorCode;
 
 /// The basic-auth user name of the server.
@@ -200,8 +201,8 @@ async fn run(driver: OpenCodeDriver, mut io: DriverIo) -> Observation {
         tokio::select! {
             line = io.lines.recv() => {
                 let Some((stream, line)) = line else { break };
-                let (kind, data) = event_for_line(stream, &line);
-                io.events.emit(kind, data);
+                io.events
+                    .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
             }
             msg = rx.recv(), if server_open => match msg {
                 Some(msg) => server_message(&spec, &mut state, &mut io, http.as_ref(), msg),
@@ -278,7 +279,12 @@ fn server_message(
             if kind == "message.part.delta" {
                 return;
             }
-            io.events.emit(kind.clone(), props.clone());
+            // The server's events never went through the output redaction:
+            // the type and the data are redacted here, by value.
+            let redactor = io.events.fresh_redactor();
+            let agent_event =
+                AgentEvent::named(redactor, kind.clone(), props.clone(), || event.clone());
+            io.events.emit_agent(agent_event);
             handle_event(spec, state, io, http, &kind, &props);
         }
     }

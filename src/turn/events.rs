@@ -3,8 +3,10 @@
 //! ([`super::spool`]) before anything is sent; a sender task reads batches
 //! back from the spool and posts them in order.
 //!
-//! - Producers never wait for the coordinator: [`EventSender::emit`] and
-//!   [`EventSender::append`] only write to the spool (a local file).
+//! - Producers never wait for the coordinator: [`EventSender::emit`] (the
+//!   runner's own events), [`EventSender::emit_agent`] and
+//!   [`EventSender::append_agent`] (the agent's, built only through
+//!   [`super::event`]) only write to the spool (a local file).
 //! - The sender posts up to [`MAX_BATCH_EVENTS`] events or
 //!   [`MAX_BATCH_BYTES`] a request, as soon as a batch is full and at least
 //!   every `event_batch_interval` (250 ms) while events flow, and advances to
@@ -25,15 +27,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::event::{AgentEvent, RunnerEvent};
 use super::spool::{Spool, SpoolError, SpoolReader};
 use crate::client::Api;
 use crate::client::CallError;
 use crate::client::retry::wait_before_retry;
+use crate::redact::Redactor;
 use crate::wire::{ErrorCode, FinishError};
 use crate::workspace::RunDir;
 
@@ -135,24 +139,33 @@ impl EventSender {
         }
     }
 
-    /// Adds one event of type `kind` with payload `data` (redacted, numbered,
-    /// spooled).
-    pub fn emit(&self, kind: impl Into<String>, data: Value) {
-        let mut one = vec![(kind.into(), data)];
-        self.append(&mut one, &now_rfc3339());
+    /// Adds one of the runner's own events (PROTOCOL.md 4.6) with payload
+    /// `data` (redacted, numbered, spooled). The agent's events go through
+    /// [`EventSender::emit_agent`].
+    pub fn emit(&self, kind: RunnerEvent, data: Value) {
+        self.shared.spool.append_runner(kind, data, &now_rfc3339());
     }
 
-    /// Adds `events` (drained) in order, all stamped `at` (RFC 3339), in one
-    /// write. Returns the last `seq`, or `None` if the spool write failed
-    /// (the events are counted as undelivered).
-    pub fn append(&self, events: &mut Vec<(String, Value)>, at: &str) -> Option<u64> {
+    /// Adds one event the agent produced (numbered, spooled; it was redacted
+    /// and checked when it was built).
+    pub fn emit_agent(&self, event: AgentEvent) {
+        let mut one = vec![event];
+        self.append_agent(&mut one, &now_rfc3339());
+    }
+
+    /// Adds the agent's `events` (drained) in order, all stamped `at` (RFC
+    /// 3339), in one write. Returns the last `seq`, or `None` if the spool
+    /// write failed (the events are counted as undelivered).
+    pub fn append_agent(&self, events: &mut Vec<AgentEvent>, at: &str) -> Option<u64> {
         self.shared.spool.append(events, at)
     }
 
-    /// [`EventSender::append`] for events already redacted (see
-    /// [`Spool::append_redacted`]).
-    pub fn append_redacted(&self, events: &mut Vec<(String, Value)>, at: &str) -> Option<u64> {
-        self.shared.spool.append_redacted(events, at)
+    /// The run's redactor, its sources polled: what the [`AgentEvent`]
+    /// constructors are given, once per batch of events.
+    pub fn fresh_redactor(&self) -> &Redactor {
+        let redactor = self.shared.spool.redactor();
+        redactor.refresh();
+        redactor
     }
 
     /// The spool written to.
@@ -568,14 +581,5 @@ fn advance(
     st.accepted = accepted;
     if let Some(&(_, after)) = events.iter().rev().find(|(seq, _)| *seq <= accepted) {
         st.pos = after;
-    }
-}
-
-/// The payload of a plain text event (`output`, `stderr`).
-pub fn text_data(text: String, continued: bool) -> Value {
-    if continued {
-        json!({"text": text, "continued": true})
-    } else {
-        json!({"text": text})
     }
 }

@@ -9,14 +9,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::event::RunnerEvent;
 use super::events::EventSender;
 use crate::signals::Stop;
 use crate::timings::Timings;
 use crate::wire::{HarvestResult, RunOutcome};
 use crate::workspace::{HarvestJob, Harvester};
-
-/// The runner's event type for a harvest (4.6).
-pub const HARVEST_EVENT: &str = "hosted_boot.harvest";
 
 /// Harvests the turn `run_id` that ended `outcome`, having started at
 /// `start` ([`Harvester::start_point`]), and emits the event.
@@ -60,7 +58,7 @@ pub async fn after_turn(
 /// Emits `result` as a `hosted_boot.harvest` event (redacted by the sink).
 pub fn emit(events: &EventSender, result: &HarvestResult) {
     match serde_json::to_value(result) {
-        Ok(data) => events.emit(HARVEST_EVENT, data),
+        Ok(data) => events.emit(RunnerEvent::Harvest, data),
         Err(e) => tracing::error!(error = %e, "cannot encode the harvest event"),
     }
 }

@@ -9,6 +9,7 @@
 //! skips what is left.
 
 pub mod cgroup;
+pub mod event;
 pub mod events;
 pub mod guard;
 pub mod harvest;
@@ -218,7 +219,7 @@ pub async fn run(
     let rotation = rotation::Rotation::start(api.clone(), ctx.session_dir.clone());
     let sender = sink.sender();
     sender.emit(
-        "hosted_boot.runner",
+        event::RunnerEvent::Runner,
         drive::runner_event(
             &ctx.agent,
             &ctx.agent_session,

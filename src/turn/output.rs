@@ -1,8 +1,9 @@
 //! The agent's output streams to run events: each read of stdout or stderr
 //! goes through the streaming redactor (so a secret split across reads, or
 //! across the 1 MiB cut of a long line, is still found), then line framing,
-//! then the agent adapter's mapping of a line to an event, and the read's
-//! events are appended to the run's spool in one write.
+//! then the agent adapter's mapping of a line to an event (through
+//! [`AgentEvent`], which redacts its type and data again by value), and the
+//! read's events are appended to the run's spool in one write.
 //!
 //! Nothing here waits for the coordinator: the reader keeps draining the
 //! pipe whatever the sender is doing, so the agent is never blocked by a slow
@@ -10,9 +11,9 @@
 //! stream is one read buffer, the redactor's carry (the longest secret form)
 //! and one line of at most [`MAX_LINE_BYTES`].
 
-use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use super::event::AgentEvent;
 use super::events::{EventSender, now_rfc3339};
 use super::lines::{Line, LineFramer, MAX_LINE_BYTES};
 use super::supervisor::Stream;
@@ -64,22 +65,13 @@ where
     sink.ready().await;
 }
 
-/// Maps one framed line of a stream to an event `(type, data)` (the agent
-/// adapter's job, e.g. `agent::command::event_for_line`).
-///
-/// The line is already redacted. A mapper may parse it as JSON (whose
-/// escapes can spell a secret the byte stream did not show, so the values
-/// of a line that starts with `{`, `[` or `"` are redacted again); otherwise
-/// it must put the line's text in the event as it is, without decoding it.
-pub type LineMapper = fn(Stream, &Line) -> (String, Value);
-
-/// Whether a line may be JSON whose parse unescapes strings.
-fn may_be_json(bytes: &[u8]) -> bool {
-    matches!(
-        bytes.iter().find(|b| !b.is_ascii_whitespace()),
-        Some(b'{' | b'[' | b'"')
-    )
-}
+/// Maps one framed line of a stream to an event (the agent adapter's job,
+/// e.g. `agent::command::event_for_line`), through [`AgentEvent`]'s
+/// constructors, which redact the type and data by value (a JSON parse of
+/// the line can unescape a secret the byte stream did not show) and refuse
+/// the runner's namespace. The line is already redacted; the redactor given
+/// has had its sources polled.
+pub type LineMapper = fn(&Redactor, Stream, &Line) -> AgentEvent;
 
 /// The part every sink shares: streaming redaction of the bytes, then line
 /// framing. `write` and `end` hand each complete (redacted) line to
@@ -140,7 +132,7 @@ pub struct OutputStream {
     lines: RedactedLines,
     map: LineMapper,
     events: EventSender,
-    pending: Vec<(String, Value)>,
+    pending: Vec<AgentEvent>,
 }
 
 impl OutputStream {
@@ -160,27 +152,19 @@ impl OutputStream {
     fn spool(&mut self) {
         if !self.pending.is_empty() {
             // Lines of one read arrived together: one timestamp, one write.
-            self.events
-                .append_redacted(&mut self.pending, &now_rfc3339());
+            self.events.append_agent(&mut self.pending, &now_rfc3339());
         }
     }
 }
 
-/// Maps each line to an event (values redacted again when the line may be
-/// JSON) and queues it in `pending`.
+/// Maps each line to an event and queues it in `pending`.
 fn mapper<'a>(
     stream: Stream,
     map: LineMapper,
     values: &'a Redactor,
-    pending: &'a mut Vec<(String, Value)>,
+    pending: &'a mut Vec<AgentEvent>,
 ) -> impl FnMut(Line) + 'a {
-    move |line: Line| {
-        let (kind, mut data) = map(stream, &line);
-        if may_be_json(&line.bytes) {
-            values.redact_value(&mut data);
-        }
-        pending.push((kind, data));
-    }
+    move |line: Line| pending.push(map(values, stream, &line))
 }
 
 impl OutputSink for OutputStream {
@@ -354,9 +338,10 @@ mod tests {
     use crate::redact::SecretKind;
     use crate::secret::Secret;
     use crate::turn::spool::Spool;
+    use serde_json::Value;
 
-    fn map(stream: Stream, line: &Line) -> (String, Value) {
-        crate::agent::command::event_for_line(stream, line)
+    fn map(redactor: &Redactor, stream: Stream, line: &Line) -> AgentEvent {
+        crate::agent::command::event_for_line(redactor, stream, line)
     }
 
     fn spooled(path: &std::path::Path) -> Vec<Value> {

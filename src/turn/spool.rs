@@ -23,6 +23,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+use super::event::{AgentEvent, RunnerEvent};
 use crate::redact::Redactor;
 
 /// The spool's file name in the run directory.
@@ -91,8 +92,10 @@ struct EventRef<'a> {
 
 impl Spool {
     /// Opens (creating it 0600 if needed) the spool in `run_dir`, and finds
-    /// where an existing one ends. Events are redacted with `redactor` (by
-    /// value) before they are written.
+    /// where an existing one ends. The runner's own events are redacted with
+    /// `redactor` (by value) before they are written; the agent's were
+    /// redacted when they were built ([`AgentEvent`]), with the same
+    /// redactor ([`Spool::redactor`]).
     ///
     /// Errors: the file cannot be created, read or cut back.
     pub fn open(run_dir: &Path, redactor: Redactor) -> Result<(Spool, Existing), SpoolError> {
@@ -147,6 +150,11 @@ impl Spool {
         &self.path
     }
 
+    /// The redactor of this run's events.
+    pub fn redactor(&self) -> &Redactor {
+        &self.redactor
+    }
+
     /// Continues the numbering after `seq` if that is above the file's last
     /// event (the coordinator accepted events this spool no longer holds: a
     /// new `seq` at or below its cursor would be ignored).
@@ -158,26 +166,34 @@ impl Spool {
         }
     }
 
-    /// Redacts (by value, after polling the redactor's sources), numbers and
-    /// appends `events` (drained) with timestamp `at`, in one write. Returns
-    /// the last `seq` written, or `None` when the write failed (the events
-    /// are then counted as dropped).
-    pub fn append(&self, events: &mut Vec<(String, Value)>, at: &str) -> Option<u64> {
-        self.redactor.refresh();
-        for (_, data) in events.iter_mut() {
-            self.redactor.redact_value(data);
-        }
-        self.append_redacted(events, at)
+    /// Numbers and appends the agent's `events` (drained; redacted and
+    /// checked when they were built, [`AgentEvent`]) with timestamp `at`, in
+    /// one write. Returns the last `seq` written, or `None` when the write
+    /// failed (the events are then counted as dropped).
+    pub fn append(&self, events: &mut Vec<AgentEvent>, at: &str) -> Option<u64> {
+        let seq = self.write(events.iter().map(|e| (e.kind(), e.data())), at);
+        events.clear();
+        seq
     }
 
-    /// [`Spool::append`] for events the caller has already redacted (the
-    /// output pipeline, which redacts the byte stream and re-checks only the
-    /// values a JSON parse may have unescaped).
-    pub fn append_redacted(&self, events: &mut Vec<(String, Value)>, at: &str) -> Option<u64> {
-        if events.is_empty() {
+    /// Redacts `data` by value (after polling the redactor's sources),
+    /// numbers it and appends it as one of the runner's own events, with
+    /// timestamp `at`. Returns the `seq`, or `None` as [`Spool::append`].
+    pub fn append_runner(&self, kind: RunnerEvent, mut data: Value, at: &str) -> Option<u64> {
+        self.redactor.refresh();
+        self.redactor.redact_value(&mut data);
+        self.write(std::iter::once((kind.kind(), &data)), at)
+    }
+
+    fn write<'a>(
+        &self,
+        events: impl ExactSizeIterator<Item = (&'a str, &'a Value)>,
+        at: &str,
+    ) -> Option<u64> {
+        let count = events.len() as u64;
+        if count == 0 {
             return Some(self.last_seq.load(Ordering::SeqCst));
         }
-        let count = events.len() as u64;
         let mut w = lock(&self.writer);
         let Writer {
             file,
@@ -187,7 +203,7 @@ impl Spool {
         } = &mut *w;
         scratch.clear();
         let mut seq = *last_seq;
-        for (kind, data) in events.iter() {
+        for (kind, data) in events {
             seq += 1;
             let event = EventRef {
                 seq,
@@ -199,7 +215,6 @@ impl Spool {
             let _ = serde_json::to_writer(&mut *scratch, &event);
             scratch.push(b'\n');
         }
-        events.clear();
         let result = file.write_all(scratch);
         let written = scratch.len() as u64;
         if scratch.capacity() > KEEP_SCRATCH {
@@ -436,11 +451,13 @@ impl SpoolReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::turn::event::TextStream;
     use serde_json::json;
 
-    fn events(n: usize, text: &str) -> Vec<(String, Value)> {
+    fn events(n: usize, text: &str) -> Vec<AgentEvent> {
+        let r = Redactor::new();
         (0..n)
-            .map(|i| ("output".to_string(), json!({"text": format!("{text} {i}")})))
+            .map(|i| AgentEvent::text(&r, TextStream::Stdout, format!("{text} {i}"), false))
             .collect()
     }
 
@@ -535,7 +552,7 @@ mod tests {
     }
 
     #[test]
-    fn events_are_redacted_before_they_reach_the_file() {
+    fn the_runners_events_are_redacted_before_they_reach_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let redactor = Redactor::new();
         redactor.add(
@@ -543,12 +560,14 @@ mod tests {
             crate::redact::SecretKind::Credential,
         );
         let (spool, _) = Spool::open(dir.path(), redactor).unwrap();
-        spool.append(
-            &mut vec![("message".into(), json!({"text": "pw hunter2-secret"}))],
+        spool.append_runner(
+            RunnerEvent::Harvest,
+            json!({"text": "pw hunter2-secret"}),
             "t",
         );
         let text = std::fs::read_to_string(spool.path()).unwrap();
         assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains(r#""type":"hosted_boot.harvest""#));
         assert!(text.contains("pw [REDACTED]"));
     }
 }

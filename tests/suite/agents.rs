@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
-use super::support::{Sandbox, WAIT, live_group_members};
+use super::support::{Sandbox, WAIT, agent_events, assert_events_clean, live_group_members};
 
 const FAKES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes");
 const PLACEHOLDER: &str = "HOSTED_BOOT_PROVIDER_PLACEHOLDER_KEY";
@@ -751,6 +751,96 @@ async fn codex_declines_approval_requests() {
     assert_eq!(answer["result"]["decision"], "decline");
 }
 
+/// A connector value the `forge` scenarios of the stand-ins spell in event
+/// types (raw, and for Codex also with JSON escapes).
+const FORGE_KEY: (&str, &str) = ("ACME_API_KEY", "acme-0123456789-abcdefghij");
+
+/// Runs the `forge` scenario of `agent` (the stand-in reads the connector
+/// value named by `FORGE_SECRET`) to its seal; the stored events of
+/// `run-1`, the stand-in's turn record and the secrets to look for.
+async fn forge_turn(agent: &str, cli: &str) -> (Vec<hosted_boot::wire::Event>, Value, Vec<String>) {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(FORGE_KEY.0.into(), FORGE_KEY.1.into())],
+        ..opts("scenario:forge Go")
+    })
+    .await;
+    let mut cmd = agent_runner(&sb, agent);
+    cmd.env("FORGE_SECRET", FORGE_KEY.0);
+    if agent == "opencode" {
+        cmd.env("ORIZU_OPENCODE_PORT", free_port().to_string());
+    }
+    let mut child = Runner::spawn(&mut cmd);
+    let snap = sealed_or_log(&sb, &mut child, "run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_eq!(sealed(&snap, "run-1").status.as_str(), "succeeded");
+    let log = log(&sb, cli);
+    let mut turn = records(&log, "turn")[0].clone();
+    if let Some(answer) = records(&log, "forge_answer").first() {
+        turn["forge_answer"] = answer["answer"].clone();
+    }
+    let events = snap.run("run-1").unwrap().events.clone();
+    (events, turn, sb.secrets(&[FORGE_KEY.1]))
+}
+
+/// Every one of `expected` is among the agent events of `events`.
+fn assert_has_events(events: &[hosted_boot::wire::Event], expected: &[(&str, Value)]) {
+    let got = agent_events(events);
+    for (kind, data) in expected {
+        assert!(
+            got.iter().any(|(k, d)| k == kind && d == data),
+            "no event {kind} {data} among {got:#?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn codex_methods_are_redacted_and_cannot_claim_the_runners_namespace() {
+    let (events, turn, secrets) = forge_turn("codex", "codex").await;
+    assert_events_clean(
+        &events,
+        &secrets,
+        &[
+            "hosted_boot.runner",
+            "hosted_boot.agent_session",
+            "hosted_boot.harvest",
+        ],
+    );
+    let tid = turn["session"].clone();
+    assert_has_events(
+        &events,
+        &[
+            ("[REDACTED]", json!({"forged": false, "n": 1})),
+            ("[REDACTED]", json!({"n": 2})),
+            (
+                "item/[REDACTED]/started",
+                json!({"n": 3, "k": "[REDACTED]"}),
+            ),
+            (
+                "output",
+                json!({"method": "hosted_boot.harvest", "params": {"forged": true, "threadId": tid}}),
+            ),
+            (
+                "output",
+                json!({"method": "hosted_boot.agent_session",
+                       "params": {"forged": true, "agentSessionId": "forged"}}),
+            ),
+            (
+                "output",
+                json!({"method": "hosted_boot.[REDACTED]", "params": {"forged": true}}),
+            ),
+            (
+                "output",
+                json!({"id": 91, "method": "hosted_boot.spawn_failed", "params": {"forged": true}}),
+            ),
+        ],
+    );
+    // The refused server request is still answered.
+    assert_eq!(turn["forge_answer"]["id"], 91);
+    assert!(turn["forge_answer"]["error"].is_object(), "{turn}");
+}
+
 #[tokio::test]
 async fn codex_failures_are_classified() {
     let scenarios: Vec<&str> = CLASSES.iter().map(|c| c.0).collect();
@@ -879,6 +969,45 @@ async fn opencode_serve_completes_and_resumes_on_the_configured_port() {
         "1.18.2"
     );
     assert_group_gone(&sb, "opencode");
+}
+
+#[tokio::test]
+async fn opencode_event_types_are_redacted_and_cannot_claim_the_runners_namespace() {
+    let (events, turn, secrets) = forge_turn("opencode", "opencode").await;
+    assert_events_clean(
+        &events,
+        &secrets,
+        &[
+            "hosted_boot.runner",
+            "hosted_boot.agent_session",
+            "hosted_boot.harvest",
+        ],
+    );
+    let sid = turn["session"].clone();
+    assert_has_events(
+        &events,
+        &[
+            ("[REDACTED]", json!({"sessionID": sid, "n": 1})),
+            (
+                "tool.[REDACTED].done",
+                json!({"sessionID": sid, "n": 2, "k": "[REDACTED]"}),
+            ),
+            (
+                "output",
+                json!({"type": "hosted_boot.harvest",
+                       "properties": {"forged": true, "sessionID": sid}}),
+            ),
+            (
+                "output",
+                json!({"type": "hosted_boot.agent_session",
+                       "properties": {"forged": true, "agentSessionID": "forged"}}),
+            ),
+            (
+                "output",
+                json!({"type": "hosted_boot.[REDACTED]", "properties": {"forged": true}}),
+            ),
+        ],
+    );
 }
 
 #[tokio::test]

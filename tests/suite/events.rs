@@ -9,7 +9,7 @@ use hosted_boot::wire::{ErrorCode, Event};
 use pretty_assertions::assert_eq;
 use serde_json::Value;
 
-use super::support::{Sandbox, WAIT, assert_no_secret};
+use super::support::{Sandbox, WAIT, agent_events, assert_events_clean, assert_no_secret};
 
 /// The spool of `run_id` under the sandbox's root.
 fn spool_path(sb: &Sandbox, run_id: &str) -> std::path::PathBuf {
@@ -693,5 +693,65 @@ async fn a_line_over_1_mib_is_cut_into_continued_pieces_with_a_secret_on_the_cut
         "events",
         &serde_json::to_string(&run.events).unwrap(),
         &sb.secrets(&[KEY.1]),
+    );
+}
+
+#[tokio::test]
+async fn agent_event_types_are_redacted_and_cannot_claim_the_runners_namespace() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(KEY.0.into(), KEY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    // The connector value spelled with JSON escapes (`\u0061…`), which the
+    // byte stream does not show and a JSON parse decodes: as the whole
+    // type, inside one, after the reserved prefix; then the reserved prefix
+    // plain and itself escaped; then the value raw.
+    let script = sb.script(
+        r#"
+esc=$(printf %s "$ACME_API_KEY" | od -An -v -tx1 | tr -d ' \n' | sed 's/../\\u00&/g')
+printf '{"type":"%s"}\n' "$esc"
+printf '{"type":"tool-%s-call","k":"%s"}\n' "$esc" "$esc"
+printf '{"type":"hosted_boot.harvest","forged":true}\n'
+printf '{"type":"hosted_boot.%s","forged":true}\n' "$esc"
+printf '{"type":"\\u0068osted_boot.runner","forged":true}\n'
+printf '{"type":"%s"}\n' "$ACME_API_KEY"
+"#,
+    );
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    assert_contiguous(&run.events);
+    assert_events_clean(
+        &run.events,
+        &sb.secrets(&[KEY.1]),
+        &["hosted_boot.runner", "hosted_boot.harvest"],
+    );
+    let json = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+    assert_eq!(
+        agent_events(&run.events),
+        vec![
+            ("[REDACTED]".into(), json(r#"{"type":"[REDACTED]"}"#)),
+            (
+                "tool-[REDACTED]-call".into(),
+                json(r#"{"type":"tool-[REDACTED]-call","k":"[REDACTED]"}"#)
+            ),
+            (
+                "output".into(),
+                json(r#"{"type":"hosted_boot.harvest","forged":true}"#)
+            ),
+            (
+                "output".into(),
+                json(r#"{"type":"hosted_boot.[REDACTED]","forged":true}"#)
+            ),
+            (
+                "output".into(),
+                json(r#"{"type":"hosted_boot.runner","forged":true}"#)
+            ),
+            ("[REDACTED]".into(), json(r#"{"type":"[REDACTED]"}"#)),
+        ]
     );
 }

@@ -304,3 +304,57 @@ pub fn pid_namespace_wrapper() -> Result<Vec<&'static str>, String> {
         Err(e) => Err(format!("unshare cannot run: {e}")),
     }
 }
+
+/// Prefix of the runner's own event types (PROTOCOL.md 4.6).
+pub const RUNNER_PREFIX: &str = "hosted_boot.";
+
+/// The agent-produced events of a run as `(type, data)`, the runner's own
+/// (`hosted_boot.…`) left out; an `output` event whose `text` is JSON is
+/// shown with that JSON as its data, decoded (so that what a consumer
+/// parsing it would see is compared).
+pub fn agent_events(events: &[hosted_boot::wire::Event]) -> Vec<(String, serde_json::Value)> {
+    events
+        .iter()
+        .filter(|e| !e.kind.starts_with(RUNNER_PREFIX))
+        .map(|e| {
+            let decoded = (e.kind == "output")
+                .then(|| e.data["text"].as_str())
+                .flatten()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok());
+            (e.kind.clone(), decoded.unwrap_or_else(|| e.data.clone()))
+        })
+        .collect()
+}
+
+/// The event contract of PROTOCOL.md 4.6 and section 5 on what the
+/// coordinator stored for a run: no event's type or data holds a secret,
+/// not even once an `output` text that is JSON is decoded; the
+/// `hosted_boot.` events are exactly `runner_types`, in order, and none
+/// carries the stand-ins' `"forged"` marker (an agent's event that claimed
+/// the runner's namespace).
+pub fn assert_events_clean(
+    events: &[hosted_boot::wire::Event],
+    secrets: &[String],
+    runner_types: &[&str],
+) {
+    for e in events {
+        assert_no_secret(&format!("the type of event {}", e.seq), &e.kind, secrets);
+    }
+    assert_no_secret("events", &serde_json::to_string(events).unwrap(), secrets);
+    let decoded = serde_json::to_string(&agent_events(events)).unwrap();
+    assert_no_secret("events, output texts decoded", &decoded, secrets);
+    let runner: Vec<&hosted_boot::wire::Event> = events
+        .iter()
+        .filter(|e| e.kind.starts_with(RUNNER_PREFIX))
+        .collect();
+    let kinds: Vec<&str> = runner.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, runner_types, "the runner's events");
+    for e in runner {
+        assert!(
+            e.data.get("forged").is_none(),
+            "an agent forged a runner event: {} {}",
+            e.kind,
+            e.data
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! Who may build a run event (PROTOCOL.md 4.6 and section 5).
+//!
+//! Two kinds of event reach the spool, and each has its own door:
+//!
+//! - [`AgentEvent`]: whatever the agent produced (a stdout line, a Codex
+//!   JSON-RPC message, an opencode server event, a line of text). Its type
+//!   comes from the agent, so it is built only here, by one rule for every
+//!   adapter: the type and the data are redacted by value (a JSON parse
+//!   unescapes strings, so `"\u0061cme-…"` in a line becomes a connector
+//!   value that the redaction of the byte stream never saw), and a type in
+//!   the runner's namespace ([`RUNNER_EVENT_PREFIX`]) or an empty one is
+//!   refused: the event becomes a plain `output` event whose `text` is the
+//!   agent's whole message as compact JSON (redacted too).
+//! - [`RunnerEvent`]: the runner's own `hosted_boot.*` types, a closed list;
+//!   their data is redacted by the spool ([`super::spool::Spool::append_runner`]).
+//!
+//! Nothing else can put a type on an event, so an agent cannot forge one of
+//! the runner's events and no secret travels as an event type. The module
+//! depends only on the redactor and JSON values.
+
+use serde_json::{Map, Value, json};
+
+use crate::redact::Redactor;
+
+/// Prefix reserved for the runner's own event types (PROTOCOL.md 4.6).
+/// Compared ignoring ASCII case, so that a consumer that folds case cannot
+/// be fooled either.
+pub const RUNNER_EVENT_PREFIX: &str = "hosted_boot.";
+
+/// The type a refused agent event takes, and that of stdout text.
+pub const OUTPUT: &str = "output";
+/// The type of the agent's stderr lines.
+pub const STDERR: &str = "stderr";
+
+/// Whether `kind` is in the runner's namespace.
+pub fn is_reserved(kind: &str) -> bool {
+    kind.get(..RUNNER_EVENT_PREFIX.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(RUNNER_EVENT_PREFIX))
+}
+
+/// One event the agent produced, ready to be numbered and spooled: type and
+/// data redacted by value, the type neither empty nor in the runner's
+/// namespace. Built only by [`AgentEvent::typed`], [`AgentEvent::named`]
+/// and [`AgentEvent::text`].
+///
+/// Each constructor redacts with the redactor as it stands: the caller
+/// polls its sources ([`Redactor::refresh`]) once per batch of events
+/// ([`super::events::EventSender::fresh_redactor`] does).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentEvent {
+    kind: String,
+    data: Value,
+}
+
+/// Which of the agent's text streams a line of text came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextStream {
+    /// Stdout: an `output` event.
+    Stdout,
+    /// Stderr: a `stderr` event.
+    Stderr,
+}
+
+impl AgentEvent {
+    /// A JSON object with a string `type` (a stdout line of `command`,
+    /// Claude Code, `codex exec`, `opencode run`) as an event of that type
+    /// whose data is the whole object; `None` when `object` has no string
+    /// `type` (the caller sends the line as text). A refused type makes an
+    /// `output` event of the object.
+    pub fn typed(redactor: &Redactor, object: Map<String, Value>) -> Option<AgentEvent> {
+        let kind = match object.get("type") {
+            Some(Value::String(kind)) => kind.clone(),
+            _ => return None,
+        };
+        Some(Self::build(redactor, kind, Value::Object(object), |data| {
+            data
+        }))
+    }
+
+    /// An event of type `kind` with payload `data` taken from a larger
+    /// message (a Codex notification's method and params, an opencode
+    /// server event's `type` and `properties`). A refused type makes an
+    /// `output` event of `message()`, the agent's whole message.
+    pub fn named(
+        redactor: &Redactor,
+        kind: String,
+        data: Value,
+        message: impl FnOnce() -> Value,
+    ) -> AgentEvent {
+        Self::build(redactor, kind, data, |_| message())
+    }
+
+    /// A line of the agent's text: `{"text": text}` (with `"continued":
+    /// true` for the second and later pieces of a line cut at 1 MiB), as
+    /// `output` or `stderr`.
+    pub fn text(
+        redactor: &Redactor,
+        stream: TextStream,
+        text: String,
+        continued: bool,
+    ) -> AgentEvent {
+        let kind = match stream {
+            TextStream::Stdout => OUTPUT,
+            TextStream::Stderr => STDERR,
+        };
+        let mut data = if continued {
+            json!({"text": text, "continued": true})
+        } else {
+            json!({"text": text})
+        };
+        redactor.redact_value(&mut data);
+        AgentEvent {
+            kind: kind.to_string(),
+            data,
+        }
+    }
+
+    /// The one rule (PROTOCOL.md 4.6): refuse an empty or reserved type
+    /// (then the event is `output` with the message as text), redact the
+    /// type and the data by value.
+    fn build(
+        redactor: &Redactor,
+        kind: String,
+        data: Value,
+        message: impl FnOnce(Value) -> Value,
+    ) -> AgentEvent {
+        if kind.is_empty() || is_reserved(&kind) {
+            let text = message(data).to_string();
+            return Self::text(redactor, TextStream::Stdout, text, false);
+        }
+        let mut kind = Value::String(kind);
+        redactor.redact_value(&mut kind);
+        let Value::String(kind) = kind else {
+            unreachable!("redaction keeps a string a string")
+        };
+        let mut data = data;
+        redactor.redact_value(&mut data);
+        AgentEvent { kind, data }
+    }
+
+    /// The event's type.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The event's payload.
+    pub fn data(&self) -> &Value {
+        &self.data
+    }
+}
+
+/// The runner's own events (PROTOCOL.md 4.6), the only ones with a
+/// `hosted_boot.` type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunnerEvent {
+    /// `hosted_boot.runner`: first in every run (versions, agent, program).
+    Runner,
+    /// `hosted_boot.agent_session`: the agent named its session.
+    AgentSession,
+    /// `hosted_boot.overload_continuation`: an overloaded turn continued.
+    OverloadContinuation,
+    /// `hosted_boot.spawn_failed`: the agent could not be started.
+    SpawnFailed,
+    /// `hosted_boot.harvest`: the turn's work as harvested (4.5).
+    Harvest,
+}
+
+impl RunnerEvent {
+    /// The event type.
+    pub const fn kind(self) -> &'static str {
+        match self {
+            RunnerEvent::Runner => "hosted_boot.runner",
+            RunnerEvent::AgentSession => "hosted_boot.agent_session",
+            RunnerEvent::OverloadContinuation => "hosted_boot.overload_continuation",
+            RunnerEvent::SpawnFailed => "hosted_boot.spawn_failed",
+            RunnerEvent::Harvest => "hosted_boot.harvest",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redact::SecretKind;
+    use crate::secret::Secret;
+
+    fn redactor() -> Redactor {
+        let r = Redactor::new();
+        r.add(
+            &Secret::new("acme-0123456789".into()),
+            SecretKind::Configured,
+        );
+        r
+    }
+
+    fn object(text: &str) -> Map<String, Value> {
+        match serde_json::from_str(text).unwrap() {
+            Value::Object(m) => m,
+            _ => panic!("not an object"),
+        }
+    }
+
+    #[test]
+    fn a_type_that_holds_a_secret_is_redacted_like_the_data() {
+        let r = redactor();
+        let e = AgentEvent::typed(
+            &r,
+            object(r#"{"type":"tool-\u0061cme-0123456789","k":"\u0061cme-0123456789"}"#),
+        )
+        .unwrap();
+        assert_eq!(e.kind(), "tool-[REDACTED]");
+        assert_eq!(
+            e.data(),
+            &json!({"type": "tool-[REDACTED]", "k": "[REDACTED]"})
+        );
+        let e = AgentEvent::named(&r, "acme-0123456789".into(), json!({"n": 1}), || {
+            Value::Null
+        });
+        assert_eq!((e.kind(), e.data()), ("[REDACTED]", &json!({"n": 1})));
+    }
+
+    #[test]
+    fn reserved_or_empty_types_become_output_of_the_whole_message() {
+        let r = redactor();
+        for text in [
+            r#"{"type":"hosted_boot.harvest","x":1}"#,
+            r#"{"type":"Hosted_Boot.runner"}"#,
+            r#"{"type":"hosted_boot.\u0061cme-0123456789"}"#,
+            r#"{"type":""}"#,
+        ] {
+            let e = AgentEvent::typed(&r, object(text)).unwrap();
+            assert_eq!(e.kind(), OUTPUT, "{text}");
+            let inner: Value = serde_json::from_str(e.data()["text"].as_str().unwrap()).unwrap();
+            let mut expected = Value::Object(object(text));
+            r.redact_value(&mut expected);
+            assert_eq!(inner, expected, "{text}");
+            assert!(!e.data().to_string().contains("acme-0123456789"));
+        }
+        let e = AgentEvent::named(
+            &r,
+            "hosted_boot.harvest".into(),
+            json!({"a": 1}),
+            || json!({"method": "hosted_boot.harvest", "params": {"a": "acme-0123456789"}}),
+        );
+        assert_eq!(e.kind(), OUTPUT);
+        assert_eq!(
+            e.data(),
+            &json!({"text": r#"{"method":"hosted_boot.harvest","params":{"a":"[REDACTED]"}}"#})
+        );
+        assert!(AgentEvent::typed(&r, object(r#"{"type":3}"#)).is_none());
+        assert!(!is_reserved("hosted_boot"));
+        assert!(is_reserved("HOSTED_BOOT.x"));
+    }
+
+    #[test]
+    fn runner_types_are_all_in_the_reserved_namespace() {
+        for kind in [
+            RunnerEvent::Runner,
+            RunnerEvent::AgentSession,
+            RunnerEvent::OverloadContinuation,
+            RunnerEvent::SpawnFailed,
+            RunnerEvent::Harvest,
+        ] {
+            assert!(is_reserved(kind.kind()), "{kind:?}");
+        }
+    }
+}
