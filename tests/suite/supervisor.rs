@@ -14,10 +14,15 @@ use serde_json::Value;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
-use super::support::{WAIT, assert_groups_empty, assert_no_zombie_children, pid_namespace_wrapper};
+use super::processes::{TTY_AGENT, assert_no_terminal};
+use super::support::{
+    Pty, WAIT, assert_groups_empty, assert_no_zombie_children, pid_namespace_wrapper,
+};
 
 /// What one `hosted-boot supervise` invocation printed.
 struct Supervised {
+    /// The pid of `hosted-boot supervise` (or of its wrapper).
+    pid: u32,
     status: ExitStatus,
     lines: Vec<Value>,
     stderr: String,
@@ -52,6 +57,16 @@ impl Supervised {
 /// runs' groups is left (unless they ran in another PID namespace) and that
 /// no zombie child of the test process remains.
 async fn supervise(wrapper: &[&str], args: &[&str], out: &Path) -> Supervised {
+    supervise_with(wrapper, args, out, |_| {}).await
+}
+
+/// [`supervise`], with `configure` applied to the command before it starts.
+async fn supervise_with(
+    wrapper: &[&str],
+    args: &[&str],
+    out: &Path,
+    configure: impl FnOnce(&mut Command),
+) -> Supervised {
     let bin = env!("CARGO_BIN_EXE_hosted-boot");
     let mut cmd = match wrapper.split_first() {
         Some((first, rest)) => {
@@ -71,8 +86,10 @@ async fn supervise(wrapper: &[&str], args: &[&str], out: &Path) -> Supervised {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    configure(&mut cmd);
     let started = Instant::now();
     let mut child = cmd.spawn().unwrap();
+    let pid = child.id().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let (status, out_text, err_text) = tokio::time::timeout(WAIT * 4, async {
@@ -93,6 +110,7 @@ async fn supervise(wrapper: &[&str], args: &[&str], out: &Path) -> Supervised {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
     let result = Supervised {
+        pid,
         status,
         lines,
         stderr: String::from_utf8_lossy(&err_text).into_owned(),
@@ -417,4 +435,34 @@ exit 0
         "{:?}",
         run.lines
     );
+}
+
+#[tokio::test]
+async fn a_supervised_program_opening_dev_tty_finds_no_controlling_terminal() {
+    let out = tempfile::tempdir().unwrap();
+    let pty = Pty::open();
+    // Stopped by SIGTTIN, the program would run into the 3 s time cap.
+    let args = [
+        "--time-cap",
+        "3s",
+        "--grace",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        TTY_AGENT,
+    ];
+    let run = supervise_with(&[], &args, out.path(), |cmd| pty.control(cmd)).await;
+    let terminal = pty.output();
+    let exit = run.exit();
+    assert_eq!(exit["status"], "succeeded", "{exit}\n{}", run.stderr);
+    assert_eq!(exit["timedOut"], false);
+    assert!(
+        run.lines
+            .iter()
+            .any(|l| l["text"].as_str().is_some_and(|t| t.contains("done")))
+    );
+    assert!(run.elapsed < Duration::from_secs(3), "{:?}", run.elapsed);
+    // `supervise` led the pty's session: its pid is that session's id.
+    assert_no_terminal(out.path(), run.pid as i32, &terminal);
 }
