@@ -466,3 +466,76 @@ async fn a_supervised_program_opening_dev_tty_finds_no_controlling_terminal() {
     // `supervise` led the pty's session: its pid is that session's id.
     assert_no_terminal(out.path(), run.pid as i32, &terminal);
 }
+
+#[tokio::test]
+async fn sigkill_to_the_runner_kills_the_agents_whole_session_without_a_cgroup() {
+    let out = tempfile::tempdir().unwrap();
+    // With job control the background job gets a process group of its own,
+    // in the agent's session: only the guard's session sweep finds it once
+    // the runner is dead (no cgroup, no subreaper left).
+    let script = r#"
+set -m
+sleep 1000 &
+echo "$!" > "$OUT/job.tmp"; mv "$OUT/job.tmp" "$OUT/job"
+echo $$ > "$OUT/agent"
+wait
+"#;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+        .args([
+            "supervise",
+            "--turn-cgroup",
+            "off",
+            "--",
+            "bash",
+            "-c",
+            script,
+        ])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("OUT", out.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let job = out.path().join("job");
+    let deadline = Instant::now() + WAIT;
+    while !job.exists() {
+        assert!(Instant::now() < deadline, "the agent did not start its job");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let read = |name: &str| -> i32 {
+        let text = std::fs::read_to_string(out.path().join(name)).unwrap();
+        text.trim().parse().unwrap()
+    };
+    let (job_pid, agent) = (read("job"), read("agent"));
+    let info = hosted_boot::turn::tree::read_proc(job_pid).unwrap();
+    assert_eq!(info.sid, agent, "the job is in the agent's session");
+    assert_ne!(info.pgid, agent, "the job left the agent's process group");
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.wait().await.unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while recorded_alive(out.path(), "job") {
+        assert!(
+            Instant::now() < deadline,
+            "the job outlived the runner: {stderr}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        stderr.contains("turn-guard: the runner is gone"),
+        "{stderr}"
+    );
+    assert_groups_empty(&[agent, info.pgid]);
+    assert_no_zombie_children().await;
+}
