@@ -1,15 +1,18 @@
-//! The turn supervisor: runs the agent as the leader of its own process
-//! group, interrupts it (SIGINT to the group, SIGKILL after the grace
+//! The turn supervisor: runs the agent as the leader of a session of its
+//! own (its own process group, no controlling terminal: PROTOCOL.md 4.1
+//! step 4), interrupts it (SIGINT to the group, SIGKILL after the grace
 //! period), caps the turn's time, and ends the turn when the leader exits,
 //! not when its pipes close (a grandchild may hold them open forever), with
 //! every process of the turn gone, whatever its group or session.
 //!
 //! ```text
-//! spawn (from the spawner thread)       leader L: own group (pgid L), env as
-//!   │                                    built, PDEATHSIG=KILL + parent
-//!   │                                    re-check, joins the turn cgroup
-//!   ├─ guard G in group L (stdin = pipe from the runner: EOF = runner died
-//!   │                      → cgroup.kill + SIGKILL to group L)
+//! spawn (from the spawner thread)       leader L: env as built, PDEATHSIG=KILL
+//!   │                                    + parent re-check, setsid (sid =
+//!   │                                    pgid = L, no controlling terminal),
+//!   │                                    forks the guard, joins the cgroup
+//!   ├─ guard G in group L, adopted by the runner (stdin = pipe from the
+//!   │   runner: EOF = runner died → cgroup.kill, SIGKILL to group L and
+//!   │   to every process of session L)
 //!   ├─ readers: stdout/stderr → output sinks (redact, frame, map)
 //!   ├─ adopted orphans reaped on SIGCHLD (the runner is a subreaper)
 //!   ├─ waitid(L, WEXITED|WNOWAIT)  ◀── Interrupt: SIGINT to -L, SIGKILL after grace
@@ -17,13 +20,16 @@
 //!   │                               ◀── time cap: as Interrupt, Exit.timed_out
 //!   ├─ L exited (still a zombie: group id L stays reserved)
 //!   ├─ SIGKILL to -L, cgroup.kill, sweep /proc until no turn process lives
-//!   ├─ reap L (its status) and G
+//!   ├─ reap L (its status); G, adopted, is reaped with the orphans
 //!   ├─ drain the pipes ≤ `drain`, then close them
-//!   └─ wait until group L is empty (bounded, logged), remove the cgroup
+//!   └─ wait until group L is empty (bounded, logged), close G's pipe,
+//!      remove the cgroup
 //! ```
 //!
-//! Waiting with `WNOWAIT` keeps the leader's pid (= the group id) reserved
-//! until the group has been signalled, so a recycled group id is never hit.
+//! Waiting with `WNOWAIT` keeps the leader's pid (= the group and session
+//! id) reserved until the group has been signalled, so a recycled group id
+//! is never hit; once the runner is dead the guard, a member of the
+//! session, keeps it reserved (see `guard.rs`).
 //! The tree beyond the group is `tree.rs`; the cgroup `cgroup.rs`; the
 //! guard `guard.rs`.
 
@@ -150,7 +156,8 @@ pub struct Exit {
     pub status: Option<ExitStatus>,
     /// Whether the runner signalled the group (an interrupt or a kill).
     pub signalled: bool,
-    /// The process group id the turn used.
+    /// The process group id the turn used (also its session id: the
+    /// leader's pid).
     pub pgid: i32,
     /// Whether the time cap was reached (and the runner interrupted the
     /// agent for it, before any other interrupt).

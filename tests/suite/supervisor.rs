@@ -475,9 +475,9 @@ async fn sigkill_to_the_runner_kills_the_agents_whole_session_without_a_cgroup()
     // the runner is dead (no cgroup, no subreaper left).
     let script = r#"
 set -m
+echo $$ > "$OUT/agent"
 sleep 1000 &
 echo "$!" > "$OUT/job.tmp"; mv "$OUT/job.tmp" "$OUT/job"
-echo $$ > "$OUT/agent"
 wait
 "#;
     let mut child = Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
