@@ -307,6 +307,9 @@ async fn spawn_failures_name_the_program_or_the_directory() {
         let error = exit["error"].as_str().unwrap();
         assert!(error.contains(names) && error.contains(reason), "{error}");
         assert_eq!(run.status.code(), Some(127));
+        // A guard the failed child started was killed, not left to act on
+        // its pipe's EOF when `supervise` exited.
+        assert!(!run.stderr.contains("turn-guard"), "{}", run.stderr);
     }
 }
 
