@@ -56,6 +56,10 @@ pub enum Command {
 /// `hosted-boot turn-guard`.
 #[derive(Debug, Args)]
 pub struct TurnGuardArgs {
+    /// The agent's session id (its leader's pid); the guard acts only in
+    /// its own session and refuses any other.
+    #[arg(long)]
+    pub session: i32,
     /// The turn's cgroup directory, killed and removed with the group.
     #[arg(long)]
     pub cgroup: Option<PathBuf>,

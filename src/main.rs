@@ -135,7 +135,7 @@ fn main() -> ExitCode {
         Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
         Some(Command::DemoAgent) => demo::agent_main(),
         Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),
-        Some(Command::TurnGuard(args)) => turn::guard::main(args.cgroup),
+        Some(Command::TurnGuard(args)) => turn::guard::main(args.session, args.cgroup),
     };
     exit_code(code)
 }

@@ -1,6 +1,6 @@
 //! `hosted-boot supervise`: runs a program under the turn supervisor exactly
-//! as a turn runs the agent (own process group, subreaper, cgroup, guard,
-//! sweep, drain, time cap), `--times` runs in a row, with no coordinator.
+//! as a turn runs the agent (a session of its own with no controlling
+//! terminal, subreaper, cgroup, guard, sweep, drain, time cap), `--times` runs in a row, with no coordinator.
 //! It prints one JSON line per output line and per run on stdout, so that a
 //! person can see what an agent image leaves behind, and the tests can run
 //! the supervisor many times fast (under the PID 1 reaper too).

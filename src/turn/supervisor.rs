@@ -1,15 +1,18 @@
-//! The turn supervisor: runs the agent as the leader of its own process
-//! group, interrupts it (SIGINT to the group, SIGKILL after the grace
+//! The turn supervisor: runs the agent as the leader of a session of its
+//! own (its own process group, no controlling terminal: PROTOCOL.md 4.1
+//! step 4), interrupts it (SIGINT to the group, SIGKILL after the grace
 //! period), caps the turn's time, and ends the turn when the leader exits,
 //! not when its pipes close (a grandchild may hold them open forever), with
 //! every process of the turn gone, whatever its group or session.
 //!
 //! ```text
-//! spawn (from the spawner thread)       leader L: own group (pgid L), env as
-//!   │                                    built, PDEATHSIG=KILL + parent
-//!   │                                    re-check, joins the turn cgroup
-//!   ├─ guard G in group L (stdin = pipe from the runner: EOF = runner died
-//!   │                      → cgroup.kill + SIGKILL to group L)
+//! spawn (from the spawner thread)       leader L: env as built, PDEATHSIG=KILL
+//!   │                                    + parent re-check, setsid (sid =
+//!   │                                    pgid = L, no controlling terminal),
+//!   │                                    forks the guard, joins the cgroup
+//!   ├─ guard G in group L, adopted by the runner (stdin = pipe from the
+//!   │   runner: EOF = runner died → cgroup.kill, SIGKILL to group L and
+//!   │   to every process of session L)
 //!   ├─ readers: stdout/stderr → output sinks (redact, frame, map)
 //!   ├─ adopted orphans reaped on SIGCHLD (the runner is a subreaper)
 //!   ├─ waitid(L, WEXITED|WNOWAIT)  ◀── Interrupt: SIGINT to -L, SIGKILL after grace
@@ -17,13 +20,16 @@
 //!   │                               ◀── time cap: as Interrupt, Exit.timed_out
 //!   ├─ L exited (still a zombie: group id L stays reserved)
 //!   ├─ SIGKILL to -L, cgroup.kill, sweep /proc until no turn process lives
-//!   ├─ reap L (its status) and G
+//!   ├─ reap L (its status); G, adopted, is reaped with the orphans
 //!   ├─ drain the pipes ≤ `drain`, then close them
-//!   └─ wait until group L is empty (bounded, logged), remove the cgroup
+//!   └─ wait until group L is empty (bounded, logged), close G's pipe,
+//!      remove the cgroup
 //! ```
 //!
-//! Waiting with `WNOWAIT` keeps the leader's pid (= the group id) reserved
-//! until the group has been signalled, so a recycled group id is never hit.
+//! Waiting with `WNOWAIT` keeps the leader's pid (= the group and session
+//! id) reserved until the group has been signalled, so a recycled group id
+//! is never hit; once the runner is dead the guard, a member of the
+//! session, keeps it reserved (see `guard.rs`).
 //! The tree beyond the group is `tree.rs`; the cgroup `cgroup.rs`; the
 //! guard `guard.rs`.
 
@@ -150,7 +156,8 @@ pub struct Exit {
     pub status: Option<ExitStatus>,
     /// Whether the runner signalled the group (an interrupt or a kill).
     pub signalled: bool,
-    /// The process group id the turn used.
+    /// The process group id the turn used (also its session id: the
+    /// leader's pid).
     pub pgid: i32,
     /// Whether the time cap was reached (and the runner interrupted the
     /// agent for it, before any other interrupt).
@@ -224,14 +231,24 @@ where
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
     let parent = rustix::process::getpid();
     let procs_fd = cgroup.as_ref().map(|c| c.procs_fd().as_raw_fd());
     let no_signals = crate::reaper::signal_set(&[]);
+    let (launch, watch) = match &supervision.guard_exe {
+        Some(exe) => match guard::prepare(exe, cgroup.as_ref().map(|c| c.path())) {
+            Ok((l, w)) => (Some(l), Some(w)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot prepare the turn's guard; if the runner dies, only the agent's leader dies with it");
+                (None, None)
+            }
+        },
+        None => (None, None),
+    };
     // SAFETY: only async-signal-safe calls (sigprocmask, prctl, getppid,
-    // write) run between fork and exec; nothing allocates or takes a lock.
-    // `procs_fd` stays open (owned by `cgroup`) until the spawn returned.
+    // setsid, fork, waitpid, write) run between fork and exec; nothing
+    // allocates or takes a lock. `procs_fd` stays open (owned by `cgroup`)
+    // until the spawn returned; `launch` is owned by the closure.
     unsafe {
         command.pre_exec(move || {
             // The agent starts with no blocked signal, whatever the
@@ -243,15 +260,30 @@ where
             if rustix::process::getppid() != Some(parent) {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
+            // A session of its own, with no controlling terminal: opening
+            // /dev/tty fails (ENXIO) instead of reaching the runner's
+            // terminal, and no read of it stops the agent (SIGTTIN).
+            rustix::process::setsid()?;
+            // The guard must be forked inside the new session (before the
+            // cgroup join: it kills the cgroup and must not be in it).
+            if let Some(launch) = &launch {
+                launch.start_in_child();
+            }
             if let Some(fd) = procs_fd {
                 cgroup::join_from_child(BorrowedFd::borrow_raw(fd));
             }
             Ok(())
         });
     }
-    let mut child = match tree::spawn(command).await {
+    let spawned = tree::spawn(command).await;
+    let guard = watch.as_ref().map(guard::Watch::started);
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
+            // The child may have started a guard before its exec failed.
+            if let Some(Ok(started)) = guard {
+                guard::stand_down(started).await;
+            }
             if let Some(c) = cgroup {
                 c.remove(Duration::ZERO).await;
             }
@@ -259,27 +291,15 @@ where
         }
     };
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
-    tracing::info!(pgid = pid, program = %spec.program, cgroup = cgroup.is_some(), "agent started in its own process group");
-
-    let mut guard = match &supervision.guard_exe {
-        Some(exe) => {
-            match tree::spawn(guard::command(exe, pid, cgroup.as_ref().map(|c| c.path()))).await {
-                Ok(g) => Some(g),
-                Err(e) => {
-                    tracing::warn!(pgid = pid, error = %e, "cannot start the turn's guard; if the runner dies, only the agent's leader dies with it");
-                    None
-                }
-            }
+    tracing::info!(pgid = pid, program = %spec.program, cgroup = cgroup.is_some(), "agent started in a session of its own (no controlling terminal)");
+    let guard_pid = match guard {
+        Some(Ok(started)) => Some(started.pid),
+        Some(Err(reason)) => {
+            tracing::warn!(pgid = pid, %reason, "cannot start the turn's guard; if the runner dies, only the agent's leader dies with it");
+            None
         }
         None => None,
     };
-    let guard_pid = guard
-        .as_ref()
-        .and_then(|g| g.id())
-        .and_then(|p| i32::try_from(p).ok());
-    // Held until the guard is reaped: closing it tells the guard the runner
-    // is gone.
-    let guard_pipe = guard.as_mut().and_then(|g| g.stdin.take());
 
     let mut readers = Vec::new();
     if let Some(stdout) = child.stdout.take() {
@@ -381,15 +401,6 @@ where
     tracing::debug!(pgid = pid, killed = report.killed, "sweep done");
     let status = child.wait().await.ok();
     tree::forget(pid);
-    if let Some(mut g) = guard {
-        if tokio::time::timeout(SWEEP_BOUND, g.wait()).await.is_err() {
-            tracing::error!(pgid = pid, "the turn's guard survived SIGKILL to its group");
-        }
-        drop(guard_pipe);
-        if let Some(gpid) = guard_pid {
-            tree::forget(gpid);
-        }
-    }
 
     // Drain what the pipes hold, bounded: a process that escaped the sweep
     // may keep them open.
@@ -407,8 +418,11 @@ where
         }
     }
     tracing::debug!(pgid = pid, "pipes drained");
+    // The guard is in the group: an empty group is a dead (and reaped)
+    // guard, which must not act on its pipe's EOF.
     wait_group_gone(pid, runner, SWEEP_BOUND).await;
     tracing::debug!(pgid = pid, "process group empty");
+    drop(watch);
     collector.abort();
     if let Some(c) = cgroup {
         c.remove(SWEEP_BOUND).await;

@@ -11,7 +11,8 @@
 //!   the same lock as the reap decision, and a child the runner spawns
 //!   elsewhere (git, the credential helper) stays in the runner's own
 //!   process group, which is never reaped here. Code that spawns a child in
-//!   another group must spawn it through [`spawn`].
+//!   another group must spawn it through [`spawn`]. The turn's guard is
+//!   adopted, not spawned (the agent's child forks it), and reaped here.
 //! - [`sweep`] kills every live process of the turn (descendants of the
 //!   leader and its guard, processes of the turn's cgroup, and the runner's
 //!   adopted children), and repeats until a scan finds none, so that what

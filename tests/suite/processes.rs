@@ -16,7 +16,7 @@ use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use super::support::{
-    IN_PID_NAMESPACE, Sandbox, WAIT, assert_groups_empty, assert_no_zombie_children, finish,
+    IN_PID_NAMESPACE, Pty, Sandbox, WAIT, assert_groups_empty, assert_no_zombie_children, finish,
     pid_namespace_wrapper,
 };
 
@@ -316,6 +316,68 @@ sleep 1000
     assert_eq!(snap.run("run-1").unwrap().status, "interrupted");
     assert_eq!(snap.status_names(), vec!["turn_started", "turn_completed"]);
     assert!(!sb.session_dir().exists());
+}
+
+/// The agent script of the controlling-terminal tests: it records its
+/// session, then writes a marker to `/dev/tty` and reads a line from it,
+/// recording each outcome (`$OUT` is where).
+pub const TTY_AGENT: &str = r#"
+cut -d' ' -f6 /proc/$$/stat > "$OUT/sid"
+echo $$ > "$OUT/pid"
+if (echo tty-marker-5c1e > /dev/tty) 2> "$OUT/write-error"; then echo yes > "$OUT/wrote"; fi
+if (read -r line < /dev/tty) 2> "$OUT/read-error"; then echo yes > "$OUT/read"; fi
+echo '{"type":"message","text":"done"}'
+"#;
+
+/// What the agent of [`TTY_AGENT`] recorded in `out`, checked: it ran in a
+/// session of its own (not `runner_sid`) with no controlling terminal, so
+/// that both opens of `/dev/tty` failed at once, and nothing reached the
+/// terminal (`terminal`: what the pty's master read).
+pub fn assert_no_terminal(out: &Path, runner_sid: i32, terminal: &str) {
+    let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap_or_default();
+    let sid: i32 = read("sid").trim().parse().unwrap();
+    let pid: i32 = read("pid").trim().parse().unwrap();
+    assert_ne!(sid, runner_sid, "the agent is in the runner's session");
+    assert_eq!(sid, pid, "the agent leads a session of its own");
+    assert!(
+        !terminal.contains("tty-marker"),
+        "the agent wrote onto the runner's terminal: {terminal:?}"
+    );
+    assert_eq!(read("wrote"), "", "/dev/tty opened for writing");
+    assert_eq!(read("read"), "", "/dev/tty opened for reading");
+    for name in ["write-error", "read-error"] {
+        assert!(
+            read(name).contains("No such device or address"),
+            "{name}: {:?}",
+            read(name)
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_agent_opening_dev_tty_finds_no_controlling_terminal() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(&format!("OUT=\"$AGENT_OUT\"\n{TTY_AGENT}"));
+    let pty = Pty::open();
+    let mut cmd = sb.runner(&script);
+    // 60 s scaled: 3 s. An agent stopped by SIGTTIN would end `agent_hung`.
+    cmd.env("HOSTED_BOOT_AGENT_IDLE_TIMEOUT", "60s");
+    pty.control(&mut cmd);
+    let started = Instant::now();
+    let child = cmd.spawn().unwrap();
+    // The runner leads the session whose controlling terminal is the pty.
+    let runner_sid = child.id().unwrap() as i32;
+    let snap = sb.wait_sealed("run-1").await;
+    let elapsed = started.elapsed();
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    let terminal = pty.output();
+    let run = snap.run("run-1").unwrap();
+    assert_eq!(run.status, "succeeded", "{:?}\n{output}", run.finish);
+    assert!(run.events.iter().any(|e| e.data["text"] == "done"));
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_no_terminal(&sb.out(), runner_sid, &terminal);
 }
 
 /// Runs `argv` as uid/gid 65534 (nobody) and returns (success, stdout+stderr).

@@ -14,10 +14,15 @@ use serde_json::Value;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
-use super::support::{WAIT, assert_groups_empty, assert_no_zombie_children, pid_namespace_wrapper};
+use super::processes::{TTY_AGENT, assert_no_terminal};
+use super::support::{
+    Pty, WAIT, assert_groups_empty, assert_no_zombie_children, pid_namespace_wrapper,
+};
 
 /// What one `hosted-boot supervise` invocation printed.
 struct Supervised {
+    /// The pid of `hosted-boot supervise` (or of its wrapper).
+    pid: u32,
     status: ExitStatus,
     lines: Vec<Value>,
     stderr: String,
@@ -52,6 +57,16 @@ impl Supervised {
 /// runs' groups is left (unless they ran in another PID namespace) and that
 /// no zombie child of the test process remains.
 async fn supervise(wrapper: &[&str], args: &[&str], out: &Path) -> Supervised {
+    supervise_with(wrapper, args, out, |_| {}).await
+}
+
+/// [`supervise`], with `configure` applied to the command before it starts.
+async fn supervise_with(
+    wrapper: &[&str],
+    args: &[&str],
+    out: &Path,
+    configure: impl FnOnce(&mut Command),
+) -> Supervised {
     let bin = env!("CARGO_BIN_EXE_hosted-boot");
     let mut cmd = match wrapper.split_first() {
         Some((first, rest)) => {
@@ -71,8 +86,10 @@ async fn supervise(wrapper: &[&str], args: &[&str], out: &Path) -> Supervised {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    configure(&mut cmd);
     let started = Instant::now();
     let mut child = cmd.spawn().unwrap();
+    let pid = child.id().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let (status, out_text, err_text) = tokio::time::timeout(WAIT * 4, async {
@@ -93,6 +110,7 @@ async fn supervise(wrapper: &[&str], args: &[&str], out: &Path) -> Supervised {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
     let result = Supervised {
+        pid,
         status,
         lines,
         stderr: String::from_utf8_lossy(&err_text).into_owned(),
@@ -289,6 +307,9 @@ async fn spawn_failures_name_the_program_or_the_directory() {
         let error = exit["error"].as_str().unwrap();
         assert!(error.contains(names) && error.contains(reason), "{error}");
         assert_eq!(run.status.code(), Some(127));
+        // A guard the failed child started was killed, not left to act on
+        // its pipe's EOF when `supervise` exited.
+        assert!(!run.stderr.contains("turn-guard"), "{}", run.stderr);
     }
 }
 
@@ -417,4 +438,107 @@ exit 0
         "{:?}",
         run.lines
     );
+}
+
+#[tokio::test]
+async fn a_supervised_program_opening_dev_tty_finds_no_controlling_terminal() {
+    let out = tempfile::tempdir().unwrap();
+    let pty = Pty::open();
+    // Stopped by SIGTTIN, the program would run into the 3 s time cap.
+    let args = [
+        "--time-cap",
+        "3s",
+        "--grace",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        TTY_AGENT,
+    ];
+    let run = supervise_with(&[], &args, out.path(), |cmd| pty.control(cmd)).await;
+    let terminal = pty.output();
+    let exit = run.exit();
+    assert_eq!(exit["status"], "succeeded", "{exit}\n{}", run.stderr);
+    assert_eq!(exit["timedOut"], false);
+    assert!(
+        run.lines
+            .iter()
+            .any(|l| l["text"].as_str().is_some_and(|t| t.contains("done")))
+    );
+    assert!(run.elapsed < Duration::from_secs(3), "{:?}", run.elapsed);
+    // `supervise` led the pty's session: its pid is that session's id.
+    assert_no_terminal(out.path(), run.pid as i32, &terminal);
+}
+
+#[tokio::test]
+async fn sigkill_to_the_runner_kills_the_agents_whole_session_without_a_cgroup() {
+    let out = tempfile::tempdir().unwrap();
+    // With job control the background job gets a process group of its own,
+    // in the agent's session: only the guard's session sweep finds it once
+    // the runner is dead (no cgroup, no subreaper left).
+    let script = r#"
+set -m
+echo $$ > "$OUT/agent"
+sleep 1000 &
+echo "$!" > "$OUT/job.tmp"; mv "$OUT/job.tmp" "$OUT/job"
+wait
+"#;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+        .args([
+            "supervise",
+            "--turn-cgroup",
+            "off",
+            "--",
+            "bash",
+            "-c",
+            script,
+        ])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("OUT", out.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let job = out.path().join("job");
+    let deadline = Instant::now() + WAIT;
+    while !job.exists() {
+        assert!(Instant::now() < deadline, "the agent did not start its job");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let read = |name: &str| -> i32 {
+        let text = std::fs::read_to_string(out.path().join(name)).unwrap();
+        text.trim().parse().unwrap()
+    };
+    let (job_pid, agent) = (read("job"), read("agent"));
+    let info = hosted_boot::turn::tree::read_proc(job_pid).unwrap();
+    assert_eq!(info.sid, agent, "the job is in the agent's session");
+    assert_ne!(info.pgid, agent, "the job left the agent's process group");
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    child.wait().await.unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while recorded_alive(out.path(), "job") {
+        assert!(
+            Instant::now() < deadline,
+            "the job outlived the runner: {stderr}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        stderr.contains("turn-guard: the runner is gone"),
+        "{stderr}"
+    );
+    assert_groups_empty(&[agent, info.pgid]);
+    assert_no_zombie_children().await;
 }

@@ -358,3 +358,89 @@ pub fn assert_events_clean(
         );
     }
 }
+
+/// A pseudo-terminal: a test makes it the controlling terminal of the
+/// process it starts (as a shell, `docker run -t` or tini do for the
+/// runner) and reads from its master side everything written to it.
+pub struct Pty {
+    slave: std::os::fd::OwnedFd,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    closed: std::sync::mpsc::Receiver<()>,
+}
+
+impl Pty {
+    /// Opens a pseudo-terminal and starts reading its master side.
+    pub fn open() -> Pty {
+        use std::ffi::CStr;
+        use std::io::Read;
+        use std::os::fd::{FromRawFd, OwnedFd};
+        // SAFETY: plain libc calls on descriptors this function owns; the
+        // name buffer is large enough and NUL-terminated by `ptsname_r`.
+        let (master, slave) = unsafe {
+            let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+            assert!(
+                master >= 0,
+                "posix_openpt: {}",
+                std::io::Error::last_os_error()
+            );
+            let master = OwnedFd::from_raw_fd(master);
+            let raw = std::os::fd::AsRawFd::as_raw_fd(&master);
+            assert_eq!(libc::grantpt(raw), 0);
+            assert_eq!(libc::unlockpt(raw), 0);
+            let mut name = [0 as libc::c_char; 128];
+            assert_eq!(libc::ptsname_r(raw, name.as_mut_ptr(), name.len()), 0);
+            let slave = libc::open(
+                CStr::from_ptr(name.as_ptr()).as_ptr(),
+                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+            );
+            assert!(
+                slave >= 0,
+                "open the pty slave: {}",
+                std::io::Error::last_os_error()
+            );
+            (master, OwnedFd::from_raw_fd(slave))
+        };
+        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, closed) = std::sync::mpsc::channel();
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            let mut master = std::fs::File::from(master);
+            let mut buf = [0u8; 4096];
+            // EIO once every holder of the slave has closed it.
+            while let Ok(n @ 1..) = master.read(&mut buf) {
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+            let _ = tx.send(());
+        });
+        Pty {
+            slave,
+            output,
+            closed,
+        }
+    }
+
+    /// Makes `cmd` start as the leader of a new session whose controlling
+    /// terminal is this pty, with the pty as its stdin.
+    pub fn control(&self, cmd: &mut Command) {
+        let slave = std::os::fd::AsRawFd::as_raw_fd(&self.slave);
+        cmd.stdin(Stdio::from(self.slave.try_clone().unwrap()));
+        // SAFETY: setsid and ioctl are async-signal-safe; `slave` stays open
+        // in the child until its exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 || libc::ioctl(slave, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Everything written to the terminal: waits (≤ 5 s) until no process
+    /// holds it open any more.
+    pub fn output(self) -> String {
+        drop(self.slave);
+        let _ = self.closed.recv_timeout(Duration::from_secs(5));
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+}
