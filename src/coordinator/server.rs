@@ -42,6 +42,7 @@ pub(crate) struct Config {
     pub redact_vars: Vec<String>,
     pub bearer_ttl: Duration,
     pub repo_token_ttl: Duration,
+    pub repo_token_expires_at: bool,
     pub boot_secret: Secret,
     /// Required on the dev API when set (non-loopback listen).
     pub dev_token: Option<Secret>,
@@ -516,7 +517,9 @@ fn api_route(
                 sh.update(|st| st.issue_repo_token(req.access, cfg.repo_token_ttl));
             Ok(ok(&RepoTokenResponse {
                 token,
-                expires_at: Some(ExpiresAt::Rfc3339(expires_at)),
+                expires_at: cfg
+                    .repo_token_expires_at
+                    .then_some(ExpiresAt::Rfc3339(expires_at)),
                 repo_full_name: Some(cfg.repo_full_name.clone()),
                 artifacts_remote: None,
             }))
