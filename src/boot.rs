@@ -247,6 +247,7 @@ async fn boot(
         &session_dir,
         &resolved.remote,
         &resolved.session.repo_branch,
+        redactor,
     ) {
         Ok(h) => h,
         Err(reason) => {
@@ -462,6 +463,7 @@ fn harvester(
     session_dir: &SessionDir,
     remote: &Url,
     branch: &str,
+    redactor: &Redactor,
 ) -> Result<Harvester, String> {
     let credential_helper =
         workspace::clone::current_exe_helper_command(&session_dir.context_path())
@@ -475,6 +477,7 @@ fn harvester(
             client: http,
             runtime: tokio::runtime::Handle::current(),
             request_timeout: config.timings.request_timeout,
+            redactor: redactor.clone(),
         },
         push_policy: config.timings.retry.harvest_push,
     })

@@ -66,6 +66,19 @@ pub struct Redactor {
     shared: Arc<Shared>,
 }
 
+/// Shows how many patterns the redactor holds, never one of them.
+impl std::fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let patterns = match self.shared.state.read() {
+            Ok(g) => g.patterns.len(),
+            Err(poisoned) => poisoned.into_inner().patterns.len(),
+        };
+        f.debug_struct("Redactor")
+            .field("patterns", &patterns)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct Shared {
     state: RwLock<State>,

@@ -474,7 +474,7 @@ fn api_route(
             sh.check_session(&sid)?;
             let (token, expires_at) = sh.update(|st| st.issue_bearer(cfg.bearer_ttl));
             Ok(ok(&AgentTokenResponse {
-                token,
+                token: token.into(),
                 expires_at: Some(ExpiresAt::Rfc3339(expires_at)),
             }))
         }
@@ -496,7 +496,7 @@ fn api_route(
                     .iter()
                     .map(|(k, v)| Connector {
                         env_var: k.clone(),
-                        value: v.clone(),
+                        value: v.as_str().into(),
                     })
                     .collect(),
                 redact_vars: cfg.redact_vars.clone(),
@@ -516,7 +516,7 @@ fn api_route(
             let (token, expires_at) =
                 sh.update(|st| st.issue_repo_token(req.access, cfg.repo_token_ttl));
             Ok(ok(&RepoTokenResponse {
-                token,
+                token: token.into(),
                 expires_at: cfg
                     .repo_token_expires_at
                     .then_some(ExpiresAt::Rfc3339(expires_at)),

@@ -72,7 +72,8 @@ const MAX_INPUT_LINE: usize = 64 * 1024;
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct CacheEntry {
-    token: String,
+    #[serde(serialize_with = "crate::secret::serialize_exposed")]
+    token: Secret,
     expires_at_ms: u64,
     #[serde(default)]
     issued_at_ms: u64,
@@ -237,7 +238,7 @@ pub fn read_cache_entry(path: &Path) -> Option<CachedToken> {
     }
     let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
     Some(CachedToken {
-        token: Secret::new(entry.token),
+        token: entry.token,
         expires_at: at(entry.expires_at_ms),
         issued_at: (entry.issued_at_ms > 0).then(|| at(entry.issued_at_ms)),
     })
@@ -263,7 +264,7 @@ fn write_cache(
         return Ok(false);
     }
     let entry = CacheEntry {
-        token: token.token.expose().to_string(),
+        token: token.token.clone(),
         expires_at_ms: epoch_ms(expires_at),
         issued_at_ms: epoch_ms(issued_at),
     };

@@ -606,6 +606,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         client: hosted_boot::tls::http_client(None).unwrap(),
         runtime: tokio::runtime::Handle::current(),
         request_timeout: Duration::from_secs(10),
+        redactor: hosted_boot::redact::Redactor::new(),
     };
     let prepared = prepare_repo_async(RepoSpec {
         root: root.path().to_path_buf(),

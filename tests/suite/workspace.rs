@@ -58,6 +58,7 @@ fn env_with(opts: CoordinatorOptions) -> Env {
         client: hosted_boot::tls::http_client(None).unwrap(),
         runtime: rt.handle().clone(),
         request_timeout: Duration::from_secs(10),
+        redactor: hosted_boot::redact::Redactor::new(),
     };
     Env {
         coord,
@@ -282,6 +283,11 @@ fn wrong_credentials_fail_after_two_helper_calls() {
         "{text}"
     );
     assert!(!text.contains("wrong-token-123456"), "{text}");
+    // The transport registered what the helper gave it for redaction.
+    assert_eq!(
+        env.http.redactor.redact("got wrong-token-123456."),
+        "got [REDACTED]."
+    );
     assert_eq!(err.code(), "clone_failed");
     let calls = std::fs::read_to_string(&log).unwrap();
     assert_eq!(calls, "get\nerase\nget\nerase\n");
