@@ -717,6 +717,19 @@ mod tests {
     }
 
     #[test]
+    fn the_lock_is_exclusive_and_its_wait_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        let held = lock(&path, Duration::ZERO).unwrap();
+        let started = Instant::now();
+        let err = lock(&path, Duration::from_millis(50)).err().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert!(err.contains("another credential helper"), "{err}");
+        drop(held);
+        lock(&path, Duration::ZERO).unwrap();
+    }
+
+    #[test]
     fn missing_context_quits_without_secret() {
         let mut out = Vec::new();
         let mut err = Vec::new();
