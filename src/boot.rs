@@ -239,7 +239,7 @@ async fn boot(
     if let Err(e) = write_session_files(config, &session_dir, &resolved.remote) {
         return Ending::BeforeDrain(e);
     }
-    redactor.add_source(credential_cache_source(session_dir.credential_cache_path()));
+    redactor.add_source(issued_tokens_source(session_dir.issued_tokens_path()));
     let repo_dir = config.root.join("repo");
     let harvester = match harvester(
         config,
@@ -247,6 +247,7 @@ async fn boot(
         &session_dir,
         &resolved.remote,
         &resolved.session.repo_branch,
+        redactor,
     ) {
         Ok(h) => h,
         Err(reason) => {
@@ -445,6 +446,8 @@ fn write_session_files(config: &BootConfig, dir: &SessionDir, remote: &Url) -> R
         remote_url: remote.to_string(),
         boot_secret_path: dir.boot_secret_path(),
         credential_cache_path: dir.credential_cache_path(),
+        issued_tokens_path: dir.issued_tokens_path(),
+        credential_lock_path: dir.credential_lock_path(),
         ca_file: config.ca_file.clone(),
         insecure_http: config.insecure_http,
         time_scale: config.time_scale,
@@ -460,6 +463,7 @@ fn harvester(
     session_dir: &SessionDir,
     remote: &Url,
     branch: &str,
+    redactor: &Redactor,
 ) -> Result<Harvester, String> {
     let credential_helper =
         workspace::clone::current_exe_helper_command(&session_dir.context_path())
@@ -473,6 +477,7 @@ fn harvester(
             client: http,
             runtime: tokio::runtime::Handle::current(),
             request_timeout: config.timings.request_timeout,
+            redactor: redactor.clone(),
         },
         push_policy: config.timings.retry.harvest_push,
     })
@@ -499,23 +504,14 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
 }
 
 /// A redactor source (PROTOCOL.md section 3) for the repo tokens the
-/// credential helper mints in its own process and caches: polled before
-/// every redaction (a `stat`; the file is read only when it changed), so a
-/// token the helper wrote before git or the agent could print it is in the
-/// set before that output is redacted, with no polling window.
-fn credential_cache_source(path: PathBuf) -> crate::redact::SecretSource {
-    use std::os::unix::fs::MetadataExt;
-    let mut last = None;
-    Box::new(move || {
-        let meta = std::fs::metadata(&path).ok()?;
-        // The helper replaces the file (a new inode) on every write.
-        let id = (meta.ino(), meta.mtime(), meta.mtime_nsec(), meta.len());
-        if last == Some(id) {
-            return None;
-        }
-        last = Some(id);
-        workspace::read_credential_cache(&path).map(|(token, _)| token)
-    })
+/// credential helper hands out from its own process: every one is appended
+/// to `repo-tokens-issued` before the helper prints it. Polled before every
+/// redaction (a `stat`; the file is read only when it grew), so a token is
+/// in the set before git or the agent could print it, with no polling
+/// window, however many helpers run at once.
+fn issued_tokens_source(path: PathBuf) -> crate::redact::SecretSource {
+    let mut reader = workspace::IssuedTokens::new(path);
+    Box::new(move || reader.poll())
 }
 
 /// Step 7: reports the ending and returns the exit code.

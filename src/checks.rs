@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use reqwest::Url;
 
 /// A value that failed a check: `what` names the field, `value` is the
-/// offending value (ids, branches and URLs are not secret), `reason` says why.
+/// offending value (ids and branches are not secret; a URL is shown without
+/// its user info, query and fragment, see [`shown_url`]), `reason` says why.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid {what} {value:?}: {reason}")]
 pub struct CheckError {
@@ -100,38 +101,70 @@ pub fn is_loopback_host(url: &Url) -> bool {
     }
 }
 
+/// `value` (a URL, or what was meant as one) as an error may quote it: what
+/// may be user info (`user:password@`, possibly a credential) becomes `…@`,
+/// a query `?…` and a fragment `#…` (either may carry a token). It works on
+/// the text, so a value no parser accepts (or one a parser reads
+/// differently, such as `user:pw@host` read as scheme `user`) is shown
+/// safely too: everything after `://` (or from the start) up to the last `@`
+/// before the query is hidden, even when that `@` was part of a path.
+pub fn shown_url(value: &str) -> String {
+    let (scheme, rest) = match value.find("://") {
+        Some(i) => value.split_at(i + 3),
+        None => ("", value),
+    };
+    let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
+    let (before_query, query) = rest.split_at(query_at);
+    let mut shown = String::from(scheme);
+    match before_query.rfind('@') {
+        Some(at) => {
+            shown.push_str("…@");
+            shown.push_str(&before_query[at + 1..]);
+        }
+        None => shown.push_str(before_query),
+    }
+    if query.starts_with('?') {
+        shown.push_str("?…");
+    }
+    if query.contains('#') {
+        shown.push_str("#…");
+    }
+    shown
+}
+
 /// Parses and checks a coordinator or git URL (sections 1 and 5): absolute,
 /// `https` (or `http` for a loopback host, or any host when `insecure_http`),
-/// with no user info, query or fragment.
+/// with no user info, query or fragment. An error quotes the URL as
+/// [`shown_url`] shows it, never its user info (section 1).
 pub fn url(what: &str, value: &str, insecure_http: bool) -> Result<Url, CheckError> {
-    git_value(what, value)?;
-    let url = Url::parse(value).map_err(|e| fail(what, value, format!("is not a URL ({e})")))?;
+    let shown = shown_url(value);
+    let refuse = |reason: String| fail(what, &shown, reason);
+    git_value(what, value).map_err(|e| refuse(e.reason))?;
+    let url = Url::parse(value).map_err(|e| refuse(format!("is not a URL ({e})")))?;
     match url.scheme() {
         "https" => {}
         "http" if insecure_http || is_loopback_host(&url) => {}
         "http" => {
-            return Err(fail(
-                what,
-                value,
-                "must be https (plain http is accepted only for loopback hosts, or with HOSTED_BOOT_INSECURE_HTTP=1)",
+            return Err(refuse(
+                "must be https (plain http is accepted only for loopback hosts, or with HOSTED_BOOT_INSECURE_HTTP=1)"
+                    .into(),
             ));
         }
-        other => {
-            return Err(fail(
-                what,
-                value,
-                format!("has scheme {other:?}; must be https"),
-            ));
-        }
+        other => return Err(refuse(format!("has scheme {other:?}; must be https"))),
     }
     if url.host().is_none() {
-        return Err(fail(what, value, "has no host"));
+        return Err(refuse("has no host".into()));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(fail(what, value, "must not contain user info"));
+        return Err(refuse(
+            "must not contain user info (a user name or password, shown here as …@); remove it: the runner authenticates with the boot secret and bearers"
+                .into(),
+        ));
     }
     if url.query().is_some() || url.fragment().is_some() {
-        return Err(fail(what, value, "must not contain a query or fragment"));
+        return Err(refuse(
+            "must not contain a query or fragment (shown here as ?… or #…)".into(),
+        ));
     }
     Ok(url)
 }
@@ -145,7 +178,7 @@ pub fn artifacts_remote(value: &str) -> Result<Url, CheckError> {
     let shape_error = || {
         fail(
             what,
-            value,
+            &shown_url(value),
             "must be https://<32 hex>.artifacts.cloudflare.net/git/<ns>/<name>.git",
         )
     };
@@ -205,6 +238,40 @@ mod tests {
         assert!(url("u", "https://u:p@example.com/a", false).is_err());
         assert!(url("u", "https://example.com/a?x=1", false).is_err());
         assert!(url("u", "ftp://example.com/a", false).is_err());
+    }
+
+    #[test]
+    fn url_errors_never_quote_user_info_query_or_fragment() {
+        for (value, shown) in [
+            (
+                "https://u:pw-secret@example.com/a/",
+                "https://…@example.com/a/",
+            ),
+            ("http://u:pw-secret@example.com/a", "http://…@example.com/a"),
+            (
+                "https://pw-secret@exa mple.com/s",
+                "https://…@exa mple.com/s",
+            ),
+            ("https://u:pw-secret@[::1/x", "https://…@[::1/x"),
+            (
+                "https://a:b@c@example.com/?t=pw-secret#pw-secret",
+                "https://…@example.com/?…#…",
+            ),
+            (
+                "https://u:pw-secret/x@example.com/",
+                "https://…@example.com/",
+            ),
+            ("u:pw-secret@example.com/x", "…@example.com/x"),
+            ("https://example.com/a#pw-secret", "https://example.com/a#…"),
+        ] {
+            assert_eq!(shown_url(value), shown, "{value}");
+            let e = url("ORIZU_API_BASE_URL", value, false)
+                .unwrap_err()
+                .to_string();
+            assert!(!e.contains("pw-secret"), "{e}");
+            assert!(e.contains(shown), "{e}");
+        }
+        assert_eq!(shown_url("https://example.com/a"), "https://example.com/a");
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub fn apply_bundle(
                 why,
             });
         }
-        let value = Secret::new(c.value);
+        let value = c.value;
         if !redactor.add(&value, SecretKind::Configured) && !value.expose().is_empty() {
             tracing::warn!(variable = %c.env_var, "connector value shorter than 6 bytes is not redacted");
         }

@@ -55,14 +55,28 @@ pub enum SecretKind {
 }
 
 /// A source of secrets minted outside the runner's own calls, polled by
-/// [`Redactor::refresh`]: returns a value when it has a new one (polling must
-/// be cheap, a `stat` at most, since it runs before every redaction).
-pub type SecretSource = Box<dyn FnMut() -> Option<Secret> + Send>;
+/// [`Redactor::refresh`]: returns the values it has learnt since the last
+/// poll, often none (polling must be cheap, a `stat` at most, since it runs
+/// before every redaction).
+pub type SecretSource = Box<dyn FnMut() -> Vec<Secret> + Send>;
 
 /// Shared, growable set of secret values.
 #[derive(Clone, Default)]
 pub struct Redactor {
     shared: Arc<Shared>,
+}
+
+/// Shows how many patterns the redactor holds, never one of them.
+impl std::fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let patterns = match self.shared.state.read() {
+            Ok(g) => g.patterns.len(),
+            Err(poisoned) => poisoned.into_inner().patterns.len(),
+        };
+        f.debug_struct("Redactor")
+            .field("patterns", &patterns)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Default)]
@@ -326,7 +340,7 @@ impl Redactor {
                 Ok(g) => g,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            sources.iter_mut().filter_map(|s| s()).collect()
+            sources.iter_mut().flat_map(|s| s()).collect()
         };
         for secret in &fresh {
             self.add(secret, SecretKind::Credential);
@@ -838,16 +852,22 @@ mod tests {
     #[test]
     fn a_source_is_polled_before_redacting() {
         let r = Redactor::new();
-        let pending = Arc::new(Mutex::new(None::<String>));
+        let pending = Arc::new(Mutex::new(Vec::<String>::new()));
         let p = pending.clone();
-        r.add_source(Box::new(move || p.lock().unwrap().take().map(Secret::new)));
+        r.add_source(Box::new(move || {
+            p.lock().unwrap().drain(..).map(Secret::new).collect()
+        }));
         let mut s = r.stream();
         let mut out = Vec::new();
         s.push(b"nothing yet ", &mut out);
-        *pending.lock().unwrap() = Some("minted-elsewhere".into());
-        s.push(b"minted-elsewhere!", &mut out);
+        // Several values learnt between two polls are all added.
+        pending
+            .lock()
+            .unwrap()
+            .extend(["minted-elsewhere".into(), "minted-too".into()]);
+        s.push(b"minted-elsewhere! minted-too", &mut out);
         s.finish(&mut out);
-        assert_eq!(out, b"nothing yet [REDACTED]!");
+        assert_eq!(out, b"nothing yet [REDACTED]! [REDACTED]");
         assert_eq!(r.redact("minted-elsewhere"), REDACTED);
     }
 

@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::secret::Secret;
+
 /// Route paths relative to `ORIZU_API_BASE_URL` (PROTOCOL.md 2.3 to 2.6).
 pub mod routes {
     /// `GET` env bundle (2.3).
@@ -67,11 +69,13 @@ impl ExpiresAt {
 }
 
 /// 2.1 response: `{"token": "<bearer>", "expiresAt": … | null}`.
+/// `Debug` prints the token as `[REDACTED]`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentTokenResponse {
     /// The bearer (secret).
-    pub token: String,
+    #[serde(serialize_with = "crate::secret::serialize_exposed")]
+    pub token: Secret,
     /// When it expires, by the coordinator's clock.
     #[serde(default)]
     pub expires_at: Option<ExpiresAt>,
@@ -154,14 +158,16 @@ mod double_option {
     }
 }
 
-/// One connector of the env bundle (2.3).
+/// One connector of the env bundle (2.3). `Debug` prints the value as
+/// `[REDACTED]`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Connector {
     /// The variable name.
     pub env_var: String,
     /// The value (secret).
-    pub value: String,
+    #[serde(serialize_with = "crate::secret::serialize_exposed")]
+    pub value: Secret,
 }
 
 /// 2.3 response.
@@ -314,12 +320,13 @@ pub struct RepoTokenRequest {
     pub access: Access,
 }
 
-/// 2.5 response.
+/// 2.5 response. `Debug` prints the token as `[REDACTED]`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RepoTokenResponse {
     /// The repo token (secret).
-    pub token: String,
+    #[serde(serialize_with = "crate::secret::serialize_exposed")]
+    pub token: Secret,
     /// Expiry (absent or null: not cached by the credential helper).
     #[serde(default)]
     pub expires_at: Option<ExpiresAt>,
@@ -571,6 +578,35 @@ mod tests {
         let c: AgentTokenResponse =
             serde_json::from_value(json!({"token": "t", "expiresAt": null})).unwrap();
         assert!(c.expires_at.is_none());
+    }
+
+    #[test]
+    fn debug_never_prints_a_token_or_connector_value() {
+        let a: AgentTokenResponse =
+            serde_json::from_value(json!({"token": "bearer-value-1", "expiresAt": 1})).unwrap();
+        let r: RepoTokenResponse =
+            serde_json::from_value(json!({"token": "repo-token-value-2", "repoFullName": "o/r"}))
+                .unwrap();
+        let b: EnvBundle = serde_json::from_value(json!({
+            "connectors": [{"envVar": "ACME_KEY", "value": "connector-value-3"}],
+            "redactVars": []
+        }))
+        .unwrap();
+        let shown = format!("{a:?} {a:#?} {r:?} {r:#?} {b:?} {b:#?}");
+        for value in ["bearer-value-1", "repo-token-value-2", "connector-value-3"] {
+            assert!(!shown.contains(value), "{shown}");
+        }
+        assert!(shown.contains("ACME_KEY") && shown.contains("[REDACTED]"));
+        // The wire still carries the values.
+        assert_eq!(
+            serde_json::to_value(&r).unwrap()["token"],
+            "repo-token-value-2"
+        );
+        assert_eq!(
+            serde_json::to_value(&b).unwrap()["connectors"][0]["value"],
+            "connector-value-3"
+        );
+        assert_eq!(serde_json::to_value(&a).unwrap()["token"], "bearer-value-1");
     }
 
     #[test]

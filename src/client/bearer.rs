@@ -54,7 +54,7 @@ impl Bearer {
             }
         };
         Bearer {
-            token: Secret::new(response.token),
+            token: response.token,
             obtained: Instant::now(),
             lifetime,
         }

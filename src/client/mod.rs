@@ -433,7 +433,7 @@ pub fn repo_token_from(
     if response.token.is_empty() {
         return Err(bad(call, "the token is empty"));
     }
-    let token = Secret::new(response.token);
+    let token = response.token;
     redactor.add(&token, SecretKind::Credential);
     if let Some(remote) = &response.artifacts_remote {
         crate::checks::artifacts_remote(remote).map_err(|e| bad(call, &e.to_string()))?;

@@ -96,6 +96,10 @@ pub struct CoordinatorOptions {
     pub bearer_ttl: Duration,
     /// Lifetime of each repo token (2.5).
     pub repo_token_ttl: Duration,
+    /// Whether repo-token answers carry `expiresAt` (turn off to serve
+    /// tokens the credential helper does not cache, PROTOCOL.md 2.5 and 3);
+    /// the tokens expire after `repo_token_ttl` either way.
+    pub repo_token_expires_at: bool,
     /// Address to listen on; a non-loopback address makes the dev API require
     /// the dev token ([`Coordinator::dev_token`]).
     pub listen: SocketAddr,
@@ -126,6 +130,7 @@ impl Default for CoordinatorOptions {
             redact_vars: Vec::new(),
             bearer_ttl: Duration::from_secs(3600),
             repo_token_ttl: Duration::from_secs(3600),
+            repo_token_expires_at: true,
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             advertise_url: None,
         }
@@ -228,6 +233,7 @@ impl Coordinator {
                 redact_vars: opts.redact_vars.clone(),
                 bearer_ttl: opts.bearer_ttl,
                 repo_token_ttl: opts.repo_token_ttl,
+                repo_token_expires_at: opts.repo_token_expires_at,
                 boot_secret: Secret::new(state::random_hex(32)),
                 dev_token,
                 repo,

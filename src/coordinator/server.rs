@@ -42,6 +42,7 @@ pub(crate) struct Config {
     pub redact_vars: Vec<String>,
     pub bearer_ttl: Duration,
     pub repo_token_ttl: Duration,
+    pub repo_token_expires_at: bool,
     pub boot_secret: Secret,
     /// Required on the dev API when set (non-loopback listen).
     pub dev_token: Option<Secret>,
@@ -473,7 +474,7 @@ fn api_route(
             sh.check_session(&sid)?;
             let (token, expires_at) = sh.update(|st| st.issue_bearer(cfg.bearer_ttl));
             Ok(ok(&AgentTokenResponse {
-                token,
+                token: token.into(),
                 expires_at: Some(ExpiresAt::Rfc3339(expires_at)),
             }))
         }
@@ -495,7 +496,7 @@ fn api_route(
                     .iter()
                     .map(|(k, v)| Connector {
                         env_var: k.clone(),
-                        value: v.clone(),
+                        value: v.as_str().into(),
                     })
                     .collect(),
                 redact_vars: cfg.redact_vars.clone(),
@@ -515,8 +516,10 @@ fn api_route(
             let (token, expires_at) =
                 sh.update(|st| st.issue_repo_token(req.access, cfg.repo_token_ttl));
             Ok(ok(&RepoTokenResponse {
-                token,
-                expires_at: Some(ExpiresAt::Rfc3339(expires_at)),
+                token: token.into(),
+                expires_at: cfg
+                    .repo_token_expires_at
+                    .then_some(ExpiresAt::Rfc3339(expires_at)),
                 repo_full_name: Some(cfg.repo_full_name.clone()),
                 artifacts_remote: None,
             }))

@@ -100,8 +100,8 @@ impl Supervision {
     }
 }
 
-/// What to start.
-#[derive(Debug)]
+/// What to start. `Debug` names the environment's variables without their
+/// values (connector secrets are among them) and gives stdin's length only.
 pub struct SpawnSpec {
     /// The program.
     pub program: String,
@@ -116,6 +116,20 @@ pub struct SpawnSpec {
     /// After `stdin`, every message of this channel is written in order;
     /// stdin is closed when the channel closes (an agent protocol on stdin).
     pub stdin_feed: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for SpawnSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let env_names: Vec<_> = self.env.iter().map(|(name, _)| name).collect();
+        f.debug_struct("SpawnSpec")
+            .field("program", &self.program)
+            .field("args", &self.args)
+            .field("cwd", &self.cwd)
+            .field("env_names", &env_names)
+            .field("stdin_bytes", &self.stdin.len())
+            .field("stdin_feed", &self.stdin_feed.is_some())
+            .finish()
+    }
 }
 
 /// Why the agent could not be started.
@@ -489,5 +503,26 @@ async fn wait_group_gone(pgid: i32, runner: Runner, bound: Duration) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_names_the_environment_without_its_values() {
+        let spec = SpawnSpec {
+            program: "agent".into(),
+            args: vec!["--flag".into()],
+            cwd: PathBuf::from("/repo"),
+            env: vec![("ACME_API_KEY".into(), "connector-secret-value".into())],
+            stdin: b"the prompt".to_vec(),
+            stdin_feed: None,
+        };
+        let shown = format!("{spec:?} {spec:#?}");
+        assert!(shown.contains("ACME_API_KEY"), "{shown}");
+        assert!(!shown.contains("connector-secret-value"), "{shown}");
+        assert!(!shown.contains("the prompt"), "{shown}");
     }
 }

@@ -28,6 +28,11 @@ pub struct BootContext {
     pub boot_secret_path: PathBuf,
     /// Absolute path of the `repo-credential-cache` file.
     pub credential_cache_path: PathBuf,
+    /// Absolute path of the `repo-tokens-issued` file: every token the
+    /// helper hands out is appended there before it is printed.
+    pub issued_tokens_path: PathBuf,
+    /// Absolute path of the `repo-credential-lock` file.
+    pub credential_lock_path: PathBuf,
     /// `HOSTED_BOOT_CA_FILE`, when set: extra trust roots (PEM).
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
@@ -94,6 +99,8 @@ mod tests {
             remote_url: "http://127.0.0.1:1/git/o/r.git".into(),
             boot_secret_path: "/x/boot-secret".into(),
             credential_cache_path: "/x/repo-credential-cache".into(),
+            issued_tokens_path: "/x/repo-tokens-issued".into(),
+            credential_lock_path: "/x/repo-credential-lock".into(),
             ca_file: None,
             insecure_http: false,
             time_scale: 0.5,

@@ -7,16 +7,23 @@
 //!
 //! - `get` answers only for the context's remote (protocol, host and path,
 //!   which git sends with `credential.useHttpPath`); for anything else it
-//!   prints nothing, so git tries its other helpers. A cached token valid
-//!   for more than 5 more minutes is answered from `repo-credential-cache`;
-//!   otherwise the helper pulls a bearer with the boot secret (2.1) and
-//!   mints a `write` repo token (2.5; git does not say whether it fetches or
-//!   pushes, the coordinator scopes the token), caches it when it has an
-//!   `expiresAt` and is not an `artifactsRemote` credential, and answers
-//!   `username=x-access-token`, `password=<token>`. When no token can be
-//!   had it prints `quit=1` (git neither asks another helper nor prompts)
-//!   and the reason on stderr, without any secret.
-//! - `erase` (git's answer to a refused token) empties the cache.
+//!   prints nothing, so git tries its other helpers. Under an exclusive
+//!   `flock` of `repo-credential-lock` (so concurrent helpers share one
+//!   token instead of minting one each), it answers the token of
+//!   `repo-credential-cache` while that is valid for longer than
+//!   [`reuse_margin`]; otherwise it pulls a bearer with the boot secret
+//!   (2.1), mints a `write` repo token (2.5; git does not say whether it
+//!   fetches or pushes, the coordinator scopes the token) and caches it when
+//!   it has an `expiresAt` and is not an `artifactsRemote` credential. Every
+//!   token it answers, cached or not, is first appended to
+//!   `repo-tokens-issued`, which the runner's redactor reads before it
+//!   redacts anything more; a token that cannot be recorded there is not
+//!   handed out. The answer is `username=x-access-token`,
+//!   `password=<token>`. When no token can be had it prints `quit=1` (git
+//!   neither asks another helper nor prompts) and the reason on stderr,
+//!   without any secret.
+//! - `erase` (git's answer to a refused token) empties the cache when it
+//!   holds the refused token (or git named none).
 //! - `store` does nothing; any other action is ignored, as git asks.
 //!
 //! The boot secret comes from the `boot-secret` file named by the context,
@@ -24,9 +31,11 @@
 //! `ORIZU_BOOT_SECRET` from its environment at start, in `main`).
 
 use std::collections::HashMap;
-use std::io::{BufRead, Read, Write};
-use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::fs::File;
+use std::io::{BufRead, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -38,18 +47,62 @@ use crate::redact::Redactor;
 use crate::secret::Secret;
 use crate::wire::Access;
 
-/// A cached token is answered only while it is valid for longer than this.
+/// A cached token is answered only while it is valid for longer than this,
+/// or than half its lifetime when that is shorter (see [`reuse_margin`]).
 pub const CACHE_MIN_VALIDITY: Duration = Duration::from_secs(5 * 60);
+
+/// How long a helper waits for another helper's lock, in request timeouts
+/// (`Timings::request_timeout`; a holder mints with at most 3 attempts of
+/// two calls). Past it the helper goes on without the lock: it mints a token
+/// of its own, recorded like any other, rather than fail git.
+const LOCK_WAIT_REQUEST_TIMEOUTS: u32 = 6;
+
+/// How often a waiting helper tries the lock again.
+const LOCK_POLL: Duration = Duration::from_millis(10);
+
+/// Longest line of `repo-tokens-issued` the runner takes for a token; a
+/// longer one is not a token this helper wrote.
+const MAX_TOKEN_LEN: usize = 16 * 1024;
 
 /// Longest line read from git (git's own attributes are short).
 const MAX_INPUT_LINE: usize = 64 * 1024;
 
-/// The cache file's JSON: `{"token": "…", "expiresAtMs": n}`.
+/// The cache file's JSON: `{"token": "…", "expiresAtMs": n, "issuedAtMs":
+/// n}` (`issuedAtMs`: when the helper minted it, by the local clock).
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct CacheEntry {
-    token: String,
+    #[serde(serialize_with = "crate::secret::serialize_exposed")]
+    token: Secret,
     expires_at_ms: u64,
+    #[serde(default)]
+    issued_at_ms: u64,
+}
+
+/// A token read back from `repo-credential-cache`.
+#[derive(Clone, Debug)]
+pub struct CachedToken {
+    /// The repo token.
+    pub token: Secret,
+    /// When it expires (local clock).
+    pub expires_at: SystemTime,
+    /// When the helper minted it (local clock); `None` for an entry written
+    /// without it.
+    pub issued_at: Option<SystemTime>,
+}
+
+/// How much validity a cached token must have left to be answered: 5
+/// minutes ([`CACHE_MIN_VALIDITY`]), or half the token's lifetime when that
+/// is shorter, so a coordinator that mints 2-minute tokens still has them
+/// shared rather than one minted per git operation (PROTOCOL.md 3).
+pub fn reuse_margin(cached: &CachedToken) -> Duration {
+    let lifetime = cached
+        .issued_at
+        .and_then(|issued| cached.expires_at.duration_since(issued).ok());
+    match lifetime {
+        Some(lifetime) => CACHE_MIN_VALIDITY.min(lifetime / 2),
+        None => CACHE_MIN_VALIDITY,
+    }
 }
 
 /// Runs the helper on the process's stdin, stdout and stderr and returns the
@@ -169,8 +222,12 @@ pub fn request_matches_remote(attributes: &HashMap<String, String>, remote: &req
 
 /// Reads `repo-credential-cache`: the cached repo token and its expiry, or
 /// `None` when the file is absent, empty (no cached token) or unreadable.
-/// The runner adds the token to its redactor (PROTOCOL.md 3).
 pub fn read_credential_cache(path: &Path) -> Option<(Secret, SystemTime)> {
+    read_cache_entry(path).map(|c| (c.token, c.expires_at))
+}
+
+/// [`read_credential_cache`] with the time the token was minted.
+pub fn read_cache_entry(path: &Path) -> Option<CachedToken> {
     let bytes = std::fs::read(path).ok()?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return None;
@@ -179,26 +236,37 @@ pub fn read_credential_cache(path: &Path) -> Option<(Secret, SystemTime)> {
     if entry.token.is_empty() {
         return None;
     }
-    Some((
-        Secret::new(entry.token),
-        UNIX_EPOCH + Duration::from_millis(entry.expires_at_ms),
-    ))
+    let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+    Some(CachedToken {
+        token: entry.token,
+        expires_at: at(entry.expires_at_ms),
+        issued_at: (entry.issued_at_ms > 0).then(|| at(entry.issued_at_ms)),
+    })
 }
 
-fn write_cache(path: &Path, token: &RepoToken) -> Result<bool, super::WorkspaceError> {
+fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Caches `token` (minted at `issued_at`) when it has an `expiresAt` and is
+/// not an `artifactsRemote` credential; returns whether it did.
+fn write_cache(
+    path: &Path,
+    token: &RepoToken,
+    issued_at: SystemTime,
+) -> Result<bool, super::WorkspaceError> {
     let Some(expires_at) = token.expires_at else {
         return Ok(false);
     };
     if token.artifacts_remote.is_some() {
         return Ok(false);
     }
-    let expires_at_ms = expires_at
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
     let entry = CacheEntry {
-        token: token.token.expose().to_string(),
-        expires_at_ms,
+        token: token.token.clone(),
+        expires_at_ms: epoch_ms(expires_at),
+        issued_at_ms: epoch_ms(issued_at),
     };
     let json = serde_json::to_vec(&entry).map_err(|e| super::WorkspaceError::Context {
         path: path.to_path_buf(),
@@ -206,6 +274,112 @@ fn write_cache(path: &Path, token: &RepoToken) -> Result<bool, super::WorkspaceE
     })?;
     write_secret_file(path, &json)?;
     Ok(true)
+}
+
+/// Appends `token` to `repo-tokens-issued` (one line, one `write` on an
+/// `O_APPEND` descriptor, so concurrent appenders never interleave), which
+/// the runner's redactor reads (PROTOCOL.md 3). Created 0600 if missing.
+///
+/// Errors: the file cannot be opened or written (the token must then not
+/// be handed out).
+pub fn record_issued_token(path: &Path, token: &Secret) -> std::io::Result<()> {
+    let mut line = Vec::with_capacity(token.expose().len() + 1);
+    line.extend_from_slice(token.expose().as_bytes());
+    line.push(b'\n');
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    file.write_all(&line)
+}
+
+/// Reads the tokens appended to `repo-tokens-issued` since the last call:
+/// the runner's side of [`record_issued_token`]. Cheap when nothing
+/// changed (one `stat`), so it can run before every redaction.
+pub struct IssuedTokens {
+    path: PathBuf,
+    /// Inode and bytes consumed (up to the last complete line).
+    seen: Option<(u64, u64)>,
+}
+
+impl IssuedTokens {
+    /// A reader of `path` that has read nothing yet.
+    pub fn new(path: PathBuf) -> IssuedTokens {
+        IssuedTokens { path, seen: None }
+    }
+
+    /// The tokens of the lines completed since the last call. A file that
+    /// was replaced or truncated (a new inode, or shorter than what was
+    /// read) is read again from its start; empty lines and lines longer
+    /// than any token are skipped.
+    pub fn poll(&mut self) -> Vec<Secret> {
+        let Ok(meta) = std::fs::metadata(&self.path) else {
+            return Vec::new();
+        };
+        let (ino, len) = (meta.ino(), meta.len());
+        let offset = match self.seen {
+            Some((i, o)) if i == ino && o <= len => o,
+            _ => 0,
+        };
+        if self.seen == Some((ino, len)) {
+            return Vec::new();
+        }
+        let Ok(mut file) = File::open(&self.path) else {
+            return Vec::new();
+        };
+        let mut bytes = Vec::new();
+        if file.seek(SeekFrom::Start(offset)).is_err() || file.read_to_end(&mut bytes).is_err() {
+            return Vec::new();
+        }
+        // Only complete lines: an appender's single write may still be
+        // landing; the rest is read at the next poll.
+        let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
+        self.seen = Some((ino, offset + complete as u64));
+        bytes[..complete]
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty() && l.len() <= MAX_TOKEN_LEN)
+            .filter_map(|l| std::str::from_utf8(l).ok())
+            .map(|t| Secret::new(t.to_string()))
+            .collect()
+    }
+}
+
+/// An exclusive `flock` of `repo-credential-lock`, released when dropped
+/// (or when the process dies, which a lock file's content could not be).
+struct HelperLock {
+    _file: File,
+}
+
+/// Takes the helpers' lock, waiting at most `wait`; `Err` says why the
+/// helper goes on without it.
+fn lock(path: &Path, wait: Duration) -> Result<HelperLock, String> {
+    use rustix::fs::{FlockOperation, flock};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| format!("cannot open the lock file {}: {e}", path.display()))?;
+    let deadline = Instant::now() + wait;
+    loop {
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(HelperLock { _file: file }),
+            Err(rustix::io::Errno::WOULDBLOCK) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(format!("cannot lock {}: {e}", path.display())),
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "another credential helper held {} for {} s",
+                path.display(),
+                wait.as_secs()
+            ));
+        }
+        std::thread::sleep(LOCK_POLL);
+    }
 }
 
 fn answer(out: &mut impl Write, token: &Secret) {
@@ -241,24 +415,67 @@ fn get(
         // Not our remote: let git ask its other helpers.
         return;
     }
-    if let Some((token, expires_at)) = read_credential_cache(&context.credential_cache_path)
-        && expires_at > SystemTime::now() + CACHE_MIN_VALIDITY
-    {
-        return answer(out, &token);
-    }
-    match mint(&context) {
-        Ok(token) => {
-            if let Err(e) = write_cache(&context.credential_cache_path, &token) {
-                // Not fatal: the token is still good, only not cached.
-                let _ = writeln!(
-                    err,
-                    "hosted-boot credential: cannot cache the repo token: {e}"
-                );
-            }
-            answer(out, &token.token);
+    let wait = context
+        .timings()
+        .request_timeout
+        .saturating_mul(LOCK_WAIT_REQUEST_TIMEOUTS);
+    let _lock = match lock(&context.credential_lock_path, wait) {
+        Ok(l) => Some(l),
+        Err(reason) => {
+            let _ = writeln!(
+                err,
+                "hosted-boot credential: {reason}; minting a token without it"
+            );
+            None
         }
-        Err(reason) => quit(out, err, &reason),
+    };
+    let token = match cached_or_minted(&context, err) {
+        Ok(t) => t,
+        Err(reason) => return quit(out, err, &reason),
+    };
+    answer(out, &token);
+}
+
+/// The cached token while it is valid for long enough, else a new one
+/// (cached when it can be). Either way recorded in `repo-tokens-issued`
+/// before it is returned. Runs under the helpers' lock.
+fn cached_or_minted(context: &BootContext, err: &mut impl Write) -> Result<Secret, String> {
+    let cached = read_cache_entry(&context.credential_cache_path)
+        .filter(|c| c.expires_at > SystemTime::now() + reuse_margin(c));
+    let (token, minted) = match cached {
+        Some(c) => (c.token, None),
+        None => {
+            let issued_at = SystemTime::now();
+            let token = mint(context)?;
+            (token.token.clone(), Some((token, issued_at)))
+        }
+    };
+    if token
+        .expose()
+        .bytes()
+        .any(|b| b == b'\n' || b == b'\r' || b == 0)
+    {
+        // git's protocol and the issued list are line-based.
+        return Err("the repo token holds a line break or NUL; refusing it".to_string());
     }
+    // Recorded before the cache is written, so that the cache never holds a
+    // token the runner's redactor cannot learn, and before it is printed.
+    record_issued_token(&context.issued_tokens_path, &token).map_err(|e| {
+        format!(
+            "cannot record the repo token for redaction in {} ({e}); not handing it out",
+            context.issued_tokens_path.display()
+        )
+    })?;
+    if let Some((repo_token, issued_at)) = minted
+        && let Err(e) = write_cache(&context.credential_cache_path, &repo_token, issued_at)
+    {
+        // Not fatal: the token is still good, only not cached.
+        let _ = writeln!(
+            err,
+            "hosted-boot credential: cannot cache the repo token: {e}"
+        );
+    }
+    Ok(token)
 }
 
 /// Pulls a bearer with the boot secret and mints a `write` repo token, each
@@ -327,6 +544,20 @@ fn erase(context_path: &Path, attributes: &HashMap<String, String>, err: &mut im
         return;
     };
     if !request_matches_remote(attributes, &remote) {
+        return;
+    }
+    let wait = context
+        .timings()
+        .request_timeout
+        .saturating_mul(LOCK_WAIT_REQUEST_TIMEOUTS);
+    let _lock = lock(&context.credential_lock_path, wait).ok();
+    // A concurrent helper may have replaced the refused token with a good
+    // one already: drop only the token git refused.
+    if let (Some(refused), Some(cached)) = (
+        attributes.get("password"),
+        read_cache_entry(&context.credential_cache_path),
+    ) && refused != cached.token.expose()
+    {
         return;
     }
     if let Err(e) = write_secret_file(&context.credential_cache_path, b"") {
@@ -410,20 +641,92 @@ mod tests {
             repo_full_name: Some("o/r".into()),
             artifacts_remote: None,
         };
-        assert!(write_cache(&path, &token).unwrap());
+        let issued = expires - Duration::from_secs(120);
+        assert!(write_cache(&path, &token, issued).unwrap());
         let (t, e) = read_credential_cache(&path).unwrap();
         assert_eq!(t.expose(), "tok");
         assert_eq!(e, expires);
+        let entry = read_cache_entry(&path).unwrap();
+        assert_eq!(entry.issued_at, Some(issued));
+        // A 2-minute token is shared while it has a minute left.
+        assert_eq!(reuse_margin(&entry), Duration::from_secs(60));
         let uncached = RepoToken {
             expires_at: None,
             ..token.clone()
         };
-        assert!(!write_cache(&path, &uncached).unwrap());
+        assert!(!write_cache(&path, &uncached, issued).unwrap());
         let artifacts = RepoToken {
             artifacts_remote: Some("https://x/git/a/b.git".into()),
             ..token
         };
-        assert!(!write_cache(&path, &artifacts).unwrap());
+        assert!(!write_cache(&path, &artifacts, issued).unwrap());
+    }
+
+    #[test]
+    fn reuse_margin_is_five_minutes_or_half_the_lifetime() {
+        let now = SystemTime::now();
+        let entry = |issued: Option<Duration>, ttl: Duration| CachedToken {
+            token: Secret::new("t".into()),
+            expires_at: now + ttl,
+            issued_at: issued.map(|_| now),
+        };
+        let hour = Duration::from_secs(3600);
+        assert_eq!(reuse_margin(&entry(Some(hour), hour)), CACHE_MIN_VALIDITY);
+        assert_eq!(reuse_margin(&entry(None, hour)), CACHE_MIN_VALIDITY);
+        assert_eq!(
+            reuse_margin(&entry(Some(hour), Duration::from_secs(60))),
+            Duration::from_secs(30)
+        );
+    }
+
+    #[test]
+    fn issued_tokens_are_read_once_each_by_complete_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("issued");
+        let mut reader = IssuedTokens::new(path.clone());
+        assert!(reader.poll().is_empty(), "absent file");
+        write_secret_file(&path, b"").unwrap();
+        assert!(reader.poll().is_empty(), "created empty");
+        record_issued_token(&path, &Secret::new("tok-one".into())).unwrap();
+        record_issued_token(&path, &Secret::new("tok-two".into())).unwrap();
+        let got: Vec<String> = reader.poll().iter().map(|s| s.expose().into()).collect();
+        assert_eq!(got, ["tok-one", "tok-two"]);
+        assert!(reader.poll().is_empty(), "nothing new");
+        // A line still being written waits for its newline.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"tok-th")
+            .unwrap();
+        assert!(reader.poll().is_empty());
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"ree\n")
+            .unwrap();
+        let got: Vec<String> = reader.poll().iter().map(|s| s.expose().into()).collect();
+        assert_eq!(got, ["tok-three"]);
+        // Replaced (a new inode): read from the start again.
+        write_secret_file(&path, b"tok-four").unwrap();
+        let got: Vec<String> = reader.poll().iter().map(|s| s.expose().into()).collect();
+        assert_eq!(got, ["tok-four"]);
+        let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn the_lock_is_exclusive_and_its_wait_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        let held = lock(&path, Duration::ZERO).unwrap();
+        let started = Instant::now();
+        let err = lock(&path, Duration::from_millis(50)).err().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert!(err.contains("another credential helper"), "{err}");
+        drop(held);
+        lock(&path, Duration::ZERO).unwrap();
     }
 
     #[test]

@@ -23,6 +23,12 @@ pub const BEARER_FILE: &str = "bearer";
 pub const CONTEXT_FILE: &str = "boot-context.json";
 /// The credential helper's repo-token cache in the session directory.
 pub const CREDENTIAL_CACHE_FILE: &str = "repo-credential-cache";
+/// Every repo token the credential helper handed out, one a line, append
+/// only (PROTOCOL.md section 3): what the runner's redactor reads.
+pub const ISSUED_TOKENS_FILE: &str = "repo-tokens-issued";
+/// The file credential helpers `flock` around reading, minting and
+/// writing the cache (PROTOCOL.md section 3).
+pub const CREDENTIAL_LOCK_FILE: &str = "repo-credential-lock";
 /// The turn's prompt in the run directory.
 pub const TASK_FILE: &str = "task.txt";
 
@@ -158,6 +164,16 @@ impl SessionDir {
         self.path.join(CREDENTIAL_CACHE_FILE)
     }
 
+    /// `…/repo-tokens-issued`.
+    pub fn issued_tokens_path(&self) -> PathBuf {
+        self.path.join(ISSUED_TOKENS_FILE)
+    }
+
+    /// `…/repo-credential-lock`.
+    pub fn credential_lock_path(&self) -> PathBuf {
+        self.path.join(CREDENTIAL_LOCK_FILE)
+    }
+
     /// Writes the boot secret (0600, atomic) for the credential helper.
     ///
     /// Errors: [`WorkspaceError::Io`].
@@ -191,12 +207,16 @@ impl SessionDir {
         context.write(&self.context_path())
     }
 
-    /// Creates `repo-credential-cache` empty (0600, atomic: it holds only a
-    /// newline, which reads as "no cached token").
+    /// Creates the credential helper's files empty (0600, atomic; each holds
+    /// only a newline): `repo-credential-cache` ("no cached token"),
+    /// `repo-tokens-issued` (no token handed out yet) and
+    /// `repo-credential-lock`.
     ///
     /// Errors: [`WorkspaceError::Io`].
     pub fn create_credential_cache(&self) -> Result<(), WorkspaceError> {
-        write_secret_file(&self.credential_cache_path(), b"")
+        write_secret_file(&self.credential_cache_path(), b"")?;
+        write_secret_file(&self.issued_tokens_path(), b"")?;
+        write_secret_file(&self.credential_lock_path(), b"")
     }
 
     /// Removes the session directory and everything in it, then the
@@ -319,6 +339,8 @@ mod tests {
             s.boot_secret_path(),
             s.bearer_path(),
             s.credential_cache_path(),
+            s.issued_tokens_path(),
+            s.credential_lock_path(),
         ] {
             assert_eq!(mode(&p), 0o600, "{}", p.display());
         }

@@ -26,7 +26,10 @@ pub use clone::{
     prepare_repo_async,
 };
 pub use context::BootContext;
-pub use credential::{credential_helper_with_io, read_credential_cache, run_credential_helper};
+pub use credential::{
+    IssuedTokens, credential_helper_with_io, read_credential_cache, record_issued_token,
+    run_credential_helper,
+};
 pub use files::{RunDir, SessionDir, write_secret_file};
 pub use harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT};
 pub use transport::{CredentialHelpers, HttpContext, RemoteRegistration, register_remote};

@@ -42,6 +42,7 @@ use git2::transport::{Service, SmartSubtransport, SmartSubtransportStream, Trans
 use git2::{ErrorClass, ErrorCode};
 use reqwest::StatusCode;
 
+use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
 
 /// The user name git authenticates with (PROTOCOL.md 2.5).
@@ -65,6 +66,10 @@ pub struct HttpContext {
     /// request (`Timings::request_timeout`, 10 s). A response body may stall
     /// at most six times this between two chunks.
     pub request_timeout: Duration,
+    /// The runner's redactor: every password a credential helper gives the
+    /// transport is added to it before the transport uses it (PROTOCOL.md
+    /// section 3), whichever helper gave it.
+    pub redactor: Redactor,
 }
 
 /// The credential helpers to run, resolved like git does from the
@@ -474,6 +479,7 @@ impl Shared {
         auth.attempts += 1;
         match entry.helpers.fill(url, helper_deadline(&entry.http))? {
             Some(p) => {
+                entry.http.redactor.add(&p, SecretKind::Credential);
                 auth.password = Some(p.clone());
                 Ok(p)
             }

@@ -590,6 +590,8 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
             remote_url: coord.clone_url(),
             boot_secret_path: session.boot_secret_path(),
             credential_cache_path: session.credential_cache_path(),
+            issued_tokens_path: session.issued_tokens_path(),
+            credential_lock_path: session.credential_lock_path(),
             ca_file: None,
             insecure_http: false,
             time_scale: 0.05,
@@ -604,6 +606,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         client: hosted_boot::tls::http_client(None).unwrap(),
         runtime: tokio::runtime::Handle::current(),
         request_timeout: Duration::from_secs(10),
+        redactor: hosted_boot::redact::Redactor::new(),
     };
     let prepared = prepare_repo_async(RepoSpec {
         root: root.path().to_path_buf(),

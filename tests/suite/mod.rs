@@ -6,6 +6,7 @@ mod events;
 mod harvest;
 mod image;
 mod processes;
+mod secrets;
 mod status;
 mod supervisor;
 mod support;

@@ -47,6 +47,8 @@ fn env_with(opts: CoordinatorOptions) -> Env {
             remote_url: coord.clone_url(),
             boot_secret_path: session.boot_secret_path(),
             credential_cache_path: session.credential_cache_path(),
+            issued_tokens_path: session.issued_tokens_path(),
+            credential_lock_path: session.credential_lock_path(),
             ca_file: None,
             insecure_http: false,
             time_scale: 0.05,
@@ -56,6 +58,7 @@ fn env_with(opts: CoordinatorOptions) -> Env {
         client: hosted_boot::tls::http_client(None).unwrap(),
         runtime: rt.handle().clone(),
         request_timeout: Duration::from_secs(10),
+        redactor: hosted_boot::redact::Redactor::new(),
     };
     Env {
         coord,
@@ -280,6 +283,11 @@ fn wrong_credentials_fail_after_two_helper_calls() {
         "{text}"
     );
     assert!(!text.contains("wrong-token-123456"), "{text}");
+    // The transport registered what the helper gave it for redaction.
+    assert_eq!(
+        env.http.redactor.redact("got wrong-token-123456."),
+        "got [REDACTED]."
+    );
     assert_eq!(err.code(), "clone_failed");
     let calls = std::fs::read_to_string(&log).unwrap();
     assert_eq!(calls, "get\nerase\nget\nerase\n");
@@ -468,10 +476,21 @@ fn credential_helper_mints_caches_and_erases() {
     );
     assert_eq!(none, "");
 
-    // store does nothing; erase empties the cache.
+    // Both answers were recorded for the runner's redactor before they were
+    // printed (PROTOCOL.md 3).
+    assert_eq!(
+        std::fs::read_to_string(env.session.issued_tokens_path()).unwrap(),
+        format!("\n{token}\n{token}\n")
+    );
+
+    // store does nothing; erase of another token (one a concurrent helper
+    // replaced already) keeps the cache; erase of the cached one empties it.
     helper_io(&ctx, "store", &format!("{request}password={token}\n"));
     assert!(read_credential_cache(&env.session.credential_cache_path()).is_some());
-    helper_io(&ctx, "erase", &request);
+    let with_password = |p: &str| format!("{}\npassword={p}\n\n", request.trim_end());
+    helper_io(&ctx, "erase", &with_password(&format!("not-{token}")));
+    assert!(read_credential_cache(&env.session.credential_cache_path()).is_some());
+    helper_io(&ctx, "erase", &with_password(&token));
     assert!(read_credential_cache(&env.session.credential_cache_path()).is_none());
     assert_eq!(
         std::fs::read_to_string(env.session.credential_cache_path()).unwrap(),
