@@ -126,12 +126,15 @@ fn main() -> ExitCode {
             }
         }),
         Some(Command::Check(args)) => with_runtime(|| check::run(env, args, boot_secret)),
-        Some(Command::Status(args)) => {
-            let root = args
-                .root
-                .unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| "/".into()));
-            status::command(&root, args.check)
-        }
+        Some(Command::Status(args)) => match args.root.map_or_else(config::working_dir, Ok) {
+            Ok(root) => status::command(&root, args.check),
+            Err(e) => {
+                // `status` answers on stdout, exit 1 (never 2, which Docker
+                // reserves), as for any other unhealthy state.
+                println!("unhealthy: {e}");
+                1
+            }
+        },
         Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
         Some(Command::DemoAgent) => demo::agent_main(),
         Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),
@@ -145,7 +148,13 @@ fn exit_code(code: i32) -> ExitCode {
 }
 
 fn run(args: RunArgs, env: BTreeMap<OsString, OsString>, boot_secret: Option<Secret>) -> i32 {
-    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let cwd = match config::root_base(args.root.as_deref()) {
+        Ok(cwd) => cwd,
+        Err(e) => {
+            eprintln!("hosted-boot: {e}");
+            return 2;
+        }
+    };
     let config = match config::load(&env, &args, boot_secret, cwd) {
         Ok(c) => c,
         Err(e) => {

@@ -43,6 +43,10 @@ fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
         ])
         .arg(&bin)
         .arg("demo")
+        // The image's WORKDIR. Not the test's own working directory: the
+        // checkout may sit under a 0700 directory (`mktemp -d`) the agent
+        // uid cannot enter.
+        .current_dir(&workspace)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", &home)
