@@ -45,6 +45,9 @@ enum Ending {
         seal: SealState,
         /// The harvest of the fatal path (4 step 7), for an unsealed run.
         harvest: Option<HarvestResult>,
+        /// Whether the run's events are known to be delivered (see
+        /// [`remove_run_dir_if_delivered`]).
+        events_delivered: bool,
     },
 }
 
@@ -203,16 +206,34 @@ async fn boot(
         Ok(Ok(r)) => r,
     };
     let mut done = HashSet::new();
+    let active = resolved.session.is_active();
+    let selected = if active {
+        match idle::select_turn(&resolved.session, true, &done) {
+            Err(e) => return Ending::BeforeDrain(e.to_string()),
+            Ok(t) => t,
+        }
+    } else {
+        None
+    };
+
+    // Events earlier boots could not deliver (PROTOCOL.md 2.6, 4 step 3),
+    // before this boot runs or waits for anything, so that a boot with
+    // nothing to run delivers them too. The turn about to run resumes its
+    // own spool.
+    let current = selected.as_ref().map_or("", |t| t.run_id.as_str());
+    let leftovers = turn::events::deliver_leftovers(api, &config.root, current);
+    if let Err(s) = unless_stopped(stop, leftovers).await {
+        return Ending::Stopped(s);
+    }
 
     // Step 4: nothing to run → ready, then wait.
-    if !resolved.session.is_active() {
+    if !active {
         tracing::info!(status = ?resolved.session.status, "the session is no longer active");
         return Ending::Clean;
     }
-    let first = match idle::select_turn(&resolved.session, true, &done) {
-        Err(e) => return Ending::BeforeDrain(e.to_string()),
-        Ok(Some(turn)) => turn,
-        Ok(None) => {
+    let first = match selected {
+        Some(turn) => turn,
+        None => {
             tracing::info!("nothing to run yet; posting ready and waiting for a turn");
             match unless_stopped(stop, api.post_status(BootStatus::Ready, None, None)).await {
                 Err(s) => return Ending::Stopped(s),
@@ -283,12 +304,6 @@ async fn boot(
         }
     }
 
-    // Events an earlier boot could not deliver (PROTOCOL.md 2.6).
-    let leftovers = turn::events::deliver_leftovers(api, &config.root, &first.run_id);
-    if let Err(s) = unless_stopped(stop, leftovers).await {
-        return Ending::Stopped(s);
-    }
-
     // Step 6: drain turns.
     let ctx = TurnContext {
         api: api.clone(),
@@ -356,6 +371,7 @@ async fn drain(
                     reason: f.reason,
                     seal: f.seal,
                     harvest,
+                    events_delivered: f.events_delivered,
                 };
             }
             Ok(TurnEnd::Stopped(s)) => return Ending::Stopped(s),
@@ -371,6 +387,7 @@ async fn drain(
                         reason,
                         seal: SealState::Sealed,
                         harvest: None,
+                        events_delivered: false,
                     };
                 }
             }
@@ -389,6 +406,7 @@ async fn drain(
                     reason: e.to_string(),
                     seal: SealState::Sealed,
                     harvest: None,
+                    events_delivered: false,
                 };
             }
         };
@@ -543,6 +561,7 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
             reason,
             seal,
             harvest,
+            events_delivered,
         } => {
             tracing::error!(run_id = %run_id, reason = %reason, "turn failed");
             let body = match seal {
@@ -575,12 +594,8 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
                     }
                 },
             };
-            // The prompt file goes once the run is sealed (PROTOCOL.md 3).
-            if sealed
-                && let Ok(dir) = workspace::RunDir::create(root, &run_id)
-                && let Err(e) = dir.remove()
-            {
-                tracing::warn!(run_id = %run_id, error = %e, "cannot remove the run directory");
+            if sealed {
+                remove_run_dir_if_delivered(root, &run_id, events_delivered);
             }
             if let Err(e) = api
                 .post_status(BootStatus::TurnFailed, Some(&run_id), Some(&reason))
@@ -590,5 +605,33 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
             }
             1
         }
+    }
+}
+
+/// The fatal path's end of a sealed run's directory (PROTOCOL.md 3): it goes
+/// (prompt and spool) once its events are delivered, which is known when the
+/// turn's flush said so (`delivered`) or when its spool holds no event.
+/// Otherwise the spool is what `finish` said the undelivered events remain
+/// in: it stays for a later boot on this root to deliver (2.6).
+fn remove_run_dir_if_delivered(root: &std::path::Path, run_id: &str, delivered: bool) {
+    let path = root.join(workspace::files::RUN_PARENT).join(run_id);
+    if !path.exists() {
+        return;
+    }
+    let spooled = std::fs::metadata(path.join(turn::spool::SPOOL_FILE)).is_ok_and(|m| m.len() > 0);
+    if spooled && !delivered {
+        tracing::warn!(
+            run_id,
+            "the run's event spool is kept: a later boot on this root delivers what the coordinator lacks"
+        );
+        return;
+    }
+    match workspace::RunDir::create(root, run_id) {
+        Ok(dir) => {
+            if let Err(e) = dir.remove() {
+                tracing::warn!(run_id, error = %e, "cannot remove the run directory");
+            }
+        }
+        Err(e) => tracing::warn!(run_id, error = %e, "cannot remove the run directory"),
     }
 }

@@ -91,8 +91,9 @@ async fn checks(
     boot_secret: Option<Secret>,
     redactor: &Redactor,
 ) -> Vec<CheckLine> {
-    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
-    let config = match config::load(env, args, boot_secret, cwd) {
+    let config = match config::root_base(args.root.as_deref())
+        .and_then(|cwd| config::load(env, args, boot_secret, cwd))
+    {
         Ok(c) => c,
         Err(e) => {
             return vec![

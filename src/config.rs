@@ -27,6 +27,44 @@ pub struct ConfigError(pub String);
 
 pub use crate::agent::AgentConfig;
 
+/// The process's working directory, checked to be readable by this user:
+/// git, which the runner and the reference coordinator start, refuses to
+/// run in a directory it cannot `stat` (a checkout under a 0700
+/// `mktemp -d` directory, started as another uid), and a root resolved
+/// against it would fail later with a message about something else.
+///
+/// Errors: a [`ConfigError`] naming the working directory, the uid, the OS
+/// error and what to do.
+pub fn working_dir() -> Result<PathBuf, ConfigError> {
+    let uid = rustix::process::getuid().as_raw();
+    let cwd = std::env::current_dir().map_err(|e| {
+        ConfigError(format!(
+            "the working directory cannot be determined ({e}); it was probably removed: start hosted-boot from an existing directory"
+        ))
+    })?;
+    std::fs::metadata(&cwd).map_err(|e| {
+        ConfigError(format!(
+            "the working directory {} cannot be read by uid {uid} ({e}); start hosted-boot from a directory this user can read (the image starts it in /workspace); a parent directory with mode 0700, as `mktemp -d` makes, hides everything under it from other users",
+            cwd.display()
+        ))
+    })?;
+    Ok(cwd)
+}
+
+/// The directory `root` is resolved against by [`load`]: the working
+/// directory ([`working_dir`]), which an absolute `root` does not need
+/// (then `/` is returned if the working directory cannot be read).
+///
+/// Errors: the working directory cannot be read and `root` is absent or
+/// relative.
+pub fn root_base(root: Option<&std::path::Path>) -> Result<PathBuf, ConfigError> {
+    match working_dir() {
+        Ok(cwd) => Ok(cwd),
+        Err(_) if root.is_some_and(|r| r.is_absolute()) => Ok(PathBuf::from("/")),
+        Err(e) => Err(e),
+    }
+}
+
 /// Everything the boot needs, validated.
 #[derive(Clone)]
 pub struct BootConfig {

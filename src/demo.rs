@@ -40,6 +40,8 @@ pub async fn run(args: DemoArgs) -> i32 {
 }
 
 async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
+    // The coordinator's git and the runner start in the working directory.
+    crate::config::working_dir()?;
     let workdir = tempfile::Builder::new()
         .prefix("hosted-boot-demo-")
         .tempdir()?;

@@ -126,12 +126,15 @@ fn main() -> ExitCode {
             }
         }),
         Some(Command::Check(args)) => with_runtime(|| check::run(env, args, boot_secret)),
-        Some(Command::Status(args)) => {
-            let root = args
-                .root
-                .unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| "/".into()));
-            status::command(&root, args.check)
-        }
+        Some(Command::Status(args)) => match args.root.map_or_else(config::working_dir, Ok) {
+            Ok(root) => status::command(&root, args.check),
+            Err(e) => {
+                // `status` answers on stdout, exit 1 (never 2, which Docker
+                // reserves), as for any other unhealthy state.
+                println!("unhealthy: {e}");
+                1
+            }
+        },
         Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
         Some(Command::DemoAgent) => demo::agent_main(),
         Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),
@@ -145,11 +148,28 @@ fn exit_code(code: i32) -> ExitCode {
 }
 
 fn run(args: RunArgs, env: BTreeMap<OsString, OsString>, boot_secret: Option<Secret>) -> i32 {
-    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let cwd = match config::root_base(args.root.as_deref()) {
+        Ok(cwd) => cwd,
+        Err(e) => {
+            eprintln!("hosted-boot: {e}");
+            return 2;
+        }
+    };
     let config = match config::load(&env, &args, boot_secret, cwd) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("hosted-boot: {e}");
+            return 2;
+        }
+    };
+    // Before the boot removes or writes anything under the root, and held
+    // until the process exits (runtime shutdown included): a second runner
+    // on the root would destroy this one's session (PROTOCOL.md 3, 4 step 1).
+    // Here, in the process that boots: under PID 1 that is the worker.
+    let _lock = match workspace::RootLock::acquire(&config.root) {
+        Ok(lock) => lock,
+        Err(e) => {
+            eprintln!("hosted-boot: configuration error: {e}");
             return 2;
         }
     };

@@ -171,8 +171,13 @@ pub(crate) fn prepare_bare_repo(
     create_branch: bool,
 ) -> anyhow::Result<BareRepo> {
     check_repo_full_name(repo_full_name)?;
-    git(None, &["check-ref-format", "--branch", branch])
-        .with_context(|| format!("invalid session branch {branch:?}"))?;
+    // In `/`: the check needs no repository, and git refuses to start in a
+    // working directory it cannot stat, which says nothing about the name.
+    git(
+        Some(Path::new("/")),
+        &["check-ref-format", "--branch", branch],
+    )
+    .with_context(|| format!("invalid session branch {branch:?}"))?;
     let project_root = std::path::absolute(workdir.join("git"))?;
     let path = project_root.join(format!("{repo_full_name}.git"));
     if path.exists() {

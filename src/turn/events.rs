@@ -295,9 +295,10 @@ impl EventSink {
 }
 
 /// Delivers what earlier runners left in the spools of other runs (a run
-/// sealed with `events_undelivered`, or a runner stopped or killed during
-/// the flush): for each run directory under `root` but `current` (the turn
-/// about to run resumes its own), reads the cursor, sends the rest within
+/// sealed with `events_undelivered`, whatever its outcome, or a runner
+/// stopped or killed during the flush): for each run directory under `root`
+/// but `current` (the turn about to run resumes its own; `""` when none is
+/// selected), reads the cursor, sends the rest within
 /// the flush deadline, and removes the run directory once everything is
 /// delivered (or it holds no event). What still cannot be delivered stays
 /// for the next boot. Never fails the boot: problems are logged.

@@ -108,6 +108,10 @@ pub struct TurnFatal {
     pub reason: String,
     /// Whether the run still needs a seal.
     pub seal: SealState,
+    /// Whether the turn's flush delivered every spooled event (false when
+    /// not known): only then may the run directory go before a later boot
+    /// has delivered its spool (PROTOCOL.md 3).
+    pub events_delivered: bool,
 }
 
 fn fatal(run_id: &str, reason: impl Into<String>, seal: SealState) -> TurnFatal {
@@ -115,6 +119,7 @@ fn fatal(run_id: &str, reason: impl Into<String>, seal: SealState) -> TurnFatal 
         run_id: run_id.to_string(),
         reason: reason.into(),
         seal,
+        events_delivered: false,
     }
 }
 
@@ -361,11 +366,14 @@ pub async fn run(
             return Ok(TurnEnd::Stopped(guard.current()));
         }
         Some(Err(e)) => {
-            return Err(fatal(
-                run_id,
-                format!("finish was not acknowledged: {e}"),
-                SealState::Unknown(body),
-            ));
+            return Err(TurnFatal {
+                events_delivered: report.undelivered() == 0,
+                ..fatal(
+                    run_id,
+                    format!("finish was not acknowledged: {e}"),
+                    SealState::Unknown(body),
+                )
+            });
         }
         Some(Ok(())) => {}
     }

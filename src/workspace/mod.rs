@@ -17,6 +17,7 @@ pub mod context;
 pub mod credential;
 pub mod files;
 pub mod harvest;
+pub mod lock;
 pub mod transport;
 
 use std::path::{Path, PathBuf};
@@ -32,6 +33,7 @@ pub use credential::{
 };
 pub use files::{RunDir, SessionDir, write_secret_file};
 pub use harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT};
+pub use lock::{LockError, RootLock};
 pub use transport::{CredentialHelpers, HttpContext, RemoteRegistration, register_remote};
 
 /// Why a workspace step failed. Messages name the value concerned (path,

@@ -755,3 +755,145 @@ printf '{"type":"%s"}\n' "$ACME_API_KEY"
         ]
     );
 }
+
+/// Waits (bounded) until `path` exists.
+async fn wait_for_file(path: &std::path::Path) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !path.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The events of `run_id` still in its spool, as lines.
+fn spooled_lines(sb: &Sandbox, run_id: &str) -> Vec<String> {
+    std::fs::read_to_string(spool_path(sb, run_id))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Boots a second runner on the sandbox's root with the events route
+/// healthy again and a session with nothing to run: it delivers `run_id`'s
+/// leftover spool (every spooled event, in order, once) and only then
+/// removes the run directory.
+async fn a_later_boot_delivers(
+    sb: &Sandbox,
+    script: &std::path::Path,
+    run_id: &str,
+    spooled: usize,
+) {
+    sb.coordinator.clear_faults();
+    let run_dir = sb.root().join(".orizu-run").join(run_id);
+    let second = Runner::spawn(sb, script);
+    sb.coordinator
+        .wait_for(WAIT, |s| s.status_names().last() == Some(&"ready"))
+        .await
+        .unwrap();
+    sb.coordinator.end_session();
+    let (status, output) = second.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run(run_id).unwrap();
+    assert_contiguous(&run.events);
+    assert_eq!(run.events.len(), spooled, "{output}");
+    assert_eq!(texts(&run), vec![format!("turn {run_id}")]);
+    assert!(
+        !run_dir.exists(),
+        "the run directory outlived the delivery of its events"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_turns_undelivered_events_stay_until_a_later_boot_delivers_them() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Events, 503).times(1_000_000))
+        .unwrap();
+    let script = sb.script(
+        r#"echo "turn $ORIZU_RUN_ID"
+[ -e "$AGENT_OUT/failed-once" ] && exit 0
+touch "$AGENT_OUT/failed-once"
+exit 1"#,
+    );
+    let (status, output) = Runner::spawn(&sb, &script).finish().await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    let snap = sb.coordinator.snapshot();
+    let run1 = snap.run("run-1").unwrap();
+    assert_eq!(run1.status, "failed");
+    assert!(run1.events.is_empty());
+    let error = run1.finish.as_ref().unwrap().error.clone().unwrap();
+    assert_eq!(error.code, ErrorCode::AgentCrashed);
+    assert!(
+        error.message.contains("remain in the sandbox's run spool"),
+        "{}",
+        error.message
+    );
+    assert_eq!(
+        snap.status_names(),
+        vec!["turn_started", "turn_completed", "turn_failed"]
+    );
+    // What finish said remains in the spool does remain.
+    let spooled = spooled_lines(&sb, "run-1");
+    assert!(
+        spooled.iter().any(|l| l.contains("\"turn run-1\"")),
+        "the failed turn's spool is gone: {spooled:?}\n{output}"
+    );
+    assert!(!sb.session_dir().exists());
+
+    a_later_boot_delivers(&sb, &script, "run-1", spooled.len()).await;
+}
+
+#[tokio::test]
+async fn an_interrupted_turns_undelivered_events_stay_when_the_boot_then_fails() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Events, 503).times(1_000_000))
+        .unwrap();
+    let script = sb.script(
+        r#"echo "turn $ORIZU_RUN_ID"
+[ -e "$AGENT_OUT/started" ] && exit 0
+touch "$AGENT_OUT/started"
+sleep 1000 &
+wait"#,
+    );
+    let first = Runner::spawn(&sb, &script);
+    wait_for_file(&sb.out().join("started")).await;
+    sb.coordinator.interrupt(Some("run-1")).unwrap();
+    let snap = sb
+        .coordinator
+        .wait_for(WAIT, |s| s.status_names().contains(&"turn_completed"))
+        .await
+        .unwrap();
+    let run1 = snap.run("run-1").unwrap();
+    assert_eq!(run1.status, "interrupted");
+    let error = run1.finish.as_ref().unwrap().error.clone().unwrap();
+    assert_eq!(error.code, ErrorCode::EventsUndelivered);
+    // Between turns the boot secret stops being valid: a fatal error
+    // reported for the last run, run-1.
+    sb.coordinator
+        .add_fault(Fault::status(Route::Session, 401).times(1_000_000))
+        .unwrap();
+    sb.coordinator
+        .add_fault(Fault::status(Route::AgentToken, 401).times(1_000_000))
+        .unwrap();
+    let (status, output) = first.finish().await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(
+        snap.status_names(),
+        vec!["turn_started", "turn_completed", "turn_failed"]
+    );
+    assert!(snap.run("run-1").unwrap().events.is_empty());
+    let spooled = spooled_lines(&sb, "run-1");
+    assert!(
+        spooled.iter().any(|l| l.contains("\"turn run-1\"")),
+        "the interrupted turn's spool is gone: {spooled:?}\n{output}"
+    );
+
+    a_later_boot_delivers(&sb, &script, "run-1", spooled.len()).await;
+}

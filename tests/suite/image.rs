@@ -1,7 +1,8 @@
 //! What the container image's runtime stage does, run directly (no Docker
 //! engine runs on these machines): the binary, as the unprivileged `agent`
 //! uid 1000, with `HOSTED_BOOT_ROOT` pointing at a fresh directory,
-//! completes the demo scenario against the reference coordinator.
+//! completes the demo scenario against the reference coordinator; started
+//! from a working directory it cannot read, it says so.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -42,6 +43,10 @@ fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
         ])
         .arg(&bin)
         .arg("demo")
+        // The image's WORKDIR. Not the test's own working directory: the
+        // checkout may sit under a 0700 directory (`mktemp -d`) the agent
+        // uid cannot enter.
+        .current_dir(&workspace)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", &home)
@@ -76,4 +81,84 @@ fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
         "the clone is not owned by the agent user"
     );
     assert!(!workspace.join(".orizu-session").exists());
+}
+
+/// `setpriv` to the agent uid, or the reason to skip.
+fn as_agent_user() -> Result<std::process::Command, String> {
+    if !rustix::process::getuid().is_root() {
+        return Err(format!(
+            "dropping to uid {AGENT_UID} needs root; this test runs as root in CI"
+        ));
+    }
+    if !Path::new("/usr/bin/setpriv").exists() {
+        return Err("setpriv (util-linux) is not installed".into());
+    }
+    let mut cmd = std::process::Command::new("/usr/bin/setpriv");
+    cmd.args([
+        format!("--reuid={AGENT_UID}"),
+        format!("--regid={AGENT_UID}"),
+        "--clear-groups".to_string(),
+        "--".to_string(),
+    ]);
+    Ok(cmd)
+}
+
+#[test]
+fn a_working_directory_the_runner_cannot_read_is_named_as_such() {
+    // A checkout cloned into `mktemp -d`: a 0700 root-owned parent, so the
+    // agent uid cannot stat the directory it is started in.
+    let private = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let cwd = private.path().join("checkout");
+    std::fs::create_dir(&cwd).unwrap();
+    std::fs::set_permissions(&cwd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let public = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(public.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = public.path().join("hosted-boot");
+    std::fs::copy(env!("CARGO_BIN_EXE_hosted-boot"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = public.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(AGENT_UID), Some(AGENT_UID)).unwrap();
+
+    for subcommand in ["demo", "run"] {
+        let mut cmd = match as_agent_user() {
+            Ok(c) => c,
+            Err(reason) => {
+                eprintln!("SKIPPED: {reason}");
+                return;
+            }
+        };
+        let out = cmd
+            .arg(&bin)
+            .arg(subcommand)
+            .current_dir(&cwd)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &home)
+            .env("TMPDIR", &home)
+            .env("HOSTED_BOOT_AGENT", "command")
+            .env("HOSTED_BOOT_AGENT_COMMAND", "true")
+            .env("ORIZU_API_BASE_URL", "http://127.0.0.1:9/")
+            .env("ORIZU_AGENT_TOKEN_URL", "http://127.0.0.1:9/agent-token")
+            .env("ORIZU_SESSION_ID", "s1")
+            .env("ORIZU_BOOT_SECRET", "boot-secret-value")
+            .env("HOSTED_BOOT_INSECURE_HTTP", "1")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let expected = if subcommand == "run" { 2 } else { 1 };
+        assert_eq!(out.status.code(), Some(expected), "{subcommand}: {text}");
+        assert!(
+            text.contains(&format!("the working directory {}", cwd.display()))
+                && text.contains("cannot be read"),
+            "{subcommand}: {text}"
+        );
+        assert!(!text.contains("session branch"), "{subcommand}: {text}");
+        assert!(!text.contains("boot-secret-value"), "{subcommand}: {text}");
+    }
 }

@@ -473,3 +473,161 @@ while [ ! -e "$AGENT_OUT/go" ]; do sleep 0.02; done
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");
 }
+
+/// The processes (pids in the test's namespace) that have `path` open.
+fn processes_holding(path: &Path) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == path))
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Every file under `dir` with its inode, size and modification time.
+fn tree_state(dir: &Path) -> Vec<(std::path::PathBuf, u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            out.push((e.path(), m.ino(), m.len(), m.mtime(), m.mtime_nsec()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A second runner on a root in use: it exits 2 at once, naming the
+/// holder's pid, and touches nothing (no request, no file of the first
+/// runner's session or run).
+async fn a_second_runner_is_refused(sb: &Sandbox, script: &Path, holder_pid: u32) {
+    let session = tree_state(&sb.session_dir());
+    let run = tree_state(&sb.root().join(".orizu-run"));
+    let requests = sb.coordinator.requests().len();
+    let second = sb.spawn(script);
+    let (status, output) = tokio::time::timeout(Duration::from_secs(10), finish(second))
+        .await
+        .expect("the second runner on the root was not refused");
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert!(
+        output.contains("configuration error") && output.contains(&format!("pid {holder_pid}")),
+        "{output}"
+    );
+    assert!(
+        output.contains(&sb.root().display().to_string()),
+        "{output}"
+    );
+    assert_eq!(tree_state(&sb.session_dir()), session);
+    assert_eq!(tree_state(&sb.root().join(".orizu-run")), run);
+    let after = sb.coordinator.requests();
+    assert!(
+        after[requests..]
+            .iter()
+            .all(|r| r.route == Route::Session || r.route == Route::Dev),
+        "the second runner made requests: {:?}",
+        after[requests..]
+            .iter()
+            .map(|r| r.route.as_str())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        sb.coordinator.snapshot().status_names(),
+        vec!["turn_started"]
+    );
+}
+
+#[tokio::test]
+async fn a_second_runner_on_the_same_root_is_refused_and_a_sigkilled_holder_frees_the_root() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+[ -e "$AGENT_OUT/pgid" ] && { echo again; exit 0; }
+echo $$ > "$AGENT_OUT/pgid"
+echo '{"type":"message","text":"working"}'
+sleep 1000 &
+wait
+"#,
+    );
+    let mut first = sb.spawn(&script);
+    wait_text(&sb, "run-1", "working").await;
+    let first_pid = first.id().unwrap();
+    a_second_runner_is_refused(&sb, &script, first_pid).await;
+
+    // The runner holds the lock; the agent (another program) does not.
+    let lock = sb.root().join(".hosted-boot/lock");
+    assert_eq!(processes_holding(&lock), vec![first_pid]);
+    assert_eq!(
+        std::fs::read_to_string(&lock).unwrap(),
+        format!("{first_pid}\n")
+    );
+
+    // The kernel releases the lock of a SIGKILLed runner: a restart boots.
+    signal(first_pid, rustix::process::Signal::KILL);
+    first.wait().await.unwrap();
+    let restarted = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(restarted).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_eq!(sb.coordinator.run("run-1").unwrap().status, "succeeded");
+}
+
+#[tokio::test]
+async fn under_the_pid_1_reaper_the_worker_holds_the_root_lock() {
+    let wrapper = match pid_namespace_wrapper() {
+        Ok(w) => w,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+[ -e "$AGENT_OUT/started" ] && exit 0
+touch "$AGENT_OUT/started"
+echo '{"type":"message","text":"working"}'
+sleep 1000
+"#,
+    );
+    let mut cmd = sb.wrapped_command(&wrapper, "run", &script);
+    cmd.env(IN_PID_NAMESPACE, "1");
+    let mut first = cmd.spawn().unwrap();
+    wait_text(&sb, "run-1", "working").await;
+    let reaper = only_child(first.id().unwrap());
+    let worker = only_child(reaper);
+    let lock = sb.root().join(".hosted-boot/lock");
+    assert_eq!(processes_holding(&lock), vec![worker]);
+    // The pid the worker has in its namespace (the reaper is 1).
+    let inner = std::fs::read_to_string(format!("/proc/{worker}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last().map(str::to_string))
+        .unwrap();
+    assert_ne!(inner, "1");
+    a_second_runner_is_refused(&sb, &script, inner.parse().unwrap()).await;
+    // SIGKILL of the worker ends the namespace; the root is free again.
+    signal(worker, rustix::process::Signal::KILL);
+    first.wait().await.unwrap();
+    let restarted = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(restarted).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+}
