@@ -12,6 +12,13 @@
 //!    turn starts from the remote's head. A `HEAD` that could not be pushed
 //!    is left where it is: a commit is never dropped before it was pushed.
 //!
+//! Before each turn, [`Harvester::sync_before_turn`] does the reverse
+//! (PROTOCOL.md 4.5 "Before a turn"): it fetches the session branch and
+//! moves `repo/` to its tip, so that the turn starts from what the user
+//! pushed meanwhile. Local work the remote lacks is pushed first (never
+//! forced); commits a force push dropped are kept on a local ref, never
+//! pushed back.
+//!
 //! The push goes through [`super::transport`] with the boot's own
 //! credential helper and remote URL, not the ones in `repo/.git/config`
 //! (which the agent can edit). Transport failures are retried (section 2
@@ -34,7 +41,10 @@ use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::transport::{CredentialHelpers, HttpContext, register_remote};
 use crate::client::retry::wait_before_retry;
 use crate::timings::RetryPolicy;
-use crate::wire::{HarvestResult, PushError, PushErrorCode, RunOutcome};
+use crate::wire::{
+    HarvestResult, MAX_LISTED_COMMITS, PushError, PushErrorCode, RunOutcome, SyncOutcome,
+    SyncWarning, SyncWarningCode, WorkspaceSync, truncate_reason,
+};
 
 /// The name of the harvest of a reused `repo/` at boot (PROTOCOL.md 4.5).
 pub const RECOVERED_AT_BOOT: &str = "recovered-at-boot";
@@ -78,7 +88,7 @@ pub struct HarvestJob {
     /// The turn's outcome (`None` at boot), for the commit message: work in
     /// progress unless `succeeded`.
     pub outcome: Option<RunOutcome>,
-    /// The commit the turn started from ([`Harvester::start_point`]), the
+    /// The commit the turn started from (the workspace sync's `startSha`), the
     /// base of `commits` and the diff statistics; `None`: the remote's
     /// session branch.
     pub start: Option<String>,
@@ -96,6 +106,38 @@ enum Failure {
     RefRejected(String),
     /// Refused by the server (credentials, no such repository): a verdict.
     Verdict(String),
+}
+
+/// Why [`Harvester::with_remote`] gave up.
+#[derive(Debug)]
+enum RemoteError {
+    /// The bound ran out before the first attempt.
+    NoTime,
+    /// The transport could not be registered.
+    Setup(String),
+    /// Refused by git or the server: a verdict, not retried.
+    Refused(String),
+    /// A transport failure on every attempt.
+    Exhausted { attempts: u32, last: String },
+    /// The bound ran out between attempts.
+    OutOfTime { attempts: u32, last: String },
+}
+
+impl RemoteError {
+    /// The error as a sentence about `what` (e.g. "the fetch of … from …").
+    fn describe(&self, what: &str) -> String {
+        match self {
+            RemoteError::NoTime => format!("{what}: the time bound ran out before it started"),
+            RemoteError::Setup(text) => format!("{what} could not start: {text}"),
+            RemoteError::Refused(text) => format!("{what} was refused: {text}"),
+            RemoteError::Exhausted { attempts, last } => {
+                format!("{what} failed after {attempts} attempts: {last}")
+            }
+            RemoteError::OutOfTime { attempts, last } => format!(
+                "{what}: the time bound ran out after {attempts} attempts; the last failed: {last}"
+            ),
+        }
+    }
 }
 
 fn message(e: &git2::Error) -> String {
@@ -274,64 +316,92 @@ impl Harvester {
 
         // 2. and 3. Fetch, push, bring the local session branch to the
         // remote's; transport failures retried within the bound.
+        let url = self.remote_url.as_str();
+        let attempt = || {
+            let result = self.push_once(&repo, head, job, &mut r);
+            if result.is_err() {
+                publish(&r);
+            }
+            result
+        };
+        let outcome = self.with_remote(deadline, "harvest push", attempt);
+        match outcome {
+            Ok(()) => {
+                r.pushed = true;
+                r
+            }
+            Err(RemoteError::NoTime) => fail(
+                r,
+                PushErrorCode::HarvestTimeout,
+                "the harvest's time bound ran out before the push".to_string(),
+            ),
+            Err(RemoteError::Setup(text)) => fail(r, PushErrorCode::PushFailed, text),
+            Err(RemoteError::Refused(text)) => fail(
+                r,
+                PushErrorCode::PushRejected,
+                format!("the push to {url} was refused: {text}"),
+            ),
+            Err(RemoteError::Exhausted { attempts, last }) => fail(
+                r,
+                PushErrorCode::PushFailed,
+                format!("the push to {url} failed after {attempts} attempts: {last}"),
+            ),
+            Err(RemoteError::OutOfTime { attempts, last }) => fail(
+                r,
+                PushErrorCode::HarvestTimeout,
+                format!(
+                    "the harvest's time bound ran out after {attempts} push attempts; the last failed: {last}"
+                ),
+            ),
+        }
+    }
+
+    /// Runs `op` (git work on the remote) with the boot's transport and
+    /// credential helper registered for the remote URL, retrying transport
+    /// failures as the section 2 table says for the harvest (3 attempts, 1 s,
+    /// cap 4 s) within `deadline`; each request's timeout is cut to what is
+    /// left of it. `what` names the work in the log.
+    fn with_remote<T>(
+        &self,
+        deadline: Instant,
+        what: &str,
+        mut op: impl FnMut() -> Result<T, Failure>,
+    ) -> Result<T, RemoteError> {
         let helpers = CredentialHelpers::new(["", self.credential_helper.as_str()], true);
         let policy = self.push_policy;
         let mut failures = 0u32;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return fail(
-                    r,
-                    PushErrorCode::HarvestTimeout,
-                    "the harvest's time bound ran out before the push".to_string(),
-                );
+                return Err(RemoteError::NoTime);
             }
             let http = HttpContext {
                 request_timeout: self.http.request_timeout.min(remaining),
                 ..self.http.clone()
             };
-            let _registration = match register_remote(&self.remote_url, http, helpers.clone()) {
-                Ok(reg) => reg,
-                Err(e) => {
-                    return fail(r, PushErrorCode::PushFailed, message(&e));
-                }
-            };
-            match self.sync(&repo, head, job, &mut r) {
-                Ok(()) => {
-                    r.pushed = true;
-                    return r;
-                }
+            let _registration = register_remote(&self.remote_url, http, helpers.clone())
+                .map_err(|e| RemoteError::Setup(message(&e)))?;
+            match op() {
+                Ok(value) => return Ok(value),
                 Err(Failure::Verdict(text) | Failure::RefRejected(text)) => {
-                    return fail(
-                        r,
-                        PushErrorCode::PushRejected,
-                        format!("the push to {} was refused: {text}", self.remote_url),
-                    );
+                    return Err(RemoteError::Refused(text));
                 }
                 Err(Failure::Transport(text)) => {
                     failures += 1;
-                    publish(&r);
                     if failures >= policy.attempts {
-                        return fail(
-                            r,
-                            PushErrorCode::PushFailed,
-                            format!(
-                                "the push to {} failed after {failures} attempts: {text}",
-                                self.remote_url
-                            ),
-                        );
+                        return Err(RemoteError::Exhausted {
+                            attempts: failures,
+                            last: text,
+                        });
                     }
                     let wait = wait_before_retry(policy, failures - 1, None);
                     if Instant::now() + wait >= deadline {
-                        return fail(
-                            r,
-                            PushErrorCode::HarvestTimeout,
-                            format!(
-                                "the harvest's time bound ran out after {failures} push attempts; the last failed: {text}"
-                            ),
-                        );
+                        return Err(RemoteError::OutOfTime {
+                            attempts: failures,
+                            last: text,
+                        });
                     }
-                    tracing::warn!(attempt = failures, error = %text, "harvest push failed; retrying");
+                    tracing::warn!(what, attempt = failures, error = %text, "git request failed; retrying");
                     std::thread::sleep(wait);
                 }
             }
@@ -340,7 +410,7 @@ impl Harvester {
 
     /// One attempt: fetch the session branch, push `head` where it may go,
     /// then bring the local session branch to the remote's.
-    fn sync(
+    fn push_once(
         &self,
         repo: &Repository,
         head: Oid,
@@ -414,6 +484,280 @@ impl Harvester {
         }
         Ok(())
     }
+    /// Brings `repo/` to the remote's session branch before the turn
+    /// `run_id` (PROTOCOL.md 4.1 step 3, 4.5 "Before a turn") on the
+    /// blocking pool; the network part is bounded by `bound` (each request's
+    /// timeout cut to what is left of it) and nothing in `repo/` is changed
+    /// once it ran out, so the agent never starts while this still works on
+    /// `repo/`. Never fails: a problem is the report's `warning`, and the
+    /// turn then starts from the local `HEAD`.
+    pub async fn sync_before_turn(&self, run_id: &str, bound: Duration) -> WorkspaceSync {
+        let this = self.clone();
+        let run = run_id.to_string();
+        let deadline = Instant::now() + bound;
+        let report =
+            match tokio::task::spawn_blocking(move || this.sync_blocking(&run, deadline)).await {
+                Ok(report) => report,
+                Err(e) => {
+                    let mut report = empty_sync(&self.branch);
+                    report.warning = Some(SyncWarning {
+                        code: SyncWarningCode::RepoUnreadable,
+                        message: format!("the workspace sync task failed: {e}"),
+                    });
+                    report
+                }
+            };
+        log_sync(&report);
+        report
+    }
+
+    /// [`Harvester::sync_before_turn`] on the calling thread: blocking,
+    /// never from an async task.
+    pub fn sync_blocking(&self, run_id: &str, deadline: Instant) -> WorkspaceSync {
+        let _guard = lock_repo();
+        let url = self.remote_url.as_str();
+        let branch = self.branch.as_str();
+        let mut s = empty_sync(branch);
+        let warn = |mut s: WorkspaceSync, code, text: String| {
+            s.outcome = SyncOutcome::KeptLocal;
+            s.warning = Some(SyncWarning {
+                code,
+                message: truncate_reason(&text),
+            });
+            s
+        };
+        let repo = match Repository::open(&self.repo_dir) {
+            Ok(repo) => repo,
+            Err(e) => {
+                let text = format!("cannot open {}: {}", self.repo_dir.display(), message(&e));
+                return warn(s, SyncWarningCode::RepoUnreadable, text);
+            }
+        };
+        let head = match repo.head().and_then(|h| h.peel_to_commit()) {
+            Ok(c) => c.id(),
+            Err(e) => {
+                let text = format!(
+                    "{} has no commit at HEAD: {}",
+                    self.repo_dir.display(),
+                    message(&e)
+                );
+                return warn(s, SyncWarningCode::RepoUnreadable, text);
+            }
+        };
+        s.local_sha = Some(head.to_string());
+        s.start_sha = Some(head.to_string());
+        // The session branch's tip as the runner last saw it on the remote
+        // (its clone, its last harvest), read before the fetch moves it.
+        let known = repo
+            .refname_to_id(&format!("refs/remotes/origin/{branch}"))
+            .ok();
+
+        let remote = match self.with_remote(deadline, "workspace sync fetch", || {
+            fetch(&repo, url, branch)
+        }) {
+            Ok(remote) => remote,
+            Err(e) => {
+                let code = match e {
+                    RemoteError::NoTime | RemoteError::OutOfTime { .. } => {
+                        SyncWarningCode::SyncTimeout
+                    }
+                    _ => SyncWarningCode::FetchFailed,
+                };
+                let text = format!(
+                    "{}; the turn starts from the local HEAD",
+                    e.describe(&format!("the fetch of {branch} from {url}"))
+                );
+                return warn(s, code, text);
+            }
+        };
+        let Some(tip) = remote.session_tip else {
+            let text = format!(
+                "the remote {url} has no branch {branch}; the turn starts from the local HEAD"
+            );
+            return warn(s, SyncWarningCode::BranchMissing, text);
+        };
+        s.remote_sha = Some(tip.to_string());
+
+        let contains = |a: Oid, b: Oid| a == b || repo.graph_descendant_of(a, b).unwrap_or(false);
+        let on_remote = remote.heads.values().any(|t| contains(*t, head));
+        let known_pushed = known.is_some_and(|k| contains(k, head));
+        let mut target = tip;
+        let mut pushed = false;
+        if !on_remote && !known_pushed {
+            // Work that is on no remote branch (an earlier push failed): saved
+            // before the workspace moves, never forced.
+            if contains(head, tip) {
+                let session_ref = format!("refs/heads/{branch}");
+                if let Err(e) = self.with_remote(deadline, "workspace sync push", || {
+                    push(&repo, url, &session_ref)
+                }) {
+                    let text = format!(
+                        "{}; the turn starts from the local HEAD",
+                        e.describe(&format!("the push of the local work to {branch}"))
+                    );
+                    return warn(s, SyncWarningCode::PushFailed, text);
+                }
+                target = head;
+                pushed = true;
+            } else {
+                let name = format!("before-{run_id}");
+                let Some(recovery) = recovery_name(&repo, branch, &name, &remote.heads, head)
+                else {
+                    let text = format!(
+                        "no free recovery branch name for {branch}-recovered-{name}; the turn starts from the local HEAD"
+                    );
+                    return warn(s, SyncWarningCode::PushFailed, text);
+                };
+                let recovery_ref = format!("refs/heads/{recovery}");
+                if remote.heads.get(&recovery_ref) != Some(&head)
+                    && let Err(e) = self.with_remote(deadline, "workspace sync push", || {
+                        push(&repo, url, &recovery_ref)
+                    })
+                {
+                    let text = format!(
+                        "{}; the turn starts from the local HEAD",
+                        e.describe(&format!("the push of the local work to {recovery}"))
+                    );
+                    return warn(s, SyncWarningCode::PushFailed, text);
+                }
+                tracing::warn!(recovery_branch = %recovery, head = %head, "workspace sync: local work the remote lacked went to a recovery branch");
+                s.recovery_branch = Some(recovery);
+            }
+        }
+
+        // Commits the session branch no longer has (the user force-pushed):
+        // the user's choice stands, they are not pushed back; repo/ keeps
+        // them on a local ref.
+        if let Some(known) = known
+            && !contains(tip, known)
+        {
+            match keep_discarded(&repo, run_id, known, &remote.heads) {
+                Ok(Some((name, commits, count))) => {
+                    tracing::warn!(discarded_ref = %name, count, "workspace sync: the remote session branch dropped commits; kept locally, not pushed back");
+                    s.discarded_ref = Some(name);
+                    s.discarded_commits = commits;
+                    s.discarded_count = Some(count);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %message(&e), "workspace sync: cannot keep the commits the remote dropped on a local ref");
+                }
+            }
+        }
+
+        if Instant::now() >= deadline {
+            let text = "the workspace sync's time bound ran out before the checkout; the turn starts from the local HEAD".to_string();
+            return warn(s, SyncWarningCode::SyncTimeout, text);
+        }
+        if let Err(e) = bring_local_to(&repo, branch, target) {
+            let text = format!(
+                "cannot check out {target} (the remote's {branch}): {}; the turn starts from the local HEAD",
+                message(&e)
+            );
+            return warn(s, SyncWarningCode::CheckoutFailed, text);
+        }
+        s.start_sha = Some(target.to_string());
+        s.outcome = if pushed {
+            SyncOutcome::Pushed
+        } else if s.recovery_branch.is_some() || s.discarded_ref.is_some() {
+            SyncOutcome::Reset
+        } else if head == tip {
+            SyncOutcome::UpToDate
+        } else {
+            SyncOutcome::FastForward
+        };
+        s
+    }
+}
+
+fn empty_sync(branch: &str) -> WorkspaceSync {
+    WorkspaceSync {
+        branch: branch.to_string(),
+        outcome: SyncOutcome::KeptLocal,
+        local_sha: None,
+        remote_sha: None,
+        start_sha: None,
+        recovery_branch: None,
+        discarded_ref: None,
+        discarded_commits: Vec::new(),
+        discarded_count: None,
+        warning: None,
+    }
+}
+
+fn log_sync(s: &WorkspaceSync) {
+    match &s.warning {
+        None => tracing::info!(
+            outcome = ?s.outcome,
+            local = s.local_sha.as_deref().unwrap_or(""),
+            start = s.start_sha.as_deref().unwrap_or(""),
+            recovery_branch = s.recovery_branch.as_deref().unwrap_or(""),
+            discarded_ref = s.discarded_ref.as_deref().unwrap_or(""),
+            "workspace synced to the remote's session branch"
+        ),
+        Some(w) => tracing::warn!(
+            code = ?w.code,
+            error = %w.message,
+            start = s.start_sha.as_deref().unwrap_or(""),
+            "workspace sync: the turn starts from the local HEAD"
+        ),
+    }
+}
+
+/// Keeps `known` (the session branch's tip as last seen on the remote) on
+/// `refs/hosted-boot/discarded/<runId>` (`-2`, `-3`, … when taken by another
+/// commit) when it has commits that no branch of the remote had at the
+/// fetch (`heads`). Returns the ref, the commits (newest first, at most
+/// [`MAX_LISTED_COMMITS`]) and their count; `None` when there are none.
+fn keep_discarded(
+    repo: &Repository,
+    run_id: &str,
+    known: Oid,
+    heads: &HashMap<String, Oid>,
+) -> Result<Option<(String, Vec<String>, u64)>, git2::Error> {
+    let mut walk = repo.revwalk()?;
+    walk.push(known)?;
+    for tip in heads.values() {
+        if repo.find_commit(*tip).is_ok() {
+            walk.hide(*tip)?;
+        }
+    }
+    let mut commits = Vec::new();
+    let mut count = 0u64;
+    for oid in walk {
+        let oid = oid?;
+        count += 1;
+        if commits.len() < MAX_LISTED_COMMITS {
+            commits.push(oid.to_string());
+        }
+    }
+    if count == 0 {
+        return Ok(None);
+    }
+    let base = format!("refs/hosted-boot/discarded/{run_id}");
+    for n in 1..=MAX_RECOVERY_SUFFIX {
+        let name = if n == 1 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        };
+        match repo.refname_to_id(&name) {
+            Ok(there) if there == known => return Ok(Some((name, commits, count))),
+            Ok(_) => continue,
+            Err(_) => {
+                repo.reference(
+                    &name,
+                    known,
+                    false,
+                    "hosted-boot: commits the remote session branch dropped",
+                )?;
+                return Ok(Some((name, commits, count)));
+            }
+        }
+    }
+    Err(git2::Error::from_str(&format!(
+        "no free ref name for {base}"
+    )))
 }
 
 fn empty_result(name: &str, branch: &str) -> HarvestResult {
@@ -681,10 +1025,21 @@ fn recovery_name(
         )
 }
 
-/// Checks out `tip` (forced: the work tree holds nothing uncommitted by now)
-/// and points the local session branch, its remote-tracking branch and
-/// `HEAD` at it.
+/// Checks out `tip` and points the local session branch, its
+/// remote-tracking branch and `HEAD` at it. The checkout is git's safe one:
+/// a file left uncommitted (one over the size limit, say) is carried over
+/// when `tip` does not change it, and the checkout fails, changing nothing,
+/// when it would be overwritten.
 fn bring_local_to(repo: &Repository, branch: &str, tip: Oid) -> Result<(), git2::Error> {
+    // The remote-tracking branch is the runner's record of the remote's
+    // tip (what the next sync tells a force push by), kept even when
+    // nothing else moves.
+    repo.reference(
+        &format!("refs/remotes/origin/{branch}"),
+        tip,
+        true,
+        "hosted-boot: harvest",
+    )?;
     let local = format!("refs/heads/{branch}");
     let attached = repo
         .head()
@@ -700,14 +1055,8 @@ fn bring_local_to(repo: &Repository, branch: &str, tip: Oid) -> Result<(), git2:
     // untracked files that the next harvest would commit again.
     let commit = repo.find_commit(tip)?;
     let mut checkout = git2::build::CheckoutBuilder::new();
-    checkout.force();
+    checkout.safe();
     repo.checkout_tree(commit.as_object(), Some(&mut checkout))?;
-    repo.reference(
-        &format!("refs/remotes/origin/{branch}"),
-        tip,
-        true,
-        "hosted-boot: harvest",
-    )?;
     repo.reference(
         &local,
         tip,
