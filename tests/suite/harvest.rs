@@ -986,3 +986,174 @@ fi
     assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), first);
     assert_eq!(result_of(&snap, &next)["pushed"], json!(true));
 }
+
+// ---------------------------------------------------------------------------
+// The size guard (PROTOCOL.md 4.5 step 1 and "Files over the size limit"):
+// the coordinator's git server refuses a push that brings a file over 1 MiB,
+// as GitHub refuses files over 100 MiB; the runner's limit is set to match.
+
+const LIMIT: u64 = 1024 * 1024;
+const BIG: u64 = 2_000_000;
+
+fn spawn_with_limit(sb: &Sandbox, script: &Path) -> tokio::process::Child {
+    sb.runner(script)
+        .env("HOSTED_BOOT_HARVEST_MAX_FILE_SIZE", "1MiB")
+        .spawn()
+        .unwrap()
+}
+
+fn files_at(sb: &Sandbox, rev: &str) -> Vec<String> {
+    bare_git(sb, &["ls-tree", "-r", "--name-only", rev])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_file_over_the_size_limit_is_left_out_named_and_later_work_is_pushed() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        git_max_file_size: Some(LIMIT),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  head -c {BIG} /dev/zero > BIG.bin
+  echo small > SMALL.md
+else
+  echo two > TWO.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    let branch = sb.coordinator.branch();
+    let first = tip(&sb, &branch);
+    // The small file is on the session branch, the big one is not; the
+    // report names it; it stays in the sandbox's work tree.
+    assert_eq!(
+        result_of(&snap, "run-1"),
+        json!({"name": "run-1", "branch": branch, "headSha": first, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0,
+               "harvestCommit": first,
+               "skippedFiles": [{"path": "BIG.bin", "bytes": BIG}]})
+    );
+    assert_eq!(
+        harvest_events(&snap, "run-1"),
+        vec![result_of(&snap, "run-1")]
+    );
+    assert_eq!(
+        files_at(&sb, &first),
+        vec!["README.md", "SMALL.md", "src/greeting.txt"]
+    );
+    assert_eq!(
+        std::fs::metadata(sb.root().join("repo/BIG.bin"))
+            .unwrap()
+            .len(),
+        BIG
+    );
+
+    // The next turn's work is pushed too: the session is not blocked.
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let head = tip(&sb, &branch);
+    assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), first);
+    assert_eq!(
+        files_at(&sb, &head),
+        vec!["README.md", "SMALL.md", "TWO.md", "src/greeting.txt"]
+    );
+    let result = result_of(&snap, &next);
+    assert_eq!(result["pushed"], json!(true), "{result}");
+    assert_eq!(result["headSha"], json!(head), "{result}");
+    // Still in the work tree, still left out, still named.
+    assert_eq!(
+        result["skippedFiles"],
+        json!([{"path": "BIG.bin", "bytes": BIG}]),
+        "{result}"
+    );
+}
+
+#[tokio::test]
+async fn a_file_over_the_size_limit_the_agent_committed_is_left_out_of_the_push() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    // The limit through the dev API (PROTOCOL.md section 6).
+    let answer = hosted_boot::tls::http_client(None)
+        .unwrap()
+        .post(format!("{}dev/git", sb.coordinator.base_url()))
+        .json(&json!({"maxFileSize": LIMIT}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.json::<Value>().await.unwrap(),
+        json!({"maxFileSize": LIMIT})
+    );
+    let script = sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  head -c {BIG} /dev/zero > BIG.bin
+  echo small > SMALL.md
+  git add -A
+  git commit -q -m "agent: a big file and a small one"
+  git rev-parse HEAD > "$AGENT_OUT/head-run-1"
+else
+  echo two > TWO.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    let branch = sb.coordinator.branch();
+    let first = tip(&sb, &branch);
+    let agents = sb.read_out("head-run-1").trim().to_string();
+    // What was pushed is the agent's work without the big file; the agent's
+    // own commit stays in repo/ on a local ref, and the report says so.
+    assert_ne!(first, agents);
+    assert_eq!(
+        files_at(&sb, &first),
+        vec!["README.md", "SMALL.md", "src/greeting.txt"]
+    );
+    assert_eq!(
+        subject(&sb, &first),
+        "run-1: the agent's commits without the files over the size limit"
+    );
+    let oversized_ref = "refs/hosted-boot/oversized/run-1";
+    assert_eq!(
+        result_of(&snap, "run-1"),
+        json!({"name": "run-1", "branch": branch, "headSha": first, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0,
+               "skippedFiles": [{"path": "BIG.bin", "bytes": BIG}],
+               "oversizedRef": oversized_ref})
+    );
+    let local = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(sb.root().join("repo"))
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(local(&["rev-parse", oversized_ref]), agents);
+    assert_eq!(
+        std::fs::metadata(sb.root().join("repo/BIG.bin"))
+            .unwrap()
+            .len(),
+        BIG
+    );
+
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let head = tip(&sb, &branch);
+    assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), first);
+    assert!(files_at(&sb, &head).contains(&"TWO.md".to_string()));
+    assert_eq!(result_of(&snap, &next)["pushed"], json!(true));
+}
