@@ -475,6 +475,7 @@ fn harvester(
             request_timeout: config.timings.request_timeout,
         },
         push_policy: config.timings.retry.harvest_push,
+        max_file_size: config.harvest_max_file_size,
     })
 }
 

@@ -488,6 +488,26 @@ pub struct HarvestResult {
     /// Why the work is not (or not known to be) on the remote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub push_error: Option<PushError>,
+    /// Files over the size limit (`--harvest-max-file-size`) left out of
+    /// what was committed and pushed, by path; they stay in the work tree
+    /// (uncommitted) when they are still there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_files: Vec<SkippedFile>,
+    /// When commits of the agent held such files: the local ref in `repo/`
+    /// (`refs/hosted-boot/oversized/<name>`) that keeps those commits;
+    /// `headSha` is then one commit of the same work without the files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oversized_ref: Option<String>,
+}
+
+/// `finish.result.skippedFiles[]` (4.5): a file left out of the harvest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedFile {
+    /// The path in the repository.
+    pub path: String,
+    /// Its size in bytes.
+    pub bytes: u64,
 }
 
 /// `finish.result.pushError` (4.5). A failed push does not fail the turn.

@@ -625,6 +625,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         credential_helper: helper,
         http,
         push_policy: Timings::default().retry.harvest_push,
+        max_file_size: None,
     };
     let started = std::time::Instant::now();
     let result = harvester
@@ -1156,4 +1157,32 @@ fi
     assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), first);
     assert!(files_at(&sb, &head).contains(&"TWO.md".to_string()));
     assert_eq!(result_of(&snap, &next)["pushed"], json!(true));
+}
+
+/// A git host whose limit is below the runner's refuses the push; the
+/// report says why, in the server's words.
+#[tokio::test]
+async fn a_push_the_host_refuses_for_a_large_file_says_why() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        git_max_file_size: Some(LIMIT),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!("head -c {BIG} /dev/zero > BIG.bin"));
+    let child = sb.spawn(&script);
+    let snap = sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let result: HarvestResult = serde_json::from_value(result_of(&snap, "run-1")).unwrap();
+    assert!(!result.pushed);
+    let error = result.push_error.unwrap();
+    assert_eq!(error.code, PushErrorCode::PushRejected, "{error:?}");
+    assert!(
+        error
+            .message
+            .contains("files over the limit of 1048576 bytes")
+            && error.message.contains("BIG.bin"),
+        "{error:?}"
+    );
 }
