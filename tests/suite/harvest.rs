@@ -988,6 +988,59 @@ fi
     assert_eq!(result_of(&snap, &next)["pushed"], json!(true));
 }
 
+#[tokio::test]
+async fn local_work_the_remote_lacks_goes_to_a_recovery_branch_before_the_turn() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  {WAIT_FOR_GO}
+fi
+{RECORDS_START_AND_LEAVES_A_FILE}
+"#
+    ));
+    let child = sb.spawn(&script);
+    let branch = sb.coordinator.branch();
+    let base = tip(&sb, &branch);
+    // run-1's push fails: its commit stays in repo/ only.
+    wait_file(sb.out().join("ready-run-1")).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .unwrap();
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    let snap = sb.wait_sealed("run-1").await;
+    sb.coordinator.clear_faults();
+    let unpushed = result_of(&snap, "run-1")["headSha"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(result_of(&snap, "run-1")["pushed"], json!(false));
+    // Meanwhile the user pushed to the session branch.
+    let users = user_push(&sb, &base, "USER.md");
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+
+    // The unpushed commit went to a recovery branch before the turn, which
+    // started from the user's commit and pushed its work onto it.
+    let recovery = format!("{branch}-recovered-before-{next}");
+    assert_eq!(tip(&sb, &recovery), unpushed);
+    assert_eq!(sb.read_out(&format!("head-{next}")).trim(), users);
+    assert_eq!(
+        sync_events(&snap, &next),
+        vec![
+            json!({"branch": branch, "outcome": "reset", "localSha": unpushed,
+                    "remoteSha": users, "startSha": users,
+                    "recoveryBranch": recovery})
+        ]
+    );
+    let head = tip(&sb, &branch);
+    assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), users);
+    assert!(result_of(&snap, &next).get("recoveryBranch").is_none());
+}
+
 // ---------------------------------------------------------------------------
 // The size guard (PROTOCOL.md 4.5 step 1 and "Files over the size limit"):
 // the coordinator's git server refuses a push that brings a file over 1 MiB,
