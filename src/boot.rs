@@ -498,6 +498,7 @@ fn harvester(
             redactor: redactor.clone(),
         },
         push_policy: config.timings.retry.harvest_push,
+        max_file_size: config.harvest_max_file_size,
     })
 }
 

@@ -149,6 +149,16 @@ pub struct RunArgs {
         default_value = "auto"
     )]
     pub turn_cgroup: CgroupMode,
+    /// Files larger than this are left out of the harvest (PROTOCOL.md 4.5):
+    /// `100MiB` (GitHub's hard limit), `50MB`, `1048576` (bytes); `0` turns
+    /// the guard off. Set it at or below the git host's own file size limit.
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_HARVEST_MAX_FILE_SIZE",
+        hide_env_values = true,
+        default_value = "100MiB"
+    )]
+    pub harvest_max_file_size: String,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,

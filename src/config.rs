@@ -95,6 +95,30 @@ pub struct BootConfig {
     pub base_env: Vec<(OsString, OsString)>,
     /// `--turn-cgroup`: whether each turn gets a cgroup when possible.
     pub turn_cgroup: CgroupMode,
+    /// `--harvest-max-file-size` in bytes: files larger are left out of the
+    /// harvest (PROTOCOL.md 4.5); `None`: no limit (`0`).
+    pub harvest_max_file_size: Option<u64>,
+}
+
+/// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
+pub const DEFAULT_HARVEST_MAX_FILE_SIZE: u64 = 100 * 1024 * 1024;
+
+/// Parses `--harvest-max-file-size`: a byte count with an optional unit
+/// (`100MiB`, `50 MB`, `1048576`; binary units are powers of 1024, decimal
+/// ones of 1000). `0` is no limit (`None`); empty is the default.
+///
+/// Errors: a message naming the value and the accepted forms.
+pub fn parse_max_file_size(text: &str) -> Result<Option<u64>, ConfigError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(Some(DEFAULT_HARVEST_MAX_FILE_SIZE));
+    }
+    let bytes = text.parse::<bytesize::ByteSize>().map_err(|e| {
+        ConfigError(format!(
+            "HOSTED_BOOT_HARVEST_MAX_FILE_SIZE {text:?} is not a size ({e}); write it like 100MiB, 50MB or 1048576, or 0 for no limit"
+        ))
+    })?;
+    Ok(Some(bytes.as_u64()).filter(|b| *b > 0))
 }
 
 /// Reads `env` (the environment as the process was started, boot secret
@@ -195,6 +219,7 @@ pub fn load(
     if let Some(path) = &args.ca_file {
         crate::tls::read_ca_file(path).map_err(|e| ConfigError(format!("{e:#}")))?;
     }
+    let harvest_max_file_size = parse_max_file_size(&args.harvest_max_file_size)?;
 
     let base_env = env
         .iter()
@@ -222,6 +247,7 @@ pub fn load(
         ca_file: args.ca_file.clone(),
         base_env,
         turn_cgroup: args.turn_cgroup,
+        harvest_max_file_size,
     })
 }
 
@@ -382,6 +408,19 @@ mod tests {
 
     fn secret() -> Option<Secret> {
         Some(Secret::new("b".repeat(64)))
+    }
+
+    #[test]
+    fn file_size_limits_parse_in_the_documented_forms() {
+        let p = |t: &str| parse_max_file_size(t).unwrap();
+        assert_eq!(p(""), Some(100 * 1024 * 1024));
+        assert_eq!(p("100MiB"), Some(100 * 1024 * 1024));
+        assert_eq!(p("1 MiB"), Some(1024 * 1024));
+        assert_eq!(p("50MB"), Some(50_000_000));
+        assert_eq!(p("1048576"), Some(1_048_576));
+        assert_eq!(p("0"), None);
+        let e = parse_max_file_size("lots").unwrap_err().to_string();
+        assert!(e.contains("\"lots\"") && e.contains("100MiB"), "{e}");
     }
 
     #[test]

@@ -122,6 +122,8 @@ pub struct Timings {
     pub harvest_bound: Duration,
     /// The harvest's share of a graceful stop (10 s, 4.4).
     pub stop_harvest: Duration,
+    /// Bound on the workspace sync before a turn (30 s, 4.1 step 3, 4.5).
+    pub workspace_sync_bound: Duration,
     /// Attempts and backoff per call class.
     pub retry: RetryPolicies,
 }
@@ -148,6 +150,7 @@ impl Default for Timings {
             event_flush_deadline: Duration::from_secs(30),
             harvest_bound: Duration::from_secs(60),
             stop_harvest: Duration::from_secs(10),
+            workspace_sync_bound: Duration::from_secs(30),
             retry: RetryPolicies::default(),
         }
     }
@@ -161,7 +164,8 @@ impl Timings {
     /// [`MIN_SCALED_REQUEST_TIMEOUT`]: a debug build's git server on a loaded
     /// machine needs that long, and a timeout that fires on a healthy
     /// request would make tests flaky rather than fast. The harvest bounds
-    /// are not scaled below [`MIN_SCALED_HARVEST_BOUND`], for the same reason.
+    /// and the workspace sync's bound are not scaled below
+    /// [`MIN_SCALED_HARVEST_BOUND`], for the same reason.
     pub fn scaled(self, factor: f64) -> Self {
         let s = |d| scale(d, factor);
         let r = self.retry;
@@ -187,6 +191,8 @@ impl Timings {
             harvest_bound: s(self.harvest_bound)
                 .max(MIN_SCALED_HARVEST_BOUND.min(self.harvest_bound)),
             stop_harvest: s(self.stop_harvest).max(MIN_SCALED_HARVEST_BOUND.min(self.stop_harvest)),
+            workspace_sync_bound: s(self.workspace_sync_bound)
+                .max(MIN_SCALED_HARVEST_BOUND.min(self.workspace_sync_bound)),
             retry: RetryPolicies {
                 agent_token_boot: r.agent_token_boot.scaled(factor),
                 agent_token_refresh: r.agent_token_refresh.scaled(factor),

@@ -495,6 +495,26 @@ pub struct HarvestResult {
     /// Why the work is not (or not known to be) on the remote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub push_error: Option<PushError>,
+    /// Files over the size limit (`--harvest-max-file-size`) left out of
+    /// what was committed and pushed, by path; they stay in the work tree
+    /// (uncommitted) when they are still there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_files: Vec<SkippedFile>,
+    /// When commits of the agent held such files: the local ref in `repo/`
+    /// (`refs/hosted-boot/oversized/<name>`) that keeps those commits;
+    /// `headSha` is then one commit of the same work without the files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oversized_ref: Option<String>,
+}
+
+/// `finish.result.skippedFiles[]` (4.5): a file left out of the harvest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedFile {
+    /// The path in the repository.
+    pub path: String,
+    /// Its size in bytes.
+    pub bytes: u64,
 }
 
 /// `finish.result.pushError` (4.5). A failed push does not fail the turn.
@@ -520,6 +540,97 @@ pub enum PushErrorCode {
     HarvestTimeout,
     /// `repo/` could not be read or committed to.
     HarvestFailed,
+}
+
+/// The `hosted_boot.workspace_sync` event's data (PROTOCOL.md 4.1 step 3,
+/// 4.5 "Before a turn"): where the turn's workspace was brought before the
+/// agent started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceSync {
+    /// The session branch.
+    pub branch: String,
+    /// What was done.
+    pub outcome: SyncOutcome,
+    /// `HEAD` of `repo/` before the sync (40 hex); null when `repo/` could
+    /// not be read.
+    pub local_sha: Option<String>,
+    /// The remote session branch's tip; null when the fetch failed or the
+    /// branch is missing on the remote.
+    pub remote_sha: Option<String>,
+    /// The commit the agent starts on (`HEAD` after the sync).
+    pub start_sha: Option<String>,
+    /// Where local work that was on no remote branch was pushed
+    /// (`<branch>-recovered-before-<runId>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_branch: Option<String>,
+    /// The local ref (`refs/hosted-boot/discarded/<runId>`) that keeps
+    /// commits the remote session branch no longer has (a force push).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discarded_ref: Option<String>,
+    /// Those commits, newest first, at most [`MAX_LISTED_COMMITS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub discarded_commits: Vec<String>,
+    /// How many commits were discarded (the list may be shorter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discarded_count: Option<u64>,
+    /// Why the workspace was not moved (`outcome` `kept_local`), or what
+    /// went wrong on the way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<SyncWarning>,
+}
+
+/// Most commits a report lists by id (the count is given whole).
+pub const MAX_LISTED_COMMITS: usize = 100;
+
+/// `hosted_boot.workspace_sync.outcome` (PROTOCOL.md 4.5 "Before a turn").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncOutcome {
+    /// `HEAD` was the remote's tip already.
+    UpToDate,
+    /// The remote's tip contained `HEAD` (someone pushed on top): moved to it.
+    FastForward,
+    /// `HEAD` held commits the remote lacked and was a fast-forward of it:
+    /// pushed to the session branch; the turn starts there.
+    Pushed,
+    /// Moved to the remote's tip after local work went to a recovery branch
+    /// and/or commits the remote dropped were kept on a local ref.
+    Reset,
+    /// Not moved (`warning` says why): the turn starts from the local
+    /// `HEAD` and its harvest reconciles.
+    KeptLocal,
+}
+
+/// `hosted_boot.workspace_sync.warning`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncWarning {
+    /// What kind of problem.
+    pub code: SyncWarningCode,
+    /// What happened (redacted, at most 800 characters).
+    pub message: String,
+}
+
+/// `hosted_boot.workspace_sync.warning.code`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncWarningCode {
+    /// The session branch could not be fetched (transport failures on every
+    /// attempt, or refused).
+    FetchFailed,
+    /// The remote has no session branch.
+    BranchMissing,
+    /// Local work could not be pushed (to the session branch or a recovery
+    /// branch), so the workspace was not moved.
+    PushFailed,
+    /// The remote's tip could not be checked out (it would overwrite a file
+    /// left uncommitted in the work tree).
+    CheckoutFailed,
+    /// `repo/` could not be read.
+    RepoUnreadable,
+    /// The sync's time bound ran out.
+    SyncTimeout,
 }
 
 /// Most characters in a `reason` or `finish.error.message` (2.2, 2.6).

@@ -74,6 +74,10 @@ pub struct CoordinatorArgs {
     /// exit) when absent.
     #[arg(long, value_name = "DIR")]
     pub workdir: Option<PathBuf>,
+    /// Refuse a push that brings a file larger than this many bytes (as a
+    /// git host with a file size limit does); no limit when absent.
+    #[arg(long, value_name = "BYTES")]
+    pub git_max_file_size: Option<u64>,
 }
 
 fn parse_connector(text: &str) -> Result<(String, String), String> {
@@ -104,6 +108,7 @@ impl CoordinatorArgs {
             repo_token_ttl: self.repo_token_ttl,
             listen: self.listen,
             advertise_url: self.advertise_url.clone(),
+            git_max_file_size: self.git_max_file_size,
             ..CoordinatorOptions::default()
         }
     }

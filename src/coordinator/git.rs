@@ -26,12 +26,22 @@ const SAMPLE_DATE: &str = "2024-01-01T00:00:00Z";
 /// session branch (set in the CGI environment, inherited by the hook).
 const HOOK_BRANCH_VAR: &str = "HOSTED_BOOT_COORDINATOR_BRANCH";
 
+/// Environment variable through which the pre-receive hook learns the file
+/// size limit in bytes (unset: no limit).
+const HOOK_MAX_FILE_SIZE_VAR: &str = "HOSTED_BOOT_COORDINATOR_MAX_FILE_SIZE";
+
 /// The pre-receive hook: write tokens are scoped to the session branch and its
-/// recovery branches (PROTOCOL.md 4.5, "Push policy").
+/// recovery branches (PROTOCOL.md 4.5, "Push policy"); with a file size limit,
+/// a push that brings a larger blob is refused whole, as GitHub refuses files
+/// over 100 MiB (PROTOCOL.md section 6).
 const PRE_RECEIVE_HOOK: &str = r#"#!/bin/sh
 # Installed by the hosted-boot reference coordinator: pushes may update only
-# the session branch and its recovery branches (<branch>-recovered-<runId>).
+# the session branch and its recovery branches (<branch>-recovered-<runId>),
+# and bring no file larger than $HOSTED_BOOT_COORDINATOR_MAX_FILE_SIZE bytes
+# when that is set.
 status=0
+zero=0000000000000000000000000000000000000000
+max="${HOSTED_BOOT_COORDINATOR_MAX_FILE_SIZE:-}"
 while read -r old new ref; do
   case "$ref" in
     "refs/heads/$HOSTED_BOOT_COORDINATOR_BRANCH" | "refs/heads/$HOSTED_BOOT_COORDINATOR_BRANCH"-recovered-*) ;;
@@ -40,6 +50,17 @@ while read -r old new ref; do
       status=1
       ;;
   esac
+  if [ -n "$max" ] && [ "$new" != "$zero" ]; then
+    # The objects this push brings: reachable from the new tip, not from
+    # any ref the repository already has.
+    big=$(git rev-list --objects "$new" --not --all |
+      git cat-file --batch-check='%(objecttype) %(objectsize) %(rest)' |
+      awk -v max="$max" '$1 == "blob" && $2 > max { printf " %s (%s bytes)", $3, $2 }')
+    if [ -n "$big" ]; then
+      echo "hosted-boot coordinator: push to $ref refused: files over the limit of $max bytes:$big" >&2
+      status=1
+    fi
+  fi
 done
 exit $status
 "#;
@@ -277,16 +298,29 @@ pub(crate) fn is_push(path: &str, query: &str) -> bool {
 /// checked to name the served repository. The request body is streamed to the
 /// CGI's stdin without a size limit; the CGI's stdout is parsed for its
 /// headers (`Status:` gives the status code) and its body is streamed back.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn http_backend(
     repo: &BareRepo,
     branch: &str,
+    max_file_size: Option<u64>,
     method: &Method,
     path_info: &str,
     query: &str,
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
-    match run_backend(repo, branch, method, path_info, query, headers, body).await {
+    match run_backend(
+        repo,
+        branch,
+        max_file_size,
+        method,
+        path_info,
+        query,
+        headers,
+        body,
+    )
+    .await
+    {
         Ok(resp) => resp,
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "coordinator: git http-backend failed");
@@ -299,9 +333,11 @@ pub(crate) async fn http_backend(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_backend(
     repo: &BareRepo,
     branch: &str,
+    max_file_size: Option<u64>,
     method: &Method,
     path_info: &str,
     query: &str,
@@ -331,6 +367,9 @@ async fn run_backend(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    if let Some(max) = max_file_size {
+        cmd.env(HOOK_MAX_FILE_SIZE_VAR, max.to_string());
+    }
     for (var, name) in [
         ("CONTENT_TYPE", "content-type"),
         ("CONTENT_LENGTH", "content-length"),

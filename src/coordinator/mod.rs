@@ -20,7 +20,9 @@
 //!   stays valid until its own TTL.
 //! - Read repo tokens cannot push (`403`); pushes may update only the session
 //!   branch and `<branch>-recovered-*`, never delete a branch or rewrite it
-//!   (non-fast-forward refused).
+//!   (non-fast-forward refused); with a file size limit set
+//!   ([`CoordinatorOptions::git_max_file_size`], `POST dev/git`), a push
+//!   that brings a larger file is refused whole.
 //! - Errors are `{"error": "…"}` with `400` (malformed body), `401` (auth),
 //!   `404` (unknown session, run or path), `405`, `409` (event gap, finish
 //!   with another status, `run_started` on a sealed run), `413`.
@@ -107,6 +109,11 @@ pub struct CoordinatorOptions {
     /// sandbox's environment) instead of the listening address, e.g. for a
     /// compose network. Must end with `/`.
     pub advertise_url: Option<Url>,
+    /// The git server refuses a push that brings a file (blob) larger than
+    /// this many bytes, the whole push, as a git host with a file size limit
+    /// does (GitHub: 100 MiB); `None`: no limit. Changed later with
+    /// [`Coordinator::set_git_max_file_size`] or `POST dev/git`.
+    pub git_max_file_size: Option<u64>,
 }
 
 impl Default for CoordinatorOptions {
@@ -133,6 +140,7 @@ impl Default for CoordinatorOptions {
             repo_token_expires_at: true,
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             advertise_url: None,
+            git_max_file_size: None,
         }
     }
 }
@@ -241,6 +249,7 @@ impl Coordinator {
             state: Mutex::new({
                 let mut s = state::State::new((!opts.start_idle).then_some(opts.task.as_str()));
                 s.agent_session_id = opts.agent_session_id.clone();
+                s.git_max_file_size = opts.git_max_file_size;
                 s
             }),
             changed: tokio::sync::Notify::new(),
@@ -398,6 +407,13 @@ impl Coordinator {
     /// 200..=599, a route that takes no faults (`dev`, `unknown`).
     pub fn add_fault(&self, fault: Fault) -> Result<(), DevError> {
         self.shared.add_fault(fault)
+    }
+
+    /// Sets the git server's file size limit (`POST dev/git`): a push that
+    /// brings a file (blob) larger than `bytes` is refused whole; `None`
+    /// lifts the limit.
+    pub fn set_git_max_file_size(&self, bytes: Option<u64>) {
+        self.shared.update(|st| st.git_max_file_size = bytes);
     }
 
     /// Drops every fault not used up yet (`DELETE dev/faults`).

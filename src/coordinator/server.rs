@@ -611,9 +611,11 @@ async fn git_route(
     if git::is_push(path_info, query) && access != crate::wire::Access::Write {
         return (StatusCode::FORBIDDEN, "this repo token is read-only\n").into_response();
     }
+    let max_file_size = sh.lock().git_max_file_size;
     git::http_backend(
         &sh.cfg.repo,
         &sh.cfg.branch,
+        max_file_size,
         method,
         path_info,
         query,
@@ -629,6 +631,13 @@ struct TurnRequest {
     body: String,
     #[serde(default)]
     answer_to_question: Option<AnswerToQuestion>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct GitSettings {
+    /// Bytes, or null for no limit.
+    max_file_size: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -693,6 +702,18 @@ fn dev_route(sh: &Shared, method: &Method, rest: &str, headers: &HeaderMap, body
             _ => Err(ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "use GET, POST or DELETE",
+            )),
+        },
+        "git" => match *method {
+            Method::POST => {
+                let settings: GitSettings = parse(body)?;
+                sh.update(|st| st.git_max_file_size = settings.max_file_size);
+                Ok(ok(&json!({"maxFileSize": settings.max_file_size})))
+            }
+            Method::GET => Ok(ok(&json!({"maxFileSize": sh.lock().git_max_file_size}))),
+            _ => Err(ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "use GET or POST",
             )),
         },
         "requests" => {

@@ -397,6 +397,10 @@ pub(crate) struct State {
     pub statuses: Vec<BootStatusBody>,
     pub requests: Vec<RecordedRequest>,
     pub faults: Vec<Fault>,
+    /// The git server refuses a push that brings a file (blob) larger than
+    /// this many bytes, as GitHub refuses files over 100 MiB; `None`: no
+    /// limit.
+    pub git_max_file_size: Option<u64>,
     bearers: HashMap<String, Issued>,
     repo_tokens: HashMap<String, Issued>,
     /// Every token issued, in order.
@@ -445,6 +449,7 @@ impl State {
             statuses: Vec::new(),
             requests: Vec::new(),
             faults: Vec::new(),
+            git_max_file_size: None,
             bearers: HashMap::new(),
             repo_tokens: HashMap::new(),
             issued: Vec::new(),

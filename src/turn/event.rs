@@ -163,6 +163,10 @@ pub enum RunnerEvent {
     SpawnFailed,
     /// `hosted_boot.harvest`: the turn's work as harvested (4.5).
     Harvest,
+    /// `hosted_boot.workspace_sync`: the workspace brought to the remote's
+    /// session branch before the agent starts (4.1 step 3, 4.5 "Before a
+    /// turn").
+    WorkspaceSync,
 }
 
 impl RunnerEvent {
@@ -174,6 +178,7 @@ impl RunnerEvent {
             RunnerEvent::OverloadContinuation => "hosted_boot.overload_continuation",
             RunnerEvent::SpawnFailed => "hosted_boot.spawn_failed",
             RunnerEvent::Harvest => "hosted_boot.harvest",
+            RunnerEvent::WorkspaceSync => "hosted_boot.workspace_sync",
         }
     }
 }

@@ -2,7 +2,8 @@
 //! 60 s after a turn, by the stop's 10 s share on a graceful stop (also when
 //! the stop comes while the harvest runs), skipped by a second signal; its
 //! report goes out as a `hosted_boot.harvest` event and is returned for
-//! `finish.result`.
+//! `finish.result`. And its counterpart before the agent starts (4.1 step
+//! 3): the workspace sync, reported as a `hosted_boot.workspace_sync` event.
 
 use std::time::Duration;
 
@@ -13,11 +14,31 @@ use super::event::RunnerEvent;
 use super::events::EventSender;
 use crate::signals::Stop;
 use crate::timings::Timings;
-use crate::wire::{HarvestResult, RunOutcome};
+use crate::wire::{HarvestResult, RunOutcome, WorkspaceSync};
 use crate::workspace::{HarvestJob, Harvester};
 
+/// Brings `repo/` to the remote's session branch before the agent of
+/// `run_id` starts (4.1 step 3, 4.5 "Before a turn"), within
+/// `Timings::workspace_sync_bound`, and emits the event. Returns the report;
+/// its `startSha` is where the turn starts.
+pub async fn before_turn(
+    harvester: &Harvester,
+    run_id: &str,
+    timings: &Timings,
+    events: &EventSender,
+) -> WorkspaceSync {
+    let report = harvester
+        .sync_before_turn(run_id, timings.workspace_sync_bound)
+        .await;
+    match serde_json::to_value(&report) {
+        Ok(data) => events.emit(RunnerEvent::WorkspaceSync, data),
+        Err(e) => tracing::error!(error = %e, "cannot encode the workspace sync event"),
+    }
+    report
+}
+
 /// Harvests the turn `run_id` that ended `outcome`, having started at
-/// `start` ([`Harvester::start_point`]), and emits the event.
+/// `start` (the workspace sync's `startSha`), and emits the event.
 ///
 /// Returns `None` when a second stop signal came (before or during the
 /// harvest): the caller skips what is left but the file removal (4.4).

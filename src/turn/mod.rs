@@ -241,7 +241,23 @@ pub async fn run(
     {
         harvest::emit(&sender, &recovered);
     }
-    let start = ctx.harvester.start_point().await;
+    // The workspace moves to the remote's session branch (what the user
+    // pushed between turns) before the watch's first read, so that an
+    // interrupt requested meanwhile still keeps the agent from starting.
+    let start = match guard
+        .unless_stopped(harvest::before_turn(
+            &ctx.harvester,
+            run_id,
+            &timings,
+            &sender,
+        ))
+        .await
+    {
+        Some(synced) => synced.start_sha,
+        // The sync goes on in the background; the harvest waits for it and
+        // counts from the remote's session branch.
+        None => None,
+    };
 
     let interrupted = Arc::new(AtomicBool::new(false));
     let mut watch_task = None;

@@ -4,6 +4,11 @@
 //! 1. what the agent left uncommitted (tracked or new, not ignored) is
 //!    committed on the current `HEAD` (whatever branch, or detached) with the
 //!    agent's git identity and a message naming the run and its outcome;
+//!    files over the size limit (`--harvest-max-file-size`) are left out and
+//!    stay in the work tree, since the git host would refuse the push and
+//!    every later one with it; commits of the agent that hold such files are
+//!    replaced by one commit without them before the push (the originals
+//!    kept on `refs/hosted-boot/oversized/<name>`);
 //! 2. the session branch is fetched; `HEAD` is pushed to it when that is a
 //!    fast-forward, otherwise to `<branch>-recovered-<runId>`
 //!    (`<branch>-recovered-at-boot` at boot), never forced;
@@ -11,6 +16,13 @@
 //!    the remote's (checked out, `HEAD` attached to it), so that the next
 //!    turn starts from the remote's head. A `HEAD` that could not be pushed
 //!    is left where it is: a commit is never dropped before it was pushed.
+//!
+//! Before each turn, [`Harvester::sync_before_turn`] does the reverse
+//! (PROTOCOL.md 4.5 "Before a turn"): it fetches the session branch and
+//! moves `repo/` to its tip, so that the turn starts from what the user
+//! pushed meanwhile. Local work the remote lacks is pushed first (never
+//! forced); commits a force push dropped are kept on a local ref, never
+//! pushed back.
 //!
 //! The push goes through [`super::transport`] with the boot's own
 //! credential helper and remote URL, not the ones in `repo/.git/config`
@@ -26,18 +38,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use git2::{
-    AutotagOption, Direction, ErrorClass, ErrorCode, FetchOptions, IndexAddOption, Oid,
-    PushOptions, RemoteCallbacks, Repository, RepositoryState, Signature, StatusOptions,
+    AutotagOption, Delta, Direction, ErrorClass, ErrorCode, FetchOptions, FileMode, IndexAddOption,
+    ObjectType, Oid, PushOptions, RemoteCallbacks, Repository, RepositoryState, ResetType,
+    Signature, StatusOptions, TreeWalkMode, TreeWalkResult,
 };
 
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::transport::{CredentialHelpers, HttpContext, register_remote};
 use crate::client::retry::wait_before_retry;
 use crate::timings::RetryPolicy;
-use crate::wire::{HarvestResult, PushError, PushErrorCode, RunOutcome};
+use crate::wire::{
+    HarvestResult, MAX_LISTED_COMMITS, PushError, PushErrorCode, RunOutcome, SkippedFile,
+    SyncOutcome, SyncWarning, SyncWarningCode, WorkspaceSync, truncate_reason,
+};
 
 /// The name of the harvest of a reused `repo/` at boot (PROTOCOL.md 4.5).
 pub const RECOVERED_AT_BOOT: &str = "recovered-at-boot";
+
+/// Most bytes of the server's side-band text kept for a refusal's report.
+const MAX_REMOTE_TEXT: usize = 2048;
 
 /// Most `-N` suffixes tried when a recovery branch name is taken.
 const MAX_RECOVERY_SUFFIX: u32 = 100;
@@ -68,6 +87,9 @@ pub struct Harvester {
     pub http: HttpContext,
     /// Push attempts and backoff (`Timings::retry.harvest_push`).
     pub push_policy: RetryPolicy,
+    /// Files larger than this many bytes are left out of what the harvest
+    /// commits and pushes (`--harvest-max-file-size`, 4.5); `None`: no limit.
+    pub max_file_size: Option<u64>,
 }
 
 /// One harvest.
@@ -78,7 +100,7 @@ pub struct HarvestJob {
     /// The turn's outcome (`None` at boot), for the commit message: work in
     /// progress unless `succeeded`.
     pub outcome: Option<RunOutcome>,
-    /// The commit the turn started from ([`Harvester::start_point`]), the
+    /// The commit the turn started from (the workspace sync's `startSha`), the
     /// base of `commits` and the diff statistics; `None`: the remote's
     /// session branch.
     pub start: Option<String>,
@@ -96,6 +118,43 @@ enum Failure {
     RefRejected(String),
     /// Refused by the server (credentials, no such repository): a verdict.
     Verdict(String),
+    /// Local git work failed (`repo/` could not be read or written).
+    Local(String),
+}
+
+/// Why [`Harvester::with_remote`] gave up.
+#[derive(Debug)]
+enum RemoteError {
+    /// The bound ran out before the first attempt.
+    NoTime,
+    /// The transport could not be registered.
+    Setup(String),
+    /// Refused by git or the server: a verdict, not retried.
+    Refused(String),
+    /// Local git work failed: not retried.
+    Local(String),
+    /// A transport failure on every attempt.
+    Exhausted { attempts: u32, last: String },
+    /// The bound ran out between attempts.
+    OutOfTime { attempts: u32, last: String },
+}
+
+impl RemoteError {
+    /// The error as a sentence about `what` (e.g. "the fetch of … from …").
+    fn describe(&self, what: &str) -> String {
+        match self {
+            RemoteError::NoTime => format!("{what}: the time bound ran out before it started"),
+            RemoteError::Setup(text) => format!("{what} could not start: {text}"),
+            RemoteError::Refused(text) => format!("{what} was refused: {text}"),
+            RemoteError::Local(text) => format!("{what} failed in repo/: {text}"),
+            RemoteError::Exhausted { attempts, last } => {
+                format!("{what} failed after {attempts} attempts: {last}")
+            }
+            RemoteError::OutOfTime { attempts, last } => format!(
+                "{what}: the time bound ran out after {attempts} attempts; the last failed: {last}"
+            ),
+        }
+    }
 }
 
 fn message(e: &git2::Error) -> String {
@@ -240,8 +299,8 @@ impl Harvester {
             }
         };
 
-        // 1. Commit what the agent left.
-        match commit_uncommitted(&repo, job) {
+        // 1. Commit what the agent left (files over the size limit left out).
+        match commit_uncommitted(&repo, job, self.max_file_size, &mut r.skipped_files) {
             Ok(commit) => r.harvest_commit = commit.map(|c| c.to_string()),
             Err(e) => {
                 return fail(
@@ -274,64 +333,102 @@ impl Harvester {
 
         // 2. and 3. Fetch, push, bring the local session branch to the
         // remote's; transport failures retried within the bound.
+        let url = self.remote_url.as_str();
+        let mut head = head;
+        let attempt = || {
+            let result = self.push_once(&repo, &mut head, job, &mut r);
+            if result.is_err() {
+                publish(&r);
+            }
+            result
+        };
+        let outcome = self.with_remote(deadline, "harvest push", attempt);
+        match outcome {
+            Ok(()) => {
+                r.pushed = true;
+                r
+            }
+            Err(RemoteError::NoTime) => fail(
+                r,
+                PushErrorCode::HarvestTimeout,
+                "the harvest's time bound ran out before the push".to_string(),
+            ),
+            Err(RemoteError::Setup(text)) => fail(r, PushErrorCode::PushFailed, text),
+            Err(RemoteError::Local(text)) => fail(
+                r,
+                PushErrorCode::HarvestFailed,
+                format!(
+                    "cannot leave the files over the size limit out of the agent's commits in {}: {text}",
+                    self.repo_dir.display()
+                ),
+            ),
+            Err(RemoteError::Refused(text)) => fail(
+                r,
+                PushErrorCode::PushRejected,
+                format!("the push to {url} was refused: {text}"),
+            ),
+            Err(RemoteError::Exhausted { attempts, last }) => fail(
+                r,
+                PushErrorCode::PushFailed,
+                format!("the push to {url} failed after {attempts} attempts: {last}"),
+            ),
+            Err(RemoteError::OutOfTime { attempts, last }) => fail(
+                r,
+                PushErrorCode::HarvestTimeout,
+                format!(
+                    "the harvest's time bound ran out after {attempts} push attempts; the last failed: {last}"
+                ),
+            ),
+        }
+    }
+
+    /// Runs `op` (git work on the remote) with the boot's transport and
+    /// credential helper registered for the remote URL, retrying transport
+    /// failures as the section 2 table says for the harvest (3 attempts, 1 s,
+    /// cap 4 s) within `deadline`; each request's timeout is cut to what is
+    /// left of it. `what` names the work in the log.
+    fn with_remote<T>(
+        &self,
+        deadline: Instant,
+        what: &str,
+        mut op: impl FnMut() -> Result<T, Failure>,
+    ) -> Result<T, RemoteError> {
         let helpers = CredentialHelpers::new(["", self.credential_helper.as_str()], true);
         let policy = self.push_policy;
         let mut failures = 0u32;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return fail(
-                    r,
-                    PushErrorCode::HarvestTimeout,
-                    "the harvest's time bound ran out before the push".to_string(),
-                );
+                return Err(RemoteError::NoTime);
             }
             let http = HttpContext {
                 request_timeout: self.http.request_timeout.min(remaining),
                 ..self.http.clone()
             };
-            let _registration = match register_remote(&self.remote_url, http, helpers.clone()) {
-                Ok(reg) => reg,
-                Err(e) => {
-                    return fail(r, PushErrorCode::PushFailed, message(&e));
-                }
-            };
-            match self.sync(&repo, head, job, &mut r) {
-                Ok(()) => {
-                    r.pushed = true;
-                    return r;
-                }
+            let _registration = register_remote(&self.remote_url, http, helpers.clone())
+                .map_err(|e| RemoteError::Setup(message(&e)))?;
+            match op() {
+                Ok(value) => return Ok(value),
                 Err(Failure::Verdict(text) | Failure::RefRejected(text)) => {
-                    return fail(
-                        r,
-                        PushErrorCode::PushRejected,
-                        format!("the push to {} was refused: {text}", self.remote_url),
-                    );
+                    return Err(RemoteError::Refused(text));
                 }
+                Err(Failure::Local(text)) => return Err(RemoteError::Local(text)),
                 Err(Failure::Transport(text)) => {
                     failures += 1;
-                    publish(&r);
                     if failures >= policy.attempts {
-                        return fail(
-                            r,
-                            PushErrorCode::PushFailed,
-                            format!(
-                                "the push to {} failed after {failures} attempts: {text}",
-                                self.remote_url
-                            ),
-                        );
+                        return Err(RemoteError::Exhausted {
+                            attempts: failures,
+                            last: text,
+                        });
                     }
                     let wait = wait_before_retry(policy, failures - 1, None);
                     if Instant::now() + wait >= deadline {
-                        return fail(
-                            r,
-                            PushErrorCode::HarvestTimeout,
-                            format!(
-                                "the harvest's time bound ran out after {failures} push attempts; the last failed: {text}"
-                            ),
-                        );
+                        return Err(RemoteError::OutOfTime {
+                            attempts: failures,
+                            last: text,
+                        });
                     }
-                    tracing::warn!(attempt = failures, error = %text, "harvest push failed; retrying");
+                    tracing::warn!(what, attempt = failures, error = %text, "git request failed; retrying");
                     std::thread::sleep(wait);
                 }
             }
@@ -340,16 +437,28 @@ impl Harvester {
 
     /// One attempt: fetch the session branch, push `head` where it may go,
     /// then bring the local session branch to the remote's.
-    fn sync(
+    fn push_once(
         &self,
         repo: &Repository,
-        head: Oid,
+        head_at: &mut Oid,
         job: &HarvestJob,
         r: &mut HarvestResult,
     ) -> Result<(), Failure> {
         let url = self.remote_url.as_str();
         let branch = self.branch.as_str();
         let remote = fetch(repo, url, branch)?;
+
+        // Files over the size limit in the agent's own commits: the git host
+        // would refuse the whole push, this one and every later one.
+        if let Some(max) = self.max_file_size {
+            let found = oversized_blobs(repo, *head_at, &remote.heads, max)
+                .map_err(|e| Failure::Local(message(&e)))?;
+            if !found.is_empty() {
+                *head_at = leave_out_oversized(repo, *head_at, &remote, &found, job, max, r)
+                    .map_err(|e| Failure::Local(message(&e)))?;
+            }
+        }
+        let head = *head_at;
 
         let base = job
             .start
@@ -414,6 +523,258 @@ impl Harvester {
         }
         Ok(())
     }
+    /// Brings `repo/` to the remote's session branch before the turn
+    /// `run_id` (PROTOCOL.md 4.1 step 3, 4.5 "Before a turn") on the
+    /// blocking pool; the network part is bounded by `bound` (each request's
+    /// timeout cut to what is left of it) and nothing in `repo/` is changed
+    /// once it ran out, so the agent never starts while this still works on
+    /// `repo/`. Never fails: a problem is the report's `warning`, and the
+    /// turn then starts from the local `HEAD`.
+    pub async fn sync_before_turn(&self, run_id: &str, bound: Duration) -> WorkspaceSync {
+        let this = self.clone();
+        let run = run_id.to_string();
+        let deadline = Instant::now() + bound;
+        let report =
+            match tokio::task::spawn_blocking(move || this.sync_blocking(&run, deadline)).await {
+                Ok(report) => report,
+                Err(e) => {
+                    let mut report = empty_sync(&self.branch);
+                    report.warning = Some(SyncWarning {
+                        code: SyncWarningCode::RepoUnreadable,
+                        message: format!("the workspace sync task failed: {e}"),
+                    });
+                    report
+                }
+            };
+        log_sync(&report);
+        report
+    }
+
+    /// [`Harvester::sync_before_turn`] on the calling thread: blocking,
+    /// never from an async task.
+    pub fn sync_blocking(&self, run_id: &str, deadline: Instant) -> WorkspaceSync {
+        let _guard = lock_repo();
+        let url = self.remote_url.as_str();
+        let branch = self.branch.as_str();
+        let mut s = empty_sync(branch);
+        let warn = |mut s: WorkspaceSync, code, text: String| {
+            s.outcome = SyncOutcome::KeptLocal;
+            s.warning = Some(SyncWarning {
+                code,
+                message: truncate_reason(&text),
+            });
+            s
+        };
+        let repo = match Repository::open(&self.repo_dir) {
+            Ok(repo) => repo,
+            Err(e) => {
+                let text = format!("cannot open {}: {}", self.repo_dir.display(), message(&e));
+                return warn(s, SyncWarningCode::RepoUnreadable, text);
+            }
+        };
+        let head = match repo.head().and_then(|h| h.peel_to_commit()) {
+            Ok(c) => c.id(),
+            Err(e) => {
+                let text = format!(
+                    "{} has no commit at HEAD: {}",
+                    self.repo_dir.display(),
+                    message(&e)
+                );
+                return warn(s, SyncWarningCode::RepoUnreadable, text);
+            }
+        };
+        s.local_sha = Some(head.to_string());
+        s.start_sha = Some(head.to_string());
+        // The session branch's tip as the runner last saw it on the remote
+        // (its clone, its last harvest), read before the fetch moves it.
+        let known = repo
+            .refname_to_id(&format!("refs/remotes/origin/{branch}"))
+            .ok();
+
+        let remote = match self.with_remote(deadline, "workspace sync fetch", || {
+            fetch(&repo, url, branch)
+        }) {
+            Ok(remote) => remote,
+            Err(e) => {
+                let code = match e {
+                    RemoteError::NoTime | RemoteError::OutOfTime { .. } => {
+                        SyncWarningCode::SyncTimeout
+                    }
+                    _ => SyncWarningCode::FetchFailed,
+                };
+                let text = format!(
+                    "{}; the turn starts from the local HEAD",
+                    e.describe(&format!("the fetch of {branch} from {url}"))
+                );
+                return warn(s, code, text);
+            }
+        };
+        let Some(tip) = remote.session_tip else {
+            let text = format!(
+                "the remote {url} has no branch {branch}; the turn starts from the local HEAD"
+            );
+            return warn(s, SyncWarningCode::BranchMissing, text);
+        };
+        s.remote_sha = Some(tip.to_string());
+
+        let contains = |a: Oid, b: Oid| a == b || repo.graph_descendant_of(a, b).unwrap_or(false);
+        let on_remote = remote.heads.values().any(|t| contains(*t, head));
+        let known_pushed = known.is_some_and(|k| contains(k, head));
+        let mut target = tip;
+        let mut pushed = false;
+        if !on_remote && !known_pushed {
+            // Work that is on no remote branch (an earlier push failed): saved
+            // before the workspace moves, never forced.
+            if contains(head, tip) {
+                let session_ref = format!("refs/heads/{branch}");
+                if let Err(e) = self.with_remote(deadline, "workspace sync push", || {
+                    push(&repo, url, &session_ref)
+                }) {
+                    let text = format!(
+                        "{}; the turn starts from the local HEAD",
+                        e.describe(&format!("the push of the local work to {branch}"))
+                    );
+                    return warn(s, SyncWarningCode::PushFailed, text);
+                }
+                target = head;
+                pushed = true;
+            } else {
+                let name = format!("before-{run_id}");
+                let Some(recovery) = recovery_name(&repo, branch, &name, &remote.heads, head)
+                else {
+                    let text = format!(
+                        "no free recovery branch name for {branch}-recovered-{name}; the turn starts from the local HEAD"
+                    );
+                    return warn(s, SyncWarningCode::PushFailed, text);
+                };
+                let recovery_ref = format!("refs/heads/{recovery}");
+                if remote.heads.get(&recovery_ref) != Some(&head)
+                    && let Err(e) = self.with_remote(deadline, "workspace sync push", || {
+                        push(&repo, url, &recovery_ref)
+                    })
+                {
+                    let text = format!(
+                        "{}; the turn starts from the local HEAD",
+                        e.describe(&format!("the push of the local work to {recovery}"))
+                    );
+                    return warn(s, SyncWarningCode::PushFailed, text);
+                }
+                tracing::warn!(recovery_branch = %recovery, head = %head, "workspace sync: local work the remote lacked went to a recovery branch");
+                s.recovery_branch = Some(recovery);
+            }
+        }
+
+        // Commits the session branch no longer has (the user force-pushed):
+        // the user's choice stands, they are not pushed back; repo/ keeps
+        // them on a local ref.
+        if let Some(known) = known
+            && !contains(tip, known)
+        {
+            match keep_discarded(&repo, run_id, known, &remote.heads) {
+                Ok(Some((name, commits, count))) => {
+                    tracing::warn!(discarded_ref = %name, count, "workspace sync: the remote session branch dropped commits; kept locally, not pushed back");
+                    s.discarded_ref = Some(name);
+                    s.discarded_commits = commits;
+                    s.discarded_count = Some(count);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %message(&e), "workspace sync: cannot keep the commits the remote dropped on a local ref");
+                }
+            }
+        }
+
+        if Instant::now() >= deadline {
+            let text = "the workspace sync's time bound ran out before the checkout; the turn starts from the local HEAD".to_string();
+            return warn(s, SyncWarningCode::SyncTimeout, text);
+        }
+        if let Err(e) = bring_local_to(&repo, branch, target) {
+            let text = format!(
+                "cannot check out {target} (the remote's {branch}): {}; the turn starts from the local HEAD",
+                message(&e)
+            );
+            return warn(s, SyncWarningCode::CheckoutFailed, text);
+        }
+        s.start_sha = Some(target.to_string());
+        s.outcome = if pushed {
+            SyncOutcome::Pushed
+        } else if s.recovery_branch.is_some() || s.discarded_ref.is_some() {
+            SyncOutcome::Reset
+        } else if head == tip {
+            SyncOutcome::UpToDate
+        } else {
+            SyncOutcome::FastForward
+        };
+        s
+    }
+}
+
+fn empty_sync(branch: &str) -> WorkspaceSync {
+    WorkspaceSync {
+        branch: branch.to_string(),
+        outcome: SyncOutcome::KeptLocal,
+        local_sha: None,
+        remote_sha: None,
+        start_sha: None,
+        recovery_branch: None,
+        discarded_ref: None,
+        discarded_commits: Vec::new(),
+        discarded_count: None,
+        warning: None,
+    }
+}
+
+fn log_sync(s: &WorkspaceSync) {
+    match &s.warning {
+        None => tracing::info!(
+            outcome = ?s.outcome,
+            local = s.local_sha.as_deref().unwrap_or(""),
+            start = s.start_sha.as_deref().unwrap_or(""),
+            recovery_branch = s.recovery_branch.as_deref().unwrap_or(""),
+            discarded_ref = s.discarded_ref.as_deref().unwrap_or(""),
+            "workspace synced to the remote's session branch"
+        ),
+        Some(w) => tracing::warn!(
+            code = ?w.code,
+            error = %w.message,
+            start = s.start_sha.as_deref().unwrap_or(""),
+            "workspace sync: the turn starts from the local HEAD"
+        ),
+    }
+}
+
+/// Keeps `known` (the session branch's tip as last seen on the remote) on
+/// `refs/hosted-boot/discarded/<runId>` (`-2`, `-3`, … when taken by another
+/// commit) when it has commits that no branch of the remote had at the
+/// fetch (`heads`). Returns the ref, the commits (newest first, at most
+/// [`MAX_LISTED_COMMITS`]) and their count; `None` when there are none.
+fn keep_discarded(
+    repo: &Repository,
+    run_id: &str,
+    known: Oid,
+    heads: &HashMap<String, Oid>,
+) -> Result<Option<(String, Vec<String>, u64)>, git2::Error> {
+    let mut walk = repo.revwalk()?;
+    walk.push(known)?;
+    for tip in heads.values() {
+        if repo.find_commit(*tip).is_ok() {
+            walk.hide(*tip)?;
+        }
+    }
+    let mut commits = Vec::new();
+    let mut count = 0u64;
+    for oid in walk {
+        let oid = oid?;
+        count += 1;
+        if commits.len() < MAX_LISTED_COMMITS {
+            commits.push(oid.to_string());
+        }
+    }
+    if count == 0 {
+        return Ok(None);
+    }
+    let name = keep_ref(repo, "refs/hosted-boot/discarded", run_id, known)?;
+    Ok(Some((name, commits, count)))
 }
 
 fn empty_result(name: &str, branch: &str) -> HarvestResult {
@@ -429,6 +790,8 @@ fn empty_result(name: &str, branch: &str) -> HarvestResult {
         harvest_commit: None,
         recovery_branch: None,
         push_error: None,
+        skipped_files: Vec::new(),
+        oversized_ref: None,
     }
 }
 
@@ -481,8 +844,15 @@ fn commit_message(job: &HarvestJob) -> String {
 }
 
 /// Commits every change of the work tree that git does not ignore on
-/// `HEAD`. `None` when there is nothing to commit.
-fn commit_uncommitted(repo: &Repository, job: &HarvestJob) -> Result<Option<Oid>, git2::Error> {
+/// `HEAD`, except files over `max` bytes (new or changed), which stay in the
+/// work tree uncommitted and are noted in `skipped`. `None` when there is
+/// nothing to commit.
+fn commit_uncommitted(
+    repo: &Repository,
+    job: &HarvestJob,
+    max: Option<u64>,
+    skipped: &mut Vec<SkippedFile>,
+) -> Result<Option<Oid>, git2::Error> {
     // The agent's process group is gone by now: an index lock left behind is
     // a git command killed mid-way (an interrupt), which would otherwise
     // block every harvest from here on.
@@ -497,10 +867,31 @@ fn commit_uncommitted(repo: &Repository, job: &HarvestJob) -> Result<Option<Oid>
     if statuses.is_empty() {
         return Ok(None);
     }
+    let workdir = repo.workdir().map(Path::to_path_buf);
+    // The size of a regular file of the work tree over the limit (a
+    // symbolic link is its target's name, never large).
+    let over = |path: &Path| -> Option<u64> {
+        let max = max?;
+        let meta = std::fs::symlink_metadata(workdir.as_ref()?.join(path)).ok()?;
+        (meta.is_file() && meta.len() > max).then_some(meta.len())
+    };
+    let left_out: RefCell<Vec<(String, u64)>> = RefCell::new(Vec::new());
+    // Skipped before it is hashed: a file of gigabytes is never read.
+    let mut guard = |path: &Path, _spec: &[u8]| -> i32 {
+        match over(path) {
+            Some(bytes) => {
+                left_out
+                    .borrow_mut()
+                    .push((path.to_string_lossy().into_owned(), bytes));
+                1
+            }
+            None => 0,
+        }
+    };
     let mut index = repo.index()?;
     if let Err(e) = index
-        .add_all(["*"], IndexAddOption::DEFAULT, None)
-        .and_then(|()| index.update_all(["*"], None))
+        .add_all(["*"], IndexAddOption::DEFAULT, Some(&mut guard))
+        .and_then(|()| index.update_all(["*"], Some(&mut guard)))
     {
         // One path libgit2 cannot add (a nested repository, say) must not
         // keep the others from being saved: add them one by one.
@@ -509,6 +900,12 @@ fn commit_uncommitted(repo: &Repository, job: &HarvestJob) -> Result<Option<Oid>
         for entry in statuses.iter() {
             let Ok(path) = entry.path() else { continue };
             let path = Path::new(path);
+            if let Some(bytes) = over(path) {
+                left_out
+                    .borrow_mut()
+                    .push((path.to_string_lossy().into_owned(), bytes));
+                continue;
+            }
             let added = if repo.workdir().is_some_and(|w| w.join(path).exists()) {
                 index.add_path(path)
             } else {
@@ -519,9 +916,26 @@ fn commit_uncommitted(repo: &Repository, job: &HarvestJob) -> Result<Option<Oid>
             }
         }
     }
+    for (path, bytes) in left_out.into_inner() {
+        note_skipped(skipped, &path, bytes);
+    }
+    let parent = repo.head()?.peel_to_commit()?;
+    if let Some(max) = max {
+        // A large file the agent staged (`git add`) without committing is in
+        // the index already: back to HEAD's version for those paths.
+        let staged = staged_over(repo, &index, &parent.tree()?, max)?;
+        if !staged.is_empty() {
+            index.write()?;
+            let paths: Vec<&str> = staged.iter().map(|(p, _)| p.as_str()).collect();
+            repo.reset_default(Some(parent.as_object()), paths)?;
+            index.read(true)?;
+            for (path, bytes) in &staged {
+                note_skipped(skipped, path, *bytes);
+            }
+        }
+    }
     index.write()?;
     let tree_id = index.write_tree()?;
-    let parent = repo.head()?.peel_to_commit()?;
     if parent.tree_id() == tree_id {
         return Ok(None);
     }
@@ -542,6 +956,262 @@ fn commit_uncommitted(repo: &Repository, job: &HarvestJob) -> Result<Option<Oid>
     }
     tracing::info!(commit = %oid, name = %job.name, "harvest: committed what the agent left uncommitted");
     Ok(Some(oid))
+}
+
+/// Paths whose blob in `index` is new against `tree` and over `max` bytes.
+fn staged_over(
+    repo: &Repository,
+    index: &git2::Index,
+    tree: &git2::Tree<'_>,
+    max: u64,
+) -> Result<Vec<(String, u64)>, git2::Error> {
+    let odb = repo.odb()?;
+    let diff = repo.diff_tree_to_index(Some(tree), Some(index), None)?;
+    let mut out = Vec::new();
+    for delta in diff.deltas() {
+        if !matches!(
+            delta.status(),
+            Delta::Added | Delta::Modified | Delta::Typechange | Delta::Renamed | Delta::Copied
+        ) {
+            continue;
+        }
+        let file = delta.new_file();
+        let Ok((bytes, ObjectType::Blob)) = odb.read_header(file.id()) else {
+            continue;
+        };
+        if bytes as u64 > max
+            && let Some(path) = file.path()
+        {
+            out.push((path.to_string_lossy().into_owned(), bytes as u64));
+        }
+    }
+    Ok(out)
+}
+
+/// Records `path` (`bytes` long) as left out of the harvest, once.
+fn note_skipped(skipped: &mut Vec<SkippedFile>, path: &str, bytes: u64) {
+    if !skipped.iter().any(|s| s.path == path) {
+        tracing::warn!(
+            path,
+            bytes,
+            "harvest: a file over the size limit is left out"
+        );
+        skipped.push(SkippedFile {
+            path: path.to_string(),
+            bytes,
+        });
+    }
+}
+
+/// A blob over the size limit that the commits to push bring.
+struct Oversized {
+    /// Where a commit of the range added it.
+    path: String,
+    blob: Oid,
+    bytes: u64,
+}
+
+/// The blobs over `max` bytes that the commits from `head` back to the
+/// remote's branches (`heads`, those known here) add or change, each once.
+fn oversized_blobs(
+    repo: &Repository,
+    head: Oid,
+    heads: &HashMap<String, Oid>,
+    max: u64,
+) -> Result<Vec<Oversized>, git2::Error> {
+    let mut walk = repo.revwalk()?;
+    walk.push(head)?;
+    for tip in heads.values() {
+        if repo.find_commit(*tip).is_ok() {
+            walk.hide(*tip)?;
+        }
+    }
+    let odb = repo.odb()?;
+    let mut found: Vec<Oversized> = Vec::new();
+    for oid in walk {
+        let commit = repo.find_commit(oid?)?;
+        let tree = commit.tree()?;
+        let parent = match commit.parent_count() {
+            0 => None,
+            _ => Some(commit.parent(0)?.tree()?),
+        };
+        let diff = repo.diff_tree_to_tree(parent.as_ref(), Some(&tree), None)?;
+        for delta in diff.deltas() {
+            if !matches!(
+                delta.status(),
+                Delta::Added | Delta::Modified | Delta::Typechange | Delta::Renamed | Delta::Copied
+            ) {
+                continue;
+            }
+            let file = delta.new_file();
+            if !matches!(file.mode(), FileMode::Blob | FileMode::BlobExecutable) {
+                continue;
+            }
+            let Ok((bytes, ObjectType::Blob)) = odb.read_header(file.id()) else {
+                continue;
+            };
+            let bytes = bytes as u64;
+            if bytes > max && !found.iter().any(|f| f.blob == file.id()) {
+                let path = file
+                    .path()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                found.push(Oversized {
+                    path,
+                    blob: file.id(),
+                    bytes,
+                });
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Replaces the agent's commits from `head` back to the remote with one
+/// commit of `head`'s tree without the blobs in `found` (a path whose blob
+/// is left out keeps the base's version, or is removed), on the remote's
+/// session tip when `head` contains it, else on their merge base. `HEAD`
+/// moves to it (a mixed reset: the work tree keeps the files, now
+/// uncommitted); the agent's commits stay on
+/// `refs/hosted-boot/oversized/<name>`. Returns the new commit.
+fn leave_out_oversized(
+    repo: &Repository,
+    head: Oid,
+    remote: &RemoteState,
+    found: &[Oversized],
+    job: &HarvestJob,
+    max: u64,
+    r: &mut HarvestResult,
+) -> Result<Oid, git2::Error> {
+    let base = match remote.session_tip {
+        Some(tip) if tip == head || repo.graph_descendant_of(head, tip).unwrap_or(false) => {
+            Some(tip)
+        }
+        Some(tip) => repo.merge_base(head, tip).ok(),
+        None => None,
+    };
+    let head_commit = repo.find_commit(head)?;
+    let head_tree = head_commit.tree()?;
+    let base_commit = base.map(|b| repo.find_commit(b)).transpose()?;
+    let base_tree = base_commit.as_ref().map(|c| c.tree()).transpose()?;
+
+    // Every path of HEAD's tree that holds one of those blobs.
+    let mut paths: Vec<(String, u64)> = Vec::new();
+    head_tree.walk(TreeWalkMode::PreOrder, |root, entry| {
+        if let Some(f) = found.iter().find(|f| f.blob == entry.id())
+            && let Ok(name) = entry.name()
+        {
+            paths.push((format!("{root}{name}"), f.bytes));
+        }
+        TreeWalkResult::Ok
+    })?;
+    let mut update = git2::build::TreeUpdateBuilder::new();
+    for (path, _) in &paths {
+        match base_tree
+            .as_ref()
+            .and_then(|t| t.get_path(Path::new(path)).ok())
+        {
+            Some(entry) if entry.kind() == Some(ObjectType::Blob) => {
+                let mode = if entry.filemode() == i32::from(FileMode::BlobExecutable) {
+                    FileMode::BlobExecutable
+                } else {
+                    FileMode::Blob
+                };
+                update.upsert(path, entry.id(), mode);
+            }
+            _ => {
+                update.remove(path);
+            }
+        }
+    }
+    let tree = repo.find_tree(update.create_updated(repo, &head_tree)?)?;
+
+    let kept = keep_ref(repo, "refs/hosted-boot/oversized", &job.name, head)?;
+    let mut listed: Vec<String> = paths
+        .iter()
+        .map(|(p, b)| format!("  {p} ({b} bytes)"))
+        .collect();
+    // Blobs a later commit of the agent removed again: left out all the same.
+    for f in found {
+        if !paths.iter().any(|(p, _)| *p == f.path) {
+            listed.push(format!(
+                "  {} ({} bytes, removed again by the agent)",
+                f.path, f.bytes
+            ));
+        }
+    }
+    let mut subjects = Vec::new();
+    let mut walk = repo.revwalk()?;
+    walk.push(head)?;
+    if let Some(b) = base {
+        walk.hide(b)?;
+    }
+    for oid in walk.take(MAX_LISTED_COMMITS) {
+        let c = repo.find_commit(oid?)?;
+        subjects.push(format!(
+            "  {} {}",
+            &c.id().to_string()[..12],
+            c.summary().ok().flatten().unwrap_or("")
+        ));
+    }
+    let text = format!(
+        "{name}: the agent's commits without the files over the size limit\n\n\
+         Committed by hosted-boot (the harvest, PROTOCOL.md 4.5): the git host would refuse\n\
+         files over {max} bytes, and with them every later push. Left out (kept in the work tree\n\
+         when still there):\n{files}\n\n\
+         The agent's commits, kept in repo/ at {kept} ({head}):\n{subjects}\n",
+        name = job.name,
+        files = listed.join("\n"),
+        subjects = subjects.join("\n"),
+    );
+    let sig = Signature::now(GIT_USER_NAME, GIT_USER_EMAIL)?;
+    let parents: Vec<&git2::Commit> = base_commit.iter().collect();
+    let new = repo.commit(None, &sig, &sig, &text, &tree, &parents)?;
+    repo.reset(repo.find_commit(new)?.as_object(), ResetType::Mixed, None)?;
+    tracing::warn!(commit = %new, kept = %kept, "harvest: the agent's commits held files over the size limit; pushing them without those files");
+
+    for f in found {
+        let path = paths
+            .iter()
+            .find(|(p, _)| *p == f.path)
+            .map(|(p, _)| p.as_str())
+            .unwrap_or(f.path.as_str());
+        note_skipped(&mut r.skipped_files, path, f.bytes);
+    }
+    // The harvest's own commit, if any, is folded into the new one.
+    r.harvest_commit = None;
+    r.head_sha = Some(new.to_string());
+    r.oversized_ref = Some(kept);
+    Ok(new)
+}
+
+/// Points `<prefix>/<name>` (or `-2`, `-3`, … when that name holds another
+/// commit) at `target`; returns the ref's name.
+fn keep_ref(
+    repo: &Repository,
+    prefix: &str,
+    name: &str,
+    target: Oid,
+) -> Result<String, git2::Error> {
+    let base = format!("{prefix}/{name}");
+    for n in 1..=MAX_RECOVERY_SUFFIX {
+        let refname = if n == 1 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        };
+        match repo.refname_to_id(&refname) {
+            Ok(there) if there == target => return Ok(refname),
+            Ok(_) => continue,
+            Err(_) => {
+                repo.reference(&refname, target, false, "hosted-boot: kept")?;
+                return Ok(refname);
+            }
+        }
+    }
+    Err(git2::Error::from_str(&format!(
+        "no free ref name for {base}"
+    )))
 }
 
 /// `commits` from `base` to `head`, and the diff statistics from their
@@ -623,6 +1293,10 @@ fn fetch(repo: &Repository, url: &str, branch: &str) -> Result<RemoteState, Fail
 fn push(repo: &Repository, url: &str, target: &str) -> Result<(), Failure> {
     let mut remote = repo.remote_anonymous(url).map_err(classify)?;
     let refused: RefCell<Vec<String>> = RefCell::new(Vec::new());
+    // What the server says on the side band ("remote: …"): a hook's reason
+    // for refusing (a file over the host's size limit, say), which the ref
+    // status alone ("pre-receive hook declined") does not give.
+    let said: RefCell<String> = RefCell::new(String::new());
     {
         let mut callbacks = RemoteCallbacks::new();
         callbacks.push_update_reference(|name, status| {
@@ -630,6 +1304,13 @@ fn push(repo: &Repository, url: &str, target: &str) -> Result<(), Failure> {
                 refused.borrow_mut().push(format!("{name}: {s}"));
             }
             Ok(())
+        });
+        callbacks.sideband_progress(|data| {
+            let mut said = said.borrow_mut();
+            if said.len() < MAX_REMOTE_TEXT {
+                said.push_str(&String::from_utf8_lossy(data));
+            }
+            true
         });
         let mut options = PushOptions::new();
         options.remote_callbacks(callbacks);
@@ -639,7 +1320,18 @@ fn push(repo: &Repository, url: &str, target: &str) -> Result<(), Failure> {
     }
     let refused = refused.into_inner();
     if !refused.is_empty() {
-        return Err(Failure::RefRejected(refused.join("; ")));
+        let said: String = said
+            .into_inner()
+            .split(['\n', '\r'])
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut text = refused.join("; ");
+        if !said.is_empty() {
+            text = format!("{text} (the server said: {said})");
+        }
+        return Err(Failure::RefRejected(text));
     }
     tracing::info!(target, "harvest: pushed HEAD");
     Ok(())
@@ -681,10 +1373,21 @@ fn recovery_name(
         )
 }
 
-/// Checks out `tip` (forced: the work tree holds nothing uncommitted by now)
-/// and points the local session branch, its remote-tracking branch and
-/// `HEAD` at it.
+/// Checks out `tip` and points the local session branch, its
+/// remote-tracking branch and `HEAD` at it. The checkout is git's safe one:
+/// a file left uncommitted (one over the size limit, say) is carried over
+/// when `tip` does not change it, and the checkout fails, changing nothing,
+/// when it would be overwritten.
 fn bring_local_to(repo: &Repository, branch: &str, tip: Oid) -> Result<(), git2::Error> {
+    // The remote-tracking branch is the runner's record of the remote's
+    // tip (what the next sync tells a force push by), kept even when
+    // nothing else moves.
+    repo.reference(
+        &format!("refs/remotes/origin/{branch}"),
+        tip,
+        true,
+        "hosted-boot: harvest",
+    )?;
     let local = format!("refs/heads/{branch}");
     let attached = repo
         .head()
@@ -700,14 +1403,8 @@ fn bring_local_to(repo: &Repository, branch: &str, tip: Oid) -> Result<(), git2:
     // untracked files that the next harvest would commit again.
     let commit = repo.find_commit(tip)?;
     let mut checkout = git2::build::CheckoutBuilder::new();
-    checkout.force();
+    checkout.safe();
     repo.checkout_tree(commit.as_object(), Some(&mut checkout))?;
-    repo.reference(
-        &format!("refs/remotes/origin/{branch}"),
-        tip,
-        true,
-        "hosted-boot: harvest",
-    )?;
     repo.reference(
         &local,
         tip,

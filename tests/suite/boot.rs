@@ -94,8 +94,18 @@ async fn happy_path_one_turn_then_the_session_ends() {
     );
     let turn: Vec<&str> = after[turn_at..].iter().map(String::as_str).collect();
     assert_eq!(
-        turn[..4].to_vec(),
-        vec!["status:turn_started", "run-started", "session", "events"],
+        turn[..2].to_vec(),
+        vec!["status:turn_started", "run-started"],
+        "{turn:?}"
+    );
+    // The workspace sync's fetch (git, through the credential helper), then
+    // the interrupt watch's first read, before the agent starts (4.1 step 3).
+    let first_read = turn.iter().position(|s| *s == "session").unwrap();
+    assert!(turn[2..first_read].contains(&"git"), "{turn:?}");
+    assert!(
+        turn[2..first_read]
+            .iter()
+            .all(|s| ["git", "agent-token", "repo-token", "events"].contains(s)),
         "{turn:?}"
     );
     let finish_at = turn.iter().position(|s| *s == "finish").unwrap();

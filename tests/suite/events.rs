@@ -371,15 +371,16 @@ async fn a_4xx_on_events_stops_sending_and_the_seal_counts_what_was_lost() {
     let error = run.finish.as_ref().unwrap().error.as_ref().unwrap();
     assert_eq!(error.code, ErrorCode::EventsUndelivered);
     assert!(!error.retryable);
-    // The runner's event, the three lines and the harvest's event.
+    // The runner's event, the workspace sync's, the three lines and the
+    // harvest's event.
     assert!(
-        error.message.starts_with("5 events could not be delivered"),
+        error.message.starts_with("6 events could not be delivered"),
         "{}",
         error.message
     );
     // The spool is kept (the run's events are not delivered).
     let spool = std::fs::read_to_string(spool_path(&sb, "run-1")).unwrap();
-    assert_eq!(spool.lines().count(), 5);
+    assert_eq!(spool.lines().count(), 6);
 }
 
 #[tokio::test]
@@ -609,8 +610,9 @@ async fn events_left_undelivered_are_delivered_by_the_next_boot() {
         .unwrap()
         .lines()
         .count();
-    // The runner's event, the agent's line and the harvest's event.
-    assert_eq!(spooled, 3);
+    // The runner's event, the workspace sync's, the agent's line and the
+    // harvest's event.
+    assert_eq!(spooled, 4);
 
     sb.coordinator.queue_turn("next", None);
     let second = Runner::spawn(&sb, &script);

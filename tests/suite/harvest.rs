@@ -628,6 +628,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         credential_helper: helper,
         http,
         push_policy: Timings::default().retry.harvest_push,
+        max_file_size: None,
     };
     let started = std::time::Instant::now();
     let result = harvester
@@ -777,5 +778,467 @@ async fn the_fatal_path_harvests_what_an_earlier_failed_push_left() {
         result_of(&snap, &next),
         json!({"name": next, "branch": branch, "headSha": kept, "pushed": true,
                "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0})
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Before a turn (PROTOCOL.md 4.1 step 3, 4.5 "Before a turn"): the workspace
+// moves to the remote's session branch, whatever the user pushed meanwhile.
+
+/// Records where the turn started, says something, leaves a file.
+const RECORDS_START_AND_LEAVES_A_FILE: &str = r#"
+git rev-parse HEAD > "$AGENT_OUT/head-$ORIZU_RUN_ID"
+git symbolic-ref HEAD > "$AGENT_OUT/symref-$ORIZU_RUN_ID"
+echo '{"type":"message","text":"working"}'
+echo "$ORIZU_RUN_ID" > "WORK-$ORIZU_RUN_ID.md"
+"#;
+
+/// Makes a commit on `parent` in the bare repository and sets the session
+/// branch to it, forced (the user pushed with `--force`, or a plain push
+/// when `parent` is the tip). Returns the commit.
+fn user_push(sb: &Sandbox, parent: &str, file: &str) -> String {
+    let bare = git2::Repository::open_bare(sb.coordinator.bare_repo()).unwrap();
+    let refname = format!("refs/heads/{}", sb.coordinator.branch());
+    let parent = bare
+        .find_commit(git2::Oid::from_str(parent).unwrap())
+        .unwrap();
+    let blob = bare.blob(b"from the user\n").unwrap();
+    let mut tb = bare.treebuilder(Some(&parent.tree().unwrap())).unwrap();
+    tb.insert(file, blob, 0o100644).unwrap();
+    let tree = bare.find_tree(tb.write().unwrap()).unwrap();
+    let sig = git2::Signature::now("user", "user@example.invalid").unwrap();
+    let commit = bare
+        .commit(None, &sig, &sig, "pushed by the user", &tree, &[&parent])
+        .unwrap();
+    bare.reference(&refname, commit, true, "the user pushed")
+        .unwrap();
+    commit.to_string()
+}
+
+/// The recovery branches of the bare repository.
+fn recovery_branches(sb: &Sandbox) -> Vec<String> {
+    bare_git(sb, &["for-each-ref", "--format=%(refname)", "refs/heads/"])
+        .lines()
+        .filter(|r| r.contains("-recovered-"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn sync_events(snap: &Snapshot, run_id: &str) -> Vec<Value> {
+    snap.run(run_id)
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e.kind == "hosted_boot.workspace_sync")
+        .map(|e| e.data.clone())
+        .collect()
+}
+
+/// The workspace_sync event of `run_id` comes before the agent's first
+/// event (the sync is done before the agent starts).
+fn assert_synced_before_the_agent(snap: &Snapshot, run_id: &str) {
+    let events = &snap.run(run_id).unwrap().events;
+    let sync = events
+        .iter()
+        .position(|e| e.kind == "hosted_boot.workspace_sync")
+        .unwrap_or_else(|| panic!("no workspace_sync event in {run_id}: {events:?}"));
+    let agent = events.iter().position(|e| e.kind == "message").unwrap();
+    assert!(sync < agent, "{events:?}");
+}
+
+#[tokio::test]
+async fn a_push_by_the_user_between_turns_is_where_the_next_turn_starts() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let child = sb.spawn(&sb.script(RECORDS_START_AND_LEAVES_A_FILE));
+    sb.wait_sealed("run-1").await;
+    let branch = sb.coordinator.branch();
+    let first = tip(&sb, &branch);
+    assert_eq!(
+        subject(&sb, &first),
+        "run-1: work the agent left uncommitted"
+    );
+    // The user pushes on top of the session branch between the turns.
+    let users = user_push(&sb, &first, "USER.md");
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+
+    // The turn started at the user's commit, on the session branch.
+    assert_eq!(sb.read_out(&format!("head-{next}")).trim(), users);
+    assert_eq!(
+        sb.read_out(&format!("symref-{next}")).trim(),
+        format!("refs/heads/{branch}")
+    );
+    // Its work landed on the session branch, on top of the user's commit,
+    // and nothing went to a recovery branch.
+    let head = tip(&sb, &branch);
+    assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), users);
+    assert_eq!(recovery_branches(&sb), Vec::<String>::new());
+    assert_eq!(
+        result_of(&snap, &next),
+        json!({"name": next, "branch": branch, "headSha": head, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0,
+               "harvestCommit": head})
+    );
+    assert_eq!(
+        sync_events(&snap, &next),
+        vec![
+            json!({"branch": branch, "outcome": "fast_forward", "localSha": first,
+                    "remoteSha": users, "startSha": users})
+        ]
+    );
+    assert_synced_before_the_agent(&snap, &next);
+}
+
+#[tokio::test]
+async fn commits_a_force_push_discarded_are_not_pushed_back() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let child = sb.spawn(&sb.script(RECORDS_START_AND_LEAVES_A_FILE));
+    sb.wait_sealed("run-1").await;
+    let branch = sb.coordinator.branch();
+    let discarded = tip(&sb, &branch);
+    let base = bare_git(&sb, &["rev-parse", &format!("{discarded}~1")]);
+    // The user force-pushes the session branch back before run-1's commit,
+    // with a commit of their own.
+    let users = user_push(&sb, &base, "USER.md");
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+
+    // The turn started at the user's commit; its work is on the session
+    // branch on top of it.
+    assert_eq!(sb.read_out(&format!("head-{next}")).trim(), users);
+    let head = tip(&sb, &branch);
+    assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), users);
+    // The discarded commit is on no branch of the remote: not pushed back,
+    // not to a recovery branch either.
+    assert_eq!(recovery_branches(&sb), Vec::<String>::new());
+    assert_eq!(
+        bare_git(&sb, &["for-each-ref", "--contains", &discarded]),
+        ""
+    );
+    assert!(result_of(&snap, &next).get("recoveryBranch").is_none());
+    // The event says so, and the commit stays in repo/ on a local ref.
+    let discarded_ref = format!("refs/hosted-boot/discarded/{next}");
+    assert_eq!(
+        sync_events(&snap, &next),
+        vec![
+            json!({"branch": branch, "outcome": "reset", "localSha": discarded,
+                    "remoteSha": users, "startSha": users,
+                    "discardedRef": discarded_ref, "discardedCommits": [discarded],
+                    "discardedCount": 1})
+        ]
+    );
+    assert_synced_before_the_agent(&snap, &next);
+    let local = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.root().join("repo"))
+        .args(["rev-parse", &discarded_ref])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&local.stdout).trim(), discarded);
+}
+
+#[tokio::test]
+async fn a_fetch_that_fails_before_a_turn_is_a_warning_and_the_turn_runs() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" != run-1 ]; then
+  {WAIT_FOR_GO}
+fi
+{RECORDS_START_AND_LEAVES_A_FILE}
+"#
+    ));
+    let child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    let branch = sb.coordinator.branch();
+    let first = tip(&sb, &branch);
+    sb.coordinator
+        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .unwrap();
+    let next = sb.coordinator.queue_turn("next", None);
+    // The agent starts although the fetch failed; the git server heals
+    // before the turn's harvest.
+    wait_file(sb.out().join(format!("ready-{next}"))).await;
+    sb.coordinator.clear_faults();
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+
+    assert_eq!(snap.run(&next).unwrap().status, "succeeded");
+    assert_eq!(sb.read_out(&format!("head-{next}")).trim(), first);
+    let events = sync_events(&snap, &next);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let event = &events[0];
+    assert_eq!(event["outcome"], json!("kept_local"), "{event}");
+    assert_eq!(event["localSha"], json!(first), "{event}");
+    assert_eq!(event["startSha"], json!(first), "{event}");
+    assert_eq!(event["remoteSha"], Value::Null, "{event}");
+    assert_eq!(event["warning"]["code"], json!("fetch_failed"), "{event}");
+    let message = event["warning"]["message"].as_str().unwrap();
+    assert!(message.contains("503"), "{message}");
+    assert_synced_before_the_agent(&snap, &next);
+    // The harvest reconciles as ever: the turn's work is on the branch.
+    let head = tip(&sb, &branch);
+    assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), first);
+    assert_eq!(result_of(&snap, &next)["pushed"], json!(true));
+}
+
+#[tokio::test]
+async fn local_work_the_remote_lacks_goes_to_a_recovery_branch_before_the_turn() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  {WAIT_FOR_GO}
+fi
+{RECORDS_START_AND_LEAVES_A_FILE}
+"#
+    ));
+    let child = sb.spawn(&script);
+    let branch = sb.coordinator.branch();
+    let base = tip(&sb, &branch);
+    // run-1's push fails: its commit stays in repo/ only.
+    wait_file(sb.out().join("ready-run-1")).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .unwrap();
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    let snap = sb.wait_sealed("run-1").await;
+    sb.coordinator.clear_faults();
+    let unpushed = result_of(&snap, "run-1")["headSha"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(result_of(&snap, "run-1")["pushed"], json!(false));
+    // Meanwhile the user pushed to the session branch.
+    let users = user_push(&sb, &base, "USER.md");
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+
+    // The unpushed commit went to a recovery branch before the turn, which
+    // started from the user's commit and pushed its work onto it.
+    let recovery = format!("{branch}-recovered-before-{next}");
+    assert_eq!(tip(&sb, &recovery), unpushed);
+    assert_eq!(sb.read_out(&format!("head-{next}")).trim(), users);
+    assert_eq!(
+        sync_events(&snap, &next),
+        vec![
+            json!({"branch": branch, "outcome": "reset", "localSha": unpushed,
+                    "remoteSha": users, "startSha": users,
+                    "recoveryBranch": recovery})
+        ]
+    );
+    let head = tip(&sb, &branch);
+    assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), users);
+    assert!(result_of(&snap, &next).get("recoveryBranch").is_none());
+}
+
+// ---------------------------------------------------------------------------
+// The size guard (PROTOCOL.md 4.5 step 1 and "Files over the size limit"):
+// the coordinator's git server refuses a push that brings a file over 1 MiB,
+// as GitHub refuses files over 100 MiB; the runner's limit is set to match.
+
+const LIMIT: u64 = 1024 * 1024;
+const BIG: u64 = 2_000_000;
+
+fn spawn_with_limit(sb: &Sandbox, script: &Path) -> tokio::process::Child {
+    sb.runner(script)
+        .env("HOSTED_BOOT_HARVEST_MAX_FILE_SIZE", "1MiB")
+        .spawn()
+        .unwrap()
+}
+
+fn files_at(sb: &Sandbox, rev: &str) -> Vec<String> {
+    bare_git(sb, &["ls-tree", "-r", "--name-only", rev])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_file_over_the_size_limit_is_left_out_named_and_later_work_is_pushed() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        git_max_file_size: Some(LIMIT),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  head -c {BIG} /dev/zero > BIG.bin
+  echo small > SMALL.md
+else
+  echo two > TWO.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    let branch = sb.coordinator.branch();
+    let first = tip(&sb, &branch);
+    // The small file is on the session branch, the big one is not; the
+    // report names it; it stays in the sandbox's work tree.
+    assert_eq!(
+        result_of(&snap, "run-1"),
+        json!({"name": "run-1", "branch": branch, "headSha": first, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0,
+               "harvestCommit": first,
+               "skippedFiles": [{"path": "BIG.bin", "bytes": BIG}]})
+    );
+    assert_eq!(
+        harvest_events(&snap, "run-1"),
+        vec![result_of(&snap, "run-1")]
+    );
+    assert_eq!(
+        files_at(&sb, &first),
+        vec!["README.md", "SMALL.md", "src/greeting.txt"]
+    );
+    assert_eq!(
+        std::fs::metadata(sb.root().join("repo/BIG.bin"))
+            .unwrap()
+            .len(),
+        BIG
+    );
+
+    // The next turn's work is pushed too: the session is not blocked.
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let head = tip(&sb, &branch);
+    assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), first);
+    assert_eq!(
+        files_at(&sb, &head),
+        vec!["README.md", "SMALL.md", "TWO.md", "src/greeting.txt"]
+    );
+    let result = result_of(&snap, &next);
+    assert_eq!(result["pushed"], json!(true), "{result}");
+    assert_eq!(result["headSha"], json!(head), "{result}");
+    // Still in the work tree, still left out, still named.
+    assert_eq!(
+        result["skippedFiles"],
+        json!([{"path": "BIG.bin", "bytes": BIG}]),
+        "{result}"
+    );
+}
+
+#[tokio::test]
+async fn a_file_over_the_size_limit_the_agent_committed_is_left_out_of_the_push() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    // The limit through the dev API (PROTOCOL.md section 6).
+    let answer = hosted_boot::tls::http_client(None)
+        .unwrap()
+        .post(format!("{}dev/git", sb.coordinator.base_url()))
+        .json(&json!({"maxFileSize": LIMIT}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.json::<Value>().await.unwrap(),
+        json!({"maxFileSize": LIMIT})
+    );
+    let script = sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  head -c {BIG} /dev/zero > BIG.bin
+  echo small > SMALL.md
+  git add -A
+  git commit -q -m "agent: a big file and a small one"
+  git rev-parse HEAD > "$AGENT_OUT/head-run-1"
+else
+  echo two > TWO.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    let branch = sb.coordinator.branch();
+    let first = tip(&sb, &branch);
+    let agents = sb.read_out("head-run-1").trim().to_string();
+    // What was pushed is the agent's work without the big file; the agent's
+    // own commit stays in repo/ on a local ref, and the report says so.
+    assert_ne!(first, agents);
+    assert_eq!(
+        files_at(&sb, &first),
+        vec!["README.md", "SMALL.md", "src/greeting.txt"]
+    );
+    assert_eq!(
+        subject(&sb, &first),
+        "run-1: the agent's commits without the files over the size limit"
+    );
+    let oversized_ref = "refs/hosted-boot/oversized/run-1";
+    assert_eq!(
+        result_of(&snap, "run-1"),
+        json!({"name": "run-1", "branch": branch, "headSha": first, "pushed": true,
+               "commits": 1, "filesChanged": 1, "insertions": 1, "deletions": 0,
+               "skippedFiles": [{"path": "BIG.bin", "bytes": BIG}],
+               "oversizedRef": oversized_ref})
+    );
+    let local = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(sb.root().join("repo"))
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(local(&["rev-parse", oversized_ref]), agents);
+    assert_eq!(
+        std::fs::metadata(sb.root().join("repo/BIG.bin"))
+            .unwrap()
+            .len(),
+        BIG
+    );
+
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let head = tip(&sb, &branch);
+    assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), first);
+    assert!(files_at(&sb, &head).contains(&"TWO.md".to_string()));
+    assert_eq!(result_of(&snap, &next)["pushed"], json!(true));
+}
+
+/// A git host whose limit is below the runner's refuses the push; the
+/// report says why, in the server's words.
+#[tokio::test]
+async fn a_push_the_host_refuses_for_a_large_file_says_why() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        git_max_file_size: Some(LIMIT),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!("head -c {BIG} /dev/zero > BIG.bin"));
+    let child = sb.spawn(&script);
+    let snap = sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let result: HarvestResult = serde_json::from_value(result_of(&snap, "run-1")).unwrap();
+    assert!(!result.pushed);
+    let error = result.push_error.unwrap();
+    assert_eq!(error.code, PushErrorCode::PushRejected, "{error:?}");
+    assert!(
+        error
+            .message
+            .contains("files over the limit of 1048576 bytes")
+            && error.message.contains("BIG.bin"),
+        "{error:?}"
     );
 }
