@@ -920,7 +920,9 @@ async fn a_session_over_its_cap_between_turns_fails_the_boot_naming_size_and_cap
     sb.coordinator
         .add_fault(Fault::pad(Route::Session, SESSION_CAP).times(1000))
         .unwrap();
-    let run_id = sb.coordinator.queue_turn("a prompt with 64 MiB of logs", None);
+    let run_id = sb
+        .coordinator
+        .queue_turn("a prompt with 64 MiB of logs", None);
     let queued = std::time::Instant::now();
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(1), "{}", tail(&output));
