@@ -481,6 +481,7 @@ fn harvester(
             client: http,
             runtime: tokio::runtime::Handle::current(),
             request_timeout: config.timings.request_timeout,
+            stall: config.timings.git_stall,
         },
         push_policy: config.timings.retry.harvest_push,
     })
@@ -495,6 +496,7 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
         branch: harvester.branch.clone(),
         credential_helper: harvester.credential_helper.clone(),
         http: harvester.http.clone(),
+        retry: config.timings.retry.clone,
     };
     let branch = harvester.branch.as_str();
     workspace::prepare_repo_async(spec)

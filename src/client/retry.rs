@@ -284,7 +284,8 @@ async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<Byte
     }
 }
 
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+/// The `Retry-After` header (seconds or an HTTP date) as a wait.
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
     if let Ok(secs) = value.trim().parse::<u64>() {
         return Some(Duration::from_secs(secs));

@@ -528,6 +528,9 @@ async fn a_missing_session_branch_fails_the_boot() {
         "{:?}",
         snap.statuses
     );
+    // A verdict: one advertisement, no retry, no partial clone left.
+    assert_eq!(git_requests(&snap).len(), 1, "{:?}", git_requests(&snap));
+    assert!(!sb.root().join("repo").exists());
 }
 
 #[tokio::test]

@@ -604,6 +604,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         client: hosted_boot::tls::http_client(None).unwrap(),
         runtime: tokio::runtime::Handle::current(),
         request_timeout: Duration::from_secs(10),
+        stall: Duration::from_secs(30),
     };
     let prepared = prepare_repo_async(RepoSpec {
         root: root.path().to_path_buf(),
@@ -611,6 +612,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         branch: coord.branch(),
         credential_helper: helper.clone(),
         http: http.clone(),
+        retry: hosted_boot::timings::RetryPolicy::ONCE,
     })
     .await
     .unwrap();
