@@ -256,15 +256,12 @@ fn shaped(resp: Response, f: &Fault) -> Response {
         return resp;
     }
     let (mut parts, body) = resp.into_parts();
+    // A whole body's length is in its size hint (hyper writes the header).
+    let length = axum::body::HttpBody::size_hint(&body).exact();
     let mut stream: futures_util::stream::BoxStream<'static, Result<Bytes, axum::Error>> =
         Box::pin(body.into_data_stream());
     if let Some(pad) = f.pad_bytes {
-        if let Some(len) = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-        {
+        if let Some(len) = length {
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(len + pad));

@@ -856,5 +856,21 @@ mod tests {
         let f: Fault =
             serde_json::from_value(json!({"route": "run-started", "status": 503})).unwrap();
         assert_eq!(f, Fault::status(Route::RunStarted, 503));
+        assert!(Fault::pad(Route::Session, 10).validate().is_ok());
+        assert!(Fault::pad(Route::Git, 10).validate().is_err());
+        assert!(
+            Fault::stall(Route::Git, Duration::from_millis(5))
+                .validate()
+                .is_ok()
+        );
+        let reset_and_stall = Fault {
+            stall_ms: Some(5),
+            ..Fault::reset(Route::Git)
+        };
+        assert!(reset_and_stall.validate().is_err());
+        let f: Fault =
+            serde_json::from_value(json!({"route": "session", "padBytes": 9, "stallMs": 3}))
+                .unwrap();
+        assert_eq!((f.pad_bytes, f.stall_ms), (Some(9), Some(3)));
     }
 }
