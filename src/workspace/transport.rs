@@ -311,6 +311,8 @@ enum TransportError {
     NotSmart { url: String, content_type: String },
     #[error("git request to {url} failed: {reason}")]
     Http { url: String, reason: String },
+    #[error("invalid git URL {url} ({reason})")]
+    InvalidUrl { url: String, reason: String },
 }
 
 impl TransportError {
@@ -337,7 +339,8 @@ impl TransportError {
             | TransportError::Helper(_)
             | TransportError::Status { .. }
             | TransportError::NotSmart { .. }
-            | TransportError::Http { .. } => ErrorCode::GenericError,
+            | TransportError::Http { .. }
+            | TransportError::InvalidUrl { .. } => ErrorCode::GenericError,
         };
         git2::Error::new(code, ErrorClass::Http, self.to_string().replace('\0', ""))
     }
@@ -670,10 +673,11 @@ impl HttpStream {
     }
 
     fn try_send(&mut self) -> Result<(), TransportError> {
-        let remote_url = reqwest::Url::parse(&self.remote).map_err(|e| TransportError::Http {
-            url: self.remote.clone(),
-            reason: format!("invalid URL ({e})"),
-        })?;
+        let remote_url =
+            reqwest::Url::parse(&self.remote).map_err(|e| TransportError::InvalidUrl {
+                url: self.remote.clone(),
+                reason: e.to_string(),
+            })?;
         loop {
             let password = self.shared.password(&self.entry, &remote_url)?;
             let request = self.build(&password);
