@@ -38,6 +38,11 @@ enum Ending {
     Stopped(Stop),
     /// Fatal before the drain began: `failed`, exit 1.
     BeforeDrain(String),
+    /// Between turns, a session whose next turn cannot be read
+    /// (`session_too_large`): `failed`, exit 1. The last run is sealed and
+    /// acknowledged already, and the next one was never read, so there is
+    /// no run to seal or to name in `turn_failed` (PROTOCOL.md 4 step 7).
+    Unreadable(String),
     /// Fatal once the drain began: seal if needed, `turn_failed`, exit 1.
     InDrain {
         run_id: String,
@@ -400,6 +405,9 @@ async fn drain(
             Ok(IdleEnd::Turn(t)) => t,
             Ok(IdleEnd::Ended) => return Ending::Clean,
             Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),
+            Err(e @ idle::IdleError::SessionTooLarge(_)) => {
+                return Ending::Unreadable(e.to_string());
+            }
             Err(e) => {
                 return Ending::InDrain {
                     run_id,
@@ -426,7 +434,7 @@ async fn resolve(config: &BootConfig, api: &Api, redactor: &Redactor) -> Result<
         redactor,
     )
     .map_err(|e| e.to_string())?;
-    let mut session = session.map_err(|e| e.to_string())?;
+    let mut session = session.map_err(|e| idle::session_read_reason(&e))?;
     checks::git_branch("repoBranch", &session.repo_branch).map_err(|e| e.to_string())?;
     if let Some(w) = &config.workspace_id {
         session.workspace_id = w.clone();
@@ -496,6 +504,7 @@ fn harvester(
             runtime: tokio::runtime::Handle::current(),
             request_timeout: config.timings.request_timeout,
             redactor: redactor.clone(),
+            stall: config.timings.git_stall,
         },
         push_policy: config.timings.retry.harvest_push,
         max_file_size: config.harvest_max_file_size,
@@ -511,6 +520,7 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
         branch: harvester.branch.clone(),
         credential_helper: harvester.credential_helper.clone(),
         http: harvester.http.clone(),
+        retry: config.timings.retry.clone,
     };
     let branch = harvester.branch.as_str();
     workspace::prepare_repo_async(spec)
@@ -547,7 +557,7 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
             tracing::warn!(signal = ?stop.signal(), "stopped by signal");
             stop.exit_code().unwrap_or(1)
         }
-        Ending::BeforeDrain(reason) => {
+        Ending::BeforeDrain(reason) | Ending::Unreadable(reason) => {
             tracing::error!(reason = %reason, "boot failed");
             if let Err(e) = api
                 .post_status(BootStatus::Failed, None, Some(&reason))

@@ -189,6 +189,11 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
                 )),
             }
         }
+        Err(e) if e.is_too_large() => lines.push(CheckLine::fail(
+            "session",
+            crate::idle::session_read_reason(&e),
+            "shorten the prompt of the pending turn and queue it again",
+        )),
         Err(e) => lines.push(CheckLine::fail(
             "session",
             e.to_string(),

@@ -1,20 +1,56 @@
 //! Choosing the next turn (PROTOCOL.md 2.4) and waiting for it between turns
 //! (4.2): read the session every 5 s, doubling the wait after a failed read
 //! (up to 45 s). Before the first turn ten consecutive failed reads are
-//! fatal; after it, failed reads never are. No bearer file exists here.
+//! fatal; after it, failed reads never are. A session answer over the
+//! session read's size cap is fatal at once (`session_too_large`): it is the
+//! same on every read. No bearer file exists here.
 
 use std::collections::HashSet;
 
 use tokio::sync::watch;
 
 use crate::checks;
-use crate::client::Api;
+use crate::client::{Api, CallError};
 use crate::signals::Stop;
 use crate::turn::TurnInput;
 use crate::wire::Session;
 
 /// Consecutive failed reads that are fatal before the first turn.
 pub const BOOT_MAX_FAILED_READS: u32 = 10;
+
+/// The `failed` reason code of a session answer over the session read's cap
+/// (PROTOCOL.md 2.2).
+pub const SESSION_TOO_LARGE: &str = "session_too_large";
+
+/// The `failed` reason for a session read refused for its size
+/// (`session_too_large`, PROTOCOL.md 2.2 and 4.2): the code, the size, the
+/// cap, what to do. `None` when `e` is another failure.
+pub fn session_too_large(e: &CallError) -> Option<String> {
+    let CallError::TooLarge {
+        size,
+        size_exact,
+        cap,
+        ..
+    } = e
+    else {
+        return None;
+    };
+    let size = if *size_exact {
+        format!("{size} bytes")
+    } else {
+        format!("more than {size} bytes")
+    };
+    Some(format!(
+        "{SESSION_TOO_LARGE}: the session answer is {size}, over the session read's cap of {cap} bytes ({} MiB), so the turn it carries can be neither run nor sealed; a prompt (pendingTurn.body or clientInfo.task) is too large: shorten it (put long logs in a file of the repository) and queue it again",
+        cap / (1024 * 1024)
+    ))
+}
+
+/// The reason a failed session read gives: [`session_too_large`], or the
+/// error itself.
+pub fn session_read_reason(e: &CallError) -> String {
+    session_too_large(e).unwrap_or_else(|| e.to_string())
+}
 
 /// A session whose pending turn breaks the contract
 /// (`hosted_pending_turn_invalid`).
@@ -97,6 +133,10 @@ pub enum IdleError {
     /// The boot secret was refused (401/403 on the bearer pull).
     #[error("the boot secret was refused while waiting for a turn: {0}")]
     BootSecretRefused(String),
+    /// The session answer is over the session read's cap
+    /// (`session_too_large`; the text is [`session_too_large`]'s).
+    #[error("{0}")]
+    SessionTooLarge(String),
     /// Ten consecutive failed reads before the first turn.
     #[error(
         "{BOOT_MAX_FAILED_READS} consecutive session reads failed before the first turn; last: {0}"
@@ -178,7 +218,12 @@ async fn read(
                 e.to_string(),
             )));
         }
-        Err(e) => return Err(ReadError::Failed(e.to_string())),
+        Err(e) => {
+            return Err(match session_too_large(&e) {
+                Some(reason) => ReadError::Fatal(IdleError::SessionTooLarge(reason)),
+                None => ReadError::Failed(e.to_string()),
+            });
+        }
     };
     if !session.is_active() {
         return Ok(Some(IdleEnd::Ended));

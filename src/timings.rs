@@ -65,6 +65,8 @@ pub struct RetryPolicies {
     pub credential_helper: RetryPolicy,
     /// `git push` in the harvest (4.5): 3 attempts, 1 s, cap 4 s.
     pub harvest_push: RetryPolicy,
+    /// The clone of the session branch (4 step 5): 4 attempts, 1 s, cap 8 s.
+    pub clone: RetryPolicy,
 }
 
 impl Default for RetryPolicies {
@@ -77,6 +79,7 @@ impl Default for RetryPolicies {
             events: RetryPolicy::new(u32::MAX, 250, 5_000),
             credential_helper: RetryPolicy::new(3, 250, 2_000),
             harvest_push: RetryPolicy::new(3, 1_000, 4_000),
+            clone: RetryPolicy::new(4, 1_000, 8_000),
         }
     }
 }
@@ -86,6 +89,10 @@ impl Default for RetryPolicies {
 pub struct Timings {
     /// Per-attempt timeout of every coordinator request (10 s).
     pub request_timeout: Duration,
+    /// A git transfer (clone, the harvest's fetch and push) that receives no
+    /// byte for this long is aborted (30 s, PROTOCOL.md section 2, the
+    /// clone row): a failed attempt.
+    pub git_stall: Duration,
     /// Interrupt watch tick during a turn (5 s, PROTOCOL.md 4.1 step 3).
     pub interrupt_poll: Duration,
     /// Session read between turns (5 s, 4.2).
@@ -132,6 +139,7 @@ impl Default for Timings {
     fn default() -> Self {
         Timings {
             request_timeout: Duration::from_secs(10),
+            git_stall: Duration::from_secs(30),
             interrupt_poll: Duration::from_secs(5),
             idle_poll: Duration::from_secs(5),
             idle_backoff_cap: Duration::from_secs(45),
@@ -160,11 +168,11 @@ impl Timings {
     /// Every duration multiplied by `factor` (attempt counts unchanged).
     /// Used for `HOSTED_BOOT_TEST_TIME_SCALE`; `factor` must be > 0.
     ///
-    /// The per-attempt request timeout is not scaled below
-    /// [`MIN_SCALED_REQUEST_TIMEOUT`]: a debug build's git server on a loaded
-    /// machine needs that long, and a timeout that fires on a healthy
-    /// request would make tests flaky rather than fast. The harvest bounds
-    /// and the workspace sync's bound are not scaled below
+    /// The per-attempt request timeout and the git stall bound are not
+    /// scaled below [`MIN_SCALED_REQUEST_TIMEOUT`]: a debug build's git
+    /// server on a loaded machine needs that long, and a timeout that fires
+    /// on a healthy request would make tests flaky rather than fast. The
+    /// harvest bounds and the workspace sync's bound are not scaled below
     /// [`MIN_SCALED_HARVEST_BOUND`], for the same reason.
     pub fn scaled(self, factor: f64) -> Self {
         let s = |d| scale(d, factor);
@@ -172,6 +180,7 @@ impl Timings {
         Timings {
             request_timeout: s(self.request_timeout)
                 .max(MIN_SCALED_REQUEST_TIMEOUT.min(self.request_timeout)),
+            git_stall: s(self.git_stall).max(MIN_SCALED_REQUEST_TIMEOUT.min(self.git_stall)),
             interrupt_poll: s(self.interrupt_poll),
             idle_poll: s(self.idle_poll),
             idle_backoff_cap: s(self.idle_backoff_cap),
@@ -201,6 +210,7 @@ impl Timings {
                 events: r.events.scaled(factor),
                 credential_helper: r.credential_helper.scaled(factor),
                 harvest_push: r.harvest_push.scaled(factor),
+                clone: r.clone.scaled(factor),
             },
         }
     }
@@ -251,5 +261,10 @@ mod tests {
         let t = Timings::default().scaled(0.02);
         assert_eq!(t.interrupt_poll, Duration::from_millis(100));
         assert_eq!(t.retry.agent_token_boot.attempts, 10);
+        assert_eq!(t.retry.clone.attempts, 4);
+        assert_eq!(t.retry.clone.base, Duration::from_millis(20));
+        // The stall bound keeps the request timeout's floor (2 s).
+        assert_eq!(t.git_stall, Duration::from_secs(2));
+        assert_eq!(Timings::default().git_stall, Duration::from_secs(30));
     }
 }

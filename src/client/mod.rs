@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 pub use bearer::{Bearer, Lifetime};
-pub use retry::{CallError, Reply};
+pub use retry::{CallError, Reply, caps};
 
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
@@ -142,11 +142,17 @@ impl Api {
     pub async fn pull_bearer(&self, policy: RetryPolicy) -> Result<Bearer, CallError> {
         let call = "agent-token pull";
         let reply = self.noted(
-            retry::send(call, policy, self.timings.request_timeout, || {
-                self.http
-                    .get(self.config.agent_token_url.clone())
-                    .bearer_auth(self.config.boot_secret.expose())
-            })
+            retry::send(
+                call,
+                policy,
+                self.timings.request_timeout,
+                caps::SMALL,
+                || {
+                    self.http
+                        .get(self.config.agent_token_url.clone())
+                        .bearer_auth(self.config.boot_secret.expose())
+                },
+            )
             .await,
         )?;
         let date = reply.date();
@@ -166,6 +172,7 @@ impl Api {
         &self,
         call: &str,
         policy: RetryPolicy,
+        cap: usize,
         build: impl Fn(&Secret) -> RequestBuilder,
     ) -> Result<Reply, CallError> {
         let bearer = match self.bearer() {
@@ -176,7 +183,7 @@ impl Api {
             }
         };
         let first = self.noted(
-            retry::send(call, policy, self.timings.request_timeout, || {
+            retry::send(call, policy, self.timings.request_timeout, cap, || {
                 build(&bearer.token)
             })
             .await,
@@ -188,7 +195,7 @@ impl Api {
                     .pull_bearer(self.timings.retry.agent_token_refresh)
                     .await?;
                 self.noted(
-                    retry::send(call, policy, self.timings.request_timeout, || {
+                    retry::send(call, policy, self.timings.request_timeout, cap, || {
                         build(&fresh.token)
                     })
                     .await,
@@ -242,12 +249,18 @@ impl Api {
         };
         let call = format!("boot status \"{}\"", status.as_str());
         self.noted(
-            retry::send(&call, policy, self.timings.request_timeout, || {
-                self.http
-                    .post(self.config.boot_status_url.clone())
-                    .bearer_auth(self.config.boot_secret.expose())
-                    .json(&body)
-            })
+            retry::send(
+                &call,
+                policy,
+                self.timings.request_timeout,
+                caps::SMALL,
+                || {
+                    self.http
+                        .post(self.config.boot_status_url.clone())
+                        .bearer_auth(self.config.boot_secret.expose())
+                        .json(&body)
+                },
+            )
             .await,
         )
         .map(|_| ())
@@ -258,7 +271,7 @@ impl Api {
         let call = "env bundle";
         let path = wire::routes::env_bundle(&self.config.session_id);
         let reply = self
-            .authed(call, self.timings.retry.boot_fetch, |t| {
+            .authed(call, self.timings.retry.boot_fetch, caps::ENV_BUNDLE, |t| {
                 self.request(Method::GET, &path, t)
             })
             .await?;
@@ -276,7 +289,7 @@ impl Api {
         let call = "session read";
         let path = wire::routes::session(&self.config.session_id);
         let reply = self
-            .authed(call, policy, |t| {
+            .authed(call, policy, caps::SESSION, |t| {
                 let r = self.request(Method::GET, &path, t);
                 if during_turn {
                     r.header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
@@ -298,6 +311,7 @@ impl Api {
                 call,
                 RetryPolicy::ONCE,
                 self.timings.request_timeout,
+                caps::SESSION,
                 || {
                     self.request(Method::GET, &path, token)
                         .header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
@@ -321,7 +335,7 @@ impl Api {
         let path = wire::routes::repo_token(&self.config.session_id);
         let body = RepoTokenRequest { access };
         let reply = self
-            .authed(call, policy, |t| {
+            .authed(call, policy, caps::SMALL, |t| {
                 self.request(Method::POST, &path, t).json(&body)
             })
             .await?;
@@ -333,10 +347,15 @@ impl Api {
     /// `run_started` (2.6): required, idempotent.
     pub async fn run_started(&self, run_id: &str) -> Result<(), CallError> {
         let path = wire::routes::run(run_id);
-        self.authed("run_started", self.timings.retry.required, |t| {
-            self.request(Method::POST, &path, t)
-                .json(&serde_json::json!({}))
-        })
+        self.authed(
+            "run_started",
+            self.timings.retry.required,
+            caps::SMALL,
+            |t| {
+                self.request(Method::POST, &path, t)
+                    .json(&serde_json::json!({}))
+            },
+        )
         .await
         .map(|_| ())
     }
@@ -355,7 +374,7 @@ impl Api {
             events: events.to_vec(),
         };
         let reply = self
-            .authed(call, policy, |t| {
+            .authed(call, policy, caps::SMALL, |t| {
                 self.request(Method::POST, &path, t).json(&body)
             })
             .await?;
@@ -377,7 +396,7 @@ impl Api {
         let call = "events post";
         let path = wire::routes::events(run_id);
         let reply = self
-            .authed(call, policy, |t| {
+            .authed(call, policy, caps::SMALL, |t| {
                 self.request(Method::POST, &path, t)
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(body.clone())
@@ -391,7 +410,7 @@ impl Api {
         let call = "events cursor";
         let path = wire::routes::events_cursor(run_id);
         let reply = self
-            .authed(call, self.timings.retry.required, |t| {
+            .authed(call, self.timings.retry.required, caps::SMALL, |t| {
                 self.request(Method::GET, &path, t)
             })
             .await?;
@@ -414,7 +433,7 @@ impl Api {
             push_error.message = wire::truncate_reason(&self.redactor.redact(&push_error.message));
         }
         let path = wire::routes::finish(run_id);
-        self.authed("finish", policy, |t| {
+        self.authed("finish", policy, caps::SMALL, |t| {
             self.request(Method::POST, &path, t).json(&body)
         })
         .await

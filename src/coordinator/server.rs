@@ -12,6 +12,7 @@ use axum::extract::{ConnectInfo, Request, State as AxumState};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
+use futures_util::StreamExt;
 use serde::Deserialize;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -246,6 +247,49 @@ fn fault_response(f: &Fault) -> Response {
     resp
 }
 
+/// Space chunks the `padBytes` fault streams (never the whole pad at once).
+const PAD_CHUNK: usize = 64 * 1024;
+
+/// The `padBytes` and `stallMs` faults applied to the answer about to be
+/// sent (its status and headers stay).
+fn shaped(resp: Response, f: &Fault) -> Response {
+    if f.pad_bytes.is_none() && f.stall_ms.is_none() {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    // A whole body's length is in its size hint (hyper writes the header).
+    let length = axum::body::HttpBody::size_hint(&body).exact();
+    let mut stream: futures_util::stream::BoxStream<'static, Result<Bytes, axum::Error>> =
+        Box::pin(body.into_data_stream());
+    if let Some(pad) = f.pad_bytes {
+        if let Some(len) = length {
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(len + pad));
+        }
+        let spaces = Bytes::from(vec![b' '; PAD_CHUNK]);
+        let chunks = (0..pad.div_ceil(PAD_CHUNK as u64)).map(move |i| {
+            let left = pad - i * PAD_CHUNK as u64;
+            Ok(spaces.slice(..usize::try_from(left).unwrap_or(PAD_CHUNK).min(PAD_CHUNK)))
+        });
+        stream = Box::pin(stream.chain(futures_util::stream::iter(chunks)));
+    }
+    if let Some(ms) = f.stall_ms {
+        let stall = Duration::from_millis(ms);
+        stream = Box::pin(futures_util::stream::unfold(
+            (stream, 0u64),
+            move |(mut stream, n)| async move {
+                if n == 1 {
+                    tokio::time::sleep(stall).await;
+                }
+                let item = stream.next().await?;
+                Some((item, (stream, n + 1)))
+            },
+        ));
+    }
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
 /// The one handler. Records the request (after reading an API body; git
 /// bodies are streamed and not recorded), applies a queued fault, dispatches.
 async fn handle(
@@ -350,7 +394,10 @@ async fn handle(
         "coordinator request"
     );
     match answer {
-        Some(resp) => resp,
+        Some(resp) => match &fault {
+            Some(f) => shaped(resp, f),
+            None => resp,
+        },
         None => {
             // The connection fails its next write, so this is never sent.
             conn.kill();

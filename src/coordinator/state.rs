@@ -85,6 +85,13 @@ fn is_false(b: &bool) -> bool {
 /// - `after`: the request is first handled normally (its effects happen, e.g. a
 ///   `finish` is recorded), then its answer is replaced or dropped: a lost
 ///   response. Not for `git`.
+/// - `padBytes`: the answer's body is followed by this many spaces (JSON
+///   allows trailing whitespace, so it still parses), with a `Content-Length`
+///   that counts them when the answer had one: a body over a size cap
+///   without holding it in memory. Not for `git`.
+/// - `stallMs`: the answer's headers and first body chunk are sent, then the
+///   body pauses this long before the rest (and its end): a transfer that
+///   stops making progress.
 ///
 /// Faults for the same route queue up in the order they were added.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +118,12 @@ pub struct Fault {
     /// Handle the request normally first, then replace or drop the answer.
     #[serde(default, skip_serializing_if = "is_false")]
     pub after: bool,
+    /// Spaces appended to the answer's body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_bytes: Option<u64>,
+    /// Pause, in milliseconds, after the first chunk of the answer's body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_ms: Option<u64>,
     /// How many requests get the fault (at least 1; default 1).
     #[serde(default = "one")]
     pub count: u32,
@@ -126,6 +139,8 @@ impl Fault {
             body: None,
             retry_after: None,
             after: false,
+            pad_bytes: None,
+            stall_ms: None,
             count: 1,
         }
     }
@@ -160,6 +175,24 @@ impl Fault {
     pub fn body(route: Route, body: impl Into<String>) -> Self {
         Fault {
             body: Some(body.into()),
+            ..Fault::new(route)
+        }
+    }
+
+    /// The normal answer followed by `bytes` spaces, once (a body over a size
+    /// cap that still parses).
+    pub fn pad(route: Route, bytes: u64) -> Self {
+        Fault {
+            pad_bytes: Some(bytes),
+            ..Fault::new(route)
+        }
+    }
+
+    /// The normal answer, its body pausing for `stall` after its first
+    /// chunk, once.
+    pub fn stall(route: Route, stall: Duration) -> Self {
+        Fault {
+            stall_ms: Some(u64::try_from(stall.as_millis()).unwrap_or(u64::MAX)),
             ..Fault::new(route)
         }
     }
@@ -209,8 +242,19 @@ impl Fault {
         if self.reset && self.replaces() {
             return Err("reset drops the connection: it takes no status or body".into());
         }
-        if !self.reset && !self.replaces() && self.delay_ms.is_none() {
-            return Err("a fault needs reset, status, body or delayMs".into());
+        if !self.reset
+            && !self.replaces()
+            && self.delay_ms.is_none()
+            && self.pad_bytes.is_none()
+            && self.stall_ms.is_none()
+        {
+            return Err("a fault needs reset, status, body, delayMs, padBytes or stallMs".into());
+        }
+        if self.reset && (self.pad_bytes.is_some() || self.stall_ms.is_some()) {
+            return Err("reset drops the connection: it takes no padBytes or stallMs".into());
+        }
+        if self.pad_bytes.is_some() && self.route == Route::Git {
+            return Err("padBytes is not supported on the git route".into());
         }
         if self.after && self.route == Route::Git {
             return Err("after is not supported on the git route".into());
@@ -817,5 +861,21 @@ mod tests {
         let f: Fault =
             serde_json::from_value(json!({"route": "run-started", "status": 503})).unwrap();
         assert_eq!(f, Fault::status(Route::RunStarted, 503));
+        assert!(Fault::pad(Route::Session, 10).validate().is_ok());
+        assert!(Fault::pad(Route::Git, 10).validate().is_err());
+        assert!(
+            Fault::stall(Route::Git, Duration::from_millis(5))
+                .validate()
+                .is_ok()
+        );
+        let reset_and_stall = Fault {
+            stall_ms: Some(5),
+            ..Fault::reset(Route::Git)
+        };
+        assert!(reset_and_stall.validate().is_err());
+        let f: Fault =
+            serde_json::from_value(json!({"route": "session", "padBytes": 9, "stallMs": 3}))
+                .unwrap();
+        assert_eq!((f.pad_bytes, f.stall_ms), (Some(9), Some(3)));
     }
 }

@@ -532,6 +532,8 @@ async fn send_batch(
             st.retry_at = Some(Instant::now() + wait_before_retry(policy, st.failures, None));
             st.failures = st.failures.saturating_add(1);
         }
+        // An answer over its cap would be the same on every resend.
+        Err(e) if e.is_too_large() => stop(run_id, st, &e),
         Err(e) => match e.verdict_status() {
             Some(413) if batch.events.len() > 1 => {
                 st.max_events = (batch.events.len() / 2).max(1);

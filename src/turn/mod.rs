@@ -282,8 +282,13 @@ pub async fn run(
             }
         }
         other => {
-            if let Err(e) = other {
-                tracing::warn!(run_id, error = %e, "first interrupt watch read failed; starting the agent anyway");
+            let over_cap = matches!(&other, Err(e) if e.over_cap);
+            match other {
+                Err(e) if e.over_cap => watch::log_over_cap(run_id, &e),
+                Err(e) => {
+                    tracing::warn!(run_id, error = %e, "first interrupt watch read failed; starting the agent anyway");
+                }
+                Ok(_) => {}
             }
             let flag = interrupted.clone();
             let tx = request_tx.clone();
@@ -291,6 +296,7 @@ pub async fn run(
                 api.clone(),
                 ctx.session_dir.bearer_path(),
                 run_id.to_string(),
+                over_cap,
                 move || {
                     flag.store(true, Ordering::SeqCst);
                     let _ = tx.send(Request::Interrupt);

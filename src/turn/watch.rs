@@ -1,7 +1,9 @@
 //! The interrupt watch (PROTOCOL.md 4.1 step 3): reads the session every
 //! tick with the bearer from the bearer file and reports when
 //! `interruptRequestedRunId` names this run. A failed read is logged and
-//! retried at the next tick; it never fails the turn.
+//! retried at the next tick; it never fails the turn. A session answer over
+//! the session read's size cap is logged once per turn (it would be the same
+//! at every tick) and the watch keeps its last answer: no interrupt seen.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,31 +13,57 @@ use tokio::task::JoinHandle;
 use crate::client::Api;
 use crate::secret::Secret;
 
+/// Why a watch read failed: the text, and whether the answer was over the
+/// session read's size cap.
+#[derive(Debug)]
+pub struct ReadFailure {
+    /// What failed (no secret: the bearer never enters it).
+    pub text: String,
+    /// The session answer was over its cap (PROTOCOL.md section 2).
+    pub over_cap: bool,
+}
+
+impl std::fmt::Display for ReadFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 /// Reads the session once; `Ok(true)` when it asks to interrupt `run_id`.
 ///
-/// Errors: the bearer file cannot be read, or the read failed (text).
+/// Errors: the bearer file cannot be read, or the read failed.
 pub async fn interrupt_requested(
     api: &Api,
     bearer_path: &Path,
     run_id: &str,
-) -> Result<bool, String> {
+) -> Result<bool, ReadFailure> {
     let text = tokio::fs::read_to_string(bearer_path)
         .await
-        .map_err(|e| format!("cannot read the bearer file: {e}"))?;
+        .map_err(|e| ReadFailure {
+            text: format!("cannot read the bearer file: {e}"),
+            over_cap: false,
+        })?;
     let token = Secret::new(text.trim_end().to_string());
-    let session = api.session_with(&token).await.map_err(|e| e.to_string())?;
+    let session = api.session_with(&token).await.map_err(|e| ReadFailure {
+        over_cap: e.is_too_large(),
+        text: e.to_string(),
+    })?;
     Ok(session.interrupt_requested_run_id.as_deref() == Some(run_id))
 }
 
 /// Starts watching; `on_interrupt` runs once, when the interrupt is seen.
+/// `over_cap_logged`: the turn's first read (before the agent started) was
+/// over the cap and logged already.
 pub fn spawn(
     api: Arc<Api>,
     bearer_path: PathBuf,
     run_id: String,
+    over_cap_logged: bool,
     on_interrupt: impl FnOnce() + Send + 'static,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let tick = api.timings().interrupt_poll;
+        let mut over_cap_logged = over_cap_logged;
         loop {
             tokio::time::sleep(tick).await;
             match interrupt_requested(&api, &bearer_path, &run_id).await {
@@ -45,10 +73,25 @@ pub fn spawn(
                     return;
                 }
                 Ok(false) => {}
+                Err(e) if e.over_cap => {
+                    if !over_cap_logged {
+                        over_cap_logged = true;
+                        log_over_cap(&run_id, &e);
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(run_id = %run_id, error = %e, "interrupt watch read failed; retrying at the next tick")
                 }
             }
         }
     })
+}
+
+/// The one log line of a turn for session answers over the cap.
+pub fn log_over_cap(run_id: &str, e: &ReadFailure) {
+    tracing::warn!(
+        run_id,
+        error = %e,
+        "interrupt watch: the session answer is over the session read's size cap; the watch keeps its last answer (no interrupt seen) and the turn goes on (logged once per turn)"
+    );
 }

@@ -8,6 +8,15 @@
 //! is reused (configuration rewritten, session branch fetched, work tree
 //! untouched); anything else there is an error.
 //!
+//! The clone is retried under the retry rule of PROTOCOL.md section 2 (the
+//! clone row: 4 attempts, backoff 1 s doubling to 8 s; a transfer that
+//! brings no byte for 30 s is aborted): only transport failures the rule
+//! retries (no response, reset, timeout, stall, `429`, `5xx`) are repeated;
+//! refused credentials, a `4xx` or a missing session branch are verdicts. A
+//! fresh clone that fails is removed before the next attempt (and after the
+//! last), so no partial clone is left; a reused `repo/` is only fetched
+//! again, never removed (it may hold the agent's work).
+//!
 //! The configuration lets the agent's own `git fetch`/`git push` (the git
 //! CLI) authenticate through the same credential helper.
 
@@ -17,6 +26,7 @@ use git2::{AutotagOption, ConfigLevel, Direction, FetchOptions, RemoteUpdateFlag
 
 use super::WorkspaceError;
 use super::transport::{CredentialHelpers, HttpContext, register_remote};
+use crate::timings::RetryPolicy;
 
 /// The agent's git identity (commits of the harvest too).
 pub const GIT_USER_NAME: &str = "hosted-boot agent";
@@ -38,6 +48,9 @@ pub struct RepoSpec {
     pub credential_helper: String,
     /// The HTTP client and runtime the fetch runs on.
     pub http: HttpContext,
+    /// Attempts and backoff of [`prepare_repo_async`]
+    /// (`Timings::retry.clone`; [`prepare_repo`] makes one attempt).
+    pub retry: RetryPolicy,
 }
 
 /// The result of [`prepare_repo`].
@@ -129,9 +142,11 @@ fn same_url(a: &str, b: &str) -> bool {
 }
 
 /// Clones the session branch into `{root}/repo`, or reuses the clone that is
-/// there (PROTOCOL.md 3, 4 step 5). Blocking: call it from
-/// `tokio::task::spawn_blocking` or a plain thread, never from an async task
-/// (see [`super::transport`]), or use [`prepare_repo_async`].
+/// there (PROTOCOL.md 3, 4 step 5): one attempt, no retry. A fresh clone
+/// that fails is removed (an empty `repo/` that was there before is kept,
+/// emptied). Blocking: call it from `tokio::task::spawn_blocking` or a plain
+/// thread, never from an async task (see [`super::transport`]), or use
+/// [`prepare_repo_async`], which retries.
 ///
 /// Errors:
 /// - [`WorkspaceError::Invalid`]: the branch or URL fails its check;
@@ -143,60 +158,176 @@ fn same_url(a: &str, b: &str) -> bool {
 ///   authentication: "refused the credentials twice") or checkout failed;
 /// - [`WorkspaceError::Io`]: the root cannot be resolved or `repo/` read.
 pub fn prepare_repo(spec: &RepoSpec) -> Result<PreparedRepo, WorkspaceError> {
-    crate::checks::git_branch("session branch", &spec.branch)?;
-    crate::checks::url("clone URL", &spec.remote_url, true)?;
+    attempt(spec).map_err(|f| f.error)
+}
+
+/// A failed attempt, whether the retry rule repeats it, and the server's
+/// `Retry-After`.
+struct AttemptFailure {
+    error: WorkspaceError,
+    transient: bool,
+    retry_after: Option<std::time::Duration>,
+}
+
+impl From<WorkspaceError> for AttemptFailure {
+    fn from(error: WorkspaceError) -> Self {
+        AttemptFailure {
+            error,
+            transient: false,
+            retry_after: None,
+        }
+    }
+}
+
+fn attempt(spec: &RepoSpec) -> Result<PreparedRepo, AttemptFailure> {
+    crate::checks::git_branch("session branch", &spec.branch).map_err(WorkspaceError::from)?;
+    crate::checks::url("clone URL", &spec.remote_url, true).map_err(WorkspaceError::from)?;
     let root = std::path::absolute(&spec.root)
         .map_err(|e| WorkspaceError::io("resolve", &spec.root, e))?;
     let path = root.join("repo");
     let url = spec.remote_url.as_str();
 
+    let existed = path.exists();
     let (repo, reused) = open_or_init(&path, url)?;
-    configure(&repo, spec).map_err(git_error("configuration", url))?;
+    let mut registration = None;
+    let result = finish_repo(spec, &repo, reused, &mut registration);
+    let transient = registration
+        .as_ref()
+        .is_some_and(super::RemoteRegistration::saw_transient_failure);
+    let retry_after = registration
+        .as_ref()
+        .and_then(super::RemoteRegistration::retry_after);
+    drop(registration);
+    drop(repo);
+    match result {
+        Ok(oid) => {
+            tracing::info!(
+                path = %path.display(),
+                branch = %spec.branch,
+                commit = %oid,
+                reused,
+                "session branch ready"
+            );
+            Ok(PreparedRepo {
+                path,
+                remote_head: oid.to_string(),
+                reused,
+            })
+        }
+        Err(error) => {
+            if !reused {
+                remove_partial_clone(&path, existed);
+            }
+            Err(AttemptFailure {
+                error,
+                transient,
+                retry_after,
+            })
+        }
+    }
+}
 
+/// Configures, fetches and (for a fresh or unborn clone) checks out;
+/// `registration` keeps the transport's registration for the caller to ask
+/// how a failure went.
+fn finish_repo(
+    spec: &RepoSpec,
+    repo: &Repository,
+    reused: bool,
+    registration: &mut Option<super::RemoteRegistration>,
+) -> Result<git2::Oid, WorkspaceError> {
+    let url = spec.remote_url.as_str();
+    configure(repo, spec).map_err(git_error("configuration", url))?;
     let local = repo
         .config()
         .and_then(|c| c.open_level(ConfigLevel::Local))
         .and_then(|c| CredentialHelpers::from_config(&c))
         .map_err(git_error("configuration", url))?;
-    let _registration =
-        register_remote(url, spec.http.clone(), local).map_err(git_error("fetch", url))?;
+    *registration =
+        Some(register_remote(url, spec.http.clone(), local).map_err(git_error("fetch", url))?);
 
     // A repository that was initialised but never checked out (a boot
     // killed mid-clone) is finished like a fresh clone.
     let unborn = repo.head().is_err();
-    let oid = fetch_branch(&repo, url, &spec.branch, !reused || unborn)?;
+    let oid = fetch_branch(repo, url, &spec.branch, !reused || unborn)?;
     if !reused || unborn {
-        check_out(&repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
+        check_out(repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
     }
-    tracing::info!(
-        path = %path.display(),
-        branch = %spec.branch,
-        commit = %oid,
-        reused,
-        "session branch ready"
-    );
-    Ok(PreparedRepo {
-        path,
-        remote_head: oid.to_string(),
-        reused,
-    })
+    Ok(oid)
 }
 
-/// [`prepare_repo`] on tokio's blocking pool.
-///
-/// Errors: as [`prepare_repo`]; a panic of the blocking task is a
-/// [`WorkspaceError::Git`].
-pub async fn prepare_repo_async(spec: RepoSpec) -> Result<PreparedRepo, WorkspaceError> {
-    let url = spec.remote_url.clone();
-    tokio::task::spawn_blocking(move || prepare_repo(&spec))
-        .await
-        .unwrap_or_else(|e| {
-            Err(WorkspaceError::Git {
-                action: "clone",
-                url,
-                message: format!("the clone task failed: {e}"),
-            })
+/// Removes what a failed fresh clone made of `repo/`: the directory, or,
+/// when it was there before (an empty mounted volume), its contents.
+fn remove_partial_clone(path: &Path, existed: bool) {
+    let result = if existed {
+        std::fs::read_dir(path).and_then(|entries| {
+            for entry in entries {
+                let entry = entry?;
+                if entry.file_type()?.is_dir() {
+                    std::fs::remove_dir_all(entry.path())?;
+                } else {
+                    std::fs::remove_file(entry.path())?;
+                }
+            }
+            Ok(())
         })
+    } else {
+        std::fs::remove_dir_all(path)
+    };
+    if let Err(e) = result {
+        tracing::warn!(path = %path.display(), error = %e, "cannot remove the partial clone");
+    }
+}
+
+/// [`prepare_repo`] on tokio's blocking pool, retried under `spec.retry`
+/// (PROTOCOL.md section 2, the clone row): a failure is repeated only when
+/// the transport saw one the retry rule retries, after the rule's backoff;
+/// each fresh attempt starts from a clean `repo/`. The waits are async, so
+/// a stop signal between attempts starts no new one.
+///
+/// Errors: as [`prepare_repo`] for a verdict;
+/// [`WorkspaceError::CloneExhausted`] when every attempt failed; a panic of
+/// the blocking task is a [`WorkspaceError::Git`].
+pub async fn prepare_repo_async(spec: RepoSpec) -> Result<PreparedRepo, WorkspaceError> {
+    let policy = spec.retry;
+    let attempts = policy.attempts.max(1);
+    let url = spec.remote_url.clone();
+    let spec = std::sync::Arc::new(spec);
+    let mut n = 0;
+    loop {
+        let one = spec.clone();
+        let failure = match tokio::task::spawn_blocking(move || attempt(&one)).await {
+            Ok(Ok(prepared)) => return Ok(prepared),
+            Ok(Err(failure)) => failure,
+            Err(e) => {
+                return Err(WorkspaceError::Git {
+                    action: "clone",
+                    url,
+                    message: format!("the clone task failed: {e}"),
+                });
+            }
+        };
+        if !failure.transient {
+            return Err(failure.error);
+        }
+        if n + 1 == attempts {
+            return Err(WorkspaceError::CloneExhausted {
+                url,
+                attempts,
+                last: Box::new(failure.error),
+            });
+        }
+        let wait = crate::client::retry::wait_before_retry(policy, n, failure.retry_after);
+        tracing::warn!(
+            attempt = n + 1,
+            of = attempts,
+            wait_ms = wait.as_millis() as u64,
+            error = %failure.error,
+            "clone failed; retrying"
+        );
+        tokio::time::sleep(wait).await;
+        n += 1;
+    }
 }
 
 fn open_or_init(path: &Path, url: &str) -> Result<(Repository, bool), WorkspaceError> {

@@ -86,6 +86,19 @@ pub enum WorkspaceError {
         /// The session remote.
         expected: String,
     },
+    /// Every attempt of the clone failed with a transport failure the retry
+    /// rule retries (PROTOCOL.md section 2, the clone row).
+    #[error(
+        "the clone of {url} failed after {attempts} attempts (no response, reset, stall, 429 or 5xx each time); the last: {last}"
+    )]
+    CloneExhausted {
+        /// The remote (clone URL, no credential).
+        url: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last attempt's failure.
+        last: Box<WorkspaceError>,
+    },
     /// A git operation failed (transport errors included).
     #[error("git {action} of {url} failed: {message}")]
     Git {
@@ -109,7 +122,7 @@ impl WorkspaceError {
             WorkspaceError::Context { .. } => "boot_context_invalid",
             WorkspaceError::SessionBranchMissing { .. } => "session_branch_missing",
             WorkspaceError::ForeignRepo { .. } => "repo_conflict",
-            WorkspaceError::Git { .. } => "clone_failed",
+            WorkspaceError::Git { .. } | WorkspaceError::CloneExhausted { .. } => "clone_failed",
         }
     }
 

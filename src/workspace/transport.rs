@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -63,13 +63,17 @@ pub struct HttpContext {
     /// Handle of the (multi-thread) runtime the HTTP calls run on.
     pub runtime: tokio::runtime::Handle,
     /// Bound on connecting and receiving the response headers of each
-    /// request (`Timings::request_timeout`, 10 s). A response body may stall
-    /// at most six times this between two chunks.
+    /// request (`Timings::request_timeout`, 10 s).
     pub request_timeout: Duration,
     /// The runner's redactor: every password a credential helper gives the
     /// transport is added to it before the transport uses it (PROTOCOL.md
     /// section 3), whichever helper gave it.
     pub redactor: Redactor,
+    /// The stall bound (`Timings::git_stall`, 30 s, PROTOCOL.md section 2):
+    /// a response body that brings no byte for this long (nor for six
+    /// request timeouts, which the harvest cuts to what is left of its
+    /// bound) fails the transfer, as a transport failure.
+    pub stall: Duration,
 }
 
 /// The credential helpers to run, resolved like git does from the
@@ -312,9 +316,21 @@ enum TransportError {
     NotSmart { url: String, content_type: String },
     #[error("git request to {url} failed: {reason}")]
     Http { url: String, reason: String },
+    #[error("invalid git URL {url} ({reason})")]
+    InvalidUrl { url: String, reason: String },
 }
 
 impl TransportError {
+    /// Whether the retry rule retries it (PROTOCOL.md section 2): no
+    /// response or a failed body (`Http`), `429`, `5xx`.
+    fn is_transient(&self) -> bool {
+        match self {
+            TransportError::Http { .. } => true,
+            TransportError::Status { status, .. } => *status == 429 || *status >= 500,
+            _ => false,
+        }
+    }
+
     fn into_git(self) -> git2::Error {
         let code = match &self {
             TransportError::RefusedTwice { .. } | TransportError::NoCredential { .. } => {
@@ -328,7 +344,8 @@ impl TransportError {
             | TransportError::Helper(_)
             | TransportError::Status { .. }
             | TransportError::NotSmart { .. }
-            | TransportError::Http { .. } => ErrorCode::GenericError,
+            | TransportError::Http { .. }
+            | TransportError::InvalidUrl { .. } => ErrorCode::GenericError,
         };
         git2::Error::new(code, ErrorClass::Http, self.to_string().replace('\0', ""))
     }
@@ -343,6 +360,11 @@ struct RemoteEntry {
     id: u64,
     http: HttpContext,
     helpers: CredentialHelpers,
+    /// Set when a request of this registration failed in a way the retry
+    /// rule retries (no response, reset, timeout, stall, `429`, `5xx`).
+    transient: Arc<AtomicBool>,
+    /// The `Retry-After` of the last `429`/`503`.
+    retry_after: Arc<Mutex<Option<Duration>>>,
 }
 
 fn registry() -> MutexGuard<'static, HashMap<String, Arc<RemoteEntry>>> {
@@ -363,6 +385,26 @@ fn key(url: &str) -> String {
 pub struct RemoteRegistration {
     url: String,
     id: u64,
+    transient: Arc<AtomicBool>,
+    retry_after: Arc<Mutex<Option<Duration>>>,
+}
+
+impl RemoteRegistration {
+    /// Whether a request through this registration failed in a way the
+    /// retry rule of PROTOCOL.md section 2 retries: no HTTP response
+    /// (connect error, reset, timeout), a stalled body, `429` or a `5xx`.
+    /// libgit2 reports every transport failure with the same code, so this
+    /// is how a caller tells a failed git operation worth repeating from a
+    /// verdict (credentials refused, no such repository, a `4xx`).
+    pub fn saw_transient_failure(&self) -> bool {
+        self.transient.load(Ordering::SeqCst)
+    }
+
+    /// The `Retry-After` of the last `429` or `503` through this
+    /// registration, which replaces the backoff (PROTOCOL.md section 2).
+    pub fn retry_after(&self) -> Option<Duration> {
+        *self.retry_after.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Drop for RemoteRegistration {
@@ -389,8 +431,24 @@ pub fn register_remote(
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     let url = key(url);
-    registry().insert(url.clone(), Arc::new(RemoteEntry { id, http, helpers }));
-    Ok(RemoteRegistration { url, id })
+    let transient = Arc::new(AtomicBool::new(false));
+    let retry_after = Arc::new(Mutex::new(None));
+    registry().insert(
+        url.clone(),
+        Arc::new(RemoteEntry {
+            id,
+            http,
+            helpers,
+            transient: transient.clone(),
+            retry_after: retry_after.clone(),
+        }),
+    );
+    Ok(RemoteRegistration {
+        url,
+        id,
+        transient,
+        retry_after,
+    })
 }
 
 /// Installs the subtransport for `http://` and `https://` URLs, once per
@@ -580,6 +638,15 @@ struct HttpStream {
 }
 
 impl HttpStream {
+    /// Notes a failure on the registration (see
+    /// [`RemoteRegistration::saw_transient_failure`]) and passes it on.
+    fn failed(&self, e: TransportError) -> TransportError {
+        if e.is_transient() {
+            self.entry.transient.store(true, Ordering::SeqCst);
+        }
+        e
+    }
+
     fn build(&self, password: &Secret) -> reqwest::RequestBuilder {
         let client = &self.entry.http.client;
         let builder = if self.post {
@@ -608,10 +675,15 @@ impl HttpStream {
     /// Sends the request with credentials (at most two attempts in all for
     /// the connection) and checks the answer.
     fn send(&mut self) -> Result<(), TransportError> {
-        let remote_url = reqwest::Url::parse(&self.remote).map_err(|e| TransportError::Http {
-            url: self.remote.clone(),
-            reason: format!("invalid URL ({e})"),
-        })?;
+        self.try_send().map_err(|e| self.failed(e))
+    }
+
+    fn try_send(&mut self) -> Result<(), TransportError> {
+        let remote_url =
+            reqwest::Url::parse(&self.remote).map_err(|e| TransportError::InvalidUrl {
+                url: self.remote.clone(),
+                reason: e.to_string(),
+            })?;
         loop {
             let password = self.shared.password(&self.entry, &remote_url)?;
             let request = self.build(&password);
@@ -647,6 +719,17 @@ impl HttpStream {
                 });
             }
             if !status.is_success() {
+                if matches!(
+                    status,
+                    StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+                ) && let Some(wait) = crate::client::retry::retry_after(response.headers())
+                {
+                    *self
+                        .entry
+                        .retry_after
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(wait);
+                }
                 return Err(TransportError::Status {
                     status: status.as_u16(),
                     url: self.remote.clone(),
@@ -693,6 +776,11 @@ impl Read for HttpStream {
         if self.response.is_none() {
             self.send().map_err(TransportError::into_io)?;
         }
+        let stall = self
+            .entry
+            .http
+            .stall
+            .min(self.entry.http.request_timeout.saturating_mul(6));
         loop {
             if !self.pending.is_empty() {
                 let n = buf.len().min(self.pending.len());
@@ -705,7 +793,6 @@ impl Read for HttpStream {
             let Some(response) = self.response.as_mut() else {
                 return Ok(0);
             };
-            let stall = self.entry.http.request_timeout.saturating_mul(6);
             let chunk = self
                 .entry
                 .http
@@ -715,18 +802,21 @@ impl Read for HttpStream {
                 Ok(Ok(Some(bytes))) => self.pending = bytes,
                 Ok(Ok(None)) => self.finished = true,
                 Ok(Err(e)) => {
-                    return Err(TransportError::Http {
+                    let e = TransportError::Http {
                         url: self.remote.clone(),
                         reason: crate::client::retry::describe(e),
-                    }
-                    .into_io());
+                    };
+                    return Err(self.failed(e).into_io());
                 }
                 Err(_) => {
-                    return Err(TransportError::Http {
+                    let e = TransportError::Http {
                         url: self.remote.clone(),
-                        reason: format!("the response stalled for {} s", stall.as_secs()),
-                    }
-                    .into_io());
+                        reason: format!(
+                            "the transfer stalled: no byte for {} ms",
+                            stall.as_millis()
+                        ),
+                    };
+                    return Err(self.failed(e).into_io());
                 }
             }
         }

@@ -538,6 +538,9 @@ async fn a_missing_session_branch_fails_the_boot() {
         "{:?}",
         snap.statuses
     );
+    // A verdict: one advertisement, no retry, no partial clone left.
+    assert_eq!(git_requests(&snap).len(), 1, "{:?}", git_requests(&snap));
+    assert!(!sb.root().join("repo").exists());
 }
 
 #[tokio::test]
@@ -864,4 +867,323 @@ async fn the_stop_budget_bounds_a_seal_in_progress() {
     let names = sb.coordinator.snapshot().status_names();
     assert!(!names.contains(&"turn_failed"), "{names:?}");
     assert!(!sb.session_dir().exists());
+}
+
+// ---------------------------------------------------------------------------
+// Body caps per route (PROTOCOL.md section 2, "Body caps").
+
+/// The session read's cap (PROTOCOL.md section 2): 64 MiB.
+const SESSION_CAP: u64 = 64 * 1024 * 1024;
+
+/// An agent that records the size of the prompt it read on stdin.
+const PROMPT_SIZER: &str = r#"
+wc -c | tr -d ' ' > "$AGENT_OUT/prompt-size-$ORIZU_RUN_ID"
+echo '{"type":"message","text":"read it"}'
+"#;
+
+/// Text shaped like pasted logs (lines, quotes, backslashes, non-ASCII), of
+/// exactly `bytes` bytes.
+fn pasted_logs(bytes: usize) -> String {
+    let line = "2024-05-01T12:00:00Z ERROR worker \"job-42\" failed: C:\\tmp\\x — retrying\n";
+    let mut text = line.repeat(bytes / line.len() + 1);
+    while text.len() > bytes {
+        text.pop();
+    }
+    text
+}
+
+/// Every integer written in `text`.
+fn integers(text: &str) -> Vec<u64> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_queued_turn_with_a_5_mib_prompt_runs() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let child = sb.spawn(&sb.script(PROMPT_SIZER));
+    sb.wait_sealed("run-1").await;
+    let prompt = pasted_logs(5 * 1024 * 1024);
+    let run_id = sb.coordinator.queue_turn(&prompt, None);
+    let snap = sb.wait_sealed(&run_id).await;
+    assert_eq!(snap.run(&run_id).unwrap().status, "succeeded");
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{}", tail(&output));
+    assert_eq!(
+        sb.read_out(&format!("prompt-size-{run_id}")).trim(),
+        prompt.len().to_string(),
+        "the agent did not get the whole prompt"
+    );
+}
+
+#[tokio::test]
+async fn a_session_over_its_cap_between_turns_fails_the_boot_naming_size_and_cap() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let child = sb.spawn(&sb.script(PROMPT_SIZER));
+    sb.wait_sealed("run-1").await;
+    sb.coordinator
+        .wait_for(WAIT, |s| s.status_names().contains(&"turn_completed"))
+        .await
+        .unwrap();
+    // A queued turn whose prompt makes the session answer pass the cap. The
+    // padding stands for the prompt: a debug build of the coordinator takes
+    // longer than the request timeout to serialize a 64 MiB string.
+    sb.coordinator
+        .add_fault(Fault::pad(Route::Session, SESSION_CAP).times(1000))
+        .unwrap();
+    let run_id = sb
+        .coordinator
+        .queue_turn("a prompt with 64 MiB of logs", None);
+    let queued = std::time::Instant::now();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(1), "{}", tail(&output));
+    assert!(
+        queued.elapsed() < Duration::from_secs(15),
+        "the boot took {:?} to give up",
+        queued.elapsed()
+    );
+    let snap = sb.coordinator.snapshot();
+    // `failed`, not `turn_failed`: the run was never read, so it is not
+    // sealed, and the last run was sealed and acknowledged already.
+    assert_eq!(
+        snap.status_names(),
+        vec!["turn_started", "turn_completed", "failed"]
+    );
+    assert!(snap.run(&run_id).unwrap().finish.is_none());
+    let failed = snap.statuses.last().unwrap();
+    assert_eq!(failed.run_id, Some(None));
+    let reason = failed.reason.as_deref().unwrap();
+    assert!(reason.starts_with("session_too_large: "), "{reason}");
+    let numbers = integers(reason);
+    assert!(numbers.contains(&SESSION_CAP), "no cap in {reason}");
+    assert!(
+        numbers.iter().any(|n| *n > SESSION_CAP),
+        "no size in {reason}"
+    );
+    // One read was enough: it is not retried as if transient.
+    let over_cap_reads = snap
+        .requests
+        .iter()
+        .filter(|r| r.route == Route::Session && r.fault.is_some())
+        .count();
+    assert_eq!(over_cap_reads, 1);
+    assert!(!sb.session_dir().exists());
+}
+
+#[tokio::test]
+async fn a_session_over_its_cap_at_boot_fails_the_boot_with_its_code() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    sb.coordinator
+        .add_fault(Fault::pad(Route::Session, SESSION_CAP).times(5))
+        .unwrap();
+    let (status, output) = finish(sb.spawn(&sb.script(PROMPT_SIZER))).await;
+    assert_eq!(status.code(), Some(1), "{}", tail(&output));
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.status_names(), vec!["failed"]);
+    let reason = snap.statuses[0].reason.as_deref().unwrap();
+    assert!(reason.starts_with("session_too_large: "), "{reason}");
+    assert!(integers(reason).contains(&SESSION_CAP), "{reason}");
+    let reads = snap
+        .requests
+        .iter()
+        .filter(|r| r.route == Route::Session)
+        .count();
+    assert_eq!(reads, 1, "an answer over the cap is a verdict, not retried");
+    assert!(!snap.requests.iter().any(|r| r.route == Route::Git));
+}
+
+#[tokio::test]
+async fn an_over_cap_session_read_during_a_turn_is_logged_once_and_the_turn_goes_on() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+cat > /dev/null
+touch "$AGENT_OUT/started"
+while [ ! -e "$AGENT_OUT/go" ]; do sleep 0.05; done
+echo '{"type":"message","text":"done"}'
+"#,
+    );
+    let child = sb.spawn(&script);
+    let started = sb.out().join("started");
+    tokio::time::timeout(WAIT, async {
+        while !started.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap();
+    sb.coordinator
+        .add_fault(Fault::pad(Route::Session, SESSION_CAP).times(3))
+        .unwrap();
+    sb.coordinator
+        .wait_for(WAIT, |s| {
+            !s.faults.iter().any(|f| f.route == Route::Session)
+                && s.requests.iter().any(|r| {
+                    r.route == Route::Session && r.fault.is_some() && r.response_status.is_some()
+                })
+        })
+        .await
+        .unwrap();
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    let snap = sb.wait_sealed("run-1").await;
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
+    let over_cap_reads: Vec<_> = snap
+        .requests
+        .iter()
+        .filter(|r| r.route == Route::Session && r.fault.is_some())
+        .collect();
+    assert_eq!(over_cap_reads.len(), 3);
+    assert!(
+        over_cap_reads
+            .iter()
+            .all(|r| r.header("x-orizu-hosted-poll") == Some("during-turn")),
+        "the over-cap answers went to the interrupt watch"
+    );
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{}", tail(&output));
+    let watch_warnings: Vec<&str> = output
+        .lines()
+        .filter(|l| l.contains("\"WARN\"") && l.contains("interrupt watch"))
+        .collect();
+    assert_eq!(watch_warnings.len(), 1, "{watch_warnings:#?}");
+    assert!(
+        integers(watch_warnings[0]).contains(&SESSION_CAP),
+        "{}",
+        watch_warnings[0]
+    );
+}
+
+/// The last lines of a runner's output (a failing assertion shows them, not
+/// megabytes).
+fn tail(output: &str) -> String {
+    let lines: Vec<&str> = output.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+// ---------------------------------------------------------------------------
+// The clone under the retry rule (PROTOCOL.md section 2, the clone row).
+
+/// The git requests the coordinator saw: (method, path, status answered).
+fn git_requests(snap: &Snapshot) -> Vec<(String, String, Option<u16>)> {
+    snap.requests
+        .iter()
+        .filter(|r| r.route == Route::Git)
+        .map(|r| (r.method.clone(), r.path.clone(), r.response_status))
+        .collect()
+}
+
+/// What a git request of the clone is: the upload-pack `advertisement`, the
+/// `fetch` (upload-pack POST), or `other` (the harvest's push).
+fn kind(method: &str, path: &str) -> &'static str {
+    match (method, path) {
+        ("GET", p) if p.ends_with("/info/refs?service=git-upload-pack") => "advertisement",
+        ("POST", p) if p.ends_with("/git-upload-pack") => "fetch",
+        _ => "other",
+    }
+}
+
+#[tokio::test]
+async fn the_clone_is_retried_after_a_503_and_a_reset() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Git, 503))
+        .unwrap();
+    sb.coordinator.add_fault(Fault::reset(Route::Git)).unwrap();
+    let child = sb.spawn(&sb.script(OBSERVER));
+    let snap = sb.wait_sealed("run-1").await;
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{}", tail(&output));
+    let git = git_requests(&sb.coordinator.snapshot());
+    let clone: Vec<(&str, Option<u16>)> =
+        git[..4].iter().map(|(m, p, s)| (kind(m, p), *s)).collect();
+    assert_eq!(
+        clone,
+        vec![
+            ("advertisement", Some(503)),
+            ("advertisement", None),
+            ("advertisement", Some(200)),
+            ("fetch", Some(200)),
+        ],
+        "{git:?}"
+    );
+    assert_eq!(
+        sb.read_out("cwd-run-1").trim(),
+        sb.root().join("repo").display().to_string()
+    );
+    assert!(sb.root().join("repo/README.md").exists());
+}
+
+#[tokio::test]
+async fn a_clone_failing_on_every_attempt_fails_the_boot_after_exactly_four() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Git, 503).times(50))
+        .unwrap();
+    let (status, output) = finish(sb.spawn(&sb.script(OBSERVER))).await;
+    assert_eq!(status.code(), Some(1), "{}", tail(&output));
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(git_requests(&snap).len(), 4, "{:?}", git_requests(&snap));
+    assert_eq!(snap.status_names(), vec!["failed"]);
+    let reason = snap.statuses[0].reason.as_deref().unwrap();
+    assert!(reason.contains("4 attempts"), "{reason}");
+    assert!(reason.contains("503"), "{reason}");
+    // Never a partial clone: nothing is left of the attempts.
+    assert!(!sb.root().join("repo").exists(), "a partial clone was left");
+}
+
+#[tokio::test]
+async fn a_refused_clone_is_a_verdict_not_retried() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    sb.coordinator
+        .add_fault(Fault::status(Route::Git, 403).times(10))
+        .unwrap();
+    let (status, output) = finish(sb.spawn(&sb.script(OBSERVER))).await;
+    assert_eq!(status.code(), Some(1), "{}", tail(&output));
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(git_requests(&snap).len(), 1, "{:?}", git_requests(&snap));
+    assert_eq!(snap.status_names(), vec!["failed"]);
+    assert!(!sb.root().join("repo").exists());
+}
+
+#[tokio::test]
+async fn a_stalled_clone_transfer_is_aborted_and_retried() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    // The runner's stall bound is 30 s, scaled, never below 2 s (PROTOCOL.md
+    // section 7); this stall outlasts it.
+    sb.coordinator
+        .add_fault(Fault::stall(Route::Git, Duration::from_secs(5)))
+        .unwrap();
+    let child = sb.spawn(&sb.script(OBSERVER));
+    let snap = sb.wait_sealed("run-1").await;
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{}", tail(&output));
+    let snap = sb.coordinator.snapshot();
+    // The stalled advertisement, its retry, then the fetch.
+    let git: Vec<&hosted_boot::coordinator::RecordedRequest> = snap
+        .requests
+        .iter()
+        .filter(|r| r.route == Route::Git)
+        .collect();
+    let clone: Vec<(&str, bool)> = git[..3]
+        .iter()
+        .map(|r| (kind(&r.method, &r.path), r.fault.is_some()))
+        .collect();
+    assert_eq!(
+        clone,
+        vec![
+            ("advertisement", true),
+            ("advertisement", false),
+            ("fetch", false)
+        ],
+        "{:?}",
+        git_requests(&snap)
+    );
+    assert!(output.contains("stalled"), "{}", tail(&output));
 }

@@ -599,6 +599,66 @@ async fn a_delay_fault_delays_the_normal_answer() {
 }
 
 #[tokio::test]
+async fn a_pad_fault_streams_the_normal_answer_then_spaces() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    let normal = http
+        .get(url(&c, "api/cli/sessions/s1"))
+        .bearer_auth(&b)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    c.add_fault(Fault::pad(Route::Session, 200_000)).unwrap();
+    let r = http
+        .get(url(&c, "api/cli/sessions/s1"))
+        .bearer_auth(&b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.content_length(), Some(normal.len() as u64 + 200_000));
+    let body = r.bytes().await.unwrap();
+    assert_eq!(&body[..normal.len()], &normal[..]);
+    assert!(body[normal.len()..].iter().all(|b| *b == b' '));
+    assert_eq!(body.len(), normal.len() + 200_000);
+    // Still the session, as JSON.
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["session"]["repoBranch"], "orizu/session-1");
+    assert!(c.add_fault(Fault::pad(Route::Git, 1)).is_err());
+}
+
+#[tokio::test]
+async fn a_stall_fault_pauses_the_body_after_its_first_chunk() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    c.add_fault(Fault::stall(Route::Cursor, Duration::from_millis(400)))
+        .unwrap();
+    let t = Instant::now();
+    let mut r = http
+        .get(url(&c, "api/cli/workbench-runs/run-1/events/cursor"))
+        .bearer_auth(&b)
+        .send()
+        .await
+        .unwrap();
+    let headers_at = t.elapsed();
+    let mut body = Vec::new();
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        body.extend_from_slice(&chunk);
+    }
+    assert!(headers_at < Duration::from_millis(400), "{headers_at:?}");
+    assert!(t.elapsed() >= Duration::from_millis(400));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap(),
+        json!({"acceptedThrough": 0})
+    );
+}
+
+#[tokio::test]
 async fn an_after_fault_applies_the_request_and_loses_the_answer() {
     let c = start(CoordinatorOptions::default()).await;
     let http = client();

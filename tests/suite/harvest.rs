@@ -607,6 +607,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         runtime: tokio::runtime::Handle::current(),
         request_timeout: Duration::from_secs(10),
         redactor: hosted_boot::redact::Redactor::new(),
+        stall: Duration::from_secs(30),
     };
     let prepared = prepare_repo_async(RepoSpec {
         root: root.path().to_path_buf(),
@@ -614,6 +615,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         branch: coord.branch(),
         credential_helper: helper.clone(),
         http: http.clone(),
+        retry: hosted_boot::timings::RetryPolicy::ONCE,
     })
     .await
     .unwrap();

@@ -59,6 +59,7 @@ fn env_with(opts: CoordinatorOptions) -> Env {
         runtime: rt.handle().clone(),
         request_timeout: Duration::from_secs(10),
         redactor: hosted_boot::redact::Redactor::new(),
+        stall: Duration::from_secs(30),
     };
     Env {
         coord,
@@ -81,6 +82,7 @@ impl Env {
             branch: self.coord.branch(),
             credential_helper: helper,
             http: self.http.clone(),
+            retry: hosted_boot::timings::RetryPolicy::ONCE,
         }
     }
 
@@ -326,6 +328,38 @@ fn missing_session_branch() {
     }
     assert_eq!(err.code(), "session_branch_missing");
     assert!(err.to_string().contains(&env.coord.branch()));
+}
+
+#[test]
+fn a_failed_fresh_clone_leaves_no_partial_clone() {
+    let env = env();
+    env.coord
+        .add_fault(Fault::status(Route::Git, 503).times(2))
+        .unwrap();
+    let err = prepare_repo(&env.spec(env.real_helper())).unwrap_err();
+    assert!(err.to_string().contains("503"), "{err}");
+    assert!(!env.repo().exists(), "a partial clone was left");
+    // An empty repo/ that was there (a mounted volume) stays, empty.
+    std::fs::create_dir_all(env.repo()).unwrap();
+    let err = prepare_repo(&env.spec(env.real_helper())).unwrap_err();
+    assert!(err.to_string().contains("503"), "{err}");
+    assert_eq!(std::fs::read_dir(env.repo()).unwrap().count(), 0);
+    // And the next attempt clones into it.
+    prepare_repo(&env.spec(env.real_helper())).unwrap();
+    assert!(env.repo().join("README.md").exists());
+}
+
+#[test]
+fn a_failed_fetch_of_a_reused_clone_keeps_it() {
+    let env = env();
+    let prepared = prepare_repo(&env.spec(env.real_helper())).unwrap();
+    std::fs::write(prepared.path.join("WORK.md"), "the agent's work\n").unwrap();
+    env.coord.add_fault(Fault::reset(Route::Git)).unwrap();
+    prepare_repo(&env.spec(env.real_helper())).unwrap_err();
+    assert_eq!(
+        std::fs::read_to_string(prepared.path.join("WORK.md")).unwrap(),
+        "the agent's work\n"
+    );
 }
 
 #[test]
