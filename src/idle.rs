@@ -20,7 +20,7 @@ pub const BOOT_MAX_FAILED_READS: u32 = 10;
 
 /// The `failed` reason code of a session answer over the session read's cap
 /// (PROTOCOL.md 2.2).
-pub const SESSION_TOO_LARGE: &str = "session_too_large";
+pub const SESSION_TOO_LARGE: &str = crate::wire::ErrorCode::SessionTooLarge.as_str();
 
 /// The `failed` reason for a session read refused for its size
 /// (`session_too_large`, PROTOCOL.md 2.2 and 4.2): the code, the size, the

@@ -424,6 +424,40 @@ pub enum ErrorCode {
     EventsUndelivered,
     /// The runner itself failed the turn.
     RunnerError,
+    /// The session answer is over its size cap (2, 2.2): only ever the code
+    /// of a `failed` boot-status reason, since the run it carries was never
+    /// read and so is never sealed.
+    SessionTooLarge,
+}
+
+impl ErrorCode {
+    /// The code as it is on the wire (`provider_rate_limited`, …).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::ProviderQuotaExhausted => "provider_quota_exhausted",
+            ErrorCode::ProviderRateLimited => "provider_rate_limited",
+            ErrorCode::ProviderLimitUnknown => "provider_limit_unknown",
+            ErrorCode::ProviderOverloaded => "provider_overloaded",
+            ErrorCode::ProviderServerError => "provider_server_error",
+            ErrorCode::ProviderAuth => "provider_auth",
+            ErrorCode::ContextWindowExceeded => "context_window_exceeded",
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::ResumeFailed => "resume_failed",
+            ErrorCode::AgentHung => "agent_hung",
+            ErrorCode::AgentTimeout => "agent_timeout",
+            ErrorCode::AgentCrashed => "agent_crashed",
+            ErrorCode::AgentSpawnFailed => "agent_spawn_failed",
+            ErrorCode::EventsUndelivered => "events_undelivered",
+            ErrorCode::RunnerError => "runner_error",
+            ErrorCode::SessionTooLarge => "session_too_large",
+        }
+    }
+
+    /// `finish.error.retryable` for this code (2.6): only
+    /// `provider_rate_limited` is.
+    pub const fn retryable(self) -> bool {
+        matches!(self, ErrorCode::ProviderRateLimited)
+    }
 }
 
 /// `finish.error` (2.6).
@@ -645,6 +679,34 @@ pub fn truncate_reason(text: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// `as_str` is the serde name of every code, and only
+    /// `provider_rate_limited` is retryable (2.6's closed list).
+    #[test]
+    fn error_codes_spell_as_on_the_wire() {
+        let all = [
+            ErrorCode::ProviderQuotaExhausted,
+            ErrorCode::ProviderRateLimited,
+            ErrorCode::ProviderLimitUnknown,
+            ErrorCode::ProviderOverloaded,
+            ErrorCode::ProviderServerError,
+            ErrorCode::ProviderAuth,
+            ErrorCode::ContextWindowExceeded,
+            ErrorCode::InvalidRequest,
+            ErrorCode::ResumeFailed,
+            ErrorCode::AgentHung,
+            ErrorCode::AgentTimeout,
+            ErrorCode::AgentCrashed,
+            ErrorCode::AgentSpawnFailed,
+            ErrorCode::EventsUndelivered,
+            ErrorCode::RunnerError,
+            ErrorCode::SessionTooLarge,
+        ];
+        for code in all {
+            assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));
+            assert_eq!(code.retryable(), code == ErrorCode::ProviderRateLimited);
+        }
+    }
 
     #[test]
     fn boot_status_bodies_match_the_contract() {

@@ -293,7 +293,7 @@ impl AgentError {
         AgentError {
             code,
             message: message.into(),
-            retryable: code == ErrorCode::ProviderRateLimited,
+            retryable: code.retryable(),
             retry_after_ms: None,
             resets_at: None,
         }
