@@ -803,6 +803,7 @@ async fn codex_methods_are_redacted_and_cannot_claim_the_runners_namespace() {
         &secrets,
         &[
             "hosted_boot.runner",
+            "hosted_boot.workspace_sync",
             "hosted_boot.agent_session",
             "hosted_boot.harvest",
         ],
@@ -979,6 +980,7 @@ async fn opencode_event_types_are_redacted_and_cannot_claim_the_runners_namespac
         &secrets,
         &[
             "hosted_boot.runner",
+            "hosted_boot.workspace_sync",
             "hosted_boot.agent_session",
             "hosted_boot.harvest",
         ],

@@ -730,7 +730,11 @@ printf '{"type":"%s"}\n' "$ACME_API_KEY"
     assert_events_clean(
         &run.events,
         &sb.secrets(&[KEY.1]),
-        &["hosted_boot.runner", "hosted_boot.harvest"],
+        &[
+            "hosted_boot.runner",
+            "hosted_boot.workspace_sync",
+            "hosted_boot.harvest",
+        ],
     );
     let json = |s: &str| serde_json::from_str::<Value>(s).unwrap();
     assert_eq!(
