@@ -1244,3 +1244,52 @@ async fn a_push_the_host_refuses_for_a_large_file_says_why() {
         "{error:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Breaks found in review (review/losses).
+
+/// The refs of `repo/` that contain `commit` (reflogs excluded).
+fn local_refs_containing(sb: &Sandbox, commit: &str) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.root().join("repo"))
+        .args(["for-each-ref", "--contains", commit, "--format=%(refname)"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The agent commits on the session branch, then moves `HEAD` elsewhere
+/// (a detached look at the commit before). The commit is on no remote
+/// branch; the harvest's "bring the local session branch to the remote's"
+/// must not drop it (PROTOCOL.md 4.5 step 3: never drop a commit that was
+/// not pushed somewhere).
+#[tokio::test]
+async fn break_a_commit_left_on_the_session_branch_with_head_elsewhere_is_not_dropped() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  echo kept > KEPT.md
+  git add KEPT.md
+  git commit -q -m "agent: work on the session branch"
+  git rev-parse HEAD > "$AGENT_OUT/commit"
+  git checkout -q --detach HEAD~1
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    let next = sb.coordinator.queue_turn("next", None);
+    sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let commit = sb.read_out("commit").trim().to_string();
+    let on_remote = bare_git(&sb, &["for-each-ref", "--contains", &commit]);
+    let local = local_refs_containing(&sb, &commit);
+    assert!(
+        !on_remote.is_empty(),
+        "the agent's commit {commit} is on no branch of the remote; refs of repo/ holding it: {local:?}"
+    );
+}
