@@ -631,3 +631,27 @@ sleep 1000
     let (status, output) = finish(restarted).await;
     assert_eq!(status.code(), Some(0), "{output}");
 }
+
+/// The agent runs as the runner's user in the root: it can remove (or
+/// replace) `.hosted-boot/lock`. A second runner started then must still be
+/// refused (PROTOCOL.md 3: one runner per root); it locks a new file of the
+/// same name instead and boots on the root in use.
+#[tokio::test]
+async fn break_a_second_runner_is_refused_after_the_agent_removed_the_lock_file() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+[ -e "$AGENT_OUT/pgid" ] && { echo again; exit 0; }
+echo $$ > "$AGENT_OUT/pgid"
+rm -f ../.hosted-boot/lock
+echo '{"type":"message","text":"working"}'
+sleep 1000 &
+wait
+"#,
+    );
+    let first = sb.spawn(&script);
+    wait_text(&sb, "run-1", "working").await;
+    assert!(!sb.root().join(".hosted-boot/lock").exists());
+    let first_pid = first.id().unwrap();
+    a_second_runner_is_refused(&sb, &script, first_pid).await;
+}
