@@ -1293,3 +1293,36 @@ fi
         "the agent's commit {commit} is on no branch of the remote; refs of repo/ holding it: {local:?}"
     );
 }
+
+/// An ignored file of the agent's (never harvested: PROTOCOL.md 4.5 says
+/// ignored files stay in the work tree) and a user push that adds a file of
+/// that name between turns: the sync's checkout must not overwrite it
+/// (git's safe checkout overwrites ignored files unless told not to).
+#[tokio::test]
+async fn break_the_sync_does_not_overwrite_an_ignored_file_of_the_agent() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  echo 'notes.local' >> .git/info/exclude
+  echo 'the agent notes' > notes.local
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    let branch = sb.coordinator.branch();
+    let first = tip(&sb, &branch);
+    user_push(&sb, &first, "notes.local");
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let notes = std::fs::read_to_string(sb.root().join("repo/notes.local")).unwrap_or_default();
+    assert!(
+        notes.contains("the agent notes"),
+        "the agent's ignored file was overwritten: {notes:?}; sync: {:?}",
+        sync_events(&snap, &next)
+    );
+}
