@@ -1326,3 +1326,47 @@ fi
         sync_events(&snap, &next)
     );
 }
+
+/// A file over the runner's limit that the remote already has (its host's
+/// limit is higher, as PROTOCOL.md 4.5 allows: "set it at or below the
+/// host's"), renamed by the agent (`git mv`): the blob is no new object for
+/// the host, yet the guard leaves the renamed path out while keeping the
+/// deletion of the old one, so the pushed session branch loses the file.
+#[tokio::test]
+async fn break_a_large_file_the_remote_has_renamed_by_the_agent_stays_on_the_branch() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    // The user's repository already holds a 2 MB file.
+    {
+        let bare = git2::Repository::open_bare(sb.coordinator.bare_repo()).unwrap();
+        let refname = format!("refs/heads/{}", sb.coordinator.branch());
+        let parent = bare.find_reference(&refname).unwrap().peel_to_commit().unwrap();
+        let blob = bare.blob(&vec![7u8; BIG as usize]).unwrap();
+        let mut tb = bare.treebuilder(Some(&parent.tree().unwrap())).unwrap();
+        tb.insert("big.bin", blob, 0o100644).unwrap();
+        let tree = bare.find_tree(tb.write().unwrap()).unwrap();
+        let sig = git2::Signature::now("user", "user@example.invalid").unwrap();
+        bare.commit(Some(&refname), &sig, &sig, "a large asset", &tree, &[&parent])
+            .unwrap();
+    }
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  mkdir -p assets
+  git mv big.bin assets/big.bin
+  git commit -q -m "agent: move the asset"
+fi
+"#,
+    );
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let branch = sb.coordinator.branch();
+    let files = files_at(&sb, &tip(&sb, &branch));
+    assert!(
+        files.iter().any(|f| f.ends_with("big.bin")),
+        "the session branch no longer holds the asset: {files:?}; result {}",
+        result_of(&snap, "run-1")
+    );
+}
