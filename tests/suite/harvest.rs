@@ -1370,3 +1370,39 @@ fi
         result_of(&snap, "run-1")
     );
 }
+
+/// The user force-pushes away the runner's commit while the runner is down
+/// (killed between turns). PROTOCOL.md 4.5 "Before a turn": commits a force
+/// push discarded are the user's choice and are not pushed back. The
+/// restarted runner's clone reuse fetch overwrites the record of the tip it
+/// last saw, and its harvest at boot pushes the discarded commit back, to
+/// `<branch>-recovered-at-boot`.
+#[tokio::test]
+async fn break_commits_a_force_push_discarded_while_the_runner_was_down_are_not_pushed_back() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(RECORDS_START_AND_LEAVES_A_FILE);
+    let mut child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator
+        .wait_for(WAIT, |s| s.status_names().contains(&"turn_completed"))
+        .await
+        .unwrap();
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let branch = sb.coordinator.branch();
+    let discarded = tip(&sb, &branch);
+    let base = bare_git(&sb, &["rev-parse", &format!("{discarded}~1")]);
+    user_push(&sb, &base, "USER.md");
+    let child = sb.spawn(&script);
+    let next = sb.coordinator.queue_turn("next", None);
+    sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_eq!(
+        bare_git(&sb, &["for-each-ref", "--contains", &discarded]),
+        "",
+        "the discarded commit was pushed back; recovery branches: {:?}",
+        recovery_branches(&sb)
+    );
+}
