@@ -1339,14 +1339,25 @@ async fn break_a_large_file_the_remote_has_renamed_by_the_agent_stays_on_the_bra
     {
         let bare = git2::Repository::open_bare(sb.coordinator.bare_repo()).unwrap();
         let refname = format!("refs/heads/{}", sb.coordinator.branch());
-        let parent = bare.find_reference(&refname).unwrap().peel_to_commit().unwrap();
+        let parent = bare
+            .find_reference(&refname)
+            .unwrap()
+            .peel_to_commit()
+            .unwrap();
         let blob = bare.blob(&vec![7u8; BIG as usize]).unwrap();
         let mut tb = bare.treebuilder(Some(&parent.tree().unwrap())).unwrap();
         tb.insert("big.bin", blob, 0o100644).unwrap();
         let tree = bare.find_tree(tb.write().unwrap()).unwrap();
         let sig = git2::Signature::now("user", "user@example.invalid").unwrap();
-        bare.commit(Some(&refname), &sig, &sig, "a large asset", &tree, &[&parent])
-            .unwrap();
+        bare.commit(
+            Some(&refname),
+            &sig,
+            &sig,
+            "a large asset",
+            &tree,
+            &[&parent],
+        )
+        .unwrap();
     }
     let script = sb.script(
         r#"
