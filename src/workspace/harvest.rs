@@ -1377,7 +1377,8 @@ fn recovery_name(
 /// remote-tracking branch and `HEAD` at it. The checkout is git's safe one:
 /// a file left uncommitted (one over the size limit, say) is carried over
 /// when `tip` does not change it, and the checkout fails, changing nothing,
-/// when it would be overwritten.
+/// when it would be overwritten; so does an ignored file `tip` would
+/// overwrite (a tracked file of that name).
 fn bring_local_to(repo: &Repository, branch: &str, tip: Oid) -> Result<(), git2::Error> {
     // The remote-tracking branch is the runner's record of the remote's
     // tip (what the next sync tells a force push by), kept even when
@@ -1403,7 +1404,9 @@ fn bring_local_to(repo: &Repository, branch: &str, tip: Oid) -> Result<(), git2:
     // untracked files that the next harvest would commit again.
     let commit = repo.find_commit(tip)?;
     let mut checkout = git2::build::CheckoutBuilder::new();
-    checkout.safe();
+    // git's safe checkout overwrites ignored files by default; an ignored
+    // file is the agent's (never harvested), so the checkout fails instead.
+    checkout.safe().overwrite_ignored(false);
     repo.checkout_tree(commit.as_object(), Some(&mut checkout))?;
     repo.reference(
         &local,
