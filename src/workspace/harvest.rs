@@ -1012,7 +1012,11 @@ struct Oversized {
 }
 
 /// The blobs over `max` bytes that the commits from `head` back to the
-/// remote's branches (`heads`, those known here) add or change, each once.
+/// remote's branches (`heads`, those known here) add or change, each once,
+/// except those the tree of a remote branch's tip already holds: the host
+/// has them (its limit is higher than the runner's), so they are no new
+/// object for it, and leaving out a path that only moved such a file (a
+/// rename) would delete the file from the branch.
 fn oversized_blobs(
     repo: &Repository,
     head: Oid,
@@ -1063,6 +1067,23 @@ fn oversized_blobs(
                 });
             }
         }
+    }
+    if !found.is_empty() {
+        let mut on_remote = std::collections::HashSet::new();
+        for tip in heads.values() {
+            let Ok(tree) = repo.find_commit(*tip).and_then(|c| c.tree()) else {
+                continue;
+            };
+            tree.walk(TreeWalkMode::PreOrder, |_, entry| {
+                if entry.kind() == Some(ObjectType::Blob)
+                    && found.iter().any(|f| f.blob == entry.id())
+                {
+                    on_remote.insert(entry.id());
+                }
+                TreeWalkResult::Ok
+            })?;
+        }
+        found.retain(|f| !on_remote.contains(&f.blob));
     }
     Ok(found)
 }
