@@ -539,6 +539,12 @@ pub struct HarvestResult {
     /// `headSha` is then one commit of the same work without the files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oversized_ref: Option<String>,
+    /// Where the local session branch's own commits went before it was
+    /// moved, when no remote branch nor `headSha` held them (the agent
+    /// committed on it, then moved `HEAD` away):
+    /// `<branch>-recovered-<runId>-branch` (PROTOCOL.md 4.5 step 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_branch_recovery: Option<String>,
 }
 
 /// `finish.result.skippedFiles[]` (4.5): a file left out of the harvest.
@@ -608,6 +614,11 @@ pub struct WorkspaceSync {
     /// How many commits were discarded (the list may be shorter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discarded_count: Option<u64>,
+    /// Where the local session branch's own commits went before the sync
+    /// moved it, when no remote branch nor `HEAD` held them:
+    /// `<branch>-recovered-before-<runId>-branch` (PROTOCOL.md 4.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_branch_recovery: Option<String>,
     /// Why the workspace was not moved (`outcome` `kept_local`), or what
     /// went wrong on the way.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -335,8 +335,14 @@ impl Harvester {
         // remote's; transport failures retried within the bound.
         let url = self.remote_url.as_str();
         let mut head = head;
+        // The session branch's tip as last seen on the remote, read before a
+        // fetch moves it: commits under it are not pushed back (4.5 "Before a
+        // turn": a force push stands).
+        let known = repo
+            .refname_to_id(&format!("refs/remotes/origin/{}", self.branch))
+            .ok();
         let attempt = || {
-            let result = self.push_once(&repo, &mut head, job, &mut r);
+            let result = self.push_once(&repo, &mut head, known, job, &mut r);
             if result.is_err() {
                 publish(&r);
             }
@@ -436,11 +442,14 @@ impl Harvester {
     }
 
     /// One attempt: fetch the session branch, push `head` where it may go,
-    /// then bring the local session branch to the remote's.
+    /// then bring the local session branch to the remote's (its own commits
+    /// pushed first when no remote branch, `head`, nor `known`, the tip last
+    /// seen on the remote, holds them).
     fn push_once(
         &self,
         repo: &Repository,
         head_at: &mut Oid,
+        known: Option<Oid>,
         job: &HarvestJob,
         r: &mut HarvestResult,
     ) -> Result<(), Failure> {
@@ -515,9 +524,32 @@ impl Harvester {
 
         // The session branch's tip on the remote now.
         let remote_tip = if on_session { Some(head) } else { tip };
-        if let Some(tip) = remote_tip
-            && let Err(e) = bring_local_to(repo, branch, tip)
-        {
+        let Some(remote_tip) = remote_tip else {
+            return Ok(());
+        };
+        // The local session branch may hold commits HEAD does not (the agent
+        // committed on it, then moved HEAD away): pushed before it moves.
+        let mut seen = vec![head];
+        seen.extend(known);
+        match save_local_branch(repo, url, branch, &job.name, &remote.heads, &seen) {
+            Ok(saved) => {
+                if saved.is_some() {
+                    r.local_branch_recovery = saved;
+                }
+            }
+            Err(
+                Failure::Transport(text)
+                | Failure::RefRejected(text)
+                | Failure::Verdict(text)
+                | Failure::Local(text),
+            ) => {
+                // HEAD is on the remote; the branch stays where it is (its
+                // commits kept on it) and the next harvest tries again.
+                tracing::warn!(error = %text, "harvest: cannot push the local session branch's own commits; it is not moved");
+                return Ok(());
+            }
+        }
+        if let Err(e) = bring_local_to(repo, branch, remote_tip) {
             // The work is on the remote; the next harvest tries again.
             tracing::warn!(error = %message(&e), "harvest: cannot bring the local session branch to the remote's");
         }
@@ -684,6 +716,32 @@ impl Harvester {
             }
         }
 
+        // The local session branch may hold commits HEAD does not (the agent
+        // committed on it, then moved HEAD away): pushed before it moves.
+        let mut seen = vec![head];
+        seen.extend(known);
+        match self.with_remote(deadline, "workspace sync push", || {
+            save_local_branch(
+                &repo,
+                url,
+                branch,
+                &format!("before-{run_id}"),
+                &remote.heads,
+                &seen,
+            )
+        }) {
+            Ok(saved) => s.local_branch_recovery = saved,
+            Err(e) => {
+                let text = format!(
+                    "{}; the turn starts from the local HEAD",
+                    e.describe(&format!(
+                        "the push of the local {branch}'s own commits to a recovery branch"
+                    ))
+                );
+                return warn(s, SyncWarningCode::PushFailed, text);
+            }
+        }
+
         if Instant::now() >= deadline {
             let text = "the workspace sync's time bound ran out before the checkout; the turn starts from the local HEAD".to_string();
             return warn(s, SyncWarningCode::SyncTimeout, text);
@@ -720,6 +778,7 @@ fn empty_sync(branch: &str) -> WorkspaceSync {
         discarded_ref: None,
         discarded_commits: Vec::new(),
         discarded_count: None,
+        local_branch_recovery: None,
         warning: None,
     }
 }
@@ -792,6 +851,7 @@ fn empty_result(name: &str, branch: &str) -> HarvestResult {
         push_error: None,
         skipped_files: Vec::new(),
         oversized_ref: None,
+        local_branch_recovery: None,
     }
 }
 
@@ -1012,7 +1072,11 @@ struct Oversized {
 }
 
 /// The blobs over `max` bytes that the commits from `head` back to the
-/// remote's branches (`heads`, those known here) add or change, each once.
+/// remote's branches (`heads`, those known here) add or change, each once,
+/// except those the tree of a remote branch's tip already holds: the host
+/// has them (its limit is higher than the runner's), so they are no new
+/// object for it, and leaving out a path that only moved such a file (a
+/// rename) would delete the file from the branch.
 fn oversized_blobs(
     repo: &Repository,
     head: Oid,
@@ -1063,6 +1127,23 @@ fn oversized_blobs(
                 });
             }
         }
+    }
+    if !found.is_empty() {
+        let mut on_remote = std::collections::HashSet::new();
+        for tip in heads.values() {
+            let Ok(tree) = repo.find_commit(*tip).and_then(|c| c.tree()) else {
+                continue;
+            };
+            tree.walk(TreeWalkMode::PreOrder, |_, entry| {
+                if entry.kind() == Some(ObjectType::Blob)
+                    && found.iter().any(|f| f.blob == entry.id())
+                {
+                    on_remote.insert(entry.id());
+                }
+                TreeWalkResult::Ok
+            })?;
+        }
+        found.retain(|f| !on_remote.contains(&f.blob));
     }
     Ok(found)
 }
@@ -1291,6 +1372,12 @@ fn fetch(repo: &Repository, url: &str, branch: &str) -> Result<RemoteState, Fail
 
 /// Pushes `HEAD` to `target` (a full ref name), never forced.
 fn push(repo: &Repository, url: &str, target: &str) -> Result<(), Failure> {
+    push_ref(repo, url, "HEAD", target)
+}
+
+/// Pushes the local ref `source` (`HEAD`, a full ref name) to `target` (a
+/// full ref name), never forced.
+fn push_ref(repo: &Repository, url: &str, source: &str, target: &str) -> Result<(), Failure> {
     let mut remote = repo.remote_anonymous(url).map_err(classify)?;
     let refused: RefCell<Vec<String>> = RefCell::new(Vec::new());
     // What the server says on the side band ("remote: …"): a hook's reason
@@ -1315,7 +1402,7 @@ fn push(repo: &Repository, url: &str, target: &str) -> Result<(), Failure> {
         let mut options = PushOptions::new();
         options.remote_callbacks(callbacks);
         remote
-            .push(&[format!("HEAD:{target}")], Some(&mut options))
+            .push(&[format!("{source}:{target}")], Some(&mut options))
             .map_err(classify)?;
     }
     let refused = refused.into_inner();
@@ -1333,8 +1420,48 @@ fn push(repo: &Repository, url: &str, target: &str) -> Result<(), Failure> {
         }
         return Err(Failure::RefRejected(text));
     }
-    tracing::info!(target, "harvest: pushed HEAD");
+    tracing::info!(source, target, "harvest: pushed");
     Ok(())
+}
+
+/// Saves the local session branch before it is moved (PROTOCOL.md 4.5 step
+/// 3: never drop a commit that was not pushed somewhere). When its tip is on
+/// no remote branch (`heads`, those known here) and not in `seen` (commits
+/// on the remote by now, or the tip the runner last saw there), it is pushed,
+/// never forced, to `<branch>-recovered-<name>-branch` (`-2`, … when taken).
+/// Returns that branch, `None` when nothing needed saving.
+fn save_local_branch(
+    repo: &Repository,
+    url: &str,
+    branch: &str,
+    name: &str,
+    heads: &HashMap<String, Oid>,
+    seen: &[Oid],
+) -> Result<Option<String>, Failure> {
+    let local_ref = format!("refs/heads/{branch}");
+    let Ok(local) = repo.refname_to_id(&local_ref) else {
+        return Ok(None);
+    };
+    let contains = |a: Oid, b: Oid| a == b || repo.graph_descendant_of(a, b).unwrap_or(false);
+    let held = heads
+        .values()
+        .chain(seen)
+        .any(|t| repo.find_commit(*t).is_ok() && contains(*t, local));
+    if held {
+        return Ok(None);
+    }
+    let suffix = format!("{}-branch", recovery_suffix(name));
+    let recovery = recovery_name(repo, branch, &suffix, heads, local).ok_or_else(|| {
+        Failure::Verdict(format!(
+            "no free recovery branch name for {branch}-recovered-{suffix}"
+        ))
+    })?;
+    let target = format!("refs/heads/{recovery}");
+    if heads.get(&target) != Some(&local) {
+        push_ref(repo, url, &local_ref, &target)?;
+    }
+    tracing::warn!(recovery_branch = %recovery, commit = %local, "the local session branch held commits on no remote branch; pushed them to a recovery branch before moving it");
+    Ok(Some(recovery))
 }
 
 fn recovery_suffix(name: &str) -> &str {
@@ -1377,7 +1504,8 @@ fn recovery_name(
 /// remote-tracking branch and `HEAD` at it. The checkout is git's safe one:
 /// a file left uncommitted (one over the size limit, say) is carried over
 /// when `tip` does not change it, and the checkout fails, changing nothing,
-/// when it would be overwritten.
+/// when it would be overwritten; so does an ignored file `tip` would
+/// overwrite (a tracked file of that name).
 fn bring_local_to(repo: &Repository, branch: &str, tip: Oid) -> Result<(), git2::Error> {
     // The remote-tracking branch is the runner's record of the remote's
     // tip (what the next sync tells a force push by), kept even when
@@ -1403,7 +1531,9 @@ fn bring_local_to(repo: &Repository, branch: &str, tip: Oid) -> Result<(), git2:
     // untracked files that the next harvest would commit again.
     let commit = repo.find_commit(tip)?;
     let mut checkout = git2::build::CheckoutBuilder::new();
-    checkout.safe();
+    // git's safe checkout overwrites ignored files by default; an ignored
+    // file is the agent's (never harvested), so the checkout fails instead.
+    checkout.safe().overwrite_ignored(false);
     repo.checkout_tree(commit.as_object(), Some(&mut checkout))?;
     repo.reference(
         &local,
