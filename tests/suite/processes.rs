@@ -631,3 +631,44 @@ sleep 1000
     let (status, output) = finish(restarted).await;
     assert_eq!(status.code(), Some(0), "{output}");
 }
+
+/// Break: nothing watches the turn's guard. An agent that kills it (here
+/// by pid; `pkill -9 -f hosted-boot` does the same, and may take the
+/// runner with it) leaves nothing to act on the runner's death: after a
+/// SIGKILL of the runner the leader dies of `PR_SET_PDEATHSIG`, but the rest
+/// of its group (never left the session or group) lives on, against "If
+/// the runner itself dies, the program's session, process group and cgroup
+/// die with it" (README, PROTOCOL.md 4.1).
+#[tokio::test]
+async fn break_an_agent_that_kills_its_guard_outlives_a_sigkilled_runner() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+echo $$ > "$AGENT_OUT/pgid"
+sleep 1000 &
+for p in /proc/[0-9]*; do
+  sid=$(cut -d' ' -f6 "$p/stat" 2>/dev/null)
+  if [ "$sid" = "$$" ] && tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q turn-guard; then
+    kill -9 "${p#/proc/}" && echo "${p#/proc/}" > "$AGENT_OUT/guard"
+  fi
+done
+echo '{"type":"message","text":"working"}'
+wait
+"#,
+    );
+    let mut child = sb.spawn(&script);
+    wait_text(&sb, "run-1", "working").await;
+    assert!(!sb.read_out("guard").trim().is_empty(), "no guard found");
+    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    signal(child.id().unwrap(), rustix::process::Signal::KILL);
+    child.wait().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let left = super::support::live_group_members(pgid).len();
+    // Clean up before asserting, so a failure leaves nothing behind.
+    let _ = rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(pgid).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+    assert_eq!(left, 0, "processes of the agent's group outlived the runner");
+}
