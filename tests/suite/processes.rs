@@ -670,5 +670,8 @@ wait
         rustix::process::Pid::from_raw(pgid).unwrap(),
         rustix::process::Signal::KILL,
     );
-    assert_eq!(left, 0, "processes of the agent's group outlived the runner");
+    assert_eq!(
+        left, 0,
+        "processes of the agent's group outlived the runner"
+    );
 }
