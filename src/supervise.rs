@@ -153,7 +153,12 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
         };
         match result {
             Ok(exit) => {
-                let outcome = if exit.timed_out && !(interrupted || stopped) {
+                let outcome = if let Some(guard) = exit.guard_died {
+                    agent::TurnOutcome::failed(
+                        crate::wire::ErrorCode::RunnerError,
+                        agent::drive::guard_died_message(guard),
+                    )
+                } else if exit.timed_out && !(interrupted || stopped) {
                     agent::TurnOutcome::failed(
                         crate::wire::ErrorCode::AgentTimeout,
                         supervision.timeout_message(),
@@ -179,6 +184,7 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
                     "error": outcome.error.map(|e| e.code),
                     "timedOut": exit.timed_out,
                     "swept": exit.swept,
+                    "guardDied": exit.guard_died,
                 }));
             }
             Err(e) => {
