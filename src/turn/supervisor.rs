@@ -18,6 +18,8 @@
 //!   ├─ waitid(L, WEXITED|WNOWAIT)  ◀── Interrupt: SIGINT to -L, SIGKILL after grace
 //!   │                               ◀── Kill: SIGKILL to -L
 //!   │                               ◀── time cap: as Interrupt, Exit.timed_out
+//!   │                               ◀── G's pidfd readable (G died, not by
+//!   │                                   our SIGKILL): stop now, Exit.guard_died
 //!   ├─ L exited (still a zombie: group id L stays reserved)
 //!   ├─ SIGKILL to -L, cgroup.kill, sweep /proc until no turn process lives
 //!   ├─ reap L (its status); G, adopted, is reaped with the orphans
