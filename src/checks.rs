@@ -101,28 +101,72 @@ pub fn is_loopback_host(url: &Url) -> bool {
     }
 }
 
-/// `value` (a URL, or what was meant as one) as an error may quote it: what
-/// may be user info (`user:password@`, possibly a credential) becomes `…@`,
-/// a query `?…` and a fragment `#…` (either may carry a token). It works on
-/// the text, so a value no parser accepts (or one a parser reads
-/// differently, such as `user:pw@host` read as scheme `user`) is shown
-/// safely too: everything after `://` (or from the start) up to the last `@`
-/// before the query is hidden, even when that `@` was part of a path.
+/// `value` (a URL, or what was meant as one) as an error may quote it
+/// (PROTOCOL.md section 1): user info (`user:password@`, possibly a
+/// credential) becomes `…@`, a query `?…` and a fragment `#…` (either may
+/// carry a token).
+///
+/// Where the URL parser (the one the runner itself uses) reads the value as
+/// a URL with a host, only its scheme, host, port and path are shown, as
+/// the parser read them. Otherwise (no parse, or no host, such as
+/// `user:pw@host` read as scheme `user`) it works on the text and shows
+/// nothing that may be user info: everything after a leading `scheme://`
+/// (or from the start) up to and including the value's last `@` (or `%40`,
+/// an encoded `@`) becomes `…@`, wherever that `@` is (path, query), and
+/// what follows is cut at its first `?` or `#`.
 pub fn shown_url(value: &str) -> String {
-    let (scheme, rest) = match value.find("://") {
-        Some(i) => value.split_at(i + 3),
-        None => ("", value),
-    };
-    let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
-    let (before_query, query) = rest.split_at(query_at);
-    let mut shown = String::from(scheme);
-    match before_query.rfind('@') {
-        Some(at) => {
-            shown.push_str("…@");
-            shown.push_str(&before_query[at + 1..]);
-        }
-        None => shown.push_str(before_query),
+    match Url::parse(value) {
+        Ok(url) if url.host_str().is_some_and(|h| !h.is_empty()) => shown_parsed(&url),
+        _ => shown_text(value),
     }
+}
+
+fn shown_parsed(url: &Url) -> String {
+    let mut shown = format!("{}://", url.scheme());
+    if !url.username().is_empty() || url.password().is_some() {
+        shown.push_str("…@");
+    }
+    shown.push_str(url.host_str().unwrap_or_default());
+    if let Some(port) = url.port() {
+        shown.push_str(&format!(":{port}"));
+    }
+    shown.push_str(url.path());
+    if url.query().is_some() {
+        shown.push_str("?…");
+    }
+    if url.fragment().is_some() {
+        shown.push_str("#…");
+    }
+    shown
+}
+
+fn shown_text(value: &str) -> String {
+    // Only a scheme at the very start counts: a `://` later on may be in a
+    // password, a path or a query.
+    let scheme_len = value
+        .find("://")
+        .filter(|&i| {
+            let scheme = &value[..i];
+            scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+        })
+        .map_or(0, |i| i + 3);
+    let (scheme, rest) = value.split_at(scheme_len);
+    let mut shown = String::from(scheme);
+    let after_user_info = match last_at(rest) {
+        Some(end) => {
+            shown.push_str("…@");
+            &rest[end..]
+        }
+        None => rest,
+    };
+    let query_at = after_user_info
+        .find(['?', '#'])
+        .unwrap_or(after_user_info.len());
+    let (before_query, query) = after_user_info.split_at(query_at);
+    shown.push_str(before_query);
     if query.starts_with('?') {
         shown.push_str("?…");
     }
@@ -130,6 +174,13 @@ pub fn shown_url(value: &str) -> String {
         shown.push_str("#…");
     }
     shown
+}
+
+/// The byte offset just after the last `@` or `%40` of `text`.
+fn last_at(text: &str) -> Option<usize> {
+    let at = text.rfind('@').map(|i| i + 1);
+    let encoded = text.to_ascii_lowercase().rfind("%40").map(|i| i + 3);
+    at.max(encoded)
 }
 
 /// Parses and checks a coordinator or git URL (sections 1 and 5): absolute,
@@ -272,6 +323,55 @@ mod tests {
             assert!(e.contains(shown), "{e}");
         }
         assert_eq!(shown_url("https://example.com/a"), "https://example.com/a");
+    }
+
+    /// Inputs a text rule splitting at the first `://` got wrong, and
+    /// inputs the URL parser reads in ways a reader may not expect: none
+    /// may quote what could be a password.
+    #[test]
+    fn tricky_urls_are_shown_without_their_user_info() {
+        for (value, shown) in [
+            ("user:pw-secret@example.com", "…@example.com"),
+            ("https:u:pw-secret@example.com", "https://…@example.com/"),
+            (
+                "https:user:pw-secret@example.com/api/?next=https://example.com/",
+                "https://…@example.com/api/?…",
+            ),
+            (
+                "user:pw-secret@example.com/t?back=https://example.com/",
+                "…@example.com/t?…",
+            ),
+            (
+                "https://u:pw-secret@h/x?y=https://a:pw-secret@c",
+                "https://…@h/x?…",
+            ),
+            ("//u:pw-secret@example.com/x", "…@example.com/x"),
+            ("https://example.com/@x", "https://example.com/@x"),
+            (
+                "https://u%40x:pw-secret@example.com/",
+                "https://…@example.com/",
+            ),
+            (
+                "https://u:pw-secret%40example.com/",
+                "https://…@example.com/",
+            ),
+            ("u:pw-secret%40example.com/x", "…@example.com/x"),
+            ("u:pw-secret%40exa mple.com/x@", "…@"),
+            ("http://u:pw-secret@[::1/x?y=1", "http://…@[::1/x?…"),
+            ("u:pw-secret?x@h/", "…@h/"),
+            ("https://u:pw-secret?x@h/", "https://…@h/"),
+            ("user://pw-secret@[x/", "user://…@[x/"),
+            (
+                "https://example.com:8443/a?b#c",
+                "https://example.com:8443/a?…#…",
+            ),
+        ] {
+            assert_eq!(shown_url(value), shown, "{value}");
+            assert!(!shown_url(value).contains("pw-secret"), "{value}");
+            if let Err(e) = url("ORIZU_API_BASE_URL", value, false) {
+                assert!(!e.to_string().contains("pw-secret"), "{e}");
+            }
+        }
     }
 
     #[test]

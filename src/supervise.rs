@@ -8,8 +8,9 @@
 //! Output lines:
 //! `{"type":"line","run":1,"stream":"stdout","text":"…"}` and
 //! `{"type":"exit","run":1,"pgid":…,"code":0,"signal":null,"status":"succeeded",
-//! "error":null,"timedOut":false,"swept":0}` (`status`/`error` as the
-//! `command` agent maps the exit), or `{"type":"spawn_failed","run":1,
+//! "error":null,"timedOut":false,"swept":0,"guardDied":null}` (`status`/`error`
+//! as the `command` agent maps the exit; `guardDied` is the pid of a turn
+//! guard that died before the run ended, which fails it `runner_error`), or `{"type":"spawn_failed","run":1,
 //! "error":"…"}`. The exit code is the last run's (its exit code, 128+N for
 //! signal N, 127 when it could not be started), or 128+N when SIGTERM or
 //! SIGINT stopped the runs.
@@ -153,7 +154,12 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
         };
         match result {
             Ok(exit) => {
-                let outcome = if exit.timed_out && !(interrupted || stopped) {
+                let outcome = if let Some(guard) = exit.guard_died {
+                    agent::TurnOutcome::failed(
+                        crate::wire::ErrorCode::RunnerError,
+                        agent::drive::guard_died_message(guard),
+                    )
+                } else if exit.timed_out && !(interrupted || stopped) {
                     agent::TurnOutcome::failed(
                         crate::wire::ErrorCode::AgentTimeout,
                         supervision.timeout_message(),
@@ -179,6 +185,7 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
                     "error": outcome.error.map(|e| e.code),
                     "timedOut": exit.timed_out,
                     "swept": exit.swept,
+                    "guardDied": exit.guard_died,
                 }));
             }
             Err(e) => {

@@ -638,10 +638,21 @@ async fn run_once(
     })
 }
 
+/// The `runner_error` message of a turn whose guard died before it ended
+/// (PROTOCOL.md 4.1 step 4).
+pub fn guard_died_message(guard_pid: i32) -> String {
+    format!(
+        "the turn guard (pid {guard_pid}) died before the turn ended (an agent may have killed it); the runner killed every process of the turn, which would otherwise not die with the runner"
+    )
+}
+
 /// The outcome of one agent process: the runner's own evidence first
 /// (interrupt, stop, watchdog, a give-up), then the terminal event, then
 /// what the driver saw, then the stderr text, then the exit status.
 fn verdict(config: &AgentConfig, once: &Once, flags: &Flags, resuming: bool) -> TurnOutcome {
+    if let Some(guard) = once.exit.guard_died {
+        return TurnOutcome::failed(ErrorCode::RunnerError, guard_died_message(guard));
+    }
     if flags.interrupted() {
         return TurnOutcome::interrupted();
     }
@@ -778,6 +789,7 @@ mod tests {
                 pgid: 1,
                 timed_out: false,
                 swept: 0,
+                guard_died: None,
             },
             exit_rule: rule,
             hung: None,

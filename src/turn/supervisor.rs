@@ -18,6 +18,8 @@
 //!   ├─ waitid(L, WEXITED|WNOWAIT)  ◀── Interrupt: SIGINT to -L, SIGKILL after grace
 //!   │                               ◀── Kill: SIGKILL to -L
 //!   │                               ◀── time cap: as Interrupt, Exit.timed_out
+//!   │                               ◀── G's pidfd readable (G died, not by
+//!   │                                   our SIGKILL): stop now, Exit.guard_died
 //!   ├─ L exited (still a zombie: group id L stays reserved)
 //!   ├─ SIGKILL to -L, cgroup.kill, sweep /proc until no turn process lives
 //!   ├─ reap L (its status); G, adopted, is reaped with the orphans
@@ -179,6 +181,11 @@ pub struct Exit {
     /// Processes outside the agent's process group that the sweep killed
     /// after the leader exited (they had called `setsid` or `setpgid`).
     pub swept: usize,
+    /// The pid of the turn's guard, when it died before the turn ended
+    /// (killed by the agent, say) and the runner therefore killed the
+    /// turn's whole tree at once (PROTOCOL.md 4.1 step 4): the turn fails
+    /// with `runner_error`.
+    pub guard_died: Option<i32>,
 }
 
 /// Starts the agent, pumps each output stream into the sink `output` makes
@@ -348,11 +355,23 @@ where
     let mut cap_at = supervision
         .time_cap
         .and_then(|cap| Instant::now().checked_add(cap));
+    // Fail closed: a turn whose guard is gone would not die with the runner.
+    // Disarmed once the runner itself sends SIGKILL to the group (which
+    // kills the guard too).
+    let guard_gone = guard_gone(guard_pid, pid);
+    tokio::pin!(guard_gone);
+    let mut guard_armed = guard_pid.is_some();
+    let mut guard_died = None;
     loop {
         let kill_sleep = sleep_until(kill_at);
         let cap_sleep = sleep_until(cap_at);
         tokio::select! {
             _ = &mut exited => break,
+            () = &mut guard_gone, if guard_armed => {
+                tracing::warn!(pgid = pid, guard_pid, "the turn's guard died before the turn ended; killing every process of the turn, which would not die with the runner");
+                guard_died = guard_pid;
+                break;
+            }
             msg = control.recv(), if control_open => match msg {
                 Some(Control::Interrupt { grace }) => {
                     signalled = true;
@@ -362,6 +381,7 @@ where
                 }
                 Some(Control::Kill) => {
                     signalled = true;
+                    guard_armed = false;
                     signal_group(pid, Signal::KILL);
                 }
                 // The turn is gone: nobody can interrupt any more.
@@ -369,6 +389,7 @@ where
             },
             _ = kill_sleep => {
                 tracing::warn!(pgid = pid, "agent still running after the grace period; SIGKILL to its process group");
+                guard_armed = false;
                 signal_group(pid, Signal::KILL);
                 kill_at = None;
             }
@@ -447,7 +468,46 @@ where
         pgid: pid,
         timed_out,
         swept: report.killed,
+        guard_died,
     })
+}
+
+/// Resolves when the guard `guard` (a member of session `session`) is gone:
+/// its pidfd reads as exited, or it is already gone (reaped, its pid maybe
+/// reused). Never resolves without a guard, or when the kernel offers no
+/// pidfd (logged): then only its pipe watches the runner.
+async fn guard_gone(guard: Option<i32>, session: i32) {
+    let Some(pid) = guard.and_then(Pid::from_raw) else {
+        return std::future::pending().await;
+    };
+    let fd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::NONBLOCK) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return,
+        Err(e) => {
+            tracing::warn!(guard_pid = guard, error = %e, "cannot watch the turn's guard (pidfd_open); a guard the agent kills goes unnoticed");
+            return std::future::pending().await;
+        }
+    };
+    // The pidfd names whatever process has the pid now: if the guard died
+    // and was reaped before it was opened, that is not a member of the
+    // turn's session (whose id stays reserved while one lives).
+    if !rustix::process::getsid(Some(pid)).is_ok_and(|s| s.as_raw_nonzero().get() == session) {
+        return;
+    }
+    // SAFETY: the AsyncFd owns the OwnedFd, which stays open, the same
+    // descriptor, until the AsyncFd is dropped.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    };
+    match registered {
+        Ok(fd) => {
+            let _ = fd.readable().await;
+        }
+        Err(e) => {
+            tracing::warn!(guard_pid = guard, error = %e, "cannot watch the turn's guard (pidfd); a guard the agent kills goes unnoticed");
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 async fn sleep_until(at: Option<Instant>) {

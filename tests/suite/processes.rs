@@ -698,3 +698,116 @@ wait
         "the agent's edit is gone: README.md is now {in_tree:?}"
     );
 }
+
+/// Break: nothing watches the turn's guard. An agent that kills it (here
+/// by pid; `pkill -9 -f hosted-boot` does the same, and may take the
+/// runner with it) leaves nothing to act on the runner's death: after a
+/// SIGKILL of the runner the leader dies of `PR_SET_PDEATHSIG`, but the rest
+/// of its group (never left the session or group) lives on, against "If
+/// the runner itself dies, the program's session, process group and cgroup
+/// die with it" (README, PROTOCOL.md 4.1).
+#[tokio::test]
+async fn break_an_agent_that_kills_its_guard_outlives_a_sigkilled_runner() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+echo $$ > "$AGENT_OUT/pgid"
+sleep 1000 &
+for p in /proc/[0-9]*; do
+  sid=$(cut -d' ' -f6 "$p/stat" 2>/dev/null)
+  if [ "$sid" = "$$" ] && tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q turn-guard; then
+    kill -9 "${p#/proc/}" && echo "${p#/proc/}" > "$AGENT_OUT/guard"
+  fi
+done
+echo '{"type":"message","text":"working"}'
+wait
+"#,
+    );
+    let mut child = sb.spawn(&script);
+    // Waits for the guard's kill, not for "working": a runner that watches
+    // its guard kills the turn (and seals the run) before the agent gets
+    // there, maybe before it records the guard's pid.
+    wait_guard_killed(&sb).await;
+    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    signal(child.id().unwrap(), rustix::process::Signal::KILL);
+    child.wait().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let left = super::support::live_group_members(pgid).len();
+    // Clean up before asserting, so a failure leaves nothing behind.
+    let _ = rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(pgid).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+    assert_eq!(
+        left, 0,
+        "processes of the agent's group outlived the runner"
+    );
+}
+
+/// Waits (bounded) until the agent recorded the guard it killed, or the
+/// run was sealed.
+async fn wait_guard_killed(sb: &Sandbox) {
+    let deadline = Instant::now() + WAIT;
+    while sb.read_out("guard").trim().is_empty()
+        && sb
+            .coordinator
+            .run("run-1")
+            .is_none_or(|r| r.finish.is_none())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never killed its guard"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Fail closed (PROTOCOL.md 4.1 step 4): when the turn's guard dies before
+/// the turn ends, the runner kills every process of the turn at once (no
+/// runner death needed), logs the guard's pid, and fails the turn with
+/// `runner_error` (fatal, as every failed turn).
+#[tokio::test]
+async fn an_agent_that_kills_its_guard_fails_the_turn_with_runner_error() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+echo $$ > "$AGENT_OUT/pgid"
+sleep 1000 &
+for p in /proc/[0-9]*; do
+  sid=$(cut -d' ' -f6 "$p/stat" 2>/dev/null)
+  if [ "$sid" = "$$" ] && tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q turn-guard; then
+    echo "${p#/proc/}" > "$AGENT_OUT/guard" && kill -9 "${p#/proc/}"
+  fi
+done
+wait
+echo '{"type":"message","text":"never"}'
+"#,
+    );
+    let child = sb.spawn(&script);
+    let snap = sb.wait_sealed("run-1").await;
+    let guard = sb.read_out("guard").trim().to_string();
+    assert!(!guard.is_empty(), "no guard found");
+    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
+    let left = super::support::live_group_members(pgid).len();
+    let _ = rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(pgid).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+    assert_eq!(left, 0, "processes of the turn outlived its guard");
+    let run = snap.run("run-1").unwrap();
+    assert_eq!(run.status, "failed");
+    assert!(!run.events.iter().any(|e| e.data["text"] == "never"));
+    assert_eq!(error_code(&sb, "run-1"), json!("runner_error"));
+    let message = &run.finish.as_ref().unwrap().error.as_ref().unwrap().message;
+    assert!(message.contains("turn guard"), "{message}");
+    // A failed turn is fatal (PROTOCOL.md 4.1 step 7).
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert!(
+        output
+            .lines()
+            .any(|l| l.contains("guard died") && l.contains(&format!("\"guard_pid\":{guard}"))),
+        "{output}"
+    );
+}

@@ -174,3 +174,29 @@ async fn a_url_with_user_info_is_refused_without_quoting_the_user_info() {
     assert!(output.contains("user info"), "{output}");
     assert_eq!(sb.coordinator.snapshot().requests.len(), 0);
 }
+
+/// Break: `shown_url` splits at the first `://` anywhere in the value, so a
+/// URL whose own scheme lacks `//` (which the URL parser still reads as
+/// `https` with user info) but whose query holds another URL is quoted with
+/// its password and query in clear.
+#[tokio::test]
+async fn break_a_refused_url_with_a_url_in_its_query_is_quoted_without_its_password() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script("echo never");
+    for (var, value) in [
+        (
+            "ORIZU_API_BASE_URL",
+            "https:user:pw-SEKRIT@example.com/api/?next=https://example.com/",
+        ),
+        (
+            "ORIZU_AGENT_TOKEN_URL",
+            "user:pw-SEKRIT@example.com/t?back=https://example.com/",
+        ),
+    ] {
+        let mut cmd = sb.runner(&script);
+        cmd.env(var, value);
+        let (status, output) = finish(cmd.spawn().unwrap()).await;
+        assert_eq!(status.code(), Some(2), "{var}={value}: {output}");
+        assert!(!output.contains("SEKRIT"), "{var}={value}: {output}");
+    }
+}
