@@ -1244,3 +1244,176 @@ async fn a_push_the_host_refuses_for_a_large_file_says_why() {
         "{error:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Breaks found in review (review/losses).
+
+/// The refs of `repo/` that contain `commit` (reflogs excluded).
+fn local_refs_containing(sb: &Sandbox, commit: &str) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.root().join("repo"))
+        .args(["for-each-ref", "--contains", commit, "--format=%(refname)"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The agent commits on the session branch, then moves `HEAD` elsewhere
+/// (a detached look at the commit before). The commit is on no remote
+/// branch; the harvest's "bring the local session branch to the remote's"
+/// must not drop it (PROTOCOL.md 4.5 step 3: never drop a commit that was
+/// not pushed somewhere).
+#[tokio::test]
+async fn break_a_commit_left_on_the_session_branch_with_head_elsewhere_is_not_dropped() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  echo kept > KEPT.md
+  git add KEPT.md
+  git commit -q -m "agent: work on the session branch"
+  git rev-parse HEAD > "$AGENT_OUT/commit"
+  git checkout -q --detach HEAD~1
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    let next = sb.coordinator.queue_turn("next", None);
+    sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let commit = sb.read_out("commit").trim().to_string();
+    let on_remote = bare_git(&sb, &["for-each-ref", "--contains", &commit]);
+    let local = local_refs_containing(&sb, &commit);
+    assert!(
+        !on_remote.is_empty(),
+        "the agent's commit {commit} is on no branch of the remote; refs of repo/ holding it: {local:?}"
+    );
+}
+
+/// An ignored file of the agent's (never harvested: PROTOCOL.md 4.5 says
+/// ignored files stay in the work tree) and a user push that adds a file of
+/// that name between turns: the sync's checkout must not overwrite it
+/// (git's safe checkout overwrites ignored files unless told not to).
+#[tokio::test]
+async fn break_the_sync_does_not_overwrite_an_ignored_file_of_the_agent() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  echo 'notes.local' >> .git/info/exclude
+  echo 'the agent notes' > notes.local
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    let branch = sb.coordinator.branch();
+    let first = tip(&sb, &branch);
+    user_push(&sb, &first, "notes.local");
+    let next = sb.coordinator.queue_turn("next", None);
+    let snap = sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let notes = std::fs::read_to_string(sb.root().join("repo/notes.local")).unwrap_or_default();
+    assert!(
+        notes.contains("the agent notes"),
+        "the agent's ignored file was overwritten: {notes:?}; sync: {:?}",
+        sync_events(&snap, &next)
+    );
+}
+
+/// A file over the runner's limit that the remote already has (its host's
+/// limit is higher, as PROTOCOL.md 4.5 allows: "set it at or below the
+/// host's"), renamed by the agent (`git mv`): the blob is no new object for
+/// the host, yet the guard leaves the renamed path out while keeping the
+/// deletion of the old one, so the pushed session branch loses the file.
+#[tokio::test]
+async fn break_a_large_file_the_remote_has_renamed_by_the_agent_stays_on_the_branch() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    // The user's repository already holds a 2 MB file.
+    {
+        let bare = git2::Repository::open_bare(sb.coordinator.bare_repo()).unwrap();
+        let refname = format!("refs/heads/{}", sb.coordinator.branch());
+        let parent = bare
+            .find_reference(&refname)
+            .unwrap()
+            .peel_to_commit()
+            .unwrap();
+        let blob = bare.blob(&vec![7u8; BIG as usize]).unwrap();
+        let mut tb = bare.treebuilder(Some(&parent.tree().unwrap())).unwrap();
+        tb.insert("big.bin", blob, 0o100644).unwrap();
+        let tree = bare.find_tree(tb.write().unwrap()).unwrap();
+        let sig = git2::Signature::now("user", "user@example.invalid").unwrap();
+        bare.commit(
+            Some(&refname),
+            &sig,
+            &sig,
+            "a large asset",
+            &tree,
+            &[&parent],
+        )
+        .unwrap();
+    }
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  mkdir -p assets
+  git mv big.bin assets/big.bin
+  git commit -q -m "agent: move the asset"
+fi
+"#,
+    );
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let branch = sb.coordinator.branch();
+    let files = files_at(&sb, &tip(&sb, &branch));
+    assert!(
+        files.iter().any(|f| f.ends_with("big.bin")),
+        "the session branch no longer holds the asset: {files:?}; result {}",
+        result_of(&snap, "run-1")
+    );
+}
+
+/// The user force-pushes away the runner's commit while the runner is down
+/// (killed between turns). PROTOCOL.md 4.5 "Before a turn": commits a force
+/// push discarded are the user's choice and are not pushed back. The
+/// restarted runner's clone reuse fetch overwrites the record of the tip it
+/// last saw, and its harvest at boot pushes the discarded commit back, to
+/// `<branch>-recovered-at-boot`.
+#[tokio::test]
+async fn break_commits_a_force_push_discarded_while_the_runner_was_down_are_not_pushed_back() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(RECORDS_START_AND_LEAVES_A_FILE);
+    let mut child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator
+        .wait_for(WAIT, |s| s.status_names().contains(&"turn_completed"))
+        .await
+        .unwrap();
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let branch = sb.coordinator.branch();
+    let discarded = tip(&sb, &branch);
+    let base = bare_git(&sb, &["rev-parse", &format!("{discarded}~1")]);
+    user_push(&sb, &base, "USER.md");
+    let child = sb.spawn(&script);
+    let next = sb.coordinator.queue_turn("next", None);
+    sb.wait_sealed(&next).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_eq!(
+        bare_git(&sb, &["for-each-ref", "--contains", &discarded]),
+        "",
+        "the discarded commit was pushed back; recovery branches: {:?}",
+        recovery_branches(&sb)
+    );
+}

@@ -631,3 +631,70 @@ sleep 1000
     let (status, output) = finish(restarted).await;
     assert_eq!(status.code(), Some(0), "{output}");
 }
+
+/// The agent runs as the runner's user in the root: it can remove (or
+/// replace) `.hosted-boot/lock`. A second runner started then must still be
+/// refused (PROTOCOL.md 3: one runner per root); it locks a new file of the
+/// same name instead and boots on the root in use.
+#[tokio::test]
+async fn break_a_second_runner_is_refused_after_the_agent_removed_the_lock_file() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+[ -e "$AGENT_OUT/pgid" ] && { echo again; exit 0; }
+echo $$ > "$AGENT_OUT/pgid"
+rm -f ../.hosted-boot/lock
+echo '{"type":"message","text":"working"}'
+sleep 1000 &
+wait
+"#,
+    );
+    let first = sb.spawn(&script);
+    wait_text(&sb, "run-1", "working").await;
+    assert!(!sb.root().join(".hosted-boot/lock").exists());
+    let first_pid = first.id().unwrap();
+    a_second_runner_is_refused(&sb, &script, first_pid).await;
+}
+
+/// The agent edits a tracked file and then switches to an orphan branch
+/// (`git checkout --orphan`: the work tree and index are kept, `HEAD` is
+/// unborn). The runner dies (SIGKILL); its restart reuses `repo/`, whose
+/// unborn `HEAD` makes it check the session branch out by force over the
+/// agent's edit before anything harvests it (PROTOCOL.md 3: a reused
+/// `repo/` is harvested first, never cloned over).
+#[tokio::test]
+async fn break_a_restart_keeps_the_work_of_a_repo_with_an_unborn_head() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+[ -e "$AGENT_OUT/pgid" ] && { echo again; exit 0; }
+echo $$ > "$AGENT_OUT/pgid"
+echo 'the agent edit' >> README.md
+git checkout -q --orphan scratch
+echo '{"type":"message","text":"working"}'
+sleep 1000 &
+wait
+"#,
+    );
+    let mut first = sb.spawn(&script);
+    wait_text(&sb, "run-1", "working").await;
+    signal(first.id().unwrap(), rustix::process::Signal::KILL);
+    first.wait().await.unwrap();
+    let restarted = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(restarted).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let in_tree = std::fs::read_to_string(sb.root().join("repo/README.md")).unwrap_or_default();
+    let on_remote = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.coordinator.bare_repo())
+        .args(["log", "--all", "-p"])
+        .output()
+        .unwrap();
+    let on_remote = String::from_utf8_lossy(&on_remote.stdout);
+    assert!(
+        in_tree.contains("the agent edit") || on_remote.contains("the agent edit"),
+        "the agent's edit is gone: README.md is now {in_tree:?}"
+    );
+}
