@@ -6,7 +6,9 @@
 //! [`super::transport`], then the local session branch, its upstream and a
 //! forced checkout. An existing `repo/` whose `origin` is the session remote
 //! is reused (configuration rewritten, session branch fetched, work tree
-//! untouched); anything else there is an error.
+//! untouched; only one a killed clone left before its checkout, with an
+//! unborn `HEAD` and no file, is checked out); anything else there is an
+//! error.
 //!
 //! The clone is retried under the retry rule of PROTOCOL.md section 2 (the
 //! clone row: 4 attempts, backoff 1 s doubling to 8 s; a transfer that
@@ -246,14 +248,28 @@ fn finish_repo(
     *registration =
         Some(register_remote(url, spec.http.clone(), local).map_err(git_error("fetch", url))?);
 
-    // A repository that was initialised but never checked out (a boot
-    // killed mid-clone) is finished like a fresh clone.
-    let unborn = repo.head().is_err();
-    let oid = fetch_branch(repo, url, &spec.branch, !reused || unborn)?;
-    if !reused || unborn {
+    let half_made = reused && half_made(repo);
+    let oid = fetch_branch(repo, url, &spec.branch, !reused || half_made)?;
+    if !reused || half_made {
         check_out(repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
     }
     Ok(oid)
+}
+
+/// Whether a reused `repo/` is a clone a killed boot left before its
+/// checkout (PROTOCOL.md 3), to be finished like a fresh clone: `HEAD`
+/// unborn, an empty index and nothing in the work tree but `.git`. An
+/// unborn `HEAD` alone is not enough: `git checkout --orphan` leaves one
+/// over the agent's work tree and index, which are work for the harvest at
+/// boot, never to be checked out over.
+fn half_made(repo: &Repository) -> bool {
+    let unborn = matches!(repo.head(), Err(e) if e.code() == git2::ErrorCode::UnbornBranch);
+    let index_empty = repo.index().is_ok_and(|i| i.is_empty());
+    let tree_empty = repo.workdir().is_some_and(|dir| {
+        std::fs::read_dir(dir)
+            .is_ok_and(|mut entries| entries.all(|e| e.is_ok_and(|e| e.file_name() == ".git")))
+    });
+    unborn && index_empty && tree_empty
 }
 
 /// Removes what a failed fresh clone made of `repo/`: the directory, or,

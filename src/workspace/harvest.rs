@@ -919,8 +919,16 @@ fn commit_uncommitted(
     for (path, bytes) in left_out.into_inner() {
         note_skipped(skipped, &path, bytes);
     }
-    let parent = repo.head()?.peel_to_commit()?;
-    if let Some(max) = max {
+    // An unborn HEAD (`git checkout --orphan`): the work becomes a root
+    // commit of that branch.
+    let parent = match repo.head() {
+        Ok(head) => Some(head.peel_to_commit()?),
+        Err(e) if e.code() == ErrorCode::UnbornBranch => None,
+        Err(e) => return Err(e),
+    };
+    if let Some(max) = max
+        && let Some(parent) = &parent
+    {
         // A large file the agent staged (`git add`) without committing is in
         // the index already: back to HEAD's version for those paths.
         let staged = staged_over(repo, &index, &parent.tree()?, max)?;
@@ -936,7 +944,7 @@ fn commit_uncommitted(
     }
     index.write()?;
     let tree_id = index.write_tree()?;
-    if parent.tree_id() == tree_id {
+    if parent.as_ref().is_some_and(|p| p.tree_id() == tree_id) {
         return Ok(None);
     }
     let tree = repo.find_tree(tree_id)?;
@@ -947,7 +955,7 @@ fn commit_uncommitted(
         &sig,
         &commit_message(job),
         &tree,
-        &[&parent],
+        &parent.iter().collect::<Vec<_>>(),
     )?;
     if repo.state() != RepositoryState::Clean {
         // A merge or rebase the agent left half done: its commit is made,
