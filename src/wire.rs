@@ -539,6 +539,11 @@ pub struct HarvestResult {
     /// `headSha` is then one commit of the same work without the files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oversized_ref: Option<String>,
+    /// The local ref that keeps the commits a force push dropped from the
+    /// session branch while the runner was down (the harvest at boot,
+    /// PROTOCOL.md 4.5); they are not pushed back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discarded_ref: Option<String>,
 }
 
 /// `finish.result.skippedFiles[]` (4.5): a file left out of the harvest.

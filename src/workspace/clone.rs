@@ -249,6 +249,10 @@ fn finish_repo(
         Some(register_remote(url, spec.http.clone(), local).map_err(git_error("fetch", url))?);
 
     let half_made = reused && half_made(repo);
+    // A reused clone keeps `refs/remotes/origin/<branch>` where it was: it
+    // is the runner's record of the remote tip it last saw, which tells the
+    // harvest at boot and the sync before the first turn what a force push
+    // discarded meanwhile (PROTOCOL.md 4.5); they fetch and move it.
     let oid = fetch_branch(repo, url, &spec.branch, !reused || half_made)?;
     if !reused || half_made {
         check_out(repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
@@ -420,7 +424,8 @@ fn configure(repo: &Repository, spec: &RepoSpec) -> Result<(), git2::Error> {
 }
 
 /// Connects, checks that the session branch exists, downloads it (depth 1
-/// when `shallow`) and updates `refs/remotes/origin/<branch>`.
+/// when `shallow`) and, for a fresh clone (`shallow`), updates
+/// `refs/remotes/origin/<branch>`; a reused clone's is left as it was.
 fn fetch_branch(
     repo: &Repository,
     url: &str,
@@ -452,14 +457,16 @@ fn fetch_branch(
     remote
         .download(&[refspec(branch)], Some(&mut options))
         .map_err(&fetch_err)?;
-    remote
-        .update_tips(
-            None,
-            RemoteUpdateFlags::UPDATE_FETCHHEAD,
-            AutotagOption::None,
-            Some("hosted-boot: fetch the session branch"),
-        )
-        .map_err(&fetch_err)?;
+    if shallow {
+        remote
+            .update_tips(
+                None,
+                RemoteUpdateFlags::UPDATE_FETCHHEAD,
+                AutotagOption::None,
+                Some("hosted-boot: fetch the session branch"),
+            )
+            .map_err(&fetch_err)?;
+    }
     remote.disconnect().map_err(&fetch_err)?;
     Ok(oid)
 }

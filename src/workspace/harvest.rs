@@ -335,8 +335,13 @@ impl Harvester {
         // remote's; transport failures retried within the bound.
         let url = self.remote_url.as_str();
         let mut head = head;
+        // The session branch's tip as the runner last saw it on the remote,
+        // read before the first fetch moves it.
+        let known = repo
+            .refname_to_id(&format!("refs/remotes/origin/{}", self.branch))
+            .ok();
         let attempt = || {
-            let result = self.push_once(&repo, &mut head, job, &mut r);
+            let result = self.push_once(&repo, &mut head, known, job, &mut r);
             if result.is_err() {
                 publish(&r);
             }
@@ -441,6 +446,7 @@ impl Harvester {
         &self,
         repo: &Repository,
         head_at: &mut Oid,
+        known: Option<Oid>,
         job: &HarvestJob,
         r: &mut HarvestResult,
     ) -> Result<(), Failure> {
@@ -497,7 +503,29 @@ impl Harvester {
             _ => {}
         }
         let is_recovery = !on_session && !tip.is_some_and(|t| contains(t, head));
-        if is_recovery {
+        // At boot, a HEAD wholly on the session branch as last seen, which
+        // the remote no longer has: a force push while the runner was down
+        // dropped it, the user's choice (as in the sync before a turn); kept
+        // on a local ref, not pushed back.
+        let mut discarded = is_recovery
+            && job.name == RECOVERED_AT_BOOT
+            && tip.is_some()
+            && known.is_some_and(|k| contains(k, head));
+        if discarded && let Some(known) = known {
+            match keep_discarded(repo, &job.name, known, &remote.heads) {
+                Ok(Some((name, _, count))) => {
+                    tracing::warn!(discarded_ref = %name, count, "harvest at boot: the remote session branch dropped commits; kept locally, not pushed back");
+                    r.discarded_ref = Some(name);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    // Not kept locally: pushed to a recovery branch instead.
+                    tracing::warn!(error = %message(&e), "harvest at boot: cannot keep the commits the remote dropped on a local ref");
+                    discarded = false;
+                }
+            }
+        }
+        if is_recovery && !discarded {
             let name =
                 recovery_name(repo, branch, &job.name, &remote.heads, head).ok_or_else(|| {
                     Failure::Verdict(format!(
@@ -792,6 +820,7 @@ fn empty_result(name: &str, branch: &str) -> HarvestResult {
         push_error: None,
         skipped_files: Vec::new(),
         oversized_ref: None,
+        discarded_ref: None,
     }
 }
 
