@@ -30,6 +30,10 @@ use super::WorkspaceError;
 use super::transport::{CredentialHelpers, HttpContext, register_remote};
 use crate::timings::RetryPolicy;
 
+/// Where a reused clone keeps the remote tip it last saw across the reuse
+/// fetch, for the harvest at boot (PROTOCOL.md 4.5 "At boot").
+pub const LAST_SEEN_REF: &str = "refs/hosted-boot/last-seen";
+
 /// The agent's git identity (commits of the harvest too).
 pub const GIT_USER_NAME: &str = "hosted-boot agent";
 /// The agent's git e-mail address.
@@ -249,10 +253,9 @@ fn finish_repo(
         Some(register_remote(url, spec.http.clone(), local).map_err(git_error("fetch", url))?);
 
     let half_made = reused && half_made(repo);
-    // A reused clone keeps `refs/remotes/origin/<branch>` where it was: it
-    // is the runner's record of the remote tip it last saw, which tells the
-    // harvest at boot and the sync before the first turn what a force push
-    // discarded meanwhile (PROTOCOL.md 4.5); they fetch and move it.
+    if reused && !half_made {
+        keep_last_seen(repo, &spec.branch).map_err(git_error("fetch", url))?;
+    }
     let oid = fetch_branch(repo, url, &spec.branch, !reused || half_made)?;
     if !reused || half_made {
         check_out(repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
@@ -423,9 +426,32 @@ fn configure(repo: &Repository, spec: &RepoSpec) -> Result<(), git2::Error> {
     Ok(())
 }
 
+/// Copies `refs/remotes/origin/<branch>` (the runner's record of the
+/// session branch's tip as it last saw it on the remote) to
+/// [`LAST_SEEN_REF`] before the reuse fetch moves it, unless that is there
+/// already (a boot killed before its harvest at boot): the harvest at boot
+/// reads it to tell what a force push discarded meanwhile, then removes it
+/// (PROTOCOL.md 4.5 "At boot").
+fn keep_last_seen(repo: &Repository, branch: &str) -> Result<(), git2::Error> {
+    if repo.find_reference(LAST_SEEN_REF).is_ok() {
+        return Ok(());
+    }
+    match repo.refname_to_id(&format!("refs/remotes/origin/{branch}")) {
+        Ok(oid) => repo
+            .reference(
+                LAST_SEEN_REF,
+                oid,
+                false,
+                "hosted-boot: last seen remote tip",
+            )
+            .map(drop),
+        Err(e) if e.code() == git2::ErrorCode::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Connects, checks that the session branch exists, downloads it (depth 1
-/// when `shallow`) and, for a fresh clone (`shallow`), updates
-/// `refs/remotes/origin/<branch>`; a reused clone's is left as it was.
+/// when `shallow`) and updates `refs/remotes/origin/<branch>`.
 fn fetch_branch(
     repo: &Repository,
     url: &str,
@@ -457,16 +483,14 @@ fn fetch_branch(
     remote
         .download(&[refspec(branch)], Some(&mut options))
         .map_err(&fetch_err)?;
-    if shallow {
-        remote
-            .update_tips(
-                None,
-                RemoteUpdateFlags::UPDATE_FETCHHEAD,
-                AutotagOption::None,
-                Some("hosted-boot: fetch the session branch"),
-            )
-            .map_err(&fetch_err)?;
-    }
+    remote
+        .update_tips(
+            None,
+            RemoteUpdateFlags::UPDATE_FETCHHEAD,
+            AutotagOption::None,
+            Some("hosted-boot: fetch the session branch"),
+        )
+        .map_err(&fetch_err)?;
     remote.disconnect().map_err(&fetch_err)?;
     Ok(oid)
 }

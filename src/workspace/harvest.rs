@@ -335,11 +335,17 @@ impl Harvester {
         // remote's; transport failures retried within the bound.
         let url = self.remote_url.as_str();
         let mut head = head;
-        // The session branch's tip as the runner last saw it on the remote,
-        // read before the first fetch moves it.
-        let known = repo
-            .refname_to_id(&format!("refs/remotes/origin/{}", self.branch))
-            .ok();
+        // The session branch's tip as the runner last saw it on the remote
+        // (at boot as kept before the reuse fetch), read before the first
+        // fetch moves it.
+        let at_boot = job.name == RECOVERED_AT_BOOT;
+        let known = at_boot
+            .then(|| repo.refname_to_id(super::clone::LAST_SEEN_REF).ok())
+            .flatten()
+            .or_else(|| {
+                repo.refname_to_id(&format!("refs/remotes/origin/{}", self.branch))
+                    .ok()
+            });
         let attempt = || {
             let result = self.push_once(&repo, &mut head, known, job, &mut r);
             if result.is_err() {
@@ -348,6 +354,13 @@ impl Harvester {
             result
         };
         let outcome = self.with_remote(deadline, "harvest push", attempt);
+        if at_boot
+            && outcome.is_ok()
+            && let Ok(mut kept) = repo.find_reference(super::clone::LAST_SEEN_REF)
+            && let Err(e) = kept.delete()
+        {
+            tracing::warn!(error = %message(&e), "harvest at boot: cannot remove the last seen remote tip");
+        }
         match outcome {
             Ok(()) => {
                 r.pushed = true;

@@ -9,8 +9,8 @@
 //! remove or replace any file there, and a second runner would then lock a
 //! new file of the same name. A directory that holds the agent's whole
 //! workspace cannot be unlinked. `{root}/.hosted-boot/lock` is only the pid
-//! file that names the holder (`<pid>\n`): the holder keeps it open and
-//! writes it again (within [`PID_CHECK`]) when it is missing or changed.
+//! file that names the holder (`<pid>\n`), kept open by it; when the agent
+//! removed it, a refused runner names the holder from `/proc/locks`.
 //!
 //! The kernel releases an `flock` when the last descriptor of its open file
 //! goes, so a runner that dies in any way (SIGKILL included) frees the root
@@ -22,7 +22,6 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use rustix::fs::{FlockOperation, Mode, OFlags, RenameFlags};
@@ -35,12 +34,8 @@ const LOCK_DIR: &str = ".hosted-boot";
 const LOCK_NAME: &str = "lock";
 
 /// How long a refused runner waits for the holder's pid to appear (the
-/// holder writes it just after taking the lock, and again within
-/// [`PID_CHECK`] of its removal).
-const PID_WAIT: Duration = Duration::from_millis(1000);
-
-/// How often the holder checks that its pid file is still there.
-pub const PID_CHECK: Duration = Duration::from_millis(100);
+/// holder writes it just after taking the lock).
+const PID_WAIT: Duration = Duration::from_millis(200);
 
 /// Why the root could not be locked.
 #[derive(Debug, thiserror::Error)]
@@ -74,23 +69,22 @@ pub enum LockError {
 }
 
 /// The held lock of a root: dropping it (or any death of the process)
-/// releases it. While held, `{root}/.hosted-boot/lock` names the holder's
-/// pid (`<pid>\n`), written again when it goes missing.
+/// releases it. `{root}/.hosted-boot/lock` names the holder's pid
+/// (`<pid>\n`).
 #[derive(Debug)]
 pub struct RootLock {
     _root: OwnedFd,
     path: PathBuf,
-    // Dropping the sender stops the thread that keeps the pid file.
-    _keeper: mpsc::Sender<()>,
+    // Kept open while held: `/proc/<pid>/fd` shows the holder.
+    _pid_file: File,
 }
 
 impl RootLock {
     /// Takes the lock of `root` without waiting (an exclusive `flock` on a
     /// descriptor of the root directory), then writes this process's pid
-    /// into `{root}/.hosted-boot/lock`, creating the directory when missing,
-    /// and starts a thread that writes it again whenever it is missing or
-    /// holds anything else. A runner that is refused changes nothing: it
-    /// only opens the root and reads the pid file.
+    /// into `{root}/.hosted-boot/lock`, creating the directory when missing.
+    /// A runner that is refused changes nothing: it only opens the root and
+    /// reads the pid file (or `/proc/locks`, when the file is gone).
     ///
     /// Errors: [`LockError::Held`] naming the holder's pid when another
     /// process holds the lock; [`LockError::Io`] naming the path otherwise.
@@ -113,9 +107,10 @@ impl RootLock {
         match rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
+                let pid = holder_pid(&path).or_else(|| lock_owner(&dir));
                 return Err(LockError::Held {
                     root: root.to_path_buf(),
-                    pid: holder_pid(&path),
+                    pid,
                     path,
                 });
             }
@@ -123,16 +118,10 @@ impl RootLock {
         }
         let pid = std::process::id();
         let file = write_pid_file(&dir, pid).map_err(io("write the pid into", &path))?;
-        let (keeper, stop) = mpsc::channel();
-        let kept = dir.try_clone().map_err(io("keep", &path))?;
-        std::thread::Builder::new()
-            .name("root-lock-pid".into())
-            .spawn(move || keep_pid_file(kept, file, pid, stop))
-            .map_err(io("start the keeper of", &path))?;
         Ok(RootLock {
             _root: dir,
             path,
-            _keeper: keeper,
+            _pid_file: file,
         })
     }
 
@@ -171,38 +160,27 @@ fn write_pid_file(root: &OwnedFd, pid: u32) -> io::Result<File> {
     Ok(file)
 }
 
-/// The holder's thread: every [`PID_CHECK`], writes the pid file again when
-/// it is missing or holds anything but `<pid>\n`; ends when the lock is
-/// dropped.
-fn keep_pid_file(root: OwnedFd, mut file: File, pid: u32, stop: mpsc::Receiver<()>) {
-    let expected = format!("{pid}\n");
-    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(PID_CHECK) {
-        if read_pid_file(&root).as_deref() == Some(expected.as_str()) {
-            continue;
+/// The pid `/proc/locks` names for the `flock` on the directory `dir`, as
+/// this process's PID namespace numbers it: the holder when its pid file is
+/// gone (the agent can remove it). `None` when it cannot be read.
+fn lock_owner(dir: &OwnedFd) -> Option<u32> {
+    let stat = rustix::fs::fstat(dir).ok()?;
+    let device = format!(
+        "{:02x}:{:02x}:{}",
+        rustix::fs::major(stat.st_dev),
+        rustix::fs::minor(stat.st_dev),
+        stat.st_ino
+    );
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // `<id>: FLOCK ADVISORY WRITE <pid> <maj>:<min>:<inode> 0 EOF`; a
+        // waiter's line has `->` after the id.
+        match fields.as_slice() {
+            [_, "FLOCK", _, _, pid, dev, ..] if *dev == device => pid.parse().ok(),
+            _ => None,
         }
-        match write_pid_file(&root, pid) {
-            Ok(new) => {
-                tracing::warn!(
-                    file = LOCK_FILE,
-                    "the root's pid file was removed or changed; written again"
-                );
-                file = new;
-            }
-            Err(e) => tracing::debug!(file = LOCK_FILE, error = %e, "cannot write the pid file"),
-        }
-    }
-    drop(file);
-}
-
-fn read_pid_file(root: &OwnedFd) -> Option<String> {
-    let fd = rustix::fs::openat(
-        root,
-        LOCK_FILE,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
-    io::read_to_string(File::from(fd)).ok()
+    })
 }
 
 /// The pid the holder wrote, waiting briefly for a holder that has taken
@@ -251,7 +229,7 @@ mod tests {
     }
 
     #[test]
-    fn a_removed_pid_file_neither_frees_the_root_nor_stays_missing() {
+    fn a_removed_pid_file_does_not_free_the_root_and_the_holder_is_still_named() {
         let root = tempfile::tempdir().unwrap();
         let held = RootLock::acquire(root.path()).unwrap();
         std::fs::remove_dir_all(root.path().join(".hosted-boot")).unwrap();
@@ -259,16 +237,17 @@ mod tests {
             Err(LockError::Held { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
             other => panic!("{other:?}"),
         }
-        // A file put in its place (a link included) is replaced, not followed.
+        // A link put in its place is replaced by the next holder, not followed.
+        drop(held);
         let target = root.path().join("elsewhere");
         std::fs::write(&target, "x").unwrap();
-        std::fs::remove_file(held.path()).unwrap();
-        std::os::unix::fs::symlink(&target, held.path()).unwrap();
-        std::thread::sleep(PID_CHECK * 4);
+        std::fs::create_dir(root.path().join(".hosted-boot")).unwrap();
+        std::os::unix::fs::symlink(&target, root.path().join(LOCK_FILE)).unwrap();
+        let again = RootLock::acquire(root.path()).unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "x");
-        assert!(!held.path().is_symlink());
+        assert!(!again.path().is_symlink());
         assert_eq!(
-            std::fs::read_to_string(held.path()).unwrap(),
+            std::fs::read_to_string(again.path()).unwrap(),
             format!("{}\n", std::process::id())
         );
     }
