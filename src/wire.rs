@@ -545,6 +545,11 @@ pub struct HarvestResult {
     /// `<branch>-recovered-<runId>-branch` (PROTOCOL.md 4.5 step 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_branch_recovery: Option<String>,
+    /// The local ref that keeps the commits a force push dropped from the
+    /// session branch while the runner was down (the harvest at boot,
+    /// PROTOCOL.md 4.5); they are not pushed back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discarded_ref: Option<String>,
 }
 
 /// `finish.result.skippedFiles[]` (4.5): a file left out of the harvest.

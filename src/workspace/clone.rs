@@ -6,7 +6,9 @@
 //! [`super::transport`], then the local session branch, its upstream and a
 //! forced checkout. An existing `repo/` whose `origin` is the session remote
 //! is reused (configuration rewritten, session branch fetched, work tree
-//! untouched); anything else there is an error.
+//! untouched; only one a killed clone left before its checkout, with an
+//! unborn `HEAD` and no file, is checked out); anything else there is an
+//! error.
 //!
 //! The clone is retried under the retry rule of PROTOCOL.md section 2 (the
 //! clone row: 4 attempts, backoff 1 s doubling to 8 s; a transfer that
@@ -27,6 +29,10 @@ use git2::{AutotagOption, ConfigLevel, Direction, FetchOptions, RemoteUpdateFlag
 use super::WorkspaceError;
 use super::transport::{CredentialHelpers, HttpContext, register_remote};
 use crate::timings::RetryPolicy;
+
+/// Where a reused clone keeps the remote tip it last saw across the reuse
+/// fetch, for the harvest at boot (PROTOCOL.md 4.5 "At boot").
+pub const LAST_SEEN_REF: &str = "refs/hosted-boot/last-seen";
 
 /// The agent's git identity (commits of the harvest too).
 pub const GIT_USER_NAME: &str = "hosted-boot agent";
@@ -246,14 +252,31 @@ fn finish_repo(
     *registration =
         Some(register_remote(url, spec.http.clone(), local).map_err(git_error("fetch", url))?);
 
-    // A repository that was initialised but never checked out (a boot
-    // killed mid-clone) is finished like a fresh clone.
-    let unborn = repo.head().is_err();
-    let oid = fetch_branch(repo, url, &spec.branch, !reused || unborn)?;
-    if !reused || unborn {
+    let half_made = reused && half_made(repo);
+    if reused && !half_made {
+        keep_last_seen(repo, &spec.branch).map_err(git_error("fetch", url))?;
+    }
+    let oid = fetch_branch(repo, url, &spec.branch, !reused || half_made)?;
+    if !reused || half_made {
         check_out(repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
     }
     Ok(oid)
+}
+
+/// Whether a reused `repo/` is a clone a killed boot left before its
+/// checkout (PROTOCOL.md 3), to be finished like a fresh clone: `HEAD`
+/// unborn, an empty index and nothing in the work tree but `.git`. An
+/// unborn `HEAD` alone is not enough: `git checkout --orphan` leaves one
+/// over the agent's work tree and index, which are work for the harvest at
+/// boot, never to be checked out over.
+fn half_made(repo: &Repository) -> bool {
+    let unborn = matches!(repo.head(), Err(e) if e.code() == git2::ErrorCode::UnbornBranch);
+    let index_empty = repo.index().is_ok_and(|i| i.is_empty());
+    let tree_empty = repo.workdir().is_some_and(|dir| {
+        std::fs::read_dir(dir)
+            .is_ok_and(|mut entries| entries.all(|e| e.is_ok_and(|e| e.file_name() == ".git")))
+    });
+    unborn && index_empty && tree_empty
 }
 
 /// Removes what a failed fresh clone made of `repo/`: the directory, or,
@@ -401,6 +424,30 @@ fn configure(repo: &Repository, spec: &RepoSpec) -> Result<(), git2::Error> {
     config.set_str("user.name", GIT_USER_NAME)?;
     config.set_str("user.email", GIT_USER_EMAIL)?;
     Ok(())
+}
+
+/// Copies `refs/remotes/origin/<branch>` (the runner's record of the
+/// session branch's tip as it last saw it on the remote) to
+/// [`LAST_SEEN_REF`] before the reuse fetch moves it, unless that is there
+/// already (a boot killed before its harvest at boot): the harvest at boot
+/// reads it to tell what a force push discarded meanwhile, then removes it
+/// (PROTOCOL.md 4.5 "At boot").
+fn keep_last_seen(repo: &Repository, branch: &str) -> Result<(), git2::Error> {
+    if repo.find_reference(LAST_SEEN_REF).is_ok() {
+        return Ok(());
+    }
+    match repo.refname_to_id(&format!("refs/remotes/origin/{branch}")) {
+        Ok(oid) => repo
+            .reference(
+                LAST_SEEN_REF,
+                oid,
+                false,
+                "hosted-boot: last seen remote tip",
+            )
+            .map(drop),
+        Err(e) if e.code() == git2::ErrorCode::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Connects, checks that the session branch exists, downloads it (depth 1

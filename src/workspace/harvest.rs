@@ -335,12 +335,17 @@ impl Harvester {
         // remote's; transport failures retried within the bound.
         let url = self.remote_url.as_str();
         let mut head = head;
-        // The session branch's tip as last seen on the remote, read before a
-        // fetch moves it: commits under it are not pushed back (4.5 "Before a
-        // turn": a force push stands).
-        let known = repo
-            .refname_to_id(&format!("refs/remotes/origin/{}", self.branch))
-            .ok();
+        // The session branch's tip as the runner last saw it on the remote
+        // (at boot as kept before the reuse fetch), read before the first
+        // fetch moves it.
+        let at_boot = job.name == RECOVERED_AT_BOOT;
+        let known = at_boot
+            .then(|| repo.refname_to_id(super::clone::LAST_SEEN_REF).ok())
+            .flatten()
+            .or_else(|| {
+                repo.refname_to_id(&format!("refs/remotes/origin/{}", self.branch))
+                    .ok()
+            });
         let attempt = || {
             let result = self.push_once(&repo, &mut head, known, job, &mut r);
             if result.is_err() {
@@ -349,6 +354,13 @@ impl Harvester {
             result
         };
         let outcome = self.with_remote(deadline, "harvest push", attempt);
+        if at_boot
+            && outcome.is_ok()
+            && let Ok(mut kept) = repo.find_reference(super::clone::LAST_SEEN_REF)
+            && let Err(e) = kept.delete()
+        {
+            tracing::warn!(error = %message(&e), "harvest at boot: cannot remove the last seen remote tip");
+        }
         match outcome {
             Ok(()) => {
                 r.pushed = true;
@@ -506,7 +518,29 @@ impl Harvester {
             _ => {}
         }
         let is_recovery = !on_session && !tip.is_some_and(|t| contains(t, head));
-        if is_recovery {
+        // At boot, a HEAD wholly on the session branch as last seen, which
+        // the remote no longer has: a force push while the runner was down
+        // dropped it, the user's choice (as in the sync before a turn); kept
+        // on a local ref, not pushed back.
+        let mut discarded = is_recovery
+            && job.name == RECOVERED_AT_BOOT
+            && tip.is_some()
+            && known.is_some_and(|k| contains(k, head));
+        if discarded && let Some(known) = known {
+            match keep_discarded(repo, &job.name, known, &remote.heads) {
+                Ok(Some((name, _, count))) => {
+                    tracing::warn!(discarded_ref = %name, count, "harvest at boot: the remote session branch dropped commits; kept locally, not pushed back");
+                    r.discarded_ref = Some(name);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    // Not kept locally: pushed to a recovery branch instead.
+                    tracing::warn!(error = %message(&e), "harvest at boot: cannot keep the commits the remote dropped on a local ref");
+                    discarded = false;
+                }
+            }
+        }
+        if is_recovery && !discarded {
             let name =
                 recovery_name(repo, branch, &job.name, &remote.heads, head).ok_or_else(|| {
                     Failure::Verdict(format!(
@@ -852,6 +886,7 @@ fn empty_result(name: &str, branch: &str) -> HarvestResult {
         skipped_files: Vec::new(),
         oversized_ref: None,
         local_branch_recovery: None,
+        discarded_ref: None,
     }
 }
 
@@ -979,8 +1014,16 @@ fn commit_uncommitted(
     for (path, bytes) in left_out.into_inner() {
         note_skipped(skipped, &path, bytes);
     }
-    let parent = repo.head()?.peel_to_commit()?;
-    if let Some(max) = max {
+    // An unborn HEAD (`git checkout --orphan`): the work becomes a root
+    // commit of that branch.
+    let parent = match repo.head() {
+        Ok(head) => Some(head.peel_to_commit()?),
+        Err(e) if e.code() == ErrorCode::UnbornBranch => None,
+        Err(e) => return Err(e),
+    };
+    if let Some(max) = max
+        && let Some(parent) = &parent
+    {
         // A large file the agent staged (`git add`) without committing is in
         // the index already: back to HEAD's version for those paths.
         let staged = staged_over(repo, &index, &parent.tree()?, max)?;
@@ -996,7 +1039,7 @@ fn commit_uncommitted(
     }
     index.write()?;
     let tree_id = index.write_tree()?;
-    if parent.tree_id() == tree_id {
+    if parent.as_ref().is_some_and(|p| p.tree_id() == tree_id) {
         return Ok(None);
     }
     let tree = repo.find_tree(tree_id)?;
@@ -1007,7 +1050,7 @@ fn commit_uncommitted(
         &sig,
         &commit_message(job),
         &tree,
-        &[&parent],
+        &parent.iter().collect::<Vec<_>>(),
     )?;
     if repo.state() != RepositoryState::Clean {
         // A merge or rebase the agent left half done: its commit is made,

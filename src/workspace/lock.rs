@@ -1,27 +1,37 @@
-//! The root's lock (PROTOCOL.md section 3 and 4 step 1):
-//! `{root}/.hosted-boot/lock`, an exclusive `flock` held by the one runner
-//! that boots on the root, from before it removes or writes anything until
-//! it exits. Two runners on one root would remove each other's session
-//! directory and run the same turn twice; the second one is refused.
+//! The root's lock (PROTOCOL.md section 3 and 4 step 1): an exclusive
+//! `flock` on the root directory itself, held by the one runner that boots
+//! on the root, from before it removes or writes anything until it exits.
+//! Two runners on one root would remove each other's session directory and
+//! run the same turn twice; the second one is refused.
+//!
+//! The lock is taken on a descriptor of the root directory, not on a file
+//! under it: the agent runs as the runner's user inside the root and can
+//! remove or replace any file there, and a second runner would then lock a
+//! new file of the same name. A directory that holds the agent's whole
+//! workspace cannot be unlinked. `{root}/.hosted-boot/lock` is only the pid
+//! file that names the holder (`<pid>\n`), kept open by it; when the agent
+//! removed it, a refused runner names the holder from `/proc/locks`.
 //!
 //! The kernel releases an `flock` when the last descriptor of its open file
 //! goes, so a runner that dies in any way (SIGKILL included) frees the root
-//! for its restart, and the lock file itself is never removed (removing it
-//! would let two runners lock two different files of the same name). The
-//! descriptor is close-on-exec: no program the runner starts (the agent, git,
-//! the credential helper, the turn guard) holds the lock after the runner is
-//! gone.
+//! for its restart. The descriptors are close-on-exec: no program the runner
+//! starts (the agent, git, the credential helper, the turn guard) holds the
+//! lock after the runner is gone.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rustix::fs::FlockOperation;
+use rustix::fs::{FlockOperation, Mode, OFlags, RenameFlags};
 
-/// The lock file under the root.
+/// The pid file under the root.
 pub const LOCK_FILE: &str = ".hosted-boot/lock";
+
+/// The pid file's directory and name under the root.
+const LOCK_DIR: &str = ".hosted-boot";
+const LOCK_NAME: &str = "lock";
 
 /// How long a refused runner waits for the holder's pid to appear (the
 /// holder writes it just after taking the lock).
@@ -59,76 +69,126 @@ pub enum LockError {
 }
 
 /// The held lock of a root: dropping it (or any death of the process)
-/// releases it. The file keeps the holder's pid (`<pid>\n`).
+/// releases it. `{root}/.hosted-boot/lock` names the holder's pid
+/// (`<pid>\n`).
 #[derive(Debug)]
 pub struct RootLock {
-    _file: File,
+    _root: OwnedFd,
     path: PathBuf,
+    // Kept open while held: `/proc/<pid>/fd` shows the holder.
+    _pid_file: File,
 }
 
 impl RootLock {
-    /// Takes the lock of `root` without waiting, creating
-    /// `{root}/.hosted-boot/` and the lock file when missing, and writes this
-    /// process's pid into it. A runner that is refused changes nothing: the
-    /// directory and the file already exist, and it neither truncates nor
-    /// writes the file.
+    /// Takes the lock of `root` without waiting (an exclusive `flock` on a
+    /// descriptor of the root directory), then writes this process's pid
+    /// into `{root}/.hosted-boot/lock`, creating the directory when missing.
+    /// A runner that is refused changes nothing: it only opens the root and
+    /// reads the pid file (or `/proc/locks`, when the file is gone).
     ///
     /// Errors: [`LockError::Held`] naming the holder's pid when another
     /// process holds the lock; [`LockError::Io`] naming the path otherwise.
     pub fn acquire(root: &Path) -> Result<RootLock, LockError> {
         let path = root.join(LOCK_FILE);
-        let io = |action: &'static str| {
-            let path = path.clone();
-            move |source| LockError::Io {
+        let io = |action: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source: io::Error| LockError::Io {
                 action,
                 path,
                 source,
             }
         };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io("create the directory of"))?;
-        }
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&path)
-            .map_err(io("open"))?;
-        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        let dir = rustix::fs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io("open the root for", &path)(e.into()))?;
+        match rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
+                let pid = holder_pid(&path).or_else(|| lock_owner(&dir));
                 return Err(LockError::Held {
                     root: root.to_path_buf(),
-                    pid: holder_pid(&mut file),
+                    pid,
                     path,
                 });
             }
-            Err(e) => return Err(io("lock")(e.into())),
+            Err(e) => return Err(io("lock the root for", &path)(e.into())),
         }
-        let pid = format!("{}\n", std::process::id());
-        file.set_len(0)
-            .and_then(|()| file.rewind())
-            .and_then(|()| file.write_all(pid.as_bytes()))
-            .map_err(io("write the pid into"))?;
-        Ok(RootLock { _file: file, path })
+        let pid = std::process::id();
+        let file = write_pid_file(&dir, pid).map_err(io("write the pid into", &path))?;
+        Ok(RootLock {
+            _root: dir,
+            path,
+            _pid_file: file,
+        })
     }
 
-    /// The lock file.
+    /// The pid file.
     pub fn path(&self) -> &Path {
         &self.path
     }
 }
 
+/// Writes `<pid>\n` to `.hosted-boot/lock` under the root descriptor
+/// `root`: into a new file, renamed over the old name, so a reader never
+/// sees a partial pid; no symbolic link is followed (the agent may have
+/// put one there). Returns the new file, kept open by the holder.
+fn write_pid_file(root: &OwnedFd, pid: u32) -> io::Result<File> {
+    match rustix::fs::mkdirat(root, LOCK_DIR, Mode::from_raw_mode(0o755)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let dir = rustix::fs::openat(
+        root,
+        LOCK_DIR,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let temp = format!("{LOCK_NAME}.{pid}.new");
+    let _ = rustix::fs::unlinkat(&dir, temp.as_str(), rustix::fs::AtFlags::empty());
+    let fd = rustix::fs::openat(
+        &dir,
+        temp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )?;
+    let mut file = File::from(fd);
+    file.write_all(format!("{pid}\n").as_bytes())?;
+    rustix::fs::renameat_with(&dir, temp.as_str(), &dir, LOCK_NAME, RenameFlags::empty())?;
+    Ok(file)
+}
+
+/// The pid `/proc/locks` names for the `flock` on the directory `dir`, as
+/// this process's PID namespace numbers it: the holder when its pid file is
+/// gone (the agent can remove it). `None` when it cannot be read.
+fn lock_owner(dir: &OwnedFd) -> Option<u32> {
+    let stat = rustix::fs::fstat(dir).ok()?;
+    let device = format!(
+        "{:02x}:{:02x}:{}",
+        rustix::fs::major(stat.st_dev),
+        rustix::fs::minor(stat.st_dev),
+        stat.st_ino
+    );
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // `<id>: FLOCK ADVISORY WRITE <pid> <maj>:<min>:<inode> 0 EOF`; a
+        // waiter's line has `->` after the id.
+        match fields.as_slice() {
+            [_, "FLOCK", _, _, pid, dev, ..] if *dev == device => pid.parse().ok(),
+            _ => None,
+        }
+    })
+}
+
 /// The pid the holder wrote, waiting briefly for a holder that has taken
-/// the lock but not yet written it.
-fn holder_pid(file: &mut File) -> Option<u32> {
+/// the lock but not yet written it (or not yet written it again).
+fn holder_pid(path: &Path) -> Option<u32> {
     let deadline = std::time::Instant::now() + PID_WAIT;
     loop {
-        let mut text = String::new();
-        let read = file.rewind().and_then(|()| file.read_to_string(&mut text));
-        if read.is_ok()
+        if let Ok(text) = std::fs::read_to_string(path)
             && let Some(pid) = text.strip_suffix('\n').and_then(|t| t.parse().ok())
         {
             return Some(pid);
@@ -161,7 +221,31 @@ mod tests {
         }
         drop(held);
         let again = RootLock::acquire(root.path()).unwrap();
-        // The file stays (never removed) and is rewritten by the new holder.
+        // The new holder writes its pid again.
+        assert_eq!(
+            std::fs::read_to_string(again.path()).unwrap(),
+            format!("{}\n", std::process::id())
+        );
+    }
+
+    #[test]
+    fn a_removed_pid_file_does_not_free_the_root_and_the_holder_is_still_named() {
+        let root = tempfile::tempdir().unwrap();
+        let held = RootLock::acquire(root.path()).unwrap();
+        std::fs::remove_dir_all(root.path().join(".hosted-boot")).unwrap();
+        match RootLock::acquire(root.path()) {
+            Err(LockError::Held { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+            other => panic!("{other:?}"),
+        }
+        // A link put in its place is replaced by the next holder, not followed.
+        drop(held);
+        let target = root.path().join("elsewhere");
+        std::fs::write(&target, "x").unwrap();
+        std::fs::create_dir(root.path().join(".hosted-boot")).unwrap();
+        std::os::unix::fs::symlink(&target, root.path().join(LOCK_FILE)).unwrap();
+        let again = RootLock::acquire(root.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "x");
+        assert!(!again.path().is_symlink());
         assert_eq!(
             std::fs::read_to_string(again.path()).unwrap(),
             format!("{}\n", std::process::id())
