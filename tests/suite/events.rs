@@ -755,3 +755,75 @@ printf '{"type":"%s"}\n' "$ACME_API_KEY"
         ]
     );
 }
+
+// ---------------------------------------------------------------------------
+// Breaks found by review (an attacker controlling the agent's output). These
+// tests fail on purpose against the current code; see each comment.
+
+/// The connector value spelled with `\u00XX` JSON escapes for every byte
+/// (shell snippet; sets `esc`).
+const ESCAPE_KEY: &str =
+    r#"esc=$(printf %s "$ACME_API_KEY" | od -An -v -tx1 | tr -d ' \n' | sed 's/../\\u00&/g')"#;
+
+/// Break: what an adapter decodes from the agent's JSON and sends outside
+/// the events (`finish.agentSessionId`, `finish.usage.model`) is never
+/// redacted by value. A Claude-style CLI names its session (and model) with
+/// the connector value spelled with JSON escapes: the byte stream shows no
+/// secret, the parse decodes it, and the decoded value goes to the
+/// coordinator's finish as is (PROTOCOL.md 5: "What the runner decodes from
+/// the agent's JSON ... is redacted again after decoding"). The
+/// `hosted_boot.agent_session` event is redacted (the spool redacts runner
+/// events), the finish body is not (only `error.message` is).
+#[tokio::test]
+async fn a_session_id_or_model_decoded_from_the_agents_json_never_reaches_the_finish() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(KEY.0.into(), KEY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"
+if [ "${{1:-}}" = "--version" ]; then echo "2.1.240 (Claude Code)"; exit 0; fi
+{ESCAPE_KEY}
+read -r init
+read -r user
+printf '{{"type":"system","subtype":"init","session_id":"%s","model":"%s"}}\n' "$esc" "$esc"
+printf '{{"type":"result","subtype":"success","is_error":false,"result":"done","usage":{{"input_tokens":1,"output_tokens":1}}}}\n'
+cat >/dev/null
+"#
+    ));
+    let mut cmd = sb.runner(&script);
+    cmd.env("HOSTED_BOOT_AGENT", "claude");
+    let child = cmd.spawn().unwrap();
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = super::support::finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    assert_eq!(run.status, "succeeded", "{output}");
+    let secrets = sb.secrets(&[KEY.1]);
+    assert_events_clean(
+        &run.events,
+        &secrets,
+        &[
+            "hosted_boot.runner",
+            "hosted_boot.agent_session",
+            "hosted_boot.harvest",
+        ],
+    );
+    assert_no_secret("logs", &output, &secrets);
+    let finish = serde_json::to_value(&run.finish).unwrap();
+    for field in ["agentSessionId", "usage"] {
+        assert_no_secret(
+            &format!("finish.{field}"),
+            &finish[field].to_string(),
+            &secrets,
+        );
+    }
+    assert_no_secret("the finish body", &finish.to_string(), &secrets);
+    assert_no_secret(
+        "the coordinator's state",
+        &sb.coordinator.state_json().to_string(),
+        &secrets,
+    );
+}
