@@ -827,3 +827,56 @@ cat >/dev/null
         &secrets,
     );
 }
+
+/// Break: PROTOCOL.md 5 promises "the value's JSON-escaped form" is
+/// redacted, but only the forms serde_json / JavaScript / Python write are
+/// matched. `\/` (PHP's `json_encode`, Ruby's and Java's with some options)
+/// and `\u0026` / `\u003c` / `\u003e` (Go's `encoding/json`, which escapes
+/// `&<>` by default) are as much the JSON-escaped form of a value and pass
+/// the byte stream untouched, so a tool the agent runs that prints a value
+/// with `/` or `&` (an AWS secret key, a password) in JSON leaks it to the
+/// `stderr` and `output` events (the runner does not decode their text).
+#[tokio::test]
+async fn json_escaped_forms_that_other_serializers_write_are_redacted() {
+    const SLASHY: (&str, &str) = ("AWS_SECRET", "wJalrXUtnFEMI/K7MDENG&bPxRfiCYKEY");
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(SLASHY.0.into(), SLASHY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    // What `php -r 'echo json_encode(getenv("AWS_SECRET"));'` and Go's
+    // json.Marshal print.
+    let script = sb.script(
+        r#"
+php=$(printf %s "$AWS_SECRET" | sed 's,/,\\/,g')
+go=$(printf %s "$AWS_SECRET" | sed 's,&,\\u0026,g')
+printf '"%s"\n' "$php" >&2
+printf 'secret: "%s"\n' "$go"
+"#,
+    );
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    let stored = serde_json::to_string(&run.events).unwrap();
+    let php = SLASHY.1.replace('/', "\\/");
+    let go = SLASHY.1.replace('&', "\\u0026");
+    for (what, form) in [("PHP's \\/", &php), ("Go's \\u0026", &go)] {
+        // In the stored JSON the text's backslash is itself escaped.
+        let in_json = form.replace('\\', "\\\\");
+        assert!(
+            !stored.contains(&in_json),
+            "the events hold the value in {what} form: {}",
+            run.events
+                .iter()
+                .filter(|e| !e.kind.starts_with(super::support::RUNNER_PREFIX))
+                .map(|e| format!("{} {}", e.kind, e.data))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    let texts: Vec<String> = texts(&run);
+    assert!(texts.iter().any(|t| t.contains("[REDACTED]")), "{texts:?}");
+}
