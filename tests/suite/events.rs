@@ -880,3 +880,37 @@ printf 'secret: "%s"\n' "$go"
     let texts: Vec<String> = texts(&run);
     assert!(texts.iter().any(|t| t.contains("[REDACTED]")), "{texts:?}");
 }
+
+/// Break (the residual named in review): a stdout line that is a JSON
+/// object without a string `type` (or an array, or a bare string) is sent
+/// as `output` text as printed, so the connector value spelled with JSON
+/// escapes is stored and anyone who parses that text, as the suite's own
+/// `assert_events_clean` does ("not even once an `output` text that is JSON
+/// is decoded"), gets the value. The same line with a `type` is redacted by
+/// value; the missing `type` should not change what a consumer can read.
+#[tokio::test]
+async fn an_untyped_json_line_spelling_a_secret_with_escapes_is_clean_once_decoded() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(KEY.0.into(), KEY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"
+{ESCAPE_KEY}
+printf '{{"tool":"env","value":"%s"}}\n' "$esc"
+printf '["%s"]\n' "$esc"
+"#
+    ));
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    assert_events_clean(
+        &run.events,
+        &sb.secrets(&[KEY.1]),
+        &["hosted_boot.runner", "hosted_boot.harvest"],
+    );
+}
