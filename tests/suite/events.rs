@@ -914,3 +914,42 @@ printf '["%s"]\n' "$esc"
         &["hosted_boot.runner", "hosted_boot.harvest"],
     );
 }
+
+/// Break: a typed JSON line over 1 MiB is never parsed (its pieces are
+/// `output` text, `continued` on the later ones), so the by-value redaction
+/// of 4.6 does not run on it: the connector value spelled with escapes is
+/// stored, and a consumer that joins the `continued` pieces (what the flag
+/// is for) and parses the line reads it. Under 1 MiB the same line is an
+/// event with the value `[REDACTED]`.
+#[tokio::test]
+async fn a_typed_line_over_1_mib_is_redacted_by_value_like_a_short_one() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(KEY.0.into(), KEY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"
+{ESCAPE_KEY}
+{{ printf '{{"type":"tool_result","k":"%s","pad":"' "$esc"; head -c 1200000 /dev/zero | tr '\0' x; printf '"}}\n'; }}
+"#
+    ));
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    let joined: String = run
+        .events
+        .iter()
+        .filter(|e| e.kind == "output")
+        .map(|e| e.data["text"].as_str().unwrap())
+        .collect();
+    let line: Value = serde_json::from_str(&joined).expect("the pieces join into the line");
+    assert_no_secret(
+        "the over-long line, its pieces joined and decoded",
+        &line.to_string(),
+        &sb.secrets(&[KEY.1]),
+    );
+}
