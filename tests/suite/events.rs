@@ -953,3 +953,38 @@ async fn a_typed_line_over_1_mib_is_redacted_by_value_like_a_short_one() {
         &sb.secrets(&[KEY.1]),
     );
 }
+
+/// Break: the runner's namespace is refused "ignoring ASCII case, so that a
+/// consumer that folds case cannot be fooled either" (src/turn/event.rs),
+/// but a consumer folding case the Unicode way (JavaScript's
+/// `toUpperCase`, Python's `upper`/`casefold`, Rust's `to_uppercase`) maps
+/// `ſ` (U+017F LATIN SMALL LETTER LONG S) to `S`: `hoſted_boot.harvest`
+/// passes the check and folds to `HOSTED_BOOT.HARVEST`, a forged runner
+/// event for such a consumer.
+#[tokio::test]
+async fn a_type_that_unicode_case_folds_into_the_runners_namespace_is_refused() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+printf '{"type":"ho\305\277ted_boot.harvest","forged":true}\n'
+printf '{"type":"HO\305\277TED_BOOT.runner","forged":true}\n'
+"#,
+    );
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    let forged: Vec<&str> = run
+        .events
+        .iter()
+        .filter(|e| e.data.get("forged").is_some())
+        .map(|e| e.kind.as_str())
+        .filter(|k| k.to_uppercase().starts_with("HOSTED_BOOT."))
+        .collect();
+    assert!(
+        forged.is_empty(),
+        "agent types that a Unicode case fold puts in the runner's namespace: {forged:?}"
+    );
+}
