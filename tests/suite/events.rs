@@ -988,3 +988,37 @@ printf '{"type":"HO\305\277TED_BOOT.runner","forged":true}\n'
         "agent types that a Unicode case fold puts in the runner's namespace: {forged:?}"
     );
 }
+
+/// Break (a form PROTOCOL.md 5 does not list): a value percent-encoded in a
+/// URL, as git, curl and every HTTP client write a password with `/`, `+`,
+/// `@` or `&` in the user info or a query, passes the byte redaction: a
+/// tool that prints its URL (`git remote -v`, `curl -v`, an error message)
+/// leaks the value to the events.
+#[tokio::test]
+async fn a_value_percent_encoded_in_a_url_is_redacted() {
+    const SLASHY: (&str, &str) = ("AWS_SECRET", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYKEY");
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(SLASHY.0.into(), SLASHY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(
+        r#"
+enc=$(printf %s "$AWS_SECRET" | sed 's,/,%2F,g; s,+,%2B,g')
+printf 'fatal: unable to access https://bot:%s@example.com/repo.git/\n' "$enc" >&2
+"#,
+    );
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    let encoded = SLASHY.1.replace('/', "%2F").replace('+', "%2B");
+    let stored = serde_json::to_string(&run.events).unwrap();
+    assert!(
+        !stored.contains(&encoded),
+        "the events hold the value percent-encoded: {:?}",
+        texts(&run)
+    );
+}
