@@ -896,6 +896,7 @@ wait"#,
     );
 
     a_later_boot_delivers(&sb, &script, "run-1", spooled.len()).await;
+}
 
 // ---------------------------------------------------------------------------
 // Breaks found by review (an attacker controlling the agent's output). These
