@@ -20,10 +20,14 @@
 //!
 //! Each value is matched in several forms: raw; JSON-escaped (as serde_json
 //! and JavaScript write it, and with `\uXXXX` for non-ASCII as Python's
-//! `json.dumps` does); base64 of `x-access-token:<value>` (git's Basic auth);
-//! and the part of base64 that depends only on the value at each of the three
-//! byte alignments, which covers Basic auth with any user name and a value
-//! base64-encoded inside a larger blob.
+//! `json.dumps` does); form-encoded when it holds a space (`+`); base64 of
+//! `x-access-token:<value>` (git's Basic auth); and the part of base64 that
+//! depends only on the value at each of the three byte alignments, which
+//! covers Basic auth with any user name and a value base64-encoded inside a
+//! larger blob. Besides, every input is searched in its decoded view
+//! ([`decoded`]): JSON and percent escapes undone, so any other spelling of
+//! a value with escapes (`\/`, `\u0026`, upper-case hex, `%2F`) is found
+//! too, in any output, and the literal forms above need not list them.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
