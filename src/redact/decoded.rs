@@ -269,30 +269,31 @@ fn decode(hay: &[u8], ws: usize, we: usize, scratch: &mut Scratch) {
     scratch.view.clear();
     scratch.origin.clear();
     let first = scratch.escapes.partition_point(|e| e.start < ws);
-    let mut at = ws;
     let rel = |p: usize| (p - ws) as u32;
+    let plain = |view: &mut Vec<u8>, origin: &mut Vec<(u32, u32)>, from: usize, to: usize| {
+        view.extend_from_slice(&hay[from..to]);
+        origin.extend((from..to).map(|p| (rel(p), rel(p + 1))));
+    };
+    let mut at = ws;
     for e in scratch.escapes[first..].iter().take_while(|e| e.start < we) {
-        for p in at..e.start {
-            scratch.view.push(hay[p]);
-            scratch.origin.push((rel(p), rel(p + 1)));
-        }
+        plain(&mut scratch.view, &mut scratch.origin, at, e.start);
         for &b in e.bytes() {
             scratch.view.push(b);
             scratch.origin.push((rel(e.start), rel(e.end())));
         }
         at = e.end();
     }
-    for p in at..we {
-        scratch.view.push(hay[p]);
-        scratch.origin.push((rel(p), rel(p + 1)));
-    }
+    plain(&mut scratch.view, &mut scratch.origin, at, we);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn units(s: &str, at_end: bool) -> (Vec<(usize, usize, Vec<u8>)>, Option<usize>) {
+    /// Each escape as (start, length, what it stands for).
+    type Units = Vec<(usize, usize, Vec<u8>)>;
+
+    fn units(s: &str, at_end: bool) -> (Units, Option<usize>) {
         let hay = s.as_bytes();
         let mut out = Vec::new();
         let mut i = 0;
