@@ -34,19 +34,20 @@ use super::Matcher;
 /// `decoded[..dlen]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Escape {
-    pub start: usize,
-    pub len: usize,
+    start: usize,
+    // Small fields: a read full of `\n` holds 32 Ki of these.
+    len: u8,
+    dlen: u8,
     decoded: [u8; 4],
-    dlen: usize,
 }
 
 impl Escape {
     fn end(&self) -> usize {
-        self.start + self.len
+        self.start + usize::from(self.len)
     }
 
     fn bytes(&self) -> &[u8] {
-        &self.decoded[..self.dlen]
+        &self.decoded[..usize::from(self.dlen)]
     }
 }
 
@@ -78,14 +79,14 @@ fn hex_at(hay: &[u8], at: usize, len: usize) -> Result<u32, bool> {
     Ok(v)
 }
 
-fn escape(start: usize, len: usize, bytes: &[u8]) -> Parsed {
+fn escape(start: usize, len: u8, bytes: &[u8]) -> Parsed {
     let mut decoded = [0u8; 4];
     decoded[..bytes.len()].copy_from_slice(bytes);
     Parsed::Escape(Escape {
         start,
         len,
+        dlen: bytes.len() as u8,
         decoded,
-        dlen: bytes.len(),
     })
 }
 
@@ -302,7 +303,7 @@ mod tests {
             match parse(hay, j, at_end) {
                 Parsed::Plain => i = j + 1,
                 Parsed::Escape(e) => {
-                    out.push((e.start, e.len, e.bytes().to_vec()));
+                    out.push((e.start, e.end() - e.start, e.bytes().to_vec()));
                     i = e.end();
                 }
                 Parsed::Incomplete => return (out, Some(j)),
