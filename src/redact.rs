@@ -619,8 +619,10 @@ fn redact_value_with(m: &Matcher, value: &mut Value) {
 /// fixed set of secrets).
 ///
 /// It holds back only the end of the input that could begin a secret (at
-/// most the longest form minus one byte; usually nothing at the end of a
-/// line, so output is not delayed): bytes covered by a redaction are
+/// most the longest form minus one byte, or, spelled with escapes in the
+/// decoded view, their original bytes: at most 6 per byte, plus an escape
+/// the read cuts; usually nothing at the end of a line, so output is not
+/// delayed): bytes covered by a redaction are
 /// replaced once, when the redaction starts, and a redaction that keeps
 /// growing across reads costs no memory. The sources are polled
 /// before each read is redacted, so a value minted in another process before
