@@ -160,9 +160,9 @@ pub(super) struct Scratch {
     pub escapes: Vec<Escape>,
     windows: Vec<(usize, usize)>,
     view: Vec<u8>,
-    /// For each byte of `view`, the original range of its unit (relative to
-    /// the window's start).
-    origin: Vec<(u32, u32)>,
+    /// For each escape in `view`: where its bytes start in the view, and its
+    /// index in `escapes`; the bytes between two are plain (one to one).
+    marks: Vec<(usize, usize)>,
     found: Vec<(usize, usize)>,
 }
 
@@ -248,15 +248,12 @@ pub(super) fn matches(
         decode(hay, ws, we, scratch);
         super::matches_into(m, &scratch.view, &mut scratch.found);
         for &(ds, de) in &scratch.found {
-            out.push((
-                ws + scratch.origin[ds].0 as usize,
-                ws + scratch.origin[de - 1].1 as usize,
-            ));
+            out.push((scratch.origin(ws, ds).0, scratch.origin(ws, de - 1).1));
         }
         if !at_end && we == complete {
             let pending = m.pending_prefix(&scratch.view);
             if pending > 0 {
-                let from = ws + scratch.origin[scratch.view.len() - pending].0 as usize;
+                let from = scratch.origin(ws, scratch.view.len() - pending).0;
                 hold = Some(hold.map_or(from, |h| h.min(from)));
             }
         }
@@ -264,27 +261,44 @@ pub(super) fn matches(
     hold
 }
 
-/// The view of `hay[ws..we]` (whole units) into `scratch.view`, with the
-/// origin of each byte.
+/// The view of `hay[ws..we]` (whole units) into `scratch.view`, with a mark
+/// per escape (plain runs are copied whole: the view costs little more than
+/// a copy).
 fn decode(hay: &[u8], ws: usize, we: usize, scratch: &mut Scratch) {
     scratch.view.clear();
-    scratch.origin.clear();
+    scratch.marks.clear();
     let first = scratch.escapes.partition_point(|e| e.start < ws);
-    let rel = |p: usize| (p - ws) as u32;
-    let plain = |view: &mut Vec<u8>, origin: &mut Vec<(u32, u32)>, from: usize, to: usize| {
-        view.extend_from_slice(&hay[from..to]);
-        origin.extend((from..to).map(|p| (rel(p), rel(p + 1))));
-    };
     let mut at = ws;
-    for e in scratch.escapes[first..].iter().take_while(|e| e.start < we) {
-        plain(&mut scratch.view, &mut scratch.origin, at, e.start);
-        for &b in e.bytes() {
-            scratch.view.push(b);
-            scratch.origin.push((rel(e.start), rel(e.end())));
-        }
+    for (k, e) in scratch.escapes[first..]
+        .iter()
+        .enumerate()
+        .take_while(|(_, e)| e.start < we)
+    {
+        scratch.view.extend_from_slice(&hay[at..e.start]);
+        scratch.marks.push((scratch.view.len(), first + k));
+        scratch.view.extend_from_slice(e.bytes());
         at = e.end();
     }
-    plain(&mut scratch.view, &mut scratch.origin, at, we);
+    scratch.view.extend_from_slice(&hay[at..we]);
+}
+
+impl Scratch {
+    /// The original range of the unit that byte `d` of the view (of the
+    /// window starting at `ws`) comes from.
+    fn origin(&self, ws: usize, d: usize) -> (usize, usize) {
+        let i = self.marks.partition_point(|&(v, _)| v <= d);
+        let Some(&(v, k)) = i.checked_sub(1).map(|i| &self.marks[i]) else {
+            return (ws + d, ws + d + 1);
+        };
+        let e = self.escapes[k];
+        let after = v + e.bytes().len();
+        if d < after {
+            (e.start, e.end())
+        } else {
+            let p = e.end() + (d - after);
+            (p, p + 1)
+        }
+    }
 }
 
 #[cfg(test)]
