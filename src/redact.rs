@@ -559,6 +559,7 @@ fn redact_whole(m: &Matcher, input: &[u8], out: &mut Vec<u8>) -> bool {
     let Some(&first) = ranges.first() else {
         return false;
     };
+    out.reserve(input.len());
     let mut last = 0;
     let mut current = first;
     for &(start, end) in &ranges[1..] {
@@ -578,7 +579,8 @@ fn redact_whole(m: &Matcher, input: &[u8], out: &mut Vec<u8>) -> bool {
 }
 
 fn redact_str_with(m: &Matcher, s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
+    // Allocated only for a string that holds a secret (most do not).
+    let mut out = Vec::new();
     if !redact_whole(m, s.as_bytes(), &mut out) {
         return None;
     }
