@@ -20,10 +20,14 @@
 //!
 //! Each value is matched in several forms: raw; JSON-escaped (as serde_json
 //! and JavaScript write it, and with `\uXXXX` for non-ASCII as Python's
-//! `json.dumps` does); base64 of `x-access-token:<value>` (git's Basic auth);
-//! and the part of base64 that depends only on the value at each of the three
-//! byte alignments, which covers Basic auth with any user name and a value
-//! base64-encoded inside a larger blob.
+//! `json.dumps` does); form-encoded when it holds a space (`+`); base64 of
+//! `x-access-token:<value>` (git's Basic auth); and the part of base64 that
+//! depends only on the value at each of the three byte alignments, which
+//! covers Basic auth with any user name and a value base64-encoded inside a
+//! larger blob. Besides, every input is searched in its decoded view
+//! ([`decoded`]): JSON and percent escapes undone, so any other spelling of
+//! a value with escapes (`\/`, `\u0026`, upper-case hex, `%2F`) is found
+//! too, in any output, and the literal forms above need not list them.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +40,8 @@ use base64::Engine;
 use serde_json::Value;
 
 use crate::secret::Secret;
+
+mod decoded;
 
 /// The replacement text.
 pub const REDACTED: &str = "[REDACTED]";
@@ -106,6 +112,9 @@ struct Matcher {
     prefixes: ContiguousNfa,
     /// Bytes that start some pattern.
     first: [bool; 256],
+    /// Bytes that occur in some pattern: an escape standing for none of
+    /// them cannot be part of a match (see [`decoded`]).
+    bytes: [bool; 256],
     /// Length in bytes of the longest pattern.
     longest: usize,
 }
@@ -222,9 +231,13 @@ impl Matcher {
             .match_kind(MatchKind::Standard)
             .build(patterns)?;
         let mut first = [false; 256];
+        let mut bytes = [false; 256];
         for p in patterns {
             if let Some(&b) = p.first() {
                 first[usize::from(b)] = true;
+            }
+            for &b in p {
+                bytes[usize::from(b)] = true;
             }
         }
         Ok(Matcher {
@@ -232,13 +245,28 @@ impl Matcher {
             filter,
             prefixes,
             first,
+            bytes,
             longest: patterns.iter().map(Vec::len).max().unwrap_or(0),
         })
     }
 
-    /// Whether `hay` holds an occurrence.
+    /// Whether `hay` holds an occurrence, raw or in its decoded view.
     fn may_match(&self, hay: &[u8]) -> bool {
-        self.filter.may_match(hay, self.longest) && self.automaton.is_match(hay)
+        if self.filter.may_match(hay, self.longest) && self.automaton.is_match(hay) {
+            return true;
+        }
+        if memchr::memchr2(b'\\', b'%', hay).is_none() {
+            return false;
+        }
+        let mut found = Vec::new();
+        decoded::matches(
+            self,
+            hay,
+            true,
+            &mut decoded::Scratch::default(),
+            &mut found,
+        );
+        !found.is_empty()
     }
 
     /// Length of the longest suffix of `buf` (shorter than the longest
@@ -419,6 +447,7 @@ impl Redactor {
             emitted: 0,
             open: None,
             matches: Vec::new(),
+            decoded: decoded::Scratch::default(),
         }
     }
 }
@@ -443,6 +472,26 @@ fn forms(value: &str) -> Vec<Vec<u8>> {
                 }
             }
             forms.push(ascii.into_bytes());
+        }
+    }
+    if value.contains(' ') {
+        // Form encoding (`application/x-www-form-urlencoded`) writes a space
+        // as `+`, which the decoded view does not undo (a `+` is a `+` in a
+        // URL's path and in most text); every other byte outside RFC 3986's
+        // unreserved set as `%XX`, in upper and in lower case.
+        for upper in [true, false] {
+            let mut encoded = String::with_capacity(value.len() * 3);
+            for &b in value.as_bytes() {
+                match b {
+                    b' ' => encoded.push('+'),
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                        encoded.push(char::from(b));
+                    }
+                    _ if upper => encoded.push_str(&format!("%{b:02X}")),
+                    _ => encoded.push_str(&format!("%{b:02x}")),
+                }
+            }
+            forms.push(encoded.into_bytes());
         }
     }
     let b64 = &base64::engine::general_purpose::STANDARD;
@@ -497,9 +546,20 @@ fn matches_into(m: &Matcher, hay: &[u8], out: &mut Vec<(usize, usize)>) {
 fn redact_whole(m: &Matcher, input: &[u8], out: &mut Vec<u8>) -> bool {
     let mut ranges = Vec::new();
     matches_into(m, input, &mut ranges);
+    if memchr::memchr2(b'\\', b'%', input).is_some() {
+        decoded::matches(
+            m,
+            input,
+            true,
+            &mut decoded::Scratch::default(),
+            &mut ranges,
+        );
+        ranges.sort_unstable();
+    }
     let Some(&first) = ranges.first() else {
         return false;
     };
+    out.reserve(input.len());
     let mut last = 0;
     let mut current = first;
     for &(start, end) in &ranges[1..] {
@@ -519,11 +579,11 @@ fn redact_whole(m: &Matcher, input: &[u8], out: &mut Vec<u8>) -> bool {
 }
 
 fn redact_str_with(m: &Matcher, s: &str) -> Option<String> {
-    if !m.may_match(s.as_bytes()) {
+    // Allocated only for a string that holds a secret (most do not).
+    let mut out = Vec::new();
+    if !redact_whole(m, s.as_bytes(), &mut out) {
         return None;
     }
-    let mut out = Vec::with_capacity(s.len());
-    redact_whole(m, s.as_bytes(), &mut out);
     Some(
         String::from_utf8(out)
             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
@@ -561,8 +621,10 @@ fn redact_value_with(m: &Matcher, value: &mut Value) {
 /// fixed set of secrets).
 ///
 /// It holds back only the end of the input that could begin a secret (at
-/// most the longest form minus one byte; usually nothing at the end of a
-/// line, so output is not delayed): bytes covered by a redaction are
+/// most the longest form minus one byte, or, spelled with escapes in the
+/// decoded view, their original bytes: at most 6 per byte, plus an escape
+/// the read cuts; usually nothing at the end of a line, so output is not
+/// delayed): bytes covered by a redaction are
 /// replaced once, when the redaction starts, and a redaction that keeps
 /// growing across reads costs no memory. The sources are polled
 /// before each read is redacted, so a value minted in another process before
@@ -581,6 +643,7 @@ pub struct StreamRedactor {
     /// extend it (no plain byte was written after it).
     open: Option<u64>,
     matches: Vec<(usize, usize)>,
+    decoded: decoded::Scratch,
 }
 
 impl StreamRedactor {
@@ -616,16 +679,28 @@ impl StreamRedactor {
             self.matcher = m;
         }
         let total = self.base + self.buf.len() as u64;
-        let hold = match (&self.matcher, last) {
-            (Some(m), false) => m.pending_prefix(&self.buf) as u64,
-            _ => 0,
-        };
-        // A match not yet seen ends after `total`, so what of it is already
-        // here is a suffix of the input that begins a pattern: it starts at
-        // or after `limit`, and bytes before `limit` can be decided now.
-        let limit = total.saturating_sub(hold).max(self.base);
+        let mut limit = total;
         if let Some(m) = self.matcher.clone() {
+            // A match not yet seen ends after `total`, so what of it is
+            // already here is a suffix of the input that begins a pattern
+            // (raw, or in the decoded view): it starts at or after `limit`,
+            // and bytes before `limit` can be decided now. The next read
+            // resumes on a unit boundary of the decoded view.
             matches_into(&m, &self.buf, &mut self.matches);
+            let mut held_from = self.buf.len();
+            if !last {
+                held_from -= m.pending_prefix(&self.buf);
+            }
+            if memchr::memchr2(b'\\', b'%', &self.buf).is_some() {
+                let view =
+                    decoded::matches(&m, &self.buf, last, &mut self.decoded, &mut self.matches);
+                self.matches.sort_unstable();
+                if let Some(from) = view {
+                    held_from = held_from.min(from);
+                }
+                held_from = self.decoded.unit_start(held_from);
+            }
+            limit = self.base + held_from as u64;
             for i in 0..self.matches.len() {
                 let (s, e) = self.matches[i];
                 let (s, e) = (self.base + s as u64, self.base + e as u64);
@@ -882,8 +957,146 @@ mod tests {
         );
     }
 
+    #[test]
+    fn any_json_or_percent_spelling_is_matched_in_any_text() {
+        let slashy = "wJalrXUtnFEMI/K7MDENG&bPx+RfiCYKEY";
+        let r = r(&[slashy, "acme-0123456789", "p\"a\\ss/wörd😀"]);
+        for spelled in [
+            // PHP's json_encode, Go's encoding/json, every byte as \u00XX in
+            // either case, RFC 3986 in upper and lower case, Python's quote
+            // (which keeps `/`), a mix.
+            r"wJalrXUtnFEMI\/K7MDENG&bPx+RfiCYKEY",
+            r"wJalrXUtnFEMI/K7MDENG\u0026bPx+RfiCYKEY",
+            r"\u0061\u0063\u006D\u0065-0123456789",
+            r"\u0061\u0063\u006d\u0065-0123456789",
+            "wJalrXUtnFEMI%2FK7MDENG%26bPx%2BRfiCYKEY",
+            "wJalrXUtnFEMI%2fK7MDENG%26bPx%2bRfiCYKEY",
+            "wJalrXUtnFEMI/K7MDENG%26bPx%2BRfiCYKEY",
+            r"w%4AalrXUtnFEMI\/K7MDENG\u0026bPx+RfiCYKEY",
+            r#"p\"a\\ss\/w\u00F6rd\ud83d\ude00"#,
+        ] {
+            for (before, after) in [("", ""), ("{\"k\":\"", "\"}"), ("url=", "@host")] {
+                let line = format!("{before}{spelled}{after}");
+                assert_eq!(
+                    r.redact(&line),
+                    format!("{before}{REDACTED}{after}"),
+                    "{line}"
+                );
+                let cuts: Vec<usize> = (1..line.len()).collect();
+                assert_eq!(
+                    chunked(&r, line.as_bytes(), &cuts),
+                    format!("{before}{REDACTED}{after}").into_bytes(),
+                    "{line}, a byte a read"
+                );
+            }
+        }
+        // What a JSON parser reads is what counts: after `\\` the `u` is a
+        // letter, so no secret is spelled.
+        let text = r"\\u0061cme-0123456789";
+        assert_eq!(r.redact(text), text);
+        // A string value decoded from JSON that still spells one (a JSON
+        // document inside a JSON string) is redacted by value too.
+        let mut v = serde_json::json!({"inner": r#"{"k":"\u0061cme-0123456789"}"#});
+        r.redact_value(&mut v);
+        assert_eq!(v, serde_json::json!({"inner": r#"{"k":"[REDACTED]"}"#}));
+    }
+
+    #[test]
+    fn form_encoding_with_plus_for_space_is_matched() {
+        let r = r(&["pass word/1"]);
+        assert_eq!(r.redact("pw=pass+word%2F1&x"), "pw=[REDACTED]&x");
+        assert_eq!(r.redact("pw=pass+word%2f1&x"), "pw=[REDACTED]&x");
+        assert_eq!(r.redact("pw=pass%20word%2F1&x"), "pw=[REDACTED]&x");
+    }
+
+    #[test]
+    fn an_escape_cut_at_the_end_of_a_read_is_held_only_until_decided() {
+        let r = r(&["acme-0123456789"]);
+        let mut s = r.stream();
+        let mut out = Vec::new();
+        s.push(b"x \\u00", &mut out);
+        assert_eq!(out, b"x ");
+        s.push(b"61cme-0123456789 y", &mut out);
+        s.push(b" 100%", &mut out);
+        assert_eq!(out, b"x [REDACTED] y 100");
+        s.push(b"\n", &mut out);
+        assert_eq!(out, b"x [REDACTED] y 100%\n");
+        assert_eq!(s.held(), 0);
+    }
+
+    /// `value` spelled by `picks`: each byte raw, as `\u00XX` (upper or
+    /// lower hex), as its short JSON escape when it has one, or as `%XX`.
+    fn spell(value: &str, picks: &[u8]) -> String {
+        let mut out = String::new();
+        for (i, c) in value.chars().enumerate() {
+            let pick = picks.get(i).copied().unwrap_or(0) % 6;
+            let short = match c {
+                '"' => Some("\\\""),
+                '\\' => Some("\\\\"),
+                '/' => Some("\\/"),
+                _ => None,
+            };
+            let mut buf = [0u8; 4];
+            let bytes = c.encode_utf8(&mut buf).as_bytes();
+            match (pick, short) {
+                (1, _) if c.is_ascii() => out.push_str(&format!("\\u{:04x}", c as u32)),
+                (2, _) if c.is_ascii() => out.push_str(&format!("\\u{:04X}", c as u32)),
+                (3, Some(s)) => out.push_str(s),
+                (4, _) => bytes
+                    .iter()
+                    .for_each(|b| out.push_str(&format!("%{b:02X}"))),
+                (5, _) => bytes
+                    .iter()
+                    .for_each(|b| out.push_str(&format!("%{b:02x}"))),
+                // Raw, a `\\`, `"` or `%` would start (or end) an escape.
+                _ if c == '\\' || c == '"' => out.push_str(short.unwrap_or_default()),
+                _ if c == '%' => out.push_str("%25"),
+                _ => out.push(c),
+            }
+        }
+        out
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Secrets spelled with random JSON and percent escapes, in filler
+        /// made of escape fragments (`\\`, `\u0`, `%2`, hex digits), cut at
+        /// random reads: streamed output equals whole-input redaction, and a
+        /// spelled secret after a newline (a unit boundary) is redacted.
+        #[test]
+        fn chunked_equals_whole_with_escapes(
+            secrets in prop::collection::vec("[abc\"\\\\/%&]{6,16}", 1..4),
+            filler in prop::collection::vec("[abx\\\\u0%2fFD\n]{0,12}", 1..10),
+            picks in prop::collection::vec((any::<prop::sample::Index>(), prop::collection::vec(any::<u8>(), 16)), 1..10),
+            cuts in prop::collection::vec(0usize..600, 0..30),
+        ) {
+            let r = Redactor::new();
+            for s in &secrets {
+                r.add(&Secret::new(s.clone()), SecretKind::Credential);
+            }
+            let mut text = String::new();
+            let mut spelled = Vec::new();
+            for (i, f) in filler.iter().enumerate() {
+                text.push_str(f);
+                if let Some((p, how)) = picks.get(i) {
+                    let s = spell(p.get(&secrets[..]).as_str(), how);
+                    text.push('\n');
+                    text.push_str(&s);
+                    text.push('\n');
+                    spelled.push(s);
+                }
+            }
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            let whole = r.redact_bytes(text.as_bytes());
+            let streamed = chunked(&r, text.as_bytes(), &cuts);
+            prop_assert_eq!(&streamed, &whole);
+            let out = String::from_utf8(streamed).unwrap();
+            for line in out.lines() {
+                prop_assert!(!spelled.iter().any(|s| s == line), "{:?} left in {:?}", line, out);
+            }
+        }
 
         /// Random text over a small alphabet (so secrets overlap and recur)
         /// with random secrets inserted, cut at random read boundaries: the

@@ -417,21 +417,19 @@ impl Api {
         parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
     }
 
-    /// Seals a run (2.6 `finish`); `error.message` and
-    /// `result.pushError.message` are redacted and cut to 800 characters here.
+    /// Seals a run (2.6 `finish`). Every string of the body is redacted here
+    /// (PROTOCOL.md 5), the one place a finish is sent from: the agent's
+    /// session id and `usage` (its model, keys included) come from what the
+    /// agent printed or its server answered, the messages from errors;
+    /// `error.message` and `result.pushError.message` are then cut to 800
+    /// characters.
     pub async fn finish(
         &self,
         run_id: &str,
         body: &FinishBody,
         policy: RetryPolicy,
     ) -> Result<(), CallError> {
-        let mut body = body.clone();
-        if let Some(error) = body.error.as_mut() {
-            error.message = wire::truncate_reason(&self.redactor.redact(&error.message));
-        }
-        if let Some(push_error) = body.result.as_mut().and_then(|r| r.push_error.as_mut()) {
-            push_error.message = wire::truncate_reason(&self.redactor.redact(&push_error.message));
-        }
+        let body = redacted_finish(&self.redactor, body);
         let path = wire::routes::finish(run_id);
         self.authed("finish", policy, caps::SMALL, |t| {
             self.request(Method::POST, &path, t).json(&body)
@@ -439,6 +437,44 @@ impl Api {
         .await
         .map(|_| ())
     }
+}
+
+/// `body` with every string redacted (see [`Client::finish`]); the enums
+/// and numbers are the runner's own.
+fn redacted_finish(redactor: &Redactor, body: &FinishBody) -> FinishBody {
+    let mut body = body.clone();
+    redactor.refresh();
+    let text = |s: &mut String| *s = redactor.redact(s);
+    if let Some(id) = body.agent_session_id.as_mut() {
+        text(id);
+    }
+    if let Some(usage) = body.usage.as_mut() {
+        redactor.redact_value(usage);
+    }
+    if let Some(error) = body.error.as_mut() {
+        error.message = wire::truncate_reason(&redactor.redact(&error.message));
+        if let Some(at) = error.resets_at.as_mut() {
+            text(at);
+        }
+    }
+    if let Some(result) = body.result.as_mut() {
+        text(&mut result.name);
+        text(&mut result.branch);
+        for s in [
+            result.head_sha.as_mut(),
+            result.harvest_commit.as_mut(),
+            result.recovery_branch.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            text(s);
+        }
+        if let Some(push_error) = result.push_error.as_mut() {
+            push_error.message = wire::truncate_reason(&redactor.redact(&push_error.message));
+        }
+    }
+    body
 }
 
 /// Validates a 2.5 answer into a [`RepoToken`] and adds the token to the
@@ -507,5 +543,57 @@ fn bad(call: &str, reason: &str) -> CallError {
     CallError::BadResponse {
         call: call.to_string(),
         reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{ErrorCode, FinishError, HarvestResult, RunOutcome};
+
+    #[test]
+    fn every_string_of_a_finish_is_redacted() {
+        let redactor = Redactor::new();
+        redactor.add(
+            &Secret::new("acme-0123456789".into()),
+            SecretKind::Configured,
+        );
+        // As an opencode server's JSON answer decodes them: never seen by
+        // the redaction of the agent's output.
+        let secret = "acme-0123456789";
+        let body = FinishBody {
+            status: RunOutcome::Failed,
+            agent_session_id: Some(format!("ses-{secret}")),
+            error: Some(FinishError {
+                code: ErrorCode::AgentCrashed,
+                message: format!("exit 1: {secret}"),
+                retryable: false,
+                retry_after_ms: None,
+                resets_at: Some(secret.into()),
+            }),
+            usage: Some(serde_json::json!({"model": secret, secret: 1, "inputTokens": 3})),
+            result: Some(HarvestResult {
+                name: secret.into(),
+                branch: format!("b-{secret}"),
+                head_sha: Some(secret.into()),
+                pushed: true,
+                commits: 0,
+                files_changed: 0,
+                insertions: 0,
+                deletions: 0,
+                harvest_commit: Some(secret.into()),
+                recovery_branch: Some(secret.into()),
+                push_error: None,
+            }),
+        };
+        let sent = redacted_finish(&redactor, &body);
+        let json = serde_json::to_string(&sent).unwrap();
+        assert!(!json.contains(secret), "{json}");
+        assert_eq!(sent.agent_session_id.as_deref(), Some("ses-[REDACTED]"));
+        assert_eq!(
+            sent.usage,
+            Some(serde_json::json!({"model": "[REDACTED]", "[REDACTED]": 1, "inputTokens": 3}))
+        );
+        assert_eq!(sent.status, RunOutcome::Failed);
     }
 }

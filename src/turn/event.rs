@@ -23,8 +23,10 @@ use serde_json::{Map, Value, json};
 use crate::redact::Redactor;
 
 /// Prefix reserved for the runner's own event types (PROTOCOL.md 4.6).
-/// Compared ignoring ASCII case, so that a consumer that folds case cannot
-/// be fooled either.
+/// Compared under Unicode case folding, after dropping default-ignorable
+/// characters and leading whitespace (see [`is_reserved`]), so that a
+/// consumer that folds case, strips invisible characters or trims cannot be
+/// fooled either.
 pub const RUNNER_EVENT_PREFIX: &str = "hosted_boot.";
 
 /// The type a refused agent event takes, and that of stdout text.
@@ -32,10 +34,51 @@ pub const OUTPUT: &str = "output";
 /// The type of the agent's stderr lines.
 pub const STDERR: &str = "stderr";
 
-/// Whether `kind` is in the runner's namespace.
+/// Whether `kind` is in the runner's namespace as any consumer may read it:
+/// its default-ignorable characters (zero-width spaces and joiners, soft
+/// hyphen, bidi controls, variation selectors, tags) dropped and leading
+/// whitespace trimmed, it starts with [`RUNNER_EVENT_PREFIX`] once lower-cased,
+/// upper-cased, or upper- then lower-cased, the Unicode way (`ſ`, U+017F,
+/// upper-cases to `S`; `ﬅ`, U+FB05, to `ST`).
 pub fn is_reserved(kind: &str) -> bool {
-    kind.get(..RUNNER_EVENT_PREFIX.len())
-        .is_some_and(|p| p.eq_ignore_ascii_case(RUNNER_EVENT_PREFIX))
+    // Every character folds to at least one, so the prefix's 12 characters
+    // come from at most 12 of the kind's.
+    let head: String = kind
+        .chars()
+        .filter(|&c| !is_default_ignorable(c))
+        .skip_while(|c| c.is_whitespace())
+        .take(RUNNER_EVENT_PREFIX.len())
+        .collect();
+    let upper = head.to_uppercase();
+    head.to_lowercase().starts_with(RUNNER_EVENT_PREFIX)
+        || upper.starts_with(&RUNNER_EVENT_PREFIX.to_uppercase())
+        || upper.to_lowercase().starts_with(RUNNER_EVENT_PREFIX)
+}
+
+/// Unicode's `Default_Ignorable_Code_Point` (DerivedCoreProperties.txt,
+/// Unicode 16): characters a renderer shows as nothing and that text
+/// processing may drop.
+fn is_default_ignorable(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x00AD
+            | 0x034F
+            | 0x061C
+            | 0x115F..=0x1160
+            | 0x17B4..=0x17B5
+            | 0x180B..=0x180F
+            | 0x200B..=0x200F
+            | 0x202A..=0x202E
+            | 0x2060..=0x206F
+            | 0x3164
+            | 0xFE00..=0xFE0F
+            | 0xFEFF
+            | 0xFFA0
+            | 0xFFF0..=0xFFF8
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0000..=0xE0FFF
+    )
 }
 
 /// One event the agent produced, ready to be numbered and spooled: type and
@@ -255,6 +298,33 @@ mod tests {
         assert!(AgentEvent::typed(&r, object(r#"{"type":3}"#)).is_none());
         assert!(!is_reserved("hosted_boot"));
         assert!(is_reserved("HOSTED_BOOT.x"));
+    }
+
+    #[test]
+    fn the_namespace_is_refused_however_a_consumer_folds_it() {
+        for kind in [
+            "ho\u{17f}ted_boot.harvest",
+            "HO\u{17f}TED_BOOT.runner",
+            "ho\u{fb05}ed_boot.harvest",
+            "\u{200b}hosted_boot.harvest",
+            "ho\u{200d}sted_boot.harvest",
+            "\u{feff} hosted_boot.runner",
+            " \thosted_boot.runner",
+            "hosted_boot\u{ad}.runner",
+            "hosted_boot.",
+        ] {
+            assert!(is_reserved(kind), "{kind:?}");
+        }
+        for kind in [
+            "hosted_boot",
+            "hosted-boot.runner",
+            "xhosted_boot.runner",
+            "assistant",
+            "",
+            "\u{17f}",
+        ] {
+            assert!(!is_reserved(kind), "{kind:?}");
+        }
     }
 
     #[test]

@@ -903,3 +903,270 @@ wait"#,
 
     a_later_boot_delivers(&sb, &script, "run-1", spooled.len()).await;
 }
+
+// ---------------------------------------------------------------------------
+// Breaks found by review (an attacker controlling the agent's output). These
+// tests fail on purpose against the current code; see each comment.
+
+/// The connector value spelled with `\u00XX` JSON escapes for every byte
+/// (shell snippet; sets `esc`).
+const ESCAPE_KEY: &str =
+    r#"esc=$(printf %s "$ACME_API_KEY" | od -An -v -tx1 | tr -d ' \n' | sed 's/../\\u00&/g')"#;
+
+/// Break: what an adapter decodes from the agent's JSON and sends outside
+/// the events (`finish.agentSessionId`, `finish.usage.model`) is never
+/// redacted by value. A Claude-style CLI names its session (and model) with
+/// the connector value spelled with JSON escapes: the byte stream shows no
+/// secret, the parse decodes it, and the decoded value goes to the
+/// coordinator's finish as is (PROTOCOL.md 5: "What the runner decodes from
+/// the agent's JSON ... is redacted again after decoding"). The
+/// `hosted_boot.agent_session` event is redacted (the spool redacts runner
+/// events), the finish body is not (only `error.message` is).
+#[tokio::test]
+async fn a_session_id_or_model_decoded_from_the_agents_json_never_reaches_the_finish() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(KEY.0.into(), KEY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"
+if [ "${{1:-}}" = "--version" ]; then echo "2.1.240 (Claude Code)"; exit 0; fi
+{ESCAPE_KEY}
+read -r init
+read -r user
+printf '{{"type":"system","subtype":"init","session_id":"%s","model":"%s"}}\n' "$esc" "$esc"
+printf '{{"type":"result","subtype":"success","is_error":false,"result":"done","usage":{{"input_tokens":1,"output_tokens":1}}}}\n'
+cat >/dev/null
+"#
+    ));
+    let mut cmd = sb.runner(&script);
+    cmd.env("HOSTED_BOOT_AGENT", "claude");
+    let child = cmd.spawn().unwrap();
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = super::support::finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    assert_eq!(run.status, "succeeded", "{output}");
+    let secrets = sb.secrets(&[KEY.1]);
+    assert_events_clean(
+        &run.events,
+        &secrets,
+        &[
+            "hosted_boot.runner",
+            "hosted_boot.agent_session",
+            "hosted_boot.harvest",
+        ],
+    );
+    assert_no_secret("logs", &output, &secrets);
+    let finish = serde_json::to_value(&run.finish).unwrap();
+    for field in ["agentSessionId", "usage"] {
+        assert_no_secret(
+            &format!("finish.{field}"),
+            &finish[field].to_string(),
+            &secrets,
+        );
+    }
+    assert_no_secret("the finish body", &finish.to_string(), &secrets);
+    assert_no_secret(
+        "the coordinator's state",
+        &sb.coordinator.state_json().to_string(),
+        &secrets,
+    );
+}
+
+/// Break: PROTOCOL.md 5 promises "the value's JSON-escaped form" is
+/// redacted, but only the forms serde_json / JavaScript / Python write are
+/// matched. `\/` (PHP's `json_encode`, Ruby's and Java's with some options)
+/// and `\u0026` / `\u003c` / `\u003e` (Go's `encoding/json`, which escapes
+/// `&<>` by default) are as much the JSON-escaped form of a value and pass
+/// the byte stream untouched, so a tool the agent runs that prints a value
+/// with `/` or `&` (an AWS secret key, a password) in JSON leaks it to the
+/// `stderr` and `output` events (the runner does not decode their text).
+#[tokio::test]
+async fn json_escaped_forms_that_other_serializers_write_are_redacted() {
+    const SLASHY: (&str, &str) = ("AWS_SECRET", "wJalrXUtnFEMI/K7MDENG&bPxRfiCYKEY");
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(SLASHY.0.into(), SLASHY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    // What `php -r 'echo json_encode(getenv("AWS_SECRET"));'` and Go's
+    // json.Marshal print.
+    let script = sb.script(
+        r#"
+php=$(printf %s "$AWS_SECRET" | sed 's,/,\\/,g')
+go=$(printf %s "$AWS_SECRET" | sed 's,&,\\u0026,g')
+printf '"%s"\n' "$php" >&2
+printf 'secret: "%s"\n' "$go"
+"#,
+    );
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    let stored = serde_json::to_string(&run.events).unwrap();
+    let php = SLASHY.1.replace('/', "\\/");
+    let go = SLASHY.1.replace('&', "\\u0026");
+    for (what, form) in [("PHP's \\/", &php), ("Go's \\u0026", &go)] {
+        // In the stored JSON the text's backslash is itself escaped.
+        let in_json = form.replace('\\', "\\\\");
+        assert!(
+            !stored.contains(&in_json),
+            "the events hold the value in {what} form: {}",
+            run.events
+                .iter()
+                .filter(|e| !e.kind.starts_with(super::support::RUNNER_PREFIX))
+                .map(|e| format!("{} {}", e.kind, e.data))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    let texts: Vec<String> = texts(&run);
+    assert!(texts.iter().any(|t| t.contains("[REDACTED]")), "{texts:?}");
+}
+
+/// Break (the residual named in review): a stdout line that is a JSON
+/// object without a string `type` (or an array, or a bare string) is sent
+/// as `output` text as printed, so the connector value spelled with JSON
+/// escapes is stored and anyone who parses that text, as the suite's own
+/// `assert_events_clean` does ("not even once an `output` text that is JSON
+/// is decoded"), gets the value. The same line with a `type` is redacted by
+/// value; the missing `type` should not change what a consumer can read.
+#[tokio::test]
+async fn an_untyped_json_line_spelling_a_secret_with_escapes_is_clean_once_decoded() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(KEY.0.into(), KEY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"
+{ESCAPE_KEY}
+printf '{{"tool":"env","value":"%s"}}\n' "$esc"
+printf '["%s"]\n' "$esc"
+"#
+    ));
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    assert_events_clean(
+        &run.events,
+        &sb.secrets(&[KEY.1]),
+        &["hosted_boot.runner", "hosted_boot.harvest"],
+    );
+}
+
+/// Break: a typed JSON line over 1 MiB is never parsed (its pieces are
+/// `output` text, `continued` on the later ones), so the by-value redaction
+/// of 4.6 does not run on it: the connector value spelled with escapes is
+/// stored, and a consumer that joins the `continued` pieces (what the flag
+/// is for) and parses the line reads it. Under 1 MiB the same line is an
+/// event with the value `[REDACTED]`.
+#[tokio::test]
+async fn a_typed_line_over_1_mib_is_redacted_by_value_like_a_short_one() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(KEY.0.into(), KEY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"
+{ESCAPE_KEY}
+{{ printf '{{"type":"tool_result","k":"%s","pad":"' "$esc"; head -c 1200000 /dev/zero | tr '\0' x; printf '"}}\n'; }}
+"#
+    ));
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    let joined: String = run
+        .events
+        .iter()
+        .filter(|e| e.kind == "output")
+        .map(|e| e.data["text"].as_str().unwrap())
+        .collect();
+    let line: Value = serde_json::from_str(&joined).expect("the pieces join into the line");
+    assert_no_secret(
+        "the over-long line, its pieces joined and decoded",
+        &line.to_string(),
+        &sb.secrets(&[KEY.1]),
+    );
+}
+
+/// Break: the runner's namespace is refused "ignoring ASCII case, so that a
+/// consumer that folds case cannot be fooled either" (src/turn/event.rs),
+/// but a consumer folding case the Unicode way (JavaScript's
+/// `toUpperCase`, Python's `upper`/`casefold`, Rust's `to_uppercase`) maps
+/// `ſ` (U+017F LATIN SMALL LETTER LONG S) to `S`: `hoſted_boot.harvest`
+/// passes the check and folds to `HOSTED_BOOT.HARVEST`, a forged runner
+/// event for such a consumer.
+#[tokio::test]
+async fn a_type_that_unicode_case_folds_into_the_runners_namespace_is_refused() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+printf '{"type":"ho\305\277ted_boot.harvest","forged":true}\n'
+printf '{"type":"HO\305\277TED_BOOT.runner","forged":true}\n'
+"#,
+    );
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    let forged: Vec<&str> = run
+        .events
+        .iter()
+        .filter(|e| e.data.get("forged").is_some())
+        .map(|e| e.kind.as_str())
+        .filter(|k| k.to_uppercase().starts_with("HOSTED_BOOT."))
+        .collect();
+    assert!(
+        forged.is_empty(),
+        "agent types that a Unicode case fold puts in the runner's namespace: {forged:?}"
+    );
+}
+
+/// Break (a form PROTOCOL.md 5 does not list): a value percent-encoded in a
+/// URL, as git, curl and every HTTP client write a password with `/`, `+`,
+/// `@` or `&` in the user info or a query, passes the byte redaction: a
+/// tool that prints its URL (`git remote -v`, `curl -v`, an error message)
+/// leaks the value to the events.
+#[tokio::test]
+async fn a_value_percent_encoded_in_a_url_is_redacted() {
+    const SLASHY: (&str, &str) = ("AWS_SECRET", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYKEY");
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![(SLASHY.0.into(), SLASHY.1.into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(
+        r#"
+enc=$(printf %s "$AWS_SECRET" | sed 's,/,%2F,g; s,+,%2B,g')
+printf 'fatal: unable to access https://bot:%s@example.com/repo.git/\n' "$enc" >&2
+"#,
+    );
+    let child = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    let encoded = SLASHY.1.replace('/', "%2F").replace('+', "%2B");
+    let stored = serde_json::to_string(&run.events).unwrap();
+    assert!(
+        !stored.contains(&encoded),
+        "the events hold the value percent-encoded: {:?}",
+        texts(&run)
+    );
+}
