@@ -458,20 +458,27 @@ fn redacted_finish(redactor: &Redactor, body: &FinishBody) -> FinishBody {
         }
     }
     if let Some(result) = body.result.as_mut() {
-        text(&mut result.name);
-        text(&mut result.branch);
-        for s in [
-            result.head_sha.as_mut(),
-            result.harvest_commit.as_mut(),
-            result.recovery_branch.as_mut(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            text(s);
+        // Every string of the harvest report, whatever fields it grows
+        // (paths of skipped files, recovery refs, …): by value, through its
+        // JSON form, then the messages cut to their bound.
+        match serde_json::to_value(&*result) {
+            Ok(mut value) => {
+                redactor.redact_value(&mut value);
+                match serde_json::from_value::<wire::HarvestResult>(value) {
+                    Ok(redacted) => *result = redacted,
+                    Err(e) => {
+                        tracing::error!(error = %e, "the redacted harvest report does not decode; sending none");
+                        body.result = None;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the harvest report does not encode; sending none");
+                body.result = None;
+            }
         }
-        if let Some(push_error) = result.push_error.as_mut() {
-            push_error.message = wire::truncate_reason(&redactor.redact(&push_error.message));
+        if let Some(push_error) = body.result.as_mut().and_then(|r| r.push_error.as_mut()) {
+            push_error.message = wire::truncate_reason(&push_error.message);
         }
     }
     body
@@ -584,6 +591,13 @@ mod tests {
                 harvest_commit: Some(secret.into()),
                 recovery_branch: Some(secret.into()),
                 push_error: None,
+                skipped_files: vec![wire::SkippedFile {
+                    path: format!("dir/{secret}.bin"),
+                    bytes: 1,
+                }],
+                oversized_ref: Some(secret.into()),
+                local_branch_recovery: Some(secret.into()),
+                discarded_ref: Some(secret.into()),
             }),
         };
         let sent = redacted_finish(&redactor, &body);

@@ -955,6 +955,7 @@ cat >/dev/null
         &secrets,
         &[
             "hosted_boot.runner",
+            "hosted_boot.workspace_sync",
             "hosted_boot.agent_session",
             "hosted_boot.harvest",
         ],
@@ -1059,7 +1060,11 @@ printf '["%s"]\n' "$esc"
     assert_events_clean(
         &run.events,
         &sb.secrets(&[KEY.1]),
-        &["hosted_boot.runner", "hosted_boot.harvest"],
+        &[
+            "hosted_boot.runner",
+            "hosted_boot.workspace_sync",
+            "hosted_boot.harvest",
+        ],
     );
 }
 
