@@ -172,21 +172,6 @@ fn classify(e: git2::Error) -> Failure {
 }
 
 impl Harvester {
-    /// The commit `HEAD` points at, as a turn starts (the base of its
-    /// harvest's statistics). `None` when `repo/` cannot be read.
-    pub async fn start_point(&self) -> Option<String> {
-        let dir = self.repo_dir.clone();
-        tokio::task::spawn_blocking(move || {
-            let _guard = lock_repo();
-            let repo = Repository::open(&dir).ok()?;
-            let head = repo.head().ok()?.peel_to_commit().ok()?;
-            Some(head.id().to_string())
-        })
-        .await
-        .ok()
-        .flatten()
-    }
-
     /// Whether `repo/` holds work that may not be on the remote: uncommitted
     /// changes, or a `HEAD` other than the last known remote session branch.
     /// Local only (no request); `true` when it cannot tell.
