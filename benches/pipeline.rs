@@ -9,12 +9,12 @@
 
 use std::time::{Duration, Instant};
 
+use hosted_boot::events::EventSender;
+use hosted_boot::events::spool::Spool;
+use hosted_boot::process::output::{ChannelSink, OutputSink, OutputStream, READ_BYTES};
+use hosted_boot::process::supervisor::Stream;
 use hosted_boot::redact::{Redactor, SecretKind};
 use hosted_boot::secret::Secret;
-use hosted_boot::turn::events::EventSender;
-use hosted_boot::turn::output::{ChannelSink, OutputSink, OutputStream, READ_BYTES};
-use hosted_boot::turn::spool::Spool;
-use hosted_boot::turn::supervisor::Stream;
 
 const SECRETS: usize = 100;
 const TOTAL: usize = 256 * 1024 * 1024;
@@ -141,7 +141,7 @@ fn run_drive_path(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
         let events = EventSender::detached(spool);
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let driver = tokio::spawn(async move {
-            let mut lines = hosted_boot::turn::output::LineReceiver::new(rx);
+            let mut lines = hosted_boot::process::output::LineReceiver::new(rx);
             hosted_boot::agent::command::lines_to_events(&mut lines, &events).await;
         });
         let start = Instant::now();

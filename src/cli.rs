@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::turn::cgroup::CgroupMode;
+use crate::process::cgroup::CgroupMode;
 
 /// The entrypoint of a cloud sandbox in which an AI coding agent works on a
 /// user's repository.
@@ -47,7 +47,7 @@ pub enum Command {
     DemoAgent,
     /// Run a program under the turn supervisor, as a turn runs the agent,
     /// and report how each run ended (for debugging an agent image).
-    Supervise(crate::supervise::SuperviseArgs),
+    Supervise(crate::cmd::supervise::SuperviseArgs),
     /// A turn's guard (started by the supervisor, never by hand).
     #[command(hide = true)]
     TurnGuard(TurnGuardArgs),

@@ -11,13 +11,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+use hosted_boot::boot::config::{self, BOOT_SECRET_VAR};
 use hosted_boot::cli::{Cli, Command, RunArgs};
-use hosted_boot::config::{self, BOOT_SECRET_VAR};
+use hosted_boot::cmd::{check, demo, supervise};
+use hosted_boot::process::{guard, reaper};
 use hosted_boot::secret::Secret;
-use hosted_boot::{
-    boot, check, coordinator, demo, logging, reaper, redact::Redactor, status, supervise, tls,
-    turn, workspace,
-};
+use hosted_boot::{boot, coordinator, logging, redact::Redactor, status, tls, workspace};
 
 unsafe extern "C" {
     static environ: *const *mut c_char;
@@ -138,7 +137,7 @@ fn main() -> ExitCode {
         Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
         Some(Command::DemoAgent) => demo::agent_main(),
         Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),
-        Some(Command::TurnGuard(args)) => turn::guard::main(args.session, args.cgroup),
+        Some(Command::TurnGuard(args)) => guard::main(args.session, args.cgroup),
     };
     exit_code(code)
 }

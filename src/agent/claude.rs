@@ -32,7 +32,7 @@ use super::{
     AgentError, Driver, DriverCommand, DriverIo, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
 };
-use crate::turn::supervisor::Stream;
+use crate::process::supervisor::Stream;
 use crate::wire::ErrorCode;
 
 /// The Claude Code driver for one process.

@@ -30,8 +30,8 @@ use super::{
     AgentError, Driver, DriverCommand, DriverIo, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
 };
-use crate::turn::event::{AgentEvent, TextStream};
-use crate::turn::supervisor::Stream;
+use crate::events::event::{AgentEvent, TextStream};
+use crate::process::supervisor::Stream;
 use crate::wire::ErrorCode;
 
 const INITIALIZE: u64 = 0;

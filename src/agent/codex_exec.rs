@@ -31,7 +31,7 @@ use super::{
     AgentError, AgentSession, Driver, DriverIo, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
 };
-use crate::turn::supervisor::Stream;
+use crate::process::supervisor::Stream;
 use crate::wire::ErrorCode;
 
 /// The `codex exec` driver for one process.

@@ -14,10 +14,10 @@ use serde_json::Value;
 use super::{
     Driver, DriverIo, Effects, ExitRule, Launch, Observation, StdinMode, TurnOutcome, TurnSpec,
 };
+use crate::events::event::{AgentEvent, TextStream};
+use crate::process::lines::{Line, MAX_LINE_BYTES};
+use crate::process::supervisor::{Exit, Stream};
 use crate::redact::Redactor;
-use crate::turn::event::{AgentEvent, TextStream};
-use crate::turn::lines::{Line, MAX_LINE_BYTES};
-use crate::turn::supervisor::{Exit, Stream};
 use crate::wire::ErrorCode;
 
 /// Maps one output line to an event (PROTOCOL.md 4.6): a stdout line that
@@ -111,8 +111,8 @@ pub const LINE_BATCH: usize = 512;
 /// of short lines costs one spool write (and one poll of the redactor's
 /// sources), not one per line. Returns when the channel closes.
 pub async fn lines_to_events(
-    lines: &mut crate::turn::output::LineReceiver,
-    events: &crate::turn::events::EventSender,
+    lines: &mut crate::process::output::LineReceiver,
+    events: &crate::events::EventSender,
 ) {
     let mut batch = Vec::with_capacity(LINE_BATCH);
     while let Some((stream, line)) = lines.recv().await {
@@ -124,7 +124,7 @@ pub async fn lines_to_events(
                 None => break,
             }
         }
-        events.append_agent(&mut batch, &crate::turn::events::now_rfc3339());
+        events.append_agent(&mut batch, &crate::events::now_rfc3339());
         batch.clear();
     }
 }

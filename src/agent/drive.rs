@@ -33,14 +33,14 @@ use super::{
     Note, Observation, StdinMode, Terminal, TurnOutcome, TurnSpec, Usage, classify, command,
     driver_for, env,
 };
+use crate::events::EventSender;
+use crate::events::event::RunnerEvent;
+use crate::process::lines::Line;
+use crate::process::output::ChannelSink;
+use crate::process::supervisor::{self, Control, Exit, SpawnError, SpawnSpec, Stream};
 use crate::redact::Redactor;
 use crate::signals::Stop;
 use crate::timings::Timings;
-use crate::turn::event::RunnerEvent;
-use crate::turn::events::EventSender;
-use crate::turn::lines::Line;
-use crate::turn::output::ChannelSink;
-use crate::turn::supervisor::{self, Control, Exit, SpawnError, SpawnSpec, Stream};
 use crate::wire::ErrorCode;
 
 /// The prompt of an overload continuation.
@@ -74,7 +74,7 @@ pub struct DriveInput {
     /// Interrupt and stop graces, the pipe drain.
     pub timings: Timings,
     /// How the agent's processes are supervised (drain, time cap, cgroup).
-    pub supervision: crate::turn::supervisor::Supervision,
+    pub supervision: crate::process::supervisor::Supervision,
 }
 
 /// A request from the turn to its agent.
@@ -433,7 +433,7 @@ async fn run_once(
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (note_tx, mut note_rx) = mpsc::unbounded_channel();
     let io = DriverIo {
-        lines: crate::turn::output::LineReceiver::new(line_rx),
+        lines: crate::process::output::LineReceiver::new(line_rx),
         stdin: stdin_tx,
         commands: cmd_rx,
         notes: note_tx,

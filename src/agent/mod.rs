@@ -30,8 +30,8 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
+use crate::events::EventSender;
 use crate::redact::Redactor;
-use crate::turn::events::EventSender;
 use crate::wire::{ClientInfo, ErrorCode, RunOutcome};
 pub use usage::Usage;
 
@@ -453,7 +453,7 @@ pub enum Note {
 pub struct DriverIo {
     /// The agent's output lines, until the process has exited and its pipes
     /// are drained (then the channel closes and the driver returns).
-    pub lines: crate::turn::output::LineReceiver,
+    pub lines: crate::process::output::LineReceiver,
     /// The agent's stdin in [`StdinMode::Channel`]; dropping it closes stdin.
     pub stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
     /// Requests from the runner.

@@ -35,9 +35,9 @@ use super::{
     AgentError, Driver, DriverCommand, DriverIo, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
 };
+use crate::events::event::AgentEvent;
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
-use crate::turn::event::AgentEvent;
 use crate::wire::ErrorCode;
 
 /// The basic-auth user name of the server.

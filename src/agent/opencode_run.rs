@@ -23,7 +23,7 @@ use super::{
     AgentError, Driver, DriverIo, Effects, ExitRule, Launch, Note, Observation, StdinMode,
     Terminal, TurnSpec, Usage,
 };
-use crate::turn::supervisor::Stream;
+use crate::process::supervisor::Stream;
 use crate::wire::ErrorCode;
 
 /// The `opencode run` driver for one process.

@@ -498,7 +498,7 @@ pub fn repo_token_from(
     let token = response.token;
     redactor.add(&token, SecretKind::Credential);
     if let Some(remote) = &response.artifacts_remote {
-        crate::checks::artifacts_remote(remote).map_err(|e| bad(call, &e.to_string()))?;
+        crate::validate::artifacts_remote(remote).map_err(|e| bad(call, &e.to_string()))?;
     } else {
         match &response.repo_full_name {
             Some(name) if valid_full_name(name) => {}
@@ -538,7 +538,7 @@ fn valid_full_name(name: &str) -> bool {
     parts.len() == 2
         && parts
             .iter()
-            .all(|p| crate::checks::path_safe_id("repoFullName part", p).is_ok())
+            .all(|p| crate::validate::path_safe_id("repoFullName part", p).is_ok())
 }
 
 fn parse<T: DeserializeOwned>(call: &str, reply: &Reply) -> Result<T, CallError> {

@@ -121,7 +121,7 @@ impl CoordinatorArgs {
 /// Errors: the coordinator cannot start (see [`Coordinator::start`]).
 pub async fn run_cli(args: CoordinatorArgs) -> anyhow::Result<()> {
     // Its git starts in the working directory.
-    crate::config::working_dir()?;
+    crate::boot::config::working_dir()?;
     let coordinator = Coordinator::start(args.options()).await?;
     println!("{}", coordinator.startup_text());
     wait_for_stop().await;

@@ -164,7 +164,7 @@ impl Coordinator {
     /// `git` command (the `git` CLI must be on `PATH`); an existing bare
     /// repository in `workdir`; an address that cannot be bound.
     pub async fn start(opts: CoordinatorOptions) -> anyhow::Result<Coordinator> {
-        crate::checks::path_safe_id("session id", &opts.session_id)?;
+        crate::validate::path_safe_id("session id", &opts.session_id)?;
         let (tmp, workdir) = match &opts.workdir {
             Some(dir) => {
                 std::fs::create_dir_all(dir)

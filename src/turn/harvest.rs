@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::event::RunnerEvent;
-use super::events::EventSender;
+use crate::events::EventSender;
+use crate::events::event::RunnerEvent;
 use crate::signals::Stop;
 use crate::timings::Timings;
 use crate::wire::{HarvestResult, RunOutcome, WorkspaceSync};

@@ -8,17 +8,8 @@
 //! one attempt per call, and returns [`TurnEnd::Stopped`]; a second signal
 //! skips what is left.
 
-pub mod cgroup;
-pub mod event;
-pub mod events;
-pub mod guard;
 pub mod harvest;
-pub mod lines;
-pub mod output;
 pub mod rotation;
-pub mod spool;
-pub mod supervisor;
-pub mod tree;
 pub mod watch;
 
 use std::ffi::OsString;
@@ -30,15 +21,15 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 
 use crate::agent::drive::{self, DriveInput, Request};
 use crate::agent::{AgentSession, TurnOutcome};
+use crate::boot::config::AgentConfig;
 use crate::client::Api;
-use crate::config::AgentConfig;
+use crate::events::EventSink;
+use crate::process::supervisor::Supervision;
+use crate::session_dir::{RunDir, SessionDir};
 use crate::signals::{Stop, StopBudget};
 use crate::timings::RetryPolicy;
 use crate::wire::{BootStatus, FinishBody, FinishError, HarvestResult};
 use crate::workspace::Harvester;
-use crate::workspace::files::{RunDir, SessionDir};
-use events::EventSink;
-use supervisor::Supervision;
 
 /// What every turn of the boot shares.
 pub struct TurnContext {
@@ -224,7 +215,7 @@ pub async fn run(
     let rotation = rotation::Rotation::start(api.clone(), ctx.session_dir.clone());
     let sender = sink.sender();
     sender.emit(
-        event::RunnerEvent::Runner,
+        crate::events::event::RunnerEvent::Runner,
         drive::runner_event(
             &ctx.agent,
             &ctx.agent_session,

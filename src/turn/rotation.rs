@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Api;
-use crate::workspace::files::SessionDir;
+use crate::session_dir::SessionDir;
 
 /// The running rotation of one turn.
 pub struct Rotation {

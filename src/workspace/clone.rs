@@ -186,8 +186,8 @@ impl From<WorkspaceError> for AttemptFailure {
 }
 
 fn attempt(spec: &RepoSpec) -> Result<PreparedRepo, AttemptFailure> {
-    crate::checks::git_branch("session branch", &spec.branch).map_err(WorkspaceError::from)?;
-    crate::checks::url("clone URL", &spec.remote_url, true).map_err(WorkspaceError::from)?;
+    crate::validate::git_branch("session branch", &spec.branch).map_err(WorkspaceError::from)?;
+    crate::validate::url("clone URL", &spec.remote_url, true).map_err(WorkspaceError::from)?;
     let root = std::path::absolute(&spec.root)
         .map_err(|e| WorkspaceError::io("resolve", &spec.root, e))?;
     let path = root.join("repo");

@@ -39,12 +39,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::context::BootContext;
-use super::files::write_secret_file;
 use super::transport::GIT_USER;
 use crate::client::{Api, ApiConfig, RepoToken};
 use crate::redact::Redactor;
 use crate::secret::Secret;
+use crate::session_dir::{BootContext, write_secret_file};
 use crate::wire::Access;
 
 /// A cached token is answered only while it is valid for longer than this,
@@ -268,10 +267,11 @@ fn write_cache(
         expires_at_ms: epoch_ms(expires_at),
         issued_at_ms: epoch_ms(issued_at),
     };
-    let json = serde_json::to_vec(&entry).map_err(|e| super::WorkspaceError::Context {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })?;
+    let json =
+        serde_json::to_vec(&entry).map_err(|e| crate::session_dir::SessionDirError::Context {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
     write_secret_file(path, &json)?;
     Ok(true)
 }
@@ -407,7 +407,8 @@ fn get(
             );
         }
     };
-    let remote = match crate::checks::url("clone URL", &context.remote_url, context.insecure_http) {
+    let remote = match crate::validate::url("clone URL", &context.remote_url, context.insecure_http)
+    {
         Ok(u) => u,
         Err(e) => return quit(out, err, &format!("the boot context is invalid: {e}")),
     };
@@ -499,9 +500,9 @@ fn mint(context: &BootContext) -> Result<RepoToken, String> {
     if !api_base.ends_with('/') {
         api_base.push('/');
     }
-    let api_base = crate::checks::url("ORIZU_API_BASE_URL", &api_base, context.insecure_http)
+    let api_base = crate::validate::url("ORIZU_API_BASE_URL", &api_base, context.insecure_http)
         .map_err(|e| format!("the boot context is invalid: {e}"))?;
-    let agent_token_url = crate::checks::url(
+    let agent_token_url = crate::validate::url(
         "ORIZU_AGENT_TOKEN_URL",
         &context.agent_token_url,
         context.insecure_http,

@@ -1,10 +1,7 @@
-//! The workspace: session files (PROTOCOL.md section 3), the clone of the
+//! The workspace: the clone of the
 //! session branch through a git smart-HTTP transport on the runner's own
 //! HTTP client (4 step 5), and the git credential helper (3).
 //!
-//! - [`files`]: atomic 0600 secret files, the session directory and the run
-//!   directory.
-//! - [`context`]: `boot-context.json`, what the credential helper needs.
 //! - [`transport`]: the git2 subtransport over reqwest (one TLS stack, our
 //!   trust roots), with credentials from the repository's helper.
 //! - [`clone`]: `repo/`: clone the session branch or reuse an existing clone.
@@ -13,9 +10,8 @@
 //!   (4.5).
 
 pub mod clone;
-pub mod context;
 pub mod credential;
-pub mod files;
+
 pub mod harvest;
 pub mod lock;
 pub mod transport;
@@ -26,12 +22,10 @@ pub use clone::{
     PreparedRepo, RepoSpec, credential_helper_command, current_exe_helper_command, prepare_repo,
     prepare_repo_async,
 };
-pub use context::BootContext;
 pub use credential::{
     IssuedTokens, credential_helper_with_io, read_credential_cache, record_issued_token,
     run_credential_helper,
 };
-pub use files::{RunDir, SessionDir, write_secret_file};
 pub use harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT};
 pub use lock::{LockError, RootLock};
 pub use transport::{CredentialHelpers, HttpContext, RemoteRegistration, register_remote};
@@ -53,15 +47,10 @@ pub enum WorkspaceError {
     },
     /// A value failed its check (PROTOCOL.md section 5).
     #[error(transparent)]
-    Invalid(#[from] crate::checks::CheckError),
-    /// `boot-context.json` could not be read or written as JSON.
-    #[error("boot context {}: {reason}", path.display())]
-    Context {
-        /// The context file.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
+    Invalid(#[from] crate::validate::CheckError),
+    /// A file of the session directory could not be read or written.
+    #[error(transparent)]
+    SessionDir(#[from] crate::session_dir::SessionDirError),
     /// The session branch does not exist on the remote (PROTOCOL.md 3,
     /// `session_branch_missing`): the coordinator provisions it.
     #[error(
@@ -119,7 +108,7 @@ impl WorkspaceError {
         match self {
             WorkspaceError::Io { .. } => "workspace_io",
             WorkspaceError::Invalid(_) => "invalid_value",
-            WorkspaceError::Context { .. } => "boot_context_invalid",
+            WorkspaceError::SessionDir(e) => e.code(),
             WorkspaceError::SessionBranchMissing { .. } => "session_branch_missing",
             WorkspaceError::ForeignRepo { .. } => "repo_conflict",
             WorkspaceError::Git { .. } | WorkspaceError::CloneExhausted { .. } => "clone_failed",

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Fault, Route, Snapshot};
 use hosted_boot::secret::Secret;
+use hosted_boot::session_dir::{BootContext, SessionDir};
 use hosted_boot::timings::Timings;
 use hosted_boot::wire::{HarvestResult, PushErrorCode};
 use hosted_boot::workspace::{
-    BootContext, HarvestJob, Harvester, HttpContext, RepoSpec, SessionDir,
-    credential_helper_command, prepare_repo_async,
+    HarvestJob, Harvester, HttpContext, RepoSpec, credential_helper_command, prepare_repo_async,
 };
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};

@@ -128,7 +128,7 @@ async fn supervise_with(
 fn recorded_alive(out: &Path, name: &str) -> bool {
     let text = std::fs::read_to_string(out.join(name)).unwrap();
     let pid: i32 = text.split_whitespace().next().unwrap().parse().unwrap();
-    hosted_boot::turn::tree::read_proc(pid).is_some_and(|p| !p.zombie)
+    hosted_boot::process::tree::read_proc(pid).is_some_and(|p| !p.zombie)
 }
 
 #[tokio::test]
@@ -513,7 +513,7 @@ wait
         text.trim().parse().unwrap()
     };
     let (job_pid, agent) = (read("job"), read("agent"));
-    let info = hosted_boot::turn::tree::read_proc(job_pid).unwrap();
+    let info = hosted_boot::process::tree::read_proc(job_pid).unwrap();
     assert_eq!(info.sid, agent, "the job is in the agent's session");
     assert_ne!(info.pgid, agent, "the job left the agent's process group");
     let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Fault, Route};
 use hosted_boot::secret::Secret;
+use hosted_boot::session_dir::{BootContext, SessionDir};
 use hosted_boot::workspace::{
-    BootContext, HttpContext, PreparedRepo, RepoSpec, SessionDir, WorkspaceError,
-    credential_helper_command, credential_helper_with_io, prepare_repo, read_credential_cache,
+    HttpContext, PreparedRepo, RepoSpec, WorkspaceError, credential_helper_command,
+    credential_helper_with_io, prepare_repo, read_credential_cache,
 };
 use pretty_assertions::assert_eq;
 

@@ -3,6 +3,10 @@
 //! needs and returns what the next one needs. It owns the session
 //! directory's life and the reporting on every exit path (step 7).
 
+pub mod config;
+pub mod environment;
+pub mod idle;
+
 use std::collections::HashSet;
 use std::future::Future;
 use std::path::PathBuf;
@@ -12,20 +16,20 @@ use reqwest::Url;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::checks;
 use crate::client::{Api, CallError, RepoToken};
-use crate::config::BootConfig;
-use crate::environment;
-use crate::idle::{self, IdleEnd};
+use crate::process::supervisor::Supervision;
 use crate::redact::Redactor;
+use crate::session_dir::{self, BootContext, SessionDir};
 use crate::signals::{self, Stop};
 use crate::status::{Phase, StatusFile};
-use crate::turn::supervisor::Supervision;
 use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnInput};
+use crate::validate;
 use crate::wire::{
     Access, BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult, RunOutcome, Session,
 };
-use crate::workspace::{self, BootContext, HarvestJob, Harvester, SessionDir};
+use crate::workspace::{self, HarvestJob, Harvester};
+use config::BootConfig;
+use idle::IdleEnd;
 
 /// How the boot ended, before reporting (step 7).
 // One value per boot: boxing the large variant buys nothing.
@@ -226,7 +230,7 @@ async fn boot(
     // nothing to run delivers them too. The turn about to run resumes its
     // own spool.
     let current = selected.as_ref().map_or("", |t| t.run_id.as_str());
-    let leftovers = turn::events::deliver_leftovers(api, &config.root, current);
+    let leftovers = crate::events::deliver_leftovers(api, &config.root, current);
     if let Err(s) = unless_stopped(stop, leftovers).await {
         return Ending::Stopped(s);
     }
@@ -435,7 +439,7 @@ async fn resolve(config: &BootConfig, api: &Api, redactor: &Redactor) -> Result<
     )
     .map_err(|e| e.to_string())?;
     let mut session = session.map_err(|e| idle::session_read_reason(&e))?;
-    checks::git_branch("repoBranch", &session.repo_branch).map_err(|e| e.to_string())?;
+    validate::git_branch("repoBranch", &session.repo_branch).map_err(|e| e.to_string())?;
     if let Some(w) = &config.workspace_id {
         session.workspace_id = w.clone();
     }
@@ -458,7 +462,7 @@ fn remote_url(config: &BootConfig, token: &RepoToken) -> Result<Url, String> {
         ),
         (None, None) => return Err("the repo token names no repository".to_string()),
     };
-    checks::url("clone URL", &text, config.insecure_http).map_err(|e| e.to_string())
+    validate::url("clone URL", &text, config.insecure_http).map_err(|e| e.to_string())
 }
 
 fn write_session_files(config: &BootConfig, dir: &SessionDir, remote: &Url) -> Result<(), String> {
@@ -625,11 +629,12 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
 /// Otherwise the spool is what `finish` said the undelivered events remain
 /// in: it stays for a later boot on this root to deliver (2.6).
 fn remove_run_dir_if_delivered(root: &std::path::Path, run_id: &str, delivered: bool) {
-    let path = root.join(workspace::files::RUN_PARENT).join(run_id);
+    let path = root.join(session_dir::RUN_PARENT).join(run_id);
     if !path.exists() {
         return;
     }
-    let spooled = std::fs::metadata(path.join(turn::spool::SPOOL_FILE)).is_ok_and(|m| m.len() > 0);
+    let spooled =
+        std::fs::metadata(path.join(crate::events::spool::SPOOL_FILE)).is_ok_and(|m| m.len() > 0);
     if spooled && !delivered {
         tracing::warn!(
             run_id,
@@ -637,7 +642,7 @@ fn remove_run_dir_if_delivered(root: &std::path::Path, run_id: &str, delivered: 
         );
         return;
     }
-    match workspace::RunDir::create(root, run_id) {
+    match session_dir::RunDir::create(root, run_id) {
         Ok(dir) => {
             if let Err(e) = dir.remove() {
                 tracing::warn!(run_id, error = %e, "cannot remove the run directory");

@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::WorkspaceError;
-use super::files::write_secret_file;
+use super::{SessionDirError, write_secret_file};
 use crate::timings::Timings;
 
 /// The credential helper's context. Written by the boot (0600, atomic), read
@@ -61,10 +60,10 @@ impl BootContext {
 
     /// Writes the context to `path` (0600, atomic, trailing newline).
     ///
-    /// Errors: [`WorkspaceError::Io`], or [`WorkspaceError::Context`] if it
+    /// Errors: [`SessionDirError::Io`], or [`SessionDirError::Context`] if it
     /// cannot be serialized.
-    pub fn write(&self, path: &Path) -> Result<(), WorkspaceError> {
-        let json = serde_json::to_vec_pretty(self).map_err(|e| WorkspaceError::Context {
+    pub fn write(&self, path: &Path) -> Result<(), SessionDirError> {
+        let json = serde_json::to_vec_pretty(self).map_err(|e| SessionDirError::Context {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
@@ -73,11 +72,11 @@ impl BootContext {
 
     /// Reads a context written by [`BootContext::write`].
     ///
-    /// Errors: [`WorkspaceError::Io`] (missing: the session has ended), or
-    /// [`WorkspaceError::Context`] when it is not the expected JSON.
-    pub fn read(path: &Path) -> Result<BootContext, WorkspaceError> {
-        let bytes = std::fs::read(path).map_err(|e| WorkspaceError::io("read", path, e))?;
-        serde_json::from_slice(&bytes).map_err(|e| WorkspaceError::Context {
+    /// Errors: [`SessionDirError::Io`] (missing: the session has ended), or
+    /// [`SessionDirError::Context`] when it is not the expected JSON.
+    pub fn read(path: &Path) -> Result<BootContext, SessionDirError> {
+        let bytes = std::fs::read(path).map_err(|e| SessionDirError::io("read", path, e))?;
+        serde_json::from_slice(&bytes).map_err(|e| SessionDirError::Context {
             path: path.to_path_buf(),
             reason: format!("not the expected JSON ({e})"),
         })

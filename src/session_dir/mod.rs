@@ -7,9 +7,58 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::WorkspaceError;
-use super::context::BootContext;
+pub mod context;
+
+pub use context::BootContext;
+
 use crate::secret::Secret;
+
+/// Why a file of the session or run directory could not be read or written.
+/// Messages name the path and what to do; never a file's contents.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionDirError {
+    /// A file system operation failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was attempted, e.g. `write` or `create directory`.
+        action: &'static str,
+        /// The path concerned.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `boot-context.json` could not be read or written as JSON.
+    #[error("boot context {}: {reason}", path.display())]
+    Context {
+        /// The context file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A value failed its check (PROTOCOL.md section 5).
+    #[error(transparent)]
+    Invalid(#[from] crate::validate::CheckError),
+}
+
+impl SessionDirError {
+    /// A stable code for the error, used in reports.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SessionDirError::Io { .. } => "workspace_io",
+            SessionDirError::Context { .. } => "boot_context_invalid",
+            SessionDirError::Invalid(_) => "invalid_value",
+        }
+    }
+
+    pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        SessionDirError::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
 
 /// Directory (under the root) holding one directory per session.
 pub const SESSION_PARENT: &str = ".orizu-session";
@@ -37,9 +86,9 @@ pub const TASK_FILE: &str = "task.txt";
 /// trailing newline when missing, `fsync`, rename over the target, `fsync`
 /// of the directory. Readers see the old file or the new one, never a part.
 ///
-/// Errors: [`WorkspaceError::Io`] naming the path (the contents are never in
+/// Errors: [`SessionDirError::Io`] naming the path (the contents are never in
 /// an error).
-pub fn write_secret_file(path: &Path, contents: &[u8]) -> Result<(), WorkspaceError> {
+pub fn write_secret_file(path: &Path, contents: &[u8]) -> Result<(), SessionDirError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -52,7 +101,7 @@ pub fn write_secret_file(path: &Path, contents: &[u8]) -> Result<(), WorkspaceEr
         .prefix(&format!(".{name}."))
         .suffix(".tmp")
         .tempfile_in(dir)
-        .map_err(|e| WorkspaceError::io("create a temporary file for", path, e))?;
+        .map_err(|e| SessionDirError::io("create a temporary file for", path, e))?;
     // tempfile creates 0600; make sure whatever the platform did.
     let write = |file: &mut File| -> io::Result<()> {
         file.set_permissions(fs::Permissions::from_mode(0o600))?;
@@ -62,10 +111,10 @@ pub fn write_secret_file(path: &Path, contents: &[u8]) -> Result<(), WorkspaceEr
         }
         file.sync_all()
     };
-    write(tmp.as_file_mut()).map_err(|e| WorkspaceError::io("write", path, e))?;
+    write(tmp.as_file_mut()).map_err(|e| SessionDirError::io("write", path, e))?;
     tmp.persist(path)
-        .map_err(|e| WorkspaceError::io("rename into place", path, e.error))?;
-    sync_dir(dir).map_err(|e| WorkspaceError::io("sync the directory of", path, e))
+        .map_err(|e| SessionDirError::io("rename into place", path, e.error))?;
+    sync_dir(dir).map_err(|e| SessionDirError::io("sync the directory of", path, e))
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -73,19 +122,19 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Creates `path` (and missing parents) with mode 0700 and forces the mode.
-fn create_private_dir(path: &Path) -> Result<(), WorkspaceError> {
+fn create_private_dir(path: &Path) -> Result<(), SessionDirError> {
     DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(path)
-        .map_err(|e| WorkspaceError::io("create directory", path, e))?;
+        .map_err(|e| SessionDirError::io("create directory", path, e))?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o700))
-        .map_err(|e| WorkspaceError::io("set mode 0700 on", path, e))
+        .map_err(|e| SessionDirError::io("set mode 0700 on", path, e))
 }
 
 /// Removes whatever is at `path` (a directory tree, a file or a symbolic
 /// link, which is not followed). Absent is fine.
-fn remove_any(path: &Path) -> Result<(), WorkspaceError> {
+fn remove_any(path: &Path) -> Result<(), SessionDirError> {
     let result = match fs::symlink_metadata(path) {
         Ok(meta) if meta.is_dir() => fs::remove_dir_all(path),
         Ok(_) => fs::remove_file(path),
@@ -94,7 +143,7 @@ fn remove_any(path: &Path) -> Result<(), WorkspaceError> {
     match result {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(WorkspaceError::io("remove", path, e)),
+        Err(e) => Err(SessionDirError::io("remove", path, e)),
     }
 }
 
@@ -110,8 +159,8 @@ fn remove_if_empty(path: &Path) {
 
 /// Makes `root` absolute (the credential helper is configured with absolute
 /// paths, and the agent runs in another working directory).
-fn absolute(root: &Path) -> Result<PathBuf, WorkspaceError> {
-    std::path::absolute(root).map_err(|e| WorkspaceError::io("resolve", root, e))
+fn absolute(root: &Path) -> Result<PathBuf, SessionDirError> {
+    std::path::absolute(root).map_err(|e| SessionDirError::io("resolve", root, e))
 }
 
 /// `{root}/.orizu-session/{sessionId}/` (0700) and its files (PROTOCOL.md
@@ -129,8 +178,8 @@ impl SessionDir {
     ///
     /// Errors: a session id that is not path-safe (section 5), or a file
     /// system error naming the path.
-    pub fn create(root: &Path, session_id: &str) -> Result<SessionDir, WorkspaceError> {
-        crate::checks::path_safe_id("session id", session_id)?;
+    pub fn create(root: &Path, session_id: &str) -> Result<SessionDir, SessionDirError> {
+        crate::validate::path_safe_id("session id", session_id)?;
         let parent = absolute(root)?.join(SESSION_PARENT);
         let path = parent.join(session_id);
         remove_any(&path)?;
@@ -176,34 +225,34 @@ impl SessionDir {
 
     /// Writes the boot secret (0600, atomic) for the credential helper.
     ///
-    /// Errors: [`WorkspaceError::Io`].
-    pub fn write_boot_secret(&self, secret: &Secret) -> Result<(), WorkspaceError> {
+    /// Errors: [`SessionDirError::Io`].
+    pub fn write_boot_secret(&self, secret: &Secret) -> Result<(), SessionDirError> {
         write_secret_file(&self.boot_secret_path(), secret.expose().as_bytes())
     }
 
     /// Writes (or rotates in place, atomically) the bearer file (0600).
     ///
-    /// Errors: [`WorkspaceError::Io`].
-    pub fn write_bearer(&self, bearer: &Secret) -> Result<(), WorkspaceError> {
+    /// Errors: [`SessionDirError::Io`].
+    pub fn write_bearer(&self, bearer: &Secret) -> Result<(), SessionDirError> {
         write_secret_file(&self.bearer_path(), bearer.expose().as_bytes())
     }
 
     /// Removes the bearer file; absent is fine (idempotent).
     ///
-    /// Errors: [`WorkspaceError::Io`] when it exists and cannot be removed.
-    pub fn remove_bearer(&self) -> Result<(), WorkspaceError> {
+    /// Errors: [`SessionDirError::Io`] when it exists and cannot be removed.
+    pub fn remove_bearer(&self) -> Result<(), SessionDirError> {
         match fs::remove_file(self.bearer_path()) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(WorkspaceError::io("remove", &self.bearer_path(), e)),
+            Err(e) => Err(SessionDirError::io("remove", &self.bearer_path(), e)),
         }
     }
 
     /// Writes `boot-context.json` (0600, atomic; it holds no secret value).
     ///
-    /// Errors: [`WorkspaceError::Io`], or [`WorkspaceError::Context`] if it
+    /// Errors: [`SessionDirError::Io`], or [`SessionDirError::Context`] if it
     /// cannot be serialized.
-    pub fn write_context(&self, context: &BootContext) -> Result<(), WorkspaceError> {
+    pub fn write_context(&self, context: &BootContext) -> Result<(), SessionDirError> {
         context.write(&self.context_path())
     }
 
@@ -212,8 +261,8 @@ impl SessionDir {
     /// `repo-tokens-issued` (no token handed out yet) and
     /// `repo-credential-lock`.
     ///
-    /// Errors: [`WorkspaceError::Io`].
-    pub fn create_credential_cache(&self) -> Result<(), WorkspaceError> {
+    /// Errors: [`SessionDirError::Io`].
+    pub fn create_credential_cache(&self) -> Result<(), SessionDirError> {
         write_secret_file(&self.credential_cache_path(), b"")?;
         write_secret_file(&self.issued_tokens_path(), b"")?;
         write_secret_file(&self.credential_lock_path(), b"")
@@ -222,9 +271,9 @@ impl SessionDir {
     /// Removes the session directory and everything in it, then the
     /// `.orizu-session` parent if that is now empty. Idempotent.
     ///
-    /// Errors: [`WorkspaceError::Io`] when something exists and cannot be
+    /// Errors: [`SessionDirError::Io`] when something exists and cannot be
     /// removed.
-    pub fn remove(&self) -> Result<(), WorkspaceError> {
+    pub fn remove(&self) -> Result<(), SessionDirError> {
         remove_any(&self.path)?;
         remove_if_empty(&self.parent);
         Ok(())
@@ -244,8 +293,8 @@ impl RunDir {
     ///
     /// Errors: a run id that is not path-safe (section 5), or a file system
     /// error naming the path.
-    pub fn create(root: &Path, run_id: &str) -> Result<RunDir, WorkspaceError> {
-        crate::checks::path_safe_id("run id", run_id)?;
+    pub fn create(root: &Path, run_id: &str) -> Result<RunDir, SessionDirError> {
+        crate::validate::path_safe_id("run id", run_id)?;
         let parent = absolute(root)?.join(RUN_PARENT);
         let path = parent.join(run_id);
         create_private_dir(&parent)?;
@@ -266,8 +315,8 @@ impl RunDir {
     /// Writes the turn's prompt to `task.txt` (0600, atomic, trailing
     /// newline) and returns its path.
     ///
-    /// Errors: [`WorkspaceError::Io`].
-    pub fn write_task(&self, prompt: &str) -> Result<PathBuf, WorkspaceError> {
+    /// Errors: [`SessionDirError::Io`].
+    pub fn write_task(&self, prompt: &str) -> Result<PathBuf, SessionDirError> {
         let path = self.task_path();
         write_secret_file(&path, prompt.as_bytes())?;
         Ok(path)
@@ -276,9 +325,9 @@ impl RunDir {
     /// Removes the run directory, then `.orizu-run` if it is now empty.
     /// Idempotent.
     ///
-    /// Errors: [`WorkspaceError::Io`] when something exists and cannot be
+    /// Errors: [`SessionDirError::Io`] when something exists and cannot be
     /// removed.
-    pub fn remove(&self) -> Result<(), WorkspaceError> {
+    pub fn remove(&self) -> Result<(), SessionDirError> {
         remove_any(&self.path)?;
         remove_if_empty(&self.parent);
         Ok(())

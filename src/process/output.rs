@@ -13,10 +13,10 @@
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::event::AgentEvent;
-use super::events::{EventSender, now_rfc3339};
 use super::lines::{Line, LineFramer, MAX_LINE_BYTES};
 use super::supervisor::Stream;
+use crate::events::event::AgentEvent;
+use crate::events::{EventSender, now_rfc3339};
 use crate::redact::{Redactor, StreamRedactor};
 
 /// Size of each read from a pipe (a Linux pipe holds 64 KiB).
@@ -335,9 +335,9 @@ impl<F: FnMut(Stream, &Line) + Send + 'static> Drop for ChannelSink<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::spool::Spool;
     use crate::redact::SecretKind;
     use crate::secret::Secret;
-    use crate::turn::spool::Spool;
     use serde_json::Value;
 
     fn map(redactor: &Redactor, stream: Stream, line: &Line) -> AgentEvent {

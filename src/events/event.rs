@@ -88,7 +88,7 @@ fn is_default_ignorable(c: char) -> bool {
 ///
 /// Each constructor redacts with the redactor as it stands: the caller
 /// polls its sources ([`Redactor::refresh`]) once per batch of events
-/// ([`super::events::EventSender::fresh_redactor`] does).
+/// ([`super::EventSender::fresh_redactor`] does).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentEvent {
     kind: String,

@@ -27,12 +27,12 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::agent;
-use crate::config::BOOT_SECRET_VAR;
+use crate::boot::config::BOOT_SECRET_VAR;
+use crate::process::cgroup::CgroupMode;
+use crate::process::supervisor::{self, Control, SpawnSpec, Stream, Supervision};
 use crate::redact::Redactor;
 use crate::signals::{self, Stop};
 use crate::timings::parse_duration;
-use crate::turn::cgroup::CgroupMode;
-use crate::turn::supervisor::{self, Control, SpawnSpec, Stream, Supervision};
 
 /// `hosted-boot supervise [OPTIONS] -- PROGRAM [ARGS]...`
 #[derive(Debug, Args)]
@@ -111,7 +111,7 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
             stdin: Vec::new(),
             stdin_feed: None,
         };
-        let on_line = move |stream, line: crate::turn::lines::Line| {
+        let on_line = move |stream, line: crate::process::lines::Line| {
             let stream = match stream {
                 Stream::Stdout => "stdout",
                 Stream::Stderr => "stderr",
@@ -120,7 +120,8 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
         };
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let redactor = crate::redact::Redactor::new();
-        let output = move |stream| crate::turn::output::LineSink::new(stream, &redactor, on_line);
+        let output =
+            move |stream| crate::process::output::LineSink::new(stream, &redactor, on_line);
         let supervised = supervisor::run(spec, control_rx, &supervision, output);
         tokio::pin!(supervised);
         let interrupt = async {

@@ -1,12 +1,12 @@
 //! The run's event sink (PROTOCOL.md 2.6): every event is redacted, gets the
 //! next `seq` (from 1, no gaps) and is appended to the run's spool
-//! ([`super::spool`]) before anything is sent; a sender task reads batches
+//! ([`spool`]) before anything is sent; a sender task reads batches
 //! back from the spool and posts them in order.
 //!
 //! - Producers never wait for the coordinator: [`EventSender::emit`] (the
 //!   runner's own events), [`EventSender::emit_agent`] and
 //!   [`EventSender::append_agent`] (the agent's, built only through
-//!   [`super::event`]) only write to the spool (a local file).
+//!   [`event`]) only write to the spool (a local file).
 //! - The sender posts up to [`MAX_BATCH_EVENTS`] events or
 //!   [`MAX_BATCH_BYTES`] a request, as soon as a batch is full and at least
 //!   every `event_batch_interval` (250 ms) while events flow, and advances to
@@ -22,6 +22,9 @@
 //! - A runner restarted on the same session reopens the spool, reads
 //!   `events/cursor` and sends only what the coordinator lacks.
 
+pub mod event;
+pub mod spool;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -32,14 +35,14 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::event::{AgentEvent, RunnerEvent};
-use super::spool::{Spool, SpoolError, SpoolReader};
+use self::event::{AgentEvent, RunnerEvent};
+use self::spool::{Spool, SpoolError, SpoolReader};
 use crate::client::Api;
 use crate::client::CallError;
 use crate::client::retry::wait_before_retry;
 use crate::redact::Redactor;
+use crate::session_dir::RunDir;
 use crate::wire::{ErrorCode, FinishError};
-use crate::workspace::RunDir;
 
 /// Most events in one request.
 pub const MAX_BATCH_EVENTS: usize = 500;
@@ -303,7 +306,7 @@ impl EventSink {
 /// delivered (or it holds no event). What still cannot be delivered stays
 /// for the next boot. Never fails the boot: problems are logged.
 pub async fn deliver_leftovers(api: &Arc<Api>, root: &std::path::Path, current: &str) {
-    let parent = root.join(crate::workspace::files::RUN_PARENT);
+    let parent = root.join(crate::session_dir::RUN_PARENT);
     let Ok(entries) = std::fs::read_dir(&parent) else {
         return;
     };

@@ -9,10 +9,10 @@ use std::collections::HashSet;
 
 use tokio::sync::watch;
 
-use crate::checks;
 use crate::client::{Api, CallError};
 use crate::signals::Stop;
 use crate::turn::TurnInput;
+use crate::validate;
 use crate::wire::Session;
 
 /// Consecutive failed reads that are fatal before the first turn.
@@ -86,7 +86,7 @@ pub fn select_turn(
 ) -> Result<Option<TurnInput>, InvalidTurn> {
     let pending = session.pending_turn().map_err(InvalidTurn)?;
     if let Some(turn) = pending {
-        checks::path_safe_id("pendingTurn.runId", &turn.run_id)
+        validate::path_safe_id("pendingTurn.runId", &turn.run_id)
             .map_err(|e| InvalidTurn(e.to_string()))?;
         if turn.ordinal < 1 {
             return Err(InvalidTurn(format!(
@@ -104,7 +104,7 @@ pub fn select_turn(
         }
     }
     if at_boot && let Some(oldest) = session.runs.last() {
-        checks::path_safe_id("run id", &oldest.id).map_err(|e| InvalidTurn(e.to_string()))?;
+        validate::path_safe_id("run id", &oldest.id).map_err(|e| InvalidTurn(e.to_string()))?;
         if is_open(&oldest.status) && !done.contains(&oldest.id) {
             return Ok(Some(TurnInput {
                 run_id: oldest.id.clone(),

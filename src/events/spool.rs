@@ -451,7 +451,7 @@ impl SpoolReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::turn::event::TextStream;
+    use crate::events::event::TextStream;
     use serde_json::json;
 
     fn events(n: usize, text: &str) -> Vec<AgentEvent> {

@@ -125,7 +125,7 @@ pub fn agent_env(
 ) -> Vec<(OsString, OsString)> {
     let mut env: BTreeMap<OsString, OsString> = base_env
         .iter()
-        .filter(|(k, _)| k != crate::config::BOOT_SECRET_VAR)
+        .filter(|(k, _)| k != crate::boot::config::BOOT_SECRET_VAR)
         .cloned()
         .collect();
     for (name, value) in &bundle.connectors {

@@ -41,7 +41,7 @@ pub async fn run(args: DemoArgs) -> i32 {
 
 async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
     // The coordinator's git and the runner start in the working directory.
-    crate::config::working_dir()?;
+    crate::boot::config::working_dir()?;
     let workdir = tempfile::Builder::new()
         .prefix("hosted-boot-demo-")
         .tempdir()?;

@@ -255,7 +255,7 @@ where
         .kill_on_drop(true);
     let parent = rustix::process::getpid();
     let procs_fd = cgroup.as_ref().map(|c| c.procs_fd().as_raw_fd());
-    let no_signals = crate::reaper::signal_set(&[]);
+    let no_signals = crate::process::reaper::signal_set(&[]);
     let (launch, watch) = match &supervision.guard_exe {
         Some(exe) => match guard::prepare(exe, cgroup.as_ref().map(|c| c.path())) {
             Ok((l, w)) => (Some(l), Some(w)),

@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use reqwest::Url;
 
 use crate::agent::{AgentKind, AgentTimings};
-use crate::checks;
 use crate::cli::{LogFormat, RunArgs};
 use crate::client::ApiConfig;
+use crate::process::cgroup::CgroupMode;
 use crate::secret::Secret;
 use crate::timings::{Timings, parse_duration};
-use crate::turn::cgroup::CgroupMode;
+use crate::validate;
 
 /// The boot secret's variable (PROTOCOL.md section 1).
 pub const BOOT_SECRET_VAR: &str = "ORIZU_BOOT_SECRET";
@@ -151,7 +151,7 @@ pub fn load(
 
     let insecure_http = args.insecure_http;
     let check_url = |name: &str, value: &str| {
-        checks::url(name, value, insecure_http).map_err(|e| ConfigError(e.to_string()))
+        validate::url(name, value, insecure_http).map_err(|e| ConfigError(e.to_string()))
     };
     let agent_token_url = check_url("ORIZU_AGENT_TOKEN_URL", &require("ORIZU_AGENT_TOKEN_URL")?)?;
     let boot_status_url = match get("ORIZU_BOOT_STATUS_URL") {
@@ -164,10 +164,10 @@ pub fn load(
         api_base.set_path(&path);
     }
     let session_id = require("ORIZU_SESSION_ID")?;
-    checks::path_safe_id("ORIZU_SESSION_ID", &session_id)
+    validate::path_safe_id("ORIZU_SESSION_ID", &session_id)
         .map_err(|e| ConfigError(e.to_string()))?;
     if let Some(run_id) = get("ORIZU_RUN_ID") {
-        checks::path_safe_id("ORIZU_RUN_ID", &run_id).map_err(|e| ConfigError(e.to_string()))?;
+        validate::path_safe_id("ORIZU_RUN_ID", &run_id).map_err(|e| ConfigError(e.to_string()))?;
     }
     let workspace_id = get("ORIZU_WORKSPACE_ID");
     let opencode_port = match get("ORIZU_OPENCODE_PORT") {

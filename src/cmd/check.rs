@@ -10,10 +10,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::boot::config::{self, BootConfig};
+use crate::boot::environment;
 use crate::cli::RunArgs;
 use crate::client::Api;
-use crate::config::{self, BootConfig};
-use crate::environment;
 use crate::redact::Redactor;
 use crate::secret::Secret;
 use crate::timings::RetryPolicy;
@@ -164,7 +164,7 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
     }
     match api.session(RetryPolicy::ONCE, false).await {
         Ok(s) => {
-            let branch = crate::checks::git_branch("repoBranch", &s.repo_branch);
+            let branch = crate::validate::git_branch("repoBranch", &s.repo_branch);
             let pending = s.pending_turn();
             match (branch, pending) {
                 (Err(e), _) => lines.push(CheckLine::fail(
@@ -191,7 +191,7 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
         }
         Err(e) if e.is_too_large() => lines.push(CheckLine::fail(
             "session",
-            crate::idle::session_read_reason(&e),
+            crate::boot::idle::session_read_reason(&e),
             "shorten the prompt of the pending turn and queue it again",
         )),
         Err(e) => lines.push(CheckLine::fail(

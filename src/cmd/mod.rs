@@ -1,0 +1,7 @@
+//! The subcommands other than `run` (whose runtime is [`crate::boot`]):
+//! `check`, `supervise` and `demo`. Each takes its parsed arguments and
+//! returns an exit code.
+
+pub mod check;
+pub mod demo;
+pub mod supervise;
