@@ -14,7 +14,6 @@ use std::io::{self, IsTerminal, Write};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
-use crate::cli::LogFormat;
 use crate::redact::Redactor;
 
 /// The log filter's variable (tracing's filter syntax, default `info`).
@@ -22,6 +21,15 @@ pub const LOG_FILTER_VAR: &str = "HOSTED_BOOT_LOG";
 
 /// Flushes the log's writer thread when dropped: keep it until exit.
 pub type LogGuard = Option<tracing_appender::non_blocking::WorkerGuard>;
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Installs the global subscriber. `format` defaults to text on a terminal
 /// and JSON otherwise. Calling it twice is harmless (the second is ignored

@@ -11,8 +11,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+use hosted_boot::boot::config::RunArgs;
 use hosted_boot::boot::config::{self, BOOT_SECRET_VAR};
-use hosted_boot::cli::{Cli, Command, RunArgs};
+use hosted_boot::cli::{Cli, Command};
 use hosted_boot::cmd::{check, demo, supervise};
 use hosted_boot::process::{guard, reaper};
 use hosted_boot::secret::Secret;

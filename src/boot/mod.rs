@@ -92,11 +92,11 @@ pub async fn run(config: BootConfig) -> i32 {
         config
             .log_format
             .unwrap_or(if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-                crate::cli::LogFormat::Text
+                crate::logging::LogFormat::Text
             } else {
-                crate::cli::LogFormat::Json
+                crate::logging::LogFormat::Json
             })
-            == crate::cli::LogFormat::Text,
+            == crate::logging::LogFormat::Text,
     );
     let status = StatusFile::create(&config.root, &config.api.session_id);
     let heartbeat = {

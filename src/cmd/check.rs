@@ -10,9 +10,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::boot::config::RunArgs;
 use crate::boot::config::{self, BootConfig};
 use crate::boot::environment;
-use crate::cli::RunArgs;
 use crate::client::Api;
 use crate::redact::Redactor;
 use crate::secret::Secret;

@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{mpsc, watch as tokio_watch};
 
+use crate::agent::AgentConfig;
 use crate::agent::drive::{self, DriveInput, Request};
 use crate::agent::{AgentSession, TurnOutcome};
-use crate::boot::config::AgentConfig;
 use crate::client::Api;
 use crate::events::EventSink;
 use crate::process::supervisor::Supervision;
