@@ -496,8 +496,9 @@ pub struct FinishBody {
 }
 
 /// `finish.result` and the `hosted_boot.harvest` event's data (PROTOCOL.md
-/// 4.5): where the agent's work went.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// 4.5): where the agent's work went. The default is the report before
+/// anything was done: nothing pushed, nothing counted, no name or branch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HarvestResult {
     /// The run id, or `recovered-at-boot` for the harvest of a reused `repo/`.
@@ -628,6 +629,26 @@ pub struct WorkspaceSync {
     /// went wrong on the way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning: Option<SyncWarning>,
+}
+
+/// The report before anything was done: `kept_local` (the workspace was
+/// not moved), nothing known, no branch, no warning.
+impl Default for WorkspaceSync {
+    fn default() -> Self {
+        WorkspaceSync {
+            branch: String::new(),
+            outcome: SyncOutcome::KeptLocal,
+            local_sha: None,
+            remote_sha: None,
+            start_sha: None,
+            recovery_branch: None,
+            discarded_ref: None,
+            discarded_commits: Vec::new(),
+            discarded_count: None,
+            local_branch_recovery: None,
+            warning: None,
+        }
+    }
 }
 
 /// Most commits a report lists by id (the count is given whole).

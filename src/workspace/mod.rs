@@ -7,13 +7,32 @@
 //! - [`clone`]: `repo/`: clone the session branch or reuse an existing clone.
 //! - [`credential`]: `hosted-boot credential get|store|erase`.
 //! - [`harvest`]: commit and push the agent's work after a turn and at boot
-//!   (4.5).
+//!   (4.5); the [`Harvester`] that the steps below share.
+//! - [`sync`]: bring `repo/` to the remote's session branch before a turn
+//!   (4.5 "Before a turn").
+//! - [`commit`]: the harvest's commit of what the agent left uncommitted.
+//! - [`size_limit`]: files over `--harvest-max-file-size` left out of what
+//!   the harvest commits and pushes.
+//! - [`push`]: one attempt of the harvest's push, to the session branch or a
+//!   recovery branch.
+//! - [`remote`]: fetch and push through the boot's transport, transport
+//!   failures retried within the bound.
+//! - [`recovery`]: recovery branch names and the local refs that keep
+//!   commits (`refs/hosted-boot/discarded/`, `refs/hosted-boot/oversized/`).
+//! - [`local_branch`]: the local session branch saved, then moved to the
+//!   remote's tip.
 
 pub mod clone;
+mod commit;
 pub mod credential;
-
 pub mod harvest;
+mod local_branch;
 pub mod lock;
+mod push;
+mod recovery;
+mod remote;
+mod size_limit;
+mod sync;
 pub mod transport;
 
 use std::path::{Path, PathBuf};
