@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{mpsc, watch as tokio_watch};
 
 use crate::agent::AgentConfig;
-use crate::agent::drive::{self, DriveInput, Request};
+use crate::agent::drive::{self, DriveInput, RunRequest};
 use crate::agent::{AgentSession, TurnOutcome};
 use crate::client::Api;
 use crate::events::EventSink;
@@ -290,7 +290,7 @@ pub async fn run(
                 over_cap,
                 move || {
                     flag.store(true, Ordering::SeqCst);
-                    let _ = tx.send(Request::Interrupt);
+                    let _ = tx.send(RunRequest::Interrupt);
                 },
             ));
 
