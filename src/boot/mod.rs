@@ -5,7 +5,7 @@
 
 pub mod config;
 pub mod environment;
-pub mod error;
+mod error;
 pub mod idle;
 
 use std::collections::HashSet;
@@ -30,7 +30,7 @@ use crate::wire::{
 };
 use crate::workspace::{self, HarvestJob, Harvester, WorkspaceError};
 use config::BootConfig;
-pub use error::BootError;
+use error::BootError;
 use idle::IdleEnd;
 
 /// How the boot ended, before reporting (step 7).
@@ -273,8 +273,10 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     step(&mut b.stop, b.api.pull_bearer(policy)).await?;
     // Step 3: env bundle, session, read repo token, concurrently.
     let resolved = step(&mut b.stop, resolve(b.config, &b.api, &b.redactor)).await?;
+    // Steps 3 (the leftovers) and 4: the first turn, waited for if need be.
     let mut done = HashSet::new();
     let first = first_turn(b, &resolved.session, &done).await?;
+    // Step 5: session files, credential helper, clone.
     let workspace = prepare_workspace(b, &session_dir, &resolved).await?;
     // Step 6: drain turns.
     let ctx = turn_context(b, session_dir, resolved, workspace);
