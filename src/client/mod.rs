@@ -137,8 +137,8 @@ impl Api {
     /// Pulls a fresh bearer (2.1) with the boot secret and publishes it.
     ///
     /// Errors: exhausted attempts (the text starts `agent-token pull failed
-    /// after N attempts`), or a verdict (`401`/`403`: the boot secret is no
-    /// longer valid).
+    /// after N attempts`), [`CallError::BootSecretRefused`] for a `401` or
+    /// `403` (the boot secret is no longer valid), another verdict.
     pub async fn pull_bearer(&self, policy: RetryPolicy) -> Result<Bearer, CallError> {
         let call = "agent-token pull";
         let reply = self.noted(
@@ -153,7 +153,8 @@ impl Api {
                         .bearer_auth(self.config.boot_secret.expose())
                 },
             )
-            .await,
+            .await
+            .map_err(boot_secret_refused),
         )?;
         let date = reply.date();
         let response: AgentTokenResponse = parse(call, &reply)?;
@@ -539,6 +540,18 @@ fn valid_full_name(name: &str) -> bool {
         && parts
             .iter()
             .all(|p| crate::validate::path_safe_id("repoFullName part", p).is_ok())
+}
+
+/// A `401`/`403` of the agent-token pull as [`CallError::BootSecretRefused`].
+fn boot_secret_refused(e: CallError) -> CallError {
+    match e {
+        CallError::Verdict {
+            status: status @ (401 | 403),
+            detail,
+            ..
+        } => CallError::BootSecretRefused { status, detail },
+        other => other,
+    }
 }
 
 fn parse<T: DeserializeOwned>(call: &str, reply: &Reply) -> Result<T, CallError> {

@@ -37,6 +37,9 @@ pub mod transport;
 
 use std::path::{Path, PathBuf};
 
+use crate::session_dir::SessionDirError;
+use crate::wire::ErrorCode;
+
 pub use clone::{
     PreparedRepo, RepoSpec, credential_helper_command, current_exe_helper_command, prepare_repo,
     prepare_repo_async,
@@ -69,7 +72,7 @@ pub enum WorkspaceError {
     Invalid(#[from] crate::validate::CheckError),
     /// A file of the session directory could not be read or written.
     #[error(transparent)]
-    SessionDir(#[from] crate::session_dir::SessionDirError),
+    SessionDir(#[from] SessionDirError),
     /// The session branch does not exist on the remote (PROTOCOL.md 3,
     /// `session_branch_missing`): the coordinator provisions it.
     #[error(
@@ -121,16 +124,21 @@ pub enum WorkspaceError {
 }
 
 impl WorkspaceError {
-    /// A stable code for the error, used in reports (`session_branch_missing`
-    /// is part of PROTOCOL.md section 3).
-    pub fn code(&self) -> &'static str {
+    /// The code a `failed` reason for this error starts with (PROTOCOL.md
+    /// 2.2; `session_branch_missing` is section 3's).
+    pub fn code(&self) -> ErrorCode {
         match self {
-            WorkspaceError::Io { .. } => "workspace_io",
-            WorkspaceError::Invalid(_) => "invalid_value",
-            WorkspaceError::SessionDir(e) => e.code(),
-            WorkspaceError::SessionBranchMissing { .. } => "session_branch_missing",
-            WorkspaceError::ForeignRepo { .. } => "repo_conflict",
-            WorkspaceError::Git { .. } | WorkspaceError::CloneExhausted { .. } => "clone_failed",
+            WorkspaceError::Io { .. } => ErrorCode::WorkspaceIo,
+            WorkspaceError::Invalid(_) => ErrorCode::InvalidValue,
+            WorkspaceError::SessionDir(SessionDirError::Invalid(_)) => ErrorCode::InvalidValue,
+            WorkspaceError::SessionDir(
+                SessionDirError::Io { .. } | SessionDirError::Context { .. },
+            ) => ErrorCode::WorkspaceIo,
+            WorkspaceError::SessionBranchMissing { .. } => ErrorCode::SessionBranchMissing,
+            WorkspaceError::ForeignRepo { .. } => ErrorCode::RepoConflict,
+            WorkspaceError::Git { .. } | WorkspaceError::CloneExhausted { .. } => {
+                ErrorCode::CloneFailed
+            }
         }
     }
 
