@@ -244,3 +244,20 @@ pub fn command(root: &Path, check: bool) -> i32 {
     println!("healthy");
     0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pid_beyond_the_kernels_range_is_no_live_runner() {
+        // u32::MAX as i32 is -1, and kill(-1, 0) reaches every process the
+        // caller may signal: the check would call a broken file healthy.
+        let root = tempfile::tempdir().unwrap();
+        let file = StatusFile::create(root.path(), "s1");
+        let mut status = file.inner.lock().unwrap().status.clone();
+        status.pid = u32::MAX;
+        write(&path(root.path()), &status).unwrap();
+        assert_eq!(command(root.path(), true), 1);
+    }
+}

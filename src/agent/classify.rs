@@ -277,6 +277,17 @@ mod tests {
     use ErrorCode::*;
 
     #[test]
+    fn a_status_after_text_that_is_not_ascii_is_read() {
+        // The 16 bytes before the 429 start inside an `é` (two bytes each).
+        let text = "xéééééééé 429";
+        assert_eq!(statuses_in(text), vec![429]);
+        assert_eq!(
+            from_text("errör: ééééééé status 500", false),
+            Some(ProviderServerError)
+        );
+    }
+
+    #[test]
     fn the_text_table() {
         let cases: &[(&str, Option<ErrorCode>)] = &[
             // Quota wins over a rate limit named in the same text.
