@@ -203,9 +203,14 @@ pub fn command(root: &Path, check: bool) -> i32 {
         .ok()
         .and_then(|m| SystemTime::now().duration_since(m).ok())
         .unwrap_or(Duration::MAX);
-    let alive = rustix::process::Pid::from_raw(status.pid as i32).is_some_and(|p| {
-        rustix::process::test_kill_process(p).is_ok() || status.pid == std::process::id()
-    });
+    // A pid over i32::MAX is no process: as an i32 it would be negative,
+    // and kill(-1, 0) reaches every process the caller may signal.
+    let pid = i32::try_from(status.pid).ok();
+    let alive = pid
+        .and_then(rustix::process::Pid::from_raw)
+        .is_some_and(|p| {
+            rustix::process::test_kill_process(p).is_ok() || status.pid == std::process::id()
+        });
     let run = match (&status.run_id, status.turn_ordinal) {
         (Some(r), Some(o)) => format!(" {r} (turn {o})"),
         (Some(r), None) => format!(" {r}"),

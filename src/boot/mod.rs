@@ -32,8 +32,10 @@ use config::BootConfig;
 use idle::IdleEnd;
 
 /// How the boot ended, before reporting (step 7).
-// One value per boot: boxing the large variant buys nothing.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one value per boot: boxing the large variant buys nothing"
+)]
 #[derive(Debug)]
 enum Ending {
     /// The session ended: `complete`, exit 0.

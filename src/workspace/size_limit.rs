@@ -231,8 +231,8 @@ pub(super) fn leave_out_oversized(
     for oid in walk.take(MAX_LISTED_COMMITS) {
         let c = repo.find_commit(oid?)?;
         subjects.push(format!(
-            "  {} {}",
-            &c.id().to_string()[..12],
+            "  {:.12} {}",
+            c.id(),
             c.summary().ok().flatten().unwrap_or("")
         ));
     }
