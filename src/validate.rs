@@ -144,21 +144,20 @@ fn shown_text(value: &str) -> String {
     // Only a scheme at the very start counts: a `://` later on may be in a
     // password, a path or a query.
     let scheme_len = value
-        .find("://")
-        .filter(|&i| {
-            let scheme = &value[..i];
+        .split_once("://")
+        .filter(|(scheme, _)| {
             scheme.starts_with(|c: char| c.is_ascii_alphabetic())
                 && scheme
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
         })
-        .map_or(0, |i| i + 3);
+        .map_or(0, |(scheme, _)| scheme.len() + 3);
     let (scheme, rest) = value.split_at(scheme_len);
     let mut shown = String::from(scheme);
-    let after_user_info = match last_at(rest) {
-        Some(end) => {
+    let after_user_info = match last_at(rest).and_then(|end| rest.split_at_checked(end)) {
+        Some((_, after)) => {
             shown.push_str("…@");
-            &rest[end..]
+            after
         }
         None => rest,
     };

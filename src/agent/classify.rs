@@ -107,7 +107,13 @@ pub fn statuses_in(text: &str) -> Vec<u16> {
             let n = u16::from(bytes[i] - b'0') * 100
                 + u16::from(bytes[i + 1] - b'0') * 10
                 + u16::from(bytes[i + 2] - b'0');
-            let before = &lower[i.saturating_sub(16)..i];
+            // Up to 16 bytes before the number, from a char boundary (the
+            // text is the agent's: any UTF-8).
+            let mut start = i.saturating_sub(16);
+            while !lower.is_char_boundary(start) {
+                start += 1;
+            }
+            let before = lower.get(start..i).unwrap_or("");
             let named = ["status", "error", "code", "http", "api"]
                 .iter()
                 .any(|w| before.contains(w));
@@ -197,6 +203,10 @@ pub fn text_error(text: &str, resuming: bool) -> Option<AgentError> {
 
 /// At most 600 characters of `text` (the finish message holds 800, and the
 /// runner prefixes it).
+#[expect(
+    clippy::string_slice,
+    reason = "the index comes from char_indices: a char boundary"
+)]
 pub fn clip(text: &str) -> String {
     let text = text.trim();
     match text.char_indices().nth(600) {
@@ -206,6 +216,10 @@ pub fn clip(text: &str) -> String {
 }
 
 /// The last `max` characters of `text`.
+#[expect(
+    clippy::string_slice,
+    reason = "the index comes from char_indices: a char boundary"
+)]
 pub fn tail(text: &str, max: usize) -> String {
     let count = text.chars().count();
     if count <= max {
@@ -221,18 +235,15 @@ pub fn tail(text: &str, max: usize) -> String {
 pub fn retry_after_in_text(text: &str) -> Option<u64> {
     let lower = text.to_lowercase();
     for marker in ["try again in ", "retry after ", "retry in "] {
-        let Some(i) = lower.find(marker) else {
+        let Some((_, rest)) = lower.split_once(marker) else {
             continue;
         };
-        let rest = &lower[i + marker.len()..];
-        let num: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.')
-            .collect();
+        let in_number = |c: char| c.is_ascii_digit() || c == '.';
+        let num: String = rest.chars().take_while(|c| in_number(*c)).collect();
         let Ok(value) = num.parse::<f64>() else {
             continue;
         };
-        let unit = rest[num.len()..].trim_start();
+        let unit = rest.trim_start_matches(in_number).trim_start();
         let ms = if unit.starts_with("ms") || unit.starts_with("milli") {
             value
         } else if unit.starts_with('m') && !unit.starts_with("ms") {
@@ -275,6 +286,17 @@ pub fn claude_reset_epoch(text: &str) -> Option<f64> {
 mod tests {
     use super::*;
     use ErrorCode::*;
+
+    #[test]
+    fn a_status_after_text_that_is_not_ascii_is_read() {
+        // The 16 bytes before the 429 start inside an `é` (two bytes each).
+        let text = "xéééééééé 429";
+        assert_eq!(statuses_in(text), vec![429]);
+        assert_eq!(
+            from_text("errör: ééééééé status 500", false),
+            Some(ProviderServerError)
+        );
+    }
 
     #[test]
     fn the_text_table() {

@@ -298,7 +298,10 @@ pub(crate) fn is_push(path: &str, query: &str) -> bool {
 /// checked to name the served repository. The request body is streamed to the
 /// CGI's stdin without a size limit; the CGI's stdout is parsed for its
 /// headers (`Status:` gives the status code) and its body is streamed back.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the request's parts as the route hands them over, each used once"
+)]
 pub(crate) async fn http_backend(
     repo: &BareRepo,
     branch: &str,
@@ -333,7 +336,10 @@ pub(crate) async fn http_backend(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the request's parts as the route hands them over, each used once"
+)]
 async fn run_backend(
     repo: &BareRepo,
     branch: &str,

@@ -78,8 +78,10 @@ pub enum TurnEnd {
 }
 
 /// Where the seal of the run stands, for the fatal path of 4 step 7.
-// One value per turn, moved a couple of times: boxing the body buys nothing.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one value per turn, moved a couple of times: boxing the body buys nothing"
+)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum SealState {
     /// No `finish` was sent.

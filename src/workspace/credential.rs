@@ -168,11 +168,12 @@ fn read_attributes(mut input: impl BufRead) -> HashMap<String, String> {
 
 fn split_host_port(host: &str) -> (&str, Option<u16>) {
     if host.starts_with('[') {
-        if let Some(end) = host.find(']') {
-            let port = host[end + 1..]
-                .strip_prefix(':')
-                .and_then(|p| p.parse().ok());
-            return (&host[..=end], port);
+        if let Some((bracketed, after)) = host
+            .find(']')
+            .and_then(|end| host.split_at_checked(end + 1))
+        {
+            let port = after.strip_prefix(':').and_then(|p| p.parse().ok());
+            return (bracketed, port);
         }
         return (host, None);
     }
