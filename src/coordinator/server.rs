@@ -800,6 +800,61 @@ mod tests {
         assert_eq!(r("/"), Route::Unknown);
     }
 
+    fn http() -> reqwest::Client {
+        crate::tls::install_crypto_provider();
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+    }
+
+    /// A path no route matches answers `404` with a JSON error that names
+    /// the method and the path (without its query, which may carry a
+    /// credential) and where the routes are listed, not a bare "no such
+    /// route"; under `dev/`, the dev API's routes are named.
+    #[tokio::test]
+    async fn an_unknown_path_is_a_404_naming_it() {
+        let c = super::super::Coordinator::start(Default::default())
+            .await
+            .unwrap();
+        let http = http();
+        let cases = [
+            (
+                "api/cli/sessions",
+                "GET /api/cli/sessions",
+                "PROTOCOL.md section 2",
+            ),
+            (
+                "api/cli/workbench-runs/run-1/nope?token=abc",
+                "GET /api/cli/workbench-runs/run-1/nope",
+                "PROTOCOL.md section 2",
+            ),
+            (
+                "dev/nope",
+                "GET /dev/nope",
+                "turns, interrupt, end, faults, git, requests, state",
+            ),
+        ];
+        for (path, named, hint) in cases {
+            let resp = http
+                .get(format!("{}{path}", c.base_url()))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::NOT_FOUND, "{path}");
+            assert_eq!(
+                resp.headers()[header::CONTENT_TYPE],
+                "application/json",
+                "{path}"
+            );
+            let body: Value = resp.json().await.unwrap();
+            let error = body["error"].as_str().unwrap_or_default();
+            assert!(error.contains(named), "{path}: {body}");
+            assert!(error.contains(hint), "{path}: {body}");
+            assert!(!error.contains("abc"), "the query is not echoed: {body}");
+        }
+    }
+
     #[test]
     fn authorization_is_masked_in_the_record() {
         let mut h = HeaderMap::new();
