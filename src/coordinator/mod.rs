@@ -25,7 +25,8 @@
 //!   ([`CoordinatorOptions::git_max_file_size`], `POST dev/git`), a push
 //!   that brings a larger file is refused whole.
 //! - Errors are `{"error": "…"}` with `400` (malformed body), `401` (auth),
-//!   `404` (unknown session, run or path), `405`, `409` (event gap, finish
+//!   `404` (unknown session, run or path; for a path, the error names the
+//!   method and the path), `405`, `409` (event gap, finish
 //!   with another status, `run_started` on a sealed run), `413`.
 
 mod cli;

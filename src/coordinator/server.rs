@@ -532,77 +532,21 @@ fn api_route(
         Param::SessionId => sh.check_session(value)?,
         Param::RunId => sh.check_run(value)?,
     }
-    let cfg = &sh.cfg;
+    // One handler per row: each decodes and answers its row's body types.
     match route {
-        ApiRoute::AgentToken => {
-            let (token, expires_at) = sh.update(|st| st.issue_bearer(cfg.bearer_ttl));
-            answer(
-                routes::AGENT_TOKEN,
-                &AgentTokenResponse {
-                    token: token.into(),
-                    expires_at: Some(ExpiresAt::Rfc3339(expires_at)),
-                },
-            )
-        }
-        ApiRoute::BootStatus => {
-            let status = request_body(routes::BOOT_STATUS, body)?;
-            sh.update(|st| st.statuses.push(status));
-            answer(routes::BOOT_STATUS, &Ack::OK)
-        }
-        ApiRoute::EnvBundle => answer(
-            routes::ENV_BUNDLE,
-            &EnvBundle {
-                connectors: cfg
-                    .connectors
-                    .iter()
-                    .map(|(k, v)| Connector {
-                        env_var: k.clone(),
-                        value: v.as_str().into(),
-                    })
-                    .collect(),
-                redact_vars: cfg.redact_vars.clone(),
-            },
-        ),
+        ApiRoute::AgentToken => agent_token(sh),
+        ApiRoute::BootStatus => boot_status(sh, body),
+        ApiRoute::EnvBundle => env_bundle(sh),
         ApiRoute::Session => answer(routes::SESSION, &sh.session_envelope()),
-        ApiRoute::RepoToken => {
-            let req = request_body(routes::REPO_TOKEN, body)?;
-            let (token, expires_at) =
-                sh.update(|st| st.issue_repo_token(req.access, cfg.repo_token_ttl));
-            answer(
-                routes::REPO_TOKEN,
-                &RepoTokenResponse {
-                    token: token.into(),
-                    expires_at: cfg
-                        .repo_token_expires_at
-                        .then_some(ExpiresAt::Rfc3339(expires_at)),
-                    repo_full_name: Some(cfg.repo_full_name.clone()),
-                    artifacts_remote: None,
-                },
-            )
-        }
+        ApiRoute::RepoToken => repo_token(sh, body),
         ApiRoute::RunStarted => {
             // The body (`{}`) is not read: nothing in it to check.
             sh.update(|st| st.run_started(value))?;
             answer(routes::RUN_STARTED, &Ack::OK)
         }
-        ApiRoute::Events => {
-            let events = request_body(routes::EVENTS, body)?;
-            let n = sh.update(|st| st.add_events(value, events.events))?;
-            answer(
-                routes::EVENTS,
-                &AcceptedThrough {
-                    accepted_through: n,
-                },
-            )
-        }
+        ApiRoute::Events => events(sh, value, body),
         ApiRoute::Cursor => {
-            let n = sh
-                .lock()
-                .run(value)
-                .map(|r| r.accepted_through())
-                .ok_or_else(|| {
-                    ApiError::new(StatusCode::NOT_FOUND, format!("unknown run {value:?}"))
-                })?;
+            let n = sh.lock().run(value).map_or(0, |r| r.accepted_through());
             answer(
                 routes::CURSOR,
                 &AcceptedThrough {
@@ -616,6 +560,75 @@ fn api_route(
             answer(routes::FINISH, &Ack::OK)
         }
     }
+}
+
+/// 2.1: a fresh bearer, valid for the configured TTL.
+fn agent_token(sh: &Shared) -> Reply {
+    let (token, expires_at) = sh.update(|st| st.issue_bearer(sh.cfg.bearer_ttl));
+    answer(
+        routes::AGENT_TOKEN,
+        &AgentTokenResponse {
+            token: token.into(),
+            expires_at: Some(ExpiresAt::Rfc3339(expires_at)),
+        },
+    )
+}
+
+/// 2.2: the status is recorded, in order of arrival.
+fn boot_status(sh: &Shared, body: &[u8]) -> Reply {
+    let status = request_body(routes::BOOT_STATUS, body)?;
+    sh.update(|st| st.statuses.push(status));
+    answer(routes::BOOT_STATUS, &Ack::OK)
+}
+
+/// 2.3: the connectors as configured (no check, so that tests can serve
+/// reserved names).
+fn env_bundle(sh: &Shared) -> Reply {
+    let cfg = &sh.cfg;
+    answer(
+        routes::ENV_BUNDLE,
+        &EnvBundle {
+            connectors: cfg
+                .connectors
+                .iter()
+                .map(|(k, v)| Connector {
+                    env_var: k.clone(),
+                    value: v.as_str().into(),
+                })
+                .collect(),
+            redact_vars: cfg.redact_vars.clone(),
+        },
+    )
+}
+
+/// 2.5: a repo token of the access asked for.
+fn repo_token(sh: &Shared, body: &[u8]) -> Reply {
+    let cfg = &sh.cfg;
+    let req = request_body(routes::REPO_TOKEN, body)?;
+    let (token, expires_at) = sh.update(|st| st.issue_repo_token(req.access, cfg.repo_token_ttl));
+    answer(
+        routes::REPO_TOKEN,
+        &RepoTokenResponse {
+            token: token.into(),
+            expires_at: cfg
+                .repo_token_expires_at
+                .then_some(ExpiresAt::Rfc3339(expires_at)),
+            repo_full_name: Some(cfg.repo_full_name.clone()),
+            artifacts_remote: None,
+        },
+    )
+}
+
+/// 2.6 events: those above the cursor are accepted (a gap is `409`).
+fn events(sh: &Shared, rid: &str, body: &[u8]) -> Reply {
+    let events = request_body(routes::EVENTS, body)?;
+    let n = sh.update(|st| st.add_events(rid, events.events))?;
+    answer(
+        routes::EVENTS,
+        &AcceptedThrough {
+            accepted_through: n,
+        },
+    )
 }
 
 /// `{base}/git/{owner}/{name}.git/...`: Basic auth with user `x-access-token`
