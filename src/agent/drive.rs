@@ -210,7 +210,7 @@ fn finish(input: &DriveInput, mut outcome: TurnOutcome, usage: &Usage, flags: &F
     } else {
         input.session.resume_id()
     };
-    outcome.usage = usage.to_json();
+    outcome.usage = usage.reported();
     Driven {
         outcome,
         stopped_by: flags.stopped_by,

@@ -268,7 +268,7 @@ pub struct TurnOutcome {
     /// Why it failed.
     pub error: Option<AgentError>,
     /// Token usage of the turn (`finish.usage`, PROTOCOL.md 2.6).
-    pub usage: Option<serde_json::Value>,
+    pub usage: Option<crate::wire::Usage>,
 }
 
 /// A failure class of the turn; `code` maps one to one onto the wire codes
