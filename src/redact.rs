@@ -390,22 +390,10 @@ impl Redactor {
     /// `text` with every known secret replaced by `[REDACTED]`; overlapping
     /// or touching matches become one `[REDACTED]`. Polls the sources first.
     pub fn redact(&self, text: &str) -> String {
-        self.refresh();
-        let (_, matcher) = self.current();
-        match matcher {
-            Some(m) => {
-                let mut out = Vec::with_capacity(text.len());
-                if redact_whole(&m, text.as_bytes(), &mut out) {
-                    // Patterns are whole UTF-8 strings, so a match starts and
-                    // ends on character boundaries; lossy is only a fallback.
-                    String::from_utf8(out)
-                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-                } else {
-                    text.to_string()
-                }
-            }
-            None => text.to_string(),
-        }
+        // Patterns are whole UTF-8 strings, so a match starts and ends on
+        // character boundaries; lossy is only a fallback.
+        String::from_utf8(self.redact_bytes(text.as_bytes()))
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 
     /// [`Redactor::redact`] on bytes (which need not be UTF-8).
@@ -427,12 +415,6 @@ impl Redactor {
         if let Some(m) = matcher {
             redact_value_with(&m, value);
         }
-    }
-
-    /// Whether `text` contains a known secret (for assertions and checks).
-    pub fn contains_secret(&self, text: &str) -> bool {
-        let (_, matcher) = self.current();
-        matcher.is_some_and(|m| m.may_match(text.as_bytes()))
     }
 
     /// A streaming redactor over this set (values added later apply to the
@@ -666,8 +648,9 @@ impl StreamRedactor {
         self.open = None;
     }
 
-    /// Bytes currently held back (for tests and the memory bound).
-    pub fn held(&self) -> usize {
+    /// Bytes currently held back (the tests of the memory bound).
+    #[cfg(test)]
+    fn held(&self) -> usize {
         self.buf.len()
     }
 

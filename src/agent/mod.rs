@@ -167,8 +167,9 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// A `command` agent with default timings (tests, `check`).
-    pub fn command(program: impl Into<String>, args: Vec<String>) -> Self {
+    /// A `command` agent with default timings (unit tests).
+    #[cfg(test)]
+    pub(crate) fn command(program: impl Into<String>, args: Vec<String>) -> Self {
         AgentConfig {
             kind: AgentKind::Command,
             program: program.into(),

@@ -72,8 +72,6 @@ pub struct BootConfig {
     pub api: ApiConfig,
     /// `ORIZU_WORKSPACE_ID`, overriding the session's.
     pub workspace_id: Option<String>,
-    /// `ORIZU_OPENCODE_PORT`, checked 1..=65535.
-    pub opencode_port: Option<u16>,
     /// Absolute root of `repo/` and the session files.
     pub root: PathBuf,
     /// Base of clone URLs.
@@ -236,7 +234,6 @@ pub fn load(
             boot_secret,
         },
         workspace_id,
-        opencode_port,
         root,
         git_base_url,
         agent,

@@ -14,7 +14,7 @@ use reqwest::{Method, RequestBuilder, Url};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-pub use bearer::{Bearer, Lifetime};
+pub use bearer::Bearer;
 pub use retry::{CallError, Reply, caps};
 
 use crate::redact::{Redactor, SecretKind};
@@ -22,7 +22,7 @@ use crate::secret::Secret;
 use crate::timings::{RetryPolicy, Timings};
 use crate::wire::{
     self, AcceptedThrough, Access, AgentTokenResponse, BootStatus, BootStatusBody, EnvBundle,
-    Event, EventsBody, FinishBody, RepoTokenRequest, RepoTokenResponse, Session, SessionEnvelope,
+    FinishBody, RepoTokenRequest, RepoTokenResponse, Session, SessionEnvelope,
 };
 
 /// Where the coordinator is and how to authenticate to it.
@@ -108,11 +108,6 @@ impl Api {
     /// The redactor every value this client mints is added to.
     pub fn redactor(&self) -> &Redactor {
         &self.redactor
-    }
-
-    /// The session id.
-    pub fn session_id(&self) -> &str {
-        &self.config.session_id
     }
 
     /// The current bearer, if one was pulled.
@@ -358,27 +353,6 @@ impl Api {
         )
         .await
         .map(|_| ())
-    }
-
-    /// Posts a batch of events (2.6) once per the given policy and returns
-    /// `acceptedThrough`.
-    pub async fn post_events(
-        &self,
-        run_id: &str,
-        events: &[Event],
-        policy: RetryPolicy,
-    ) -> Result<u64, CallError> {
-        let call = "events post";
-        let path = wire::routes::events(run_id);
-        let body = EventsBody {
-            events: events.to_vec(),
-        };
-        let reply = self
-            .authed(call, policy, caps::SMALL, |t| {
-                self.request(Method::POST, &path, t).json(&body)
-            })
-            .await?;
-        parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
     }
 
     /// Posts a ready-made events body (`{"events":[…]}`, as read back from

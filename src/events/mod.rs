@@ -170,11 +170,6 @@ impl EventSender {
         redactor.refresh();
         redactor
     }
-
-    /// The spool written to.
-    pub fn spool(&self) -> &Spool {
-        &self.shared.spool
-    }
 }
 
 /// The sink of one run: the spool, the sender task and the handle to close

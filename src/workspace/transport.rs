@@ -82,6 +82,7 @@ pub struct HttpContext {
 /// `git credential-<name>`), plus `credential.useHttpPath`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CredentialHelpers {
+    /// The shell commands, in order (each gets ` get` or ` erase` appended).
     commands: Vec<String>,
     use_http_path: bool,
 }
@@ -124,11 +125,6 @@ impl CredentialHelpers {
         })?;
         let use_http_path = config.get_bool("credential.useHttpPath").unwrap_or(false);
         Ok(CredentialHelpers::new(values, use_http_path))
-    }
-
-    /// The shell commands, in order (each gets ` get` or ` erase` appended).
-    pub fn commands(&self) -> &[String] {
-        &self.commands
     }
 
     /// The attributes git's credential protocol sends for `url`: protocol,
@@ -850,7 +846,7 @@ mod tests {
             true,
         );
         assert_eq!(
-            h.commands(),
+            h.commands,
             &["'/bin/x' credential", "/abs/helper", "git credential-cache"]
         );
     }
