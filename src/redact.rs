@@ -75,10 +75,7 @@ pub struct Redactor {
 /// Shows how many patterns the redactor holds, never one of them.
 impl std::fmt::Debug for Redactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let patterns = match self.shared.state.read() {
-            Ok(g) => g.patterns.len(),
-            Err(poisoned) => poisoned.into_inner().patterns.len(),
-        };
+        let patterns = crate::sync::read(&self.shared.state).patterns.len();
         f.debug_struct("Redactor")
             .field("patterns", &patterns)
             .finish_non_exhaustive()
@@ -319,10 +316,7 @@ impl Redactor {
             return false;
         }
         let forms = forms(value);
-        let mut state = match self.shared.state.write() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut state = crate::sync::write(&self.shared.state);
         let before = state.patterns.len();
         for form in forms {
             if !state.patterns.contains(&form) {
@@ -348,10 +342,7 @@ impl Redactor {
     /// Registers a source polled before each redaction (see
     /// [`SecretSource`]); its values are added as [`SecretKind::Credential`].
     pub fn add_source(&self, source: SecretSource) {
-        let mut sources = match self.shared.sources.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut sources = crate::sync::lock(&self.shared.sources);
         sources.push(source);
     }
 
@@ -364,10 +355,7 @@ impl Redactor {
         }
         REFRESHING.with(|r| r.set(true));
         let fresh: Vec<Secret> = {
-            let mut sources = match self.shared.sources.lock() {
-                Ok(g) => g,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let mut sources = crate::sync::lock(&self.shared.sources);
             sources.iter_mut().flat_map(|s| s()).collect()
         };
         for secret in &fresh {
@@ -377,10 +365,7 @@ impl Redactor {
     }
 
     fn current(&self) -> (u64, Option<Arc<Matcher>>) {
-        let state = match self.shared.state.read() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let state = crate::sync::read(&self.shared.state);
         (
             self.shared.generation.load(Ordering::SeqCst),
             state.matcher.clone(),

@@ -221,25 +221,17 @@ impl AgentSession {
 
     /// The agent session id to resume, if any.
     pub fn resume_id(&self) -> Option<String> {
-        self.resume
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        crate::sync::lock(&self.resume).clone()
     }
 
     /// Records the id the agent reported; returns the previous one.
     pub fn set_resume_id(&self, id: String) -> Option<String> {
-        self.resume
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(id)
+        crate::sync::lock(&self.resume).replace(id)
     }
 
     /// The last running total recorded for `thread`.
     pub fn cumulative_for(&self, thread: &str) -> Option<Usage> {
-        self.cumulative
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.cumulative)
             .as_ref()
             .filter(|(t, _)| t == thread)
             .map(|(_, u)| u.clone())
@@ -247,7 +239,7 @@ impl AgentSession {
 
     /// Records the running total of `thread`.
     pub fn set_cumulative(&self, thread: String, total: Usage) {
-        *self.cumulative.lock().unwrap_or_else(|p| p.into_inner()) = Some((thread, total));
+        *crate::sync::lock(&self.cumulative) = Some((thread, total));
     }
 
     /// The CLI's version, computed once by `probe`.

@@ -8,7 +8,6 @@ pub mod environment;
 pub mod idle;
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -20,7 +19,7 @@ use crate::client::{Api, CallError, RepoToken};
 use crate::process::supervisor::Supervision;
 use crate::redact::Redactor;
 use crate::session_dir::{self, BootContext, SessionDir};
-use crate::signals::{self, Stop};
+use crate::signals::{self, Stop, unless_stopped};
 use crate::status::{Phase, StatusFile};
 use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnInput};
 use crate::validate;
@@ -150,30 +149,6 @@ pub async fn run(config: BootConfig) -> i32 {
     }
     tracing::info!(exit_code = code, "boot finished");
     code
-}
-
-/// Runs `f` unless a stop signal comes first.
-async fn unless_stopped<T>(
-    stop: &mut watch::Receiver<Stop>,
-    f: impl Future<Output = T>,
-) -> Result<T, Stop> {
-    if *stop.borrow() != Stop::Running {
-        return Err(*stop.borrow());
-    }
-    tokio::pin!(f);
-    loop {
-        tokio::select! {
-            r = &mut f => return Ok(r),
-            changed = stop.changed() => {
-                if changed.is_ok() && *stop.borrow() != Stop::Running {
-                    return Err(*stop.borrow());
-                }
-                if changed.is_err() {
-                    return Ok(f.await);
-                }
-            }
-        }
-    }
 }
 
 /// What step 3 resolves.
