@@ -42,3 +42,7 @@ pub mod status_line;
 pub mod timings;
 pub mod tls;
 pub mod validate;
+
+// Primitives every layer shares (crate-internal).
+mod sync;
+mod text;

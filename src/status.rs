@@ -112,7 +112,7 @@ impl StatusFile {
     }
 
     fn update(&self, force: bool, change: impl FnOnce(&mut Status)) {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = crate::sync::lock(&self.inner);
         change(&mut inner.status);
         let due = inner
             .last_write

@@ -201,33 +201,10 @@ pub fn text_error(text: &str, resuming: bool) -> Option<AgentError> {
     from_text(text, resuming).map(|code| AgentError::new(code, clip(text)))
 }
 
-/// At most 600 characters of `text` (the finish message holds 800, and the
-/// runner prefixes it).
-#[expect(
-    clippy::string_slice,
-    reason = "the index comes from char_indices: a char boundary"
-)]
+/// At most 600 characters of `text`, trimmed, `…` marking a cut (the finish
+/// message holds 800, and the runner prefixes it).
 pub fn clip(text: &str) -> String {
-    let text = text.trim();
-    match text.char_indices().nth(600) {
-        Some((i, _)) => format!("{}…", &text[..i]),
-        None => text.to_string(),
-    }
-}
-
-/// The last `max` characters of `text`.
-#[expect(
-    clippy::string_slice,
-    reason = "the index comes from char_indices: a char boundary"
-)]
-pub fn tail(text: &str, max: usize) -> String {
-    let count = text.chars().count();
-    if count <= max {
-        return text.to_string();
-    }
-    let skip = count - max;
-    let start = text.char_indices().nth(skip).map_or(0, |(i, _)| i);
-    format!("…{}", &text[start..])
+    crate::text::clip(text.trim(), 600)
 }
 
 /// The wait a provider's message names: "try again in 2.4s", "… in
@@ -428,7 +405,6 @@ mod tests {
             claude_reset_epoch("Claude AI usage limit reached|1700000000"),
             Some(1_700_000_000.0)
         );
-        assert_eq!(tail("abcdef", 3), "…def");
         assert_eq!(retry_after_in_text("Please try again in 2.4s."), Some(2400));
         assert_eq!(retry_after_in_text("try again in 500ms"), Some(500));
         assert_eq!(retry_after_in_text("Retry after 7 seconds"), Some(7000));

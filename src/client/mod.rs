@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-pub use bearer::{Bearer, Lifetime};
+pub use bearer::Bearer;
 pub use retry::{CallError, Reply, caps};
 
 use crate::redact::{Redactor, SecretKind};
@@ -23,8 +23,8 @@ use crate::secret::Secret;
 use crate::timings::{RetryPolicy, Timings};
 use crate::wire::routes::{self, Auth, EmptyObject, Endpoint, Location, Route};
 use crate::wire::{
-    self, Access, BootStatus, BootStatusBody, EnvBundle, Event, EventsBody, FinishBody,
-    RepoTokenRequest, RepoTokenResponse, Session,
+    self, Access, BootStatus, BootStatusBody, EnvBundle, FinishBody, RepoTokenRequest,
+    RepoTokenResponse, Session,
 };
 
 /// Where the coordinator is and how to authenticate to it.
@@ -110,11 +110,6 @@ impl Api {
     /// The redactor every value this client mints is added to.
     pub fn redactor(&self) -> &Redactor {
         &self.redactor
-    }
-
-    /// The session id.
-    pub fn session_id(&self) -> &str {
-        &self.config.session_id
     }
 
     /// The current bearer, if one was pulled.
@@ -388,27 +383,6 @@ impl Api {
         )
         .await
         .map(|_| ())
-    }
-
-    /// Posts a batch of events (2.6) once per the given policy and returns
-    /// `acceptedThrough`.
-    pub async fn post_events(
-        &self,
-        run_id: &str,
-        events: &[Event],
-        policy: RetryPolicy,
-    ) -> Result<u64, CallError> {
-        let call = "events post";
-        let e = routes::EVENTS;
-        let body = EventsBody {
-            events: events.to_vec(),
-        };
-        let reply = self
-            .authed(call, policy, e.spec().cap, |t| {
-                self.build_json(e, run_id, Some(t), &body)
-            })
-            .await?;
-        decode(call, e, &reply).map(|a| a.accepted_through)
     }
 
     /// Posts a ready-made events body (`{"events":[…]}`, as read back from

@@ -234,7 +234,7 @@ async fn attempt(request: RequestBuilder, cap: usize) -> Attempt {
         let detail = match read_capped(response, VERDICT_DETAIL_BYTES).await {
             Ok(body) if !body.is_empty() => {
                 let text = String::from_utf8_lossy(&body);
-                format!(": {}", text.chars().take(200).collect::<String>())
+                format!(": {}", crate::text::head(&text, 200))
             }
             _ => String::new(),
         };

@@ -495,15 +495,11 @@ impl Coordinator {
     /// Stops the server: no new connections, requests in flight get up to
     /// 2 s, then everything is dropped.
     pub async fn shutdown(&self) {
-        let tx = self
-            .shutdown_tx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let tx = crate::sync::lock(&self.shutdown_tx).take();
         if let Some(tx) = tx {
             let _ = tx.send(());
         }
-        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let task = crate::sync::lock(&self.task).take();
         if let Some(mut task) = task {
             if tokio::time::timeout(Duration::from_secs(2), &mut task)
                 .await
@@ -517,11 +513,7 @@ impl Coordinator {
 
 impl Drop for Coordinator {
     fn drop(&mut self) {
-        let task = self
-            .task
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let task = crate::sync::lock(&self.task).take();
         if let Some(task) = task {
             task.abort();
         }

@@ -60,7 +60,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// A consistent copy of the state.
@@ -665,17 +665,16 @@ async fn git_route(
         return (StatusCode::FORBIDDEN, "this repo token is read-only\n").into_response();
     }
     let max_file_size = sh.lock().git_max_file_size;
-    git::http_backend(
-        &sh.cfg.repo,
-        &sh.cfg.branch,
+    let request = git::BackendRequest {
+        repo: &sh.cfg.repo,
+        branch: &sh.cfg.branch,
         max_file_size,
         method,
         path_info,
         query,
         headers,
-        body,
-    )
-    .await
+    };
+    git::http_backend(request, body).await
 }
 
 #[cfg(test)]

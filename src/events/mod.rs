@@ -170,11 +170,6 @@ impl EventSender {
         redactor.refresh();
         redactor
     }
-
-    /// The spool written to.
-    pub fn spool(&self) -> &Spool {
-        &self.shared.spool
-    }
 }
 
 /// The sink of one run: the spool, the sender task and the handle to close
@@ -498,12 +493,7 @@ async fn send_batch(
     let post = api.post_events_body(run_id, body, timings.retry.events);
     tokio::pin!(post);
     let result = loop {
-        let cut = async {
-            match *deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
+        let cut = crate::sync::sleep_until(*deadline);
         tokio::select! {
             r = &mut post => break Some(r),
             d = &mut *close_rx, if deadline.is_none() => {

@@ -226,12 +226,7 @@ pub async fn run(
         )
         .await,
     );
-    if let Some(recovered) = ctx
-        .recovered_at_boot
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
+    if let Some(recovered) = crate::sync::lock(&ctx.recovered_at_boot).take() {
         workspace_steps::emit(&sender, &recovered);
     }
     // The workspace moves to the remote's session branch (what the user

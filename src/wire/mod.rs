@@ -762,7 +762,7 @@ pub const MAX_REASON_CHARS: usize = 800;
 
 /// Truncates `text` to [`MAX_REASON_CHARS`] characters (call after redaction).
 pub fn truncate_reason(text: &str) -> String {
-    text.chars().take(MAX_REASON_CHARS).collect()
+    crate::text::head(text, MAX_REASON_CHARS).to_string()
 }
 
 #[cfg(test)]
