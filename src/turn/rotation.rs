@@ -32,6 +32,12 @@ impl Rotation {
         self.cancel.cancel();
         let _ = self.task.await;
     }
+
+    /// Stops the rotation without waiting for it, for a turn that cannot
+    /// await: the task ends at its next poll, a refresh in flight dropped.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
 }
 
 async fn rotate(api: Arc<Api>, session_dir: Arc<SessionDir>, cancel: CancellationToken) {
