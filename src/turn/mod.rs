@@ -259,9 +259,9 @@ impl<'a> Turn<'a> {
         }
     }
 
-    /// Step 1: writes `task.txt` and the bearer file, with a bearer pulled first
-    /// unless the current one outlasts the idle refresh lead; returns the
-    /// task file's path.
+    /// Step 1: writes `task.txt` and the bearer file, with a bearer pulled
+    /// first unless the current one outlasts the idle refresh lead; returns
+    /// the task file's path.
     async fn write_files(&mut self, prompt: &str) -> Result<PathBuf, Early> {
         let api = &self.ctx.api;
         let task_path = self
@@ -327,9 +327,9 @@ impl<'a> Turn<'a> {
         Ok(sender)
     }
 
-    /// Step 3: starts the rotation, emits the runner's first events and moves the
-    /// workspace to the remote's session branch; returns where the harvest
-    /// counts from.
+    /// Step 3: starts the rotation, emits the runner's first events and moves
+    /// the workspace to the remote's session branch (what the user pushed
+    /// between turns); returns where the harvest counts from.
     async fn before_agent(&mut self, events: &EventSender) -> Option<String> {
         let ctx = self.ctx;
         self.rotation = Some(Rotation::start(ctx.api.clone(), ctx.session_dir.clone()));
@@ -359,9 +359,9 @@ impl<'a> Turn<'a> {
         self.budget.unless_stopped(sync).await?.start_sha
     }
 
-    /// Steps 3–4: the watch's first read; unless it (or a stop) asks to interrupt,
-    /// the watch and the agent. Returns the outcome and the stop that ended
-    /// the agent, if one did.
+    /// Steps 3–4: the watch's first read; unless it (or a stop) asks to
+    /// interrupt, the watch and the agent. Returns the outcome and the stop
+    /// that ended the agent, if one did.
     async fn run_agent(
         &mut self,
         input: &TurnInput,

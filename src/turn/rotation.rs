@@ -34,9 +34,12 @@ impl Rotation {
     }
 
     /// Stops the rotation without waiting for it, for a turn that cannot
-    /// await: the task ends at its next poll, a refresh in flight dropped.
+    /// await (its drop): the task is not polled again, a refresh in flight
+    /// is dropped. Unlike [`Rotation::stop`] it cannot rule out one last
+    /// write by a poll running on another thread at that moment.
     pub fn cancel(&self) {
         self.cancel.cancel();
+        self.task.abort();
     }
 }
 
