@@ -44,8 +44,9 @@ use std::time::Duration;
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::cgroup::{self, CgroupMode, TurnCgroup};
@@ -206,30 +207,40 @@ where
     F: Fn(Stream) -> S,
     S: OutputSink,
 {
-    let spawn_error = |reason: String| SpawnError {
-        program: spec.program.clone(),
-        reason,
-    };
-    // A failed chdir in the child reports only "No such file or directory",
-    // as if the program were missing: name the directory instead.
-    match std::fs::metadata(&spec.cwd) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err(spawn_error(format!(
-                "its working directory {} is not a directory",
-                spec.cwd.display()
-            )));
-        }
-        Err(e) => {
-            return Err(spawn_error(format!(
-                "its working directory {} cannot be used: {e}",
-                spec.cwd.display()
-            )));
-        }
-    }
+    check_cwd(&spec)?;
     let runner = Runner::current();
     tree::become_subreaper();
-    let cgroup = match supervision.cgroup {
+    let turn = TurnProcesses::spawn(spec, supervision, output, runner).await?;
+    // `control` stays open until the turn is torn down: a request sent
+    // meanwhile is not refused.
+    let waited = turn.wait(&mut control, supervision).await;
+    Ok(turn.end(waited, supervision.drain).await)
+}
+
+/// A failed chdir in the child reports only "No such file or directory", as
+/// if the program were missing: this names the directory instead.
+fn check_cwd(spec: &SpawnSpec) -> Result<(), SpawnError> {
+    let reason = match std::fs::metadata(&spec.cwd) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(_) => format!(
+            "its working directory {} is not a directory",
+            spec.cwd.display()
+        ),
+        Err(e) => format!(
+            "its working directory {} cannot be used: {e}",
+            spec.cwd.display()
+        ),
+    };
+    Err(SpawnError {
+        program: spec.program.clone(),
+        reason,
+    })
+}
+
+/// The turn's cgroup, when `mode` asks for one and one can be made (why not
+/// is logged once per runner).
+fn turn_cgroup(mode: CgroupMode) -> Option<TurnCgroup> {
+    match mode {
         CgroupMode::Off => None,
         CgroupMode::Auto => match TurnCgroup::create() {
             Ok(c) => Some(c),
@@ -241,8 +252,37 @@ where
                 None
             }
         },
-    };
+    }
+}
 
+/// The two sides of the turn's guard, when the supervision names one and
+/// its pipes can be made (logged when not).
+fn prepare_guard(
+    supervision: &Supervision,
+    cgroup: Option<&TurnCgroup>,
+) -> (Option<guard::Launch>, Option<guard::Watch>) {
+    let Some(exe) = &supervision.guard_exe else {
+        return (None, None);
+    };
+    match guard::prepare(exe, cgroup.map(|c| c.path())) {
+        Ok((l, w)) => (Some(l), Some(w)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot prepare the turn's guard; if the runner dies, only the agent's leader dies with it");
+            (None, None)
+        }
+    }
+}
+
+/// The agent's command: the whole environment as given, three pipes, and a
+/// child that starts with no blocked signal, dies with the runner, leads a
+/// session of its own, forks the guard and joins the cgroup before exec.
+/// `cgroup` must stay alive until the command was spawned (the child uses
+/// its descriptor).
+fn command(
+    spec: &SpawnSpec,
+    cgroup: Option<&TurnCgroup>,
+    launch: Option<guard::Launch>,
+) -> Command {
     let mut command = Command::new(&spec.program);
     command
         .args(&spec.args)
@@ -254,22 +294,13 @@ where
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     let parent = rustix::process::getpid();
-    let procs_fd = cgroup.as_ref().map(|c| c.procs_fd().as_raw_fd());
+    let procs_fd = cgroup.map(|c| c.procs_fd().as_raw_fd());
     let no_signals = crate::process::reaper::signal_set(&[]);
-    let (launch, watch) = match &supervision.guard_exe {
-        Some(exe) => match guard::prepare(exe, cgroup.as_ref().map(|c| c.path())) {
-            Ok((l, w)) => (Some(l), Some(w)),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot prepare the turn's guard; if the runner dies, only the agent's leader dies with it");
-                (None, None)
-            }
-        },
-        None => (None, None),
-    };
     // SAFETY: only async-signal-safe calls (sigprocmask, prctl, getppid,
     // setsid, fork, waitpid, write) run between fork and exec; nothing
-    // allocates or takes a lock. `procs_fd` stays open (owned by `cgroup`)
-    // until the spawn returned; `launch` is owned by the closure.
+    // allocates or takes a lock. `procs_fd` stays open (owned by the
+    // caller's cgroup) until the spawn returned; `launch` is owned by the
+    // closure.
     unsafe {
         command.pre_exec(move || {
             // The agent starts with no blocked signal, whatever the
@@ -296,32 +327,22 @@ where
             Ok(())
         });
     }
-    let spawned = tree::spawn(command).await;
-    let guard = watch.as_ref().map(guard::Watch::started);
-    let mut child = match spawned {
-        Ok(c) => c,
-        Err(e) => {
-            // The child may have started a guard before its exec failed.
-            if let Some(Ok(started)) = guard {
-                guard::stand_down(started).await;
-            }
-            if let Some(c) = cgroup {
-                c.remove(Duration::ZERO).await;
-            }
-            return Err(spawn_error(e.to_string()));
-        }
-    };
-    let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
-    tracing::info!(pgid = pid, program = %spec.program, cgroup = cgroup.is_some(), "agent started in a session of its own (no controlling terminal)");
-    let guard_pid = match guard {
-        Some(Ok(started)) => Some(started.pid),
-        Some(Err(reason)) => {
-            tracing::warn!(pgid = pid, %reason, "cannot start the turn's guard; if the runner dies, only the agent's leader dies with it");
-            None
-        }
-        None => None,
-    };
+    command
+}
 
+/// Starts a reader per output stream and a writer for stdin (a task of its
+/// own: an agent that never reads stdin must not block the turn); returns
+/// the readers.
+fn start_pipes<F, S>(
+    child: &mut Child,
+    stdin: Vec<u8>,
+    mut feed: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
+    output: F,
+) -> Vec<JoinHandle<()>>
+where
+    F: Fn(Stream) -> S,
+    S: OutputSink,
+{
     let mut readers = Vec::new();
     if let Some(stdout) = child.stdout.take() {
         readers.push(tokio::spawn(pump(stdout, output(Stream::Stdout))));
@@ -329,147 +350,257 @@ where
     if let Some(stderr) = child.stderr.take() {
         readers.push(tokio::spawn(pump(stderr, output(Stream::Stderr))));
     }
-    if let Some(mut stdin) = child.stdin.take() {
-        let input = spec.stdin;
-        let mut feed = spec.stdin_feed;
-        // A separate task: an agent that never reads stdin must not block us.
+    if let Some(mut pipe) = child.stdin.take() {
         tokio::spawn(async move {
-            let mut ok = stdin.write_all(&input).await.is_ok();
+            let mut ok = pipe.write_all(&stdin).await.is_ok();
             if let Some(feed) = feed.as_mut() {
                 while ok && let Some(bytes) = feed.recv().await {
-                    ok = stdin.write_all(&bytes).await.is_ok() && stdin.flush().await.is_ok();
+                    ok = pipe.write_all(&bytes).await.is_ok() && pipe.flush().await.is_ok();
                 }
             }
-            let _ = stdin.shutdown().await;
+            let _ = pipe.shutdown().await;
         });
     }
-    let collector = tokio::spawn(tree::reap_adopted_continuously(runner));
+    readers
+}
 
-    // Wait for the leader's exit without reaping it.
-    let exited = tokio::task::spawn_blocking(move || wait_without_reaping(pid));
-    tokio::pin!(exited);
-    let mut signalled = false;
-    let mut timed_out = false;
-    let mut control_open = true;
-    let mut kill_at: Option<Instant> = None;
-    let mut cap_at = supervision
-        .time_cap
-        .and_then(|cap| Instant::now().checked_add(cap));
-    // Fail closed: a turn whose guard is gone would not die with the runner.
-    // Disarmed once the runner itself sends SIGKILL to the group (which
-    // kills the guard too).
-    let guard_gone = guard_gone(guard_pid, pid);
-    tokio::pin!(guard_gone);
-    let mut guard_armed = guard_pid.is_some();
-    let mut guard_died = None;
-    loop {
-        let kill_sleep = crate::sync::sleep_until(kill_at);
-        let cap_sleep = crate::sync::sleep_until(cap_at);
-        tokio::select! {
-            _ = &mut exited => break,
-            () = &mut guard_gone, if guard_armed => {
-                tracing::warn!(pgid = pid, guard_pid, "the turn's guard died before the turn ended; killing every process of the turn, which would not die with the runner");
-                guard_died = guard_pid;
-                break;
-            }
-            msg = control.recv(), if control_open => match msg {
-                Some(Control::Interrupt { grace }) => {
-                    signalled = true;
-                    signal_group(pid, Signal::INT);
-                    let at = Instant::now() + grace;
-                    kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+/// One started turn and what must go with it: the leader (still the
+/// runner's child), its guard and the runner's end of the guard's pipe, the
+/// cgroup, the pipe readers and the reaper of adopted orphans.
+/// [`TurnProcesses::end`] tears them all down in the order the module doc shows;
+/// until then a dropped `TurnProcesses` still kills the leader (`kill_on_drop`).
+struct TurnProcesses {
+    /// The leader's pid: the turn's process group and session id.
+    pid: i32,
+    runner: Runner,
+    child: Child,
+    cgroup: Option<TurnCgroup>,
+    /// Held until the group is empty: its close tells the guard the runner
+    /// is gone.
+    guard_watch: Option<guard::Watch>,
+    /// The guard's pid, when it started.
+    guard_pid: Option<i32>,
+    readers: Vec<JoinHandle<()>>,
+    collector: JoinHandle<()>,
+}
+
+/// How the wait for the leader ended.
+struct Waited {
+    signalled: bool,
+    timed_out: bool,
+    guard_died: Option<i32>,
+}
+
+impl TurnProcesses {
+    /// Starts the agent with its guard, cgroup, pipes and orphan reaper.
+    ///
+    /// Errors: the spawn failed; the guard its child may have started and
+    /// the cgroup are gone again.
+    async fn spawn<F, S>(
+        spec: SpawnSpec,
+        supervision: &Supervision,
+        output: F,
+        runner: Runner,
+    ) -> Result<TurnProcesses, SpawnError>
+    where
+        F: Fn(Stream) -> S,
+        S: OutputSink,
+    {
+        let cgroup = turn_cgroup(supervision.cgroup);
+        let (launch, guard_watch) = prepare_guard(supervision, cgroup.as_ref());
+        let spawned = tree::spawn(command(&spec, cgroup.as_ref(), launch)).await;
+        let guard = guard_watch.as_ref().map(guard::Watch::started);
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                // The child may have started a guard before its exec failed.
+                if let Some(Ok(started)) = guard {
+                    guard::stand_down(started).await;
                 }
-                Some(Control::Kill) => {
-                    signalled = true;
+                if let Some(c) = cgroup {
+                    c.remove(Duration::ZERO).await;
+                }
+                return Err(SpawnError {
+                    program: spec.program,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        tracing::info!(pgid = pid, program = %spec.program, cgroup = cgroup.is_some(), "agent started in a session of its own (no controlling terminal)");
+        let guard_pid = match guard {
+            Some(Ok(started)) => Some(started.pid),
+            Some(Err(reason)) => {
+                tracing::warn!(pgid = pid, %reason, "cannot start the turn's guard; if the runner dies, only the agent's leader dies with it");
+                None
+            }
+            None => None,
+        };
+        let readers = start_pipes(&mut child, spec.stdin, spec.stdin_feed, output);
+        let collector = tokio::spawn(tree::reap_adopted_continuously(runner));
+        Ok(TurnProcesses {
+            pid,
+            runner,
+            child,
+            cgroup,
+            guard_watch,
+            guard_pid,
+            readers,
+            collector,
+        })
+    }
+
+    /// Waits for the leader's exit without reaping it, obeying `control`
+    /// (SIGINT, SIGKILL after the grace period; SIGKILL) and the time cap,
+    /// and watching the guard.
+    async fn wait(
+        &self,
+        control: &mut mpsc::UnboundedReceiver<Control>,
+        supervision: &Supervision,
+    ) -> Waited {
+        let pid = self.pid;
+        let exited = tokio::task::spawn_blocking(move || wait_without_reaping(pid));
+        tokio::pin!(exited);
+        let mut waited = Waited {
+            signalled: false,
+            timed_out: false,
+            guard_died: None,
+        };
+        let mut control_open = true;
+        let mut kill_at: Option<Instant> = None;
+        let mut cap_at = supervision
+            .time_cap
+            .and_then(|cap| Instant::now().checked_add(cap));
+        // Fail closed: a turn whose guard is gone would not die with the
+        // runner. Disarmed once the runner itself sends SIGKILL to the group
+        // (which kills the guard too).
+        let guard_gone = guard_gone(self.guard_pid, pid);
+        tokio::pin!(guard_gone);
+        let mut guard_armed = self.guard_pid.is_some();
+        loop {
+            let kill_sleep = crate::sync::sleep_until(kill_at);
+            let cap_sleep = crate::sync::sleep_until(cap_at);
+            tokio::select! {
+                _ = &mut exited => return waited,
+                () = &mut guard_gone, if guard_armed => {
+                    tracing::warn!(pgid = pid, guard_pid = self.guard_pid, "the turn's guard died before the turn ended; killing every process of the turn, which would not die with the runner");
+                    waited.guard_died = self.guard_pid;
+                    return waited;
+                }
+                msg = control.recv(), if control_open => match msg {
+                    Some(Control::Interrupt { grace }) => {
+                        waited.signalled = true;
+                        signal_group(pid, Signal::INT);
+                        let at = Instant::now() + grace;
+                        kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+                    }
+                    Some(Control::Kill) => {
+                        waited.signalled = true;
+                        guard_armed = false;
+                        signal_group(pid, Signal::KILL);
+                    }
+                    // The turn is gone: nobody can interrupt any more.
+                    None => control_open = false,
+                },
+                _ = kill_sleep => {
+                    tracing::warn!(pgid = pid, "agent still running after the grace period; SIGKILL to its process group");
                     guard_armed = false;
                     signal_group(pid, Signal::KILL);
+                    kill_at = None;
                 }
-                // The turn is gone: nobody can interrupt any more.
-                None => control_open = false,
-            },
-            _ = kill_sleep => {
-                tracing::warn!(pgid = pid, "agent still running after the grace period; SIGKILL to its process group");
-                guard_armed = false;
-                signal_group(pid, Signal::KILL);
-                kill_at = None;
-            }
-            _ = cap_sleep => {
-                cap_at = None;
-                if !signalled {
-                    tracing::warn!(pgid = pid, "the turn's time cap is reached; interrupting the agent");
-                    signalled = true;
-                    timed_out = true;
-                    signal_group(pid, Signal::INT);
-                    kill_at = Some(Instant::now() + supervision.cap_grace);
+                _ = cap_sleep => {
+                    cap_at = None;
+                    if !waited.signalled {
+                        tracing::warn!(pgid = pid, "the turn's time cap is reached; interrupting the agent");
+                        waited.signalled = true;
+                        waited.timed_out = true;
+                        signal_group(pid, Signal::INT);
+                        kill_at = Some(Instant::now() + supervision.cap_grace);
+                    }
                 }
             }
         }
     }
 
-    tracing::debug!(pgid = pid, "agent leader exited");
-    // The leader is a zombie: its group id is still ours. Kill the rest of
-    // the group (the guard included), the cgroup, then whatever left both.
-    signal_group(pid, Signal::KILL);
-    if let Some(c) = &cgroup
-        && let Err(e) = c.kill()
-    {
-        tracing::warn!(cgroup = %c.path().display(), error = %e, "cannot kill the turn's cgroup");
-    }
-    let seeds = || {
-        let mut s = vec![pid];
-        s.extend(guard_pid);
-        if let Some(c) = &cgroup {
-            s.extend(c.pids());
+    /// After the leader exited: kills the rest of the turn, reaps the
+    /// leader, drains the pipes for at most `drain`, waits for the group to
+    /// be empty, then closes the guard's pipe and removes the cgroup.
+    async fn end(mut self, waited: Waited, drain: Duration) -> Exit {
+        let pid = self.pid;
+        tracing::debug!(pgid = pid, "agent leader exited");
+        let report = self.sweep().await;
+        let status = self.child.wait().await.ok();
+        tree::forget(pid);
+        self.drain(drain).await;
+        // The guard is in the group: an empty group is a dead (and reaped)
+        // guard, which must not act on its pipe's EOF.
+        wait_group_gone(pid, self.runner, SWEEP_BOUND).await;
+        tracing::debug!(pgid = pid, "process group empty");
+        drop(self.guard_watch);
+        self.collector.abort();
+        if let Some(c) = self.cgroup {
+            c.remove(SWEEP_BOUND).await;
         }
-        s
-    };
-    let report = tree::sweep(runner, pid, seeds, SWEEP_BOUND).await;
-    if !report.left.is_empty() {
-        tracing::error!(pgid = pid, left = ?report.left, "processes of the turn are still alive after the sweep");
-    } else if report.killed > 0 {
-        tracing::info!(
-            pgid = pid,
-            killed = report.killed,
-            "killed processes the agent left behind"
-        );
+        Exit {
+            status,
+            signalled: waited.signalled,
+            pgid: pid,
+            timed_out: waited.timed_out,
+            swept: report.killed,
+            guard_died: waited.guard_died,
+        }
     }
-    tracing::debug!(pgid = pid, killed = report.killed, "sweep done");
-    let status = child.wait().await.ok();
-    tree::forget(pid);
 
-    // Drain what the pipes hold, bounded: a process that escaped the sweep
-    // may keep them open.
-    let drain_deadline = Instant::now() + supervision.drain;
-    for reader in readers.iter_mut() {
-        if tokio::time::timeout_at(drain_deadline, &mut *reader)
-            .await
-            .is_err()
+    /// The leader is a zombie: its group id is still ours. Kills the rest of
+    /// the group (the guard included), the cgroup, then whatever left both.
+    async fn sweep(&self) -> tree::SweepReport {
+        let pid = self.pid;
+        signal_group(pid, Signal::KILL);
+        if let Some(c) = &self.cgroup
+            && let Err(e) = c.kill()
         {
-            reader.abort();
-            tracing::warn!(
+            tracing::warn!(cgroup = %c.path().display(), error = %e, "cannot kill the turn's cgroup");
+        }
+        let seeds = || {
+            let mut s = vec![pid];
+            s.extend(self.guard_pid);
+            if let Some(c) = &self.cgroup {
+                s.extend(c.pids());
+            }
+            s
+        };
+        let report = tree::sweep(self.runner, pid, seeds, SWEEP_BOUND).await;
+        if !report.left.is_empty() {
+            tracing::error!(pgid = pid, left = ?report.left, "processes of the turn are still alive after the sweep");
+        } else if report.killed > 0 {
+            tracing::info!(
                 pgid = pid,
-                "agent output still open after the drain bound; closed"
+                killed = report.killed,
+                "killed processes the agent left behind"
             );
         }
+        tracing::debug!(pgid = pid, killed = report.killed, "sweep done");
+        report
     }
-    tracing::debug!(pgid = pid, "pipes drained");
-    // The guard is in the group: an empty group is a dead (and reaped)
-    // guard, which must not act on its pipe's EOF.
-    wait_group_gone(pid, runner, SWEEP_BOUND).await;
-    tracing::debug!(pgid = pid, "process group empty");
-    drop(watch);
-    collector.abort();
-    if let Some(c) = cgroup {
-        c.remove(SWEEP_BOUND).await;
+
+    /// Reads what the pipes hold for at most `bound`, then closes them: a
+    /// process that escaped the sweep may keep them open.
+    async fn drain(&mut self, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        for reader in self.readers.iter_mut() {
+            if tokio::time::timeout_at(deadline, &mut *reader)
+                .await
+                .is_err()
+            {
+                reader.abort();
+                tracing::warn!(
+                    pgid = self.pid,
+                    "agent output still open after the drain bound; closed"
+                );
+            }
+        }
+        tracing::debug!(pgid = self.pid, "pipes drained");
     }
-    Ok(Exit {
-        status,
-        signalled,
-        pgid: pid,
-        timed_out,
-        swept: report.killed,
-        guard_died,
-    })
 }
 
 /// Resolves when the guard `guard` (a member of session `session`) is gone:

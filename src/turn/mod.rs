@@ -15,21 +15,23 @@ pub mod workspace_steps;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{mpsc, watch as tokio_watch};
+use tokio::task::JoinHandle;
 
 use crate::agent::AgentConfig;
 use crate::agent::drive::{self, DriveInput, RunRequest};
 use crate::agent::{AgentSession, TurnOutcome};
 use crate::client::Api;
-use crate::events::EventSink;
+use crate::events::event::RunnerEvent;
+use crate::events::{EventSender, EventSink, FlushReport};
 use crate::process::supervisor::Supervision;
-use crate::session_dir::{RunDir, SessionDir};
+use crate::session_dir::{RunDir, SessionDir, SessionDirError};
 use crate::signals::{Stop, StopBudget};
-use crate::timings::RetryPolicy;
-use crate::wire::{BootStatus, FinishBody, FinishError, HarvestResult};
+use crate::timings::{RetryPolicy, Timings};
+use crate::wire::{BootStatus, FinishBody, FinishError, HarvestResult, RunOutcome};
 use crate::workspace::Harvester;
+use rotation::Rotation;
 
 /// What every turn of the boot shares.
 pub struct TurnContext {
@@ -116,7 +118,8 @@ fn fatal(run_id: &str, reason: impl Into<String>, seal: SealState) -> TurnFatal 
     }
 }
 
-/// Runs one turn to its seal.
+/// Runs one turn to its seal: the steps of PROTOCOL.md 4.1 over one
+/// [`Turn`], which undoes what they set up whichever step ends the turn.
 ///
 /// Errors: [`TurnFatal`] when a required call fails or the files cannot be
 /// written; the caller seals the run `failed` (`runner_error`) if needed and
@@ -126,231 +129,458 @@ pub async fn run(
     input: TurnInput,
     stop: &mut tokio_watch::Receiver<Stop>,
 ) -> Result<TurnEnd, TurnFatal> {
-    let api = &ctx.api;
-    let timings = *api.timings();
     let run_id = input.run_id.as_str();
     tracing::info!(run_id, "turn starting");
+    let mut turn = Turn::open(ctx, run_id, stop)
+        .map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?;
+    let steps = turn.steps(&input).await;
+    turn.end(steps).await
+}
 
-    let mut guard = StopBudget::new(stop.clone(), timings.stop_budget);
+/// Why a step ended the turn before its seal.
+enum Early {
+    /// A stop before `turn_started` was acknowledged: as between turns,
+    /// nothing is posted and the run directory goes (PROTOCOL.md 4.4).
+    StoppedBeforeAck,
+    /// A stop once the turn was acknowledged, or the stop budget ran out:
+    /// what is left is skipped and the run directory stays.
+    Stopped,
+    /// A required call failed or a file could not be written (the
+    /// [`TurnFatal`] reason).
+    Failed(String),
+}
 
-    // 1. task.txt and the bearer file.
-    let run_dir = RunDir::create(&ctx.root, run_id)
-        .map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?;
-    let remove_run_dir = |run_dir: &RunDir| {
-        if let Err(e) = run_dir.remove() {
-            tracing::warn!(run_id, error = %e, "cannot remove the run directory");
+/// One turn in progress and what it must undo on every way out: the bearer
+/// file the agent reads (PROTOCOL.md 4.1 steps 1 and 5), the bearer rotation
+/// that rewrites it and the interrupt watch that reads it (both stopped
+/// before the file goes, so nothing recreates it), the run's event sink
+/// (flushed once), and where the seal stands for the boot's fatal path.
+/// [`Turn::end`] undoes them whichever step ended the turn; `Drop` removes
+/// the file and stops the tasks of a turn that never got there (a panic).
+struct Turn<'a> {
+    ctx: &'a TurnContext,
+    run_id: &'a str,
+    timings: Timings,
+    stop: &'a mut tokio_watch::Receiver<Stop>,
+    budget: StopBudget,
+    run_dir: RunDir,
+    /// The bearer file is written and not yet removed.
+    bearer_written: bool,
+    rotation: Option<Rotation>,
+    watch: Option<JoinHandle<()>>,
+    /// The run's event sink, until it is flushed.
+    events: Option<EventSink>,
+    seal: SealState,
+    /// What [`TurnFatal::events_delivered`] reports: set when `finish` fails
+    /// after the flush (the only fatal path that knows).
+    events_delivered: bool,
+}
+
+impl<'a> Turn<'a> {
+    /// Creates the run directory.
+    ///
+    /// Errors: the run directory cannot be created.
+    fn open(
+        ctx: &'a TurnContext,
+        run_id: &'a str,
+        stop: &'a mut tokio_watch::Receiver<Stop>,
+    ) -> Result<Turn<'a>, SessionDirError> {
+        let timings = *ctx.api.timings();
+        let budget = StopBudget::new(stop.clone(), timings.stop_budget);
+        let run_dir = RunDir::create(&ctx.root, run_id)?;
+        Ok(Turn {
+            ctx,
+            run_id,
+            timings,
+            stop,
+            budget,
+            run_dir,
+            bearer_written: false,
+            rotation: None,
+            watch: None,
+            events: None,
+            seal: SealState::NotSent,
+            events_delivered: false,
+        })
+    }
+
+    /// The steps of 4.1, in order; the first that ends the turn early says
+    /// why.
+    async fn steps(&mut self, input: &TurnInput) -> Result<TurnOutcome, Early> {
+        // 1. task.txt and the bearer file.
+        let task_path = self.write_files(&input.prompt).await?;
+        // 2. Acknowledgements.
+        self.acknowledge().await?;
+        // 3. The run's event spool, rotation, the workspace sync, the
+        // interrupt watch (first read before the agent starts).
+        let events = self.open_events().await?;
+        let start = self.before_agent(&events).await;
+        // 4. The agent (agent::drive: adapter, watchdogs, interrupts).
+        let (outcome, stopped_by) = self.run_agent(input, task_path, &events).await;
+        // 5. Stop the watch and the rotation, remove the bearer file.
+        self.release().await;
+        tracing::info!(
+            run_id = self.run_id,
+            status = outcome.status.as_str(),
+            "turn outcome"
+        );
+        // 6. Harvest, flush events, finish, turn_completed.
+        let harvested = self.harvest(outcome.status, start, events).await;
+        let stopping = stopped_by.is_some() || self.budget.stopping();
+        let report = self.flush(stopping).await.ok_or(Early::Stopped)?;
+        self.seal(&outcome, harvested, &report).await?;
+        self.complete().await?;
+        Ok(outcome)
+    }
+
+    /// Undoes what is left and says how the turn ended.
+    async fn end(mut self, steps: Result<TurnOutcome, Early>) -> Result<TurnEnd, TurnFatal> {
+        self.release().await;
+        // Every step that opens the sink flushes it today; a step added
+        // later that ends the turn in between still delivers its events.
+        if self.events.is_some() {
+            let stopping = self.budget.stopping();
+            self.flush(stopping).await;
         }
-    };
-    let task_path = run_dir
-        .write_task(&input.prompt)
-        .map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?;
-    let fresh = match api.bearer() {
-        Some(b) if !b.expires_within(timings.idle_refresh_lead) => Some(Ok(b)),
-        _ => {
-            guard
-                .unless_stopped(api.pull_bearer(timings.retry.agent_token_refresh))
-                .await
+        match steps {
+            Ok(_) if self.budget.stopping() => Ok(TurnEnd::Stopped(self.budget.current())),
+            Ok(outcome) => Ok(TurnEnd::Sealed(outcome)),
+            Err(Early::StoppedBeforeAck) => {
+                self.remove_run_dir();
+                Ok(TurnEnd::Stopped(self.budget.current()))
+            }
+            Err(Early::Stopped) => Ok(TurnEnd::Stopped(self.budget.current())),
+            Err(Early::Failed(reason)) => Err(TurnFatal {
+                events_delivered: self.events_delivered,
+                ..fatal(
+                    self.run_id,
+                    reason,
+                    std::mem::replace(&mut self.seal, SealState::NotSent),
+                )
+            }),
         }
-    };
-    let bearer = match fresh {
-        // A stop before the turn was acknowledged: as between turns, nothing
-        // is posted (PROTOCOL.md 4.4) and the run stays for the next sandbox.
-        None => {
-            remove_run_dir(&run_dir);
-            return Ok(TurnEnd::Stopped(guard.current()));
+    }
+
+    /// Step 1: writes `task.txt` and the bearer file, with a bearer pulled
+    /// first unless the current one outlasts the idle refresh lead; returns
+    /// the task file's path.
+    async fn write_files(&mut self, prompt: &str) -> Result<PathBuf, Early> {
+        let api = &self.ctx.api;
+        let task_path = self
+            .run_dir
+            .write_task(prompt)
+            .map_err(|e| Early::Failed(e.to_string()))?;
+        let fresh = match api.bearer() {
+            Some(b) if !b.expires_within(self.timings.idle_refresh_lead) => Some(Ok(b)),
+            _ => {
+                self.budget
+                    .unless_stopped(api.pull_bearer(self.timings.retry.agent_token_refresh))
+                    .await
+            }
+        };
+        // A stop before the turn was acknowledged: the run stays for the
+        // next sandbox.
+        let bearer = fresh
+            .ok_or(Early::StoppedBeforeAck)?
+            .map_err(|e| Early::Failed(e.to_string()))?;
+        self.ctx
+            .session_dir
+            .write_bearer(&bearer.token)
+            .map_err(|e| Early::Failed(e.to_string()))?;
+        self.bearer_written = true;
+        Ok(task_path)
+    }
+
+    /// Step 2: `turn_started`, then `run_started`.
+    async fn acknowledge(&mut self) -> Result<(), Early> {
+        let api = &self.ctx.api;
+        let run_id = self.run_id;
+        match self
+            .budget
+            .unless_stopped(api.post_status(BootStatus::TurnStarted, Some(run_id), None))
+            .await
+        {
+            None => return Err(Early::StoppedBeforeAck),
+            Some(Err(e)) => {
+                return Err(Early::Failed(format!(
+                    "turn_started was not acknowledged: {e}"
+                )));
+            }
+            Some(Ok(())) => {}
         }
-        Some(r) => r.map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?,
-    };
-    ctx.session_dir
-        .write_bearer(&bearer.token)
-        .map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?;
-    let remove_bearer = || {
-        if let Err(e) = ctx.session_dir.remove_bearer() {
+        // From here on a stop seals the run `interrupted` (4.4): a stop
+        // during `run_started` goes on to the seal.
+        if let Some(Err(e)) = self.budget.unless_stopped(api.run_started(run_id)).await {
+            return Err(Early::Failed(format!(
+                "run_started was not acknowledged: {e}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Opens the run's event spool (resumed if a killed runner left one);
+    /// returns a sender for the steps up to the harvest.
+    async fn open_events(&mut self) -> Result<EventSender, Early> {
+        let sink = EventSink::open(self.ctx.api.clone(), &self.run_dir, self.run_id)
+            .await
+            .map_err(|e| Early::Failed(e.to_string()))?;
+        let sender = sink.sender();
+        self.events = Some(sink);
+        Ok(sender)
+    }
+
+    /// Step 3: starts the rotation, emits the runner's first events and moves
+    /// the workspace to the remote's session branch (what the user pushed
+    /// between turns); returns where the harvest counts from.
+    async fn before_agent(&mut self, events: &EventSender) -> Option<String> {
+        let ctx = self.ctx;
+        self.rotation = Some(Rotation::start(ctx.api.clone(), ctx.session_dir.clone()));
+        events.emit(
+            RunnerEvent::Runner,
+            drive::runner_event(
+                &ctx.agent,
+                &ctx.agent_session,
+                &ctx.agent_env,
+                &ctx.repo_dir,
+            )
+            .await,
+        );
+        if let Some(recovered) = crate::sync::lock(&ctx.recovered_at_boot).take() {
+            workspace_steps::emit(events, &recovered);
+        }
+        // The sync comes before the watch's first read, so that an interrupt
+        // requested meanwhile still keeps the agent from starting.
+        let sync = workspace_steps::before_turn(&ctx.harvester, self.run_id, &self.timings, events);
+        // On a stop the sync goes on in the background; the harvest waits
+        // for it and counts from the remote's session branch.
+        self.budget.unless_stopped(sync).await?.start_sha
+    }
+
+    /// Steps 3–4: the watch's first read; unless it (or a stop) asks to
+    /// interrupt, the watch and the agent. Returns the outcome and the stop
+    /// that ended the agent, if one did.
+    async fn run_agent(
+        &mut self,
+        input: &TurnInput,
+        task_path: PathBuf,
+        events: &EventSender,
+    ) -> (TurnOutcome, Option<Stop>) {
+        let ctx = self.ctx;
+        let run_id = self.run_id;
+        let (stopped_by, first_read) = if self.budget.stopping() {
+            (Some(self.budget.current()), Ok(true))
+        } else {
+            let bearer_path = ctx.session_dir.bearer_path();
+            let read = watch::interrupt_requested(&ctx.api, &bearer_path, run_id).await;
+            (None, read)
+        };
+        let over_cap = match first_read {
+            Ok(true) => {
+                tracing::info!(
+                    run_id,
+                    "interrupt or stop requested before the agent started; not starting it"
+                );
+                let outcome = TurnOutcome {
+                    agent_session_id: ctx.agent_session.resume_id(),
+                    ..TurnOutcome::interrupted()
+                };
+                return (outcome, stopped_by);
+            }
+            Ok(false) => false,
+            Err(e) if e.over_cap => {
+                watch::log_over_cap(run_id, &e);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "first interrupt watch read failed; starting the agent anyway");
+                false
+            }
+        };
+        // `request_tx` lives until the agent ended: its requests channel
+        // stays open whether or not the watch fired.
+        let (request_tx, mut request_rx) = mpsc::unbounded_channel();
+        let tx = request_tx.clone();
+        self.watch = Some(watch::spawn(
+            ctx.api.clone(),
+            ctx.session_dir.bearer_path(),
+            run_id.to_string(),
+            over_cap,
+            move || {
+                let _ = tx.send(RunRequest::Interrupt);
+            },
+        ));
+        let input = DriveInput {
+            config: ctx.agent.clone(),
+            session: ctx.agent_session.clone(),
+            prompt: input.prompt.clone(),
+            cwd: ctx.repo_dir.clone(),
+            env: self.agent_env(task_path),
+            events: events.clone(),
+            redactor: ctx.api.redactor().clone(),
+            timings: self.timings,
+            supervision: ctx.supervision.clone(),
+        };
+        let driven = drive::run(input, &mut request_rx, self.stop).await;
+        drop(request_tx);
+        (driven.outcome, driven.stopped_by)
+    }
+
+    /// The agent's environment with the turn's variables.
+    fn agent_env(&self, task_path: PathBuf) -> Vec<(OsString, OsString)> {
+        let mut env = self.ctx.agent_env.clone();
+        env.push((
+            "ORIZU_TOKEN_FILE".into(),
+            self.ctx.session_dir.bearer_path().into(),
+        ));
+        env.push(("ORIZU_TASK_FILE".into(), task_path.into()));
+        env.push(("ORIZU_RUN_ID".into(), self.run_id.into()));
+        env
+    }
+
+    /// Stops the watch and the rotation, then removes the bearer file.
+    /// Idempotent.
+    async fn release(&mut self) {
+        if let Some(task) = self.watch.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        if let Some(rotation) = self.rotation.take() {
+            rotation.stop().await;
+        }
+        self.remove_bearer();
+    }
+
+    fn remove_bearer(&mut self) {
+        if std::mem::take(&mut self.bearer_written)
+            && let Err(e) = self.ctx.session_dir.remove_bearer()
+        {
             tracing::error!(error = %e, "cannot remove the bearer file");
         }
-    };
-
-    // 2. Acknowledgements.
-    match guard
-        .unless_stopped(api.post_status(BootStatus::TurnStarted, Some(run_id), None))
-        .await
-    {
-        None => {
-            remove_bearer();
-            remove_run_dir(&run_dir);
-            return Ok(TurnEnd::Stopped(guard.current()));
-        }
-        Some(Err(e)) => {
-            remove_bearer();
-            return Err(fatal(
-                run_id,
-                format!("turn_started was not acknowledged: {e}"),
-                SealState::NotSent,
-            ));
-        }
-        Some(Ok(())) => {}
-    }
-    // From here on a stop seals the run `interrupted` (4.4).
-    match guard.unless_stopped(api.run_started(run_id)).await {
-        None => {}
-        Some(Err(e)) => {
-            remove_bearer();
-            return Err(fatal(
-                run_id,
-                format!("run_started was not acknowledged: {e}"),
-                SealState::NotSent,
-            ));
-        }
-        Some(Ok(())) => {}
     }
 
-    // The run's event spool (resumed if a killed runner left one).
-    let sink = match EventSink::open(api.clone(), &run_dir, run_id).await {
-        Ok(sink) => sink,
-        Err(e) => {
-            remove_bearer();
-            return Err(fatal(run_id, e.to_string(), SealState::NotSent));
+    fn remove_run_dir(&self) {
+        if let Err(e) = self.run_dir.remove() {
+            tracing::warn!(run_id = self.run_id, error = %e, "cannot remove the run directory");
         }
-    };
+    }
 
-    // 3. Rotation, interrupt watch (first read before the agent starts).
-    let rotation = rotation::Rotation::start(api.clone(), ctx.session_dir.clone());
-    let sender = sink.sender();
-    sender.emit(
-        crate::events::event::RunnerEvent::Runner,
-        drive::runner_event(
-            &ctx.agent,
-            &ctx.agent_session,
-            &ctx.agent_env,
-            &ctx.repo_dir,
+    /// Step 6: harvests the agent's work (4.5). A stop that came after the agent
+    /// ended keeps the outcome ("the seal in progress keeps its status") but
+    /// gets the stop's bounds: one attempt each, within the stop budget; a
+    /// second signal skips what is left. Takes the turn's last event sender:
+    /// the flush ends early only once every sender is gone.
+    async fn harvest(
+        &mut self,
+        status: RunOutcome,
+        start: Option<String>,
+        events: EventSender,
+    ) -> Option<HarvestResult> {
+        workspace_steps::after_turn(
+            &self.ctx.harvester,
+            self.run_id,
+            status,
+            start,
+            &self.timings,
+            self.stop,
+            &events,
         )
-        .await,
-    );
-    if let Some(recovered) = crate::sync::lock(&ctx.recovered_at_boot).take() {
-        workspace_steps::emit(&sender, &recovered);
-    }
-    // The workspace moves to the remote's session branch (what the user
-    // pushed between turns) before the watch's first read, so that an
-    // interrupt requested meanwhile still keeps the agent from starting.
-    let start = match guard
-        .unless_stopped(workspace_steps::before_turn(
-            &ctx.harvester,
-            run_id,
-            &timings,
-            &sender,
-        ))
         .await
-    {
-        Some(synced) => synced.start_sha,
-        // The sync goes on in the background; the harvest waits for it and
-        // counts from the remote's session branch.
-        None => None,
-    };
-
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let mut watch_task = None;
-    let mut stopped_by: Option<Stop> = None;
-    let (request_tx, mut request_rx) = mpsc::unbounded_channel();
-    let first_read = if guard.stopping() {
-        stopped_by = Some(guard.current());
-        Ok(true)
-    } else {
-        watch::interrupt_requested(api, &ctx.session_dir.bearer_path(), run_id).await
-    };
-    let outcome = match first_read {
-        Ok(true) => {
-            tracing::info!(
-                run_id,
-                "interrupt or stop requested before the agent started; not starting it"
-            );
-            interrupted.store(true, Ordering::SeqCst);
-            TurnOutcome {
-                agent_session_id: ctx.agent_session.resume_id(),
-                ..TurnOutcome::interrupted()
-            }
-        }
-        other => {
-            let over_cap = matches!(&other, Err(e) if e.over_cap);
-            match other {
-                Err(e) if e.over_cap => watch::log_over_cap(run_id, &e),
-                Err(e) => {
-                    tracing::warn!(run_id, error = %e, "first interrupt watch read failed; starting the agent anyway");
-                }
-                Ok(_) => {}
-            }
-            let flag = interrupted.clone();
-            let tx = request_tx.clone();
-            watch_task = Some(watch::spawn(
-                api.clone(),
-                ctx.session_dir.bearer_path(),
-                run_id.to_string(),
-                over_cap,
-                move || {
-                    flag.store(true, Ordering::SeqCst);
-                    let _ = tx.send(RunRequest::Interrupt);
-                },
-            ));
-
-            // 4. The agent (agent::drive: adapter, watchdogs, interrupts).
-            let mut env = ctx.agent_env.clone();
-            env.push((
-                "ORIZU_TOKEN_FILE".into(),
-                ctx.session_dir.bearer_path().into(),
-            ));
-            env.push(("ORIZU_TASK_FILE".into(), task_path.clone().into()));
-            env.push(("ORIZU_RUN_ID".into(), run_id.into()));
-            let input = DriveInput {
-                config: ctx.agent.clone(),
-                session: ctx.agent_session.clone(),
-                prompt: input.prompt.clone(),
-                cwd: ctx.repo_dir.clone(),
-                env,
-                events: sender.clone(),
-                redactor: api.redactor().clone(),
-                timings,
-                supervision: ctx.supervision.clone(),
-            };
-            let driven = drive::run(input, &mut request_rx, stop).await;
-            if driven.stopped_by.is_some() {
-                stopped_by = driven.stopped_by;
-            }
-            driven.outcome
-        }
-    };
-    // 5. Stop the watch and the rotation, remove the bearer file.
-    if let Some(task) = watch_task {
-        task.abort();
-        let _ = task.await;
     }
-    rotation.stop().await;
-    remove_bearer();
-    tracing::info!(run_id, status = outcome.status.as_str(), "turn outcome");
 
-    // 6. Harvest, flush events, finish, turn_completed.
-    // A stop that came after the agent ended keeps the outcome ("the seal in
-    // progress keeps its status") but gets the stop's bounds: one attempt
-    // each, within the stop budget; a second signal skips what is left.
-    let harvested = workspace_steps::after_turn(
-        &ctx.harvester,
-        run_id,
-        outcome.status,
-        start,
-        &timings,
-        stop,
-        &sender,
-    )
-    .await;
-    drop(sender);
-    let stopping = stopped_by.is_some() || guard.stopping();
-    let flush_deadline = if stopping {
-        timings.stop_flush
-    } else {
-        timings.event_flush_deadline
-    };
-    let Some(report) = guard.bounded(sink.close(flush_deadline)).await else {
-        return Ok(TurnEnd::Stopped(guard.current()));
-    };
-    let mut body = FinishBody {
+    /// Flushes the run's events within the flush deadline (the stop's when
+    /// `stopping`). `None`: the stop cut it short, or no sink is open.
+    async fn flush(&mut self, stopping: bool) -> Option<FlushReport> {
+        let sink = self.events.take()?;
+        let deadline = if stopping {
+            self.timings.stop_flush
+        } else {
+            self.timings.event_flush_deadline
+        };
+        self.budget.bounded(sink.close(deadline)).await
+    }
+
+    /// One attempt per call once a stop was requested (4.4).
+    fn policy(&self) -> RetryPolicy {
+        if self.budget.stopping() {
+            RetryPolicy::ONCE
+        } else {
+            self.timings.retry.required
+        }
+    }
+
+    /// Seals the run (`finish`), then removes the run directory if every
+    /// event was delivered.
+    async fn seal(
+        &mut self,
+        outcome: &TurnOutcome,
+        result: Option<HarvestResult>,
+        report: &FlushReport,
+    ) -> Result<(), Early> {
+        let run_id = self.run_id;
+        let mut body = finish_body(outcome, result);
+        report.record_in(&mut body.error);
+        let policy = self.policy();
+        match self
+            .budget
+            .bounded(self.ctx.api.finish(run_id, &body, policy))
+            .await
+        {
+            None => return Err(Early::Stopped),
+            Some(Err(e)) if self.budget.stopping() => {
+                tracing::error!(run_id, error = %e, "finish failed during the graceful stop");
+                return Err(Early::Stopped);
+            }
+            Some(Err(e)) => {
+                self.seal = SealState::Unknown(body);
+                self.events_delivered = report.undelivered() == 0;
+                return Err(Early::Failed(format!("finish was not acknowledged: {e}")));
+            }
+            Some(Ok(())) => self.seal = SealState::Sealed,
+        }
+        tracing::info!(run_id, status = outcome.status.as_str(), "run sealed");
+        if report.undelivered() == 0 {
+            self.remove_run_dir();
+        }
+        Ok(())
+    }
+
+    /// `turn_completed`; during a graceful stop a failure is only logged.
+    async fn complete(&mut self) -> Result<(), Early> {
+        let run_id = self.run_id;
+        let policy = self.policy();
+        let completed =
+            self.ctx
+                .api
+                .post_status_with(BootStatus::TurnCompleted, Some(run_id), None, policy);
+        match self.budget.bounded(completed).await {
+            None => Err(Early::Stopped),
+            Some(Err(e)) if self.budget.stopping() => {
+                tracing::error!(run_id, error = %e, "turn_completed failed during the graceful stop");
+                Ok(())
+            }
+            Some(Err(e)) => Err(Early::Failed(format!(
+                "turn_completed was not acknowledged: {e}"
+            ))),
+            Some(Ok(())) => Ok(()),
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        // Only a turn that never reached `end` has anything left here.
+        if let Some(task) = self.watch.take() {
+            task.abort();
+        }
+        if let Some(rotation) = self.rotation.take() {
+            rotation.cancel();
+        }
+        self.remove_bearer();
+    }
+}
+
+fn finish_body(outcome: &TurnOutcome, result: Option<HarvestResult>) -> FinishBody {
+    FinishBody {
         status: outcome.status,
         agent_session_id: outcome.agent_session_id.clone(),
         error: outcome.error.as_ref().map(|e| FinishError {
@@ -361,60 +591,6 @@ pub async fn run(
             resets_at: e.resets_at.clone(),
         }),
         usage: outcome.usage.clone(),
-        result: harvested,
-    };
-    report.record_in(&mut body.error);
-    let policy = if guard.stopping() {
-        RetryPolicy::ONCE
-    } else {
-        timings.retry.required
-    };
-    match guard.bounded(api.finish(run_id, &body, policy)).await {
-        None => return Ok(TurnEnd::Stopped(guard.current())),
-        Some(Err(e)) if guard.stopping() => {
-            tracing::error!(run_id, error = %e, "finish failed during the graceful stop");
-            return Ok(TurnEnd::Stopped(guard.current()));
-        }
-        Some(Err(e)) => {
-            return Err(TurnFatal {
-                events_delivered: report.undelivered() == 0,
-                ..fatal(
-                    run_id,
-                    format!("finish was not acknowledged: {e}"),
-                    SealState::Unknown(body),
-                )
-            });
-        }
-        Some(Ok(())) => {}
+        result,
     }
-    tracing::info!(run_id, status = outcome.status.as_str(), "run sealed");
-    if report.undelivered() == 0 {
-        remove_run_dir(&run_dir);
-    }
-    let policy = if guard.stopping() {
-        RetryPolicy::ONCE
-    } else {
-        timings.retry.required
-    };
-    let completed = guard
-        .bounded(api.post_status_with(BootStatus::TurnCompleted, Some(run_id), None, policy))
-        .await;
-    match completed {
-        None => return Ok(TurnEnd::Stopped(guard.current())),
-        Some(Err(e)) if guard.stopping() => {
-            tracing::error!(run_id, error = %e, "turn_completed failed during the graceful stop");
-        }
-        Some(Err(e)) => {
-            return Err(fatal(
-                run_id,
-                format!("turn_completed was not acknowledged: {e}"),
-                SealState::Sealed,
-            ));
-        }
-        Some(Ok(())) => {}
-    }
-    if guard.stopping() {
-        return Ok(TurnEnd::Stopped(guard.current()));
-    }
-    Ok(TurnEnd::Sealed(outcome))
 }

@@ -32,6 +32,15 @@ impl Rotation {
         self.cancel.cancel();
         let _ = self.task.await;
     }
+
+    /// Stops the rotation without waiting for it, for a turn that cannot
+    /// await (its drop): the task is not polled again, a refresh in flight
+    /// is dropped. Unlike [`Rotation::stop`] it cannot rule out one last
+    /// write by a poll running on another thread at that moment.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+        self.task.abort();
+    }
 }
 
 async fn rotate(api: Arc<Api>, session_dir: Arc<SessionDir>, cancel: CancellationToken) {
