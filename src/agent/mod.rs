@@ -22,6 +22,7 @@ pub mod opencode;
 pub mod opencode_run;
 pub mod sse;
 pub mod usage;
+mod watchdog;
 
 use std::path::PathBuf;
 use std::sync::Mutex;
