@@ -30,9 +30,9 @@ use tokio::time::Instant;
 
 use super::watchdog::Watchdog;
 use super::{
-    AdapterIo, AgentConfig, AgentError, AgentKind, AgentSession, Effects, ExitRule, Launch, Note,
-    Observation, StdinMode, Terminal, TurnOutcome, TurnSpec, Usage, adapter_for, classify, command,
-    env,
+    Adapter, AdapterCommand, AdapterIo, AgentConfig, AgentError, AgentKind, AgentSession, Effects,
+    ExitRule, Launch, Note, Observation, StdinMode, Terminal, TurnOutcome, TurnSpec, Usage,
+    adapter_for, classify, command, env,
 };
 use crate::events::EventSender;
 use crate::events::event::RunnerEvent;
@@ -372,6 +372,68 @@ async fn run_once(
         &launch.env,
     );
 
+    let wired = start_adapter(adapter, &launch, &input.events);
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let watchdog = Watchdog::new(
+        &launch,
+        &config.timings,
+        &input.timings,
+        wired.commands,
+        control_tx,
+    );
+    let tail = Arc::new(Mutex::new(Tail::default()));
+    let observe = observer(watchdog.output_clock(), tail.clone());
+    let spawn = spawn_spec(input, &launch, env, wired.stdin);
+    // Bytes are redacted as a stream before lines are cut (a secret split
+    // across reads or across the 1 MiB cut is still found), then the lines
+    // go to the adapter, whose events are redacted again as values.
+    // The factory owns the callback: when the supervisor returns, every
+    // sender of the adapter's lines is gone and the adapter sees the end.
+    let redactor = input.redactor.clone();
+    let lines = wired.lines;
+    let output = move |stream| ChannelSink::new(stream, &redactor, observe.clone(), lines.clone());
+    let supervised = supervisor::run(spawn, control_rx, &input.supervision, output);
+
+    let mut process = Process {
+        input,
+        resume: resume.as_deref(),
+        watchdog,
+        notes: wired.notes,
+        abort: None,
+        flags,
+    };
+    let exit = match process.watch(supervised, requests, stop).await {
+        Ok(exit) => exit,
+        Err(e) => {
+            wired.task.abort();
+            return Err(e);
+        }
+    };
+    // The supervisor returned: its line callbacks are dropped, so the
+    // adapter sees the end of the output and returns.
+    let observation = collect(
+        wired.task,
+        input.timings.pipe_drain + Duration::from_secs(1),
+    )
+    .await;
+    let stderr_tail = std::mem::take(&mut tail.lock().unwrap_or_else(|p| p.into_inner()).0);
+    Ok(process.finish(exit, observation, launch.exit_rule, stderr_tail))
+}
+
+/// The adapter's task and the runner's ends of its channels.
+struct Wired {
+    task: tokio::task::JoinHandle<Observation>,
+    /// For the output sinks.
+    lines: mpsc::Sender<(Stream, Vec<Line>)>,
+    /// For the supervisor, in [`StdinMode::Channel`].
+    stdin: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
+    /// For the watchdog.
+    commands: mpsc::UnboundedSender<AdapterCommand>,
+    notes: mpsc::UnboundedReceiver<Note>,
+}
+
+/// Starts `adapter` on its channels.
+fn start_adapter(adapter: Box<dyn Adapter>, launch: &Launch, events: &EventSender) -> Wired {
     // Bounded: an adapter that falls behind slows the reader, not memory.
     let (line_tx, line_rx) = mpsc::channel::<(Stream, Vec<Line>)>(LINE_QUEUE);
     let (stdin_tx, stdin_rx) = match launch.stdin {
@@ -388,49 +450,15 @@ async fn run_once(
         stdin: stdin_tx,
         commands: cmd_rx,
         notes: note_tx,
-        events: input.events.clone(),
+        events: events.clone(),
     };
-    let adapter_task = tokio::spawn(adapter.run(io));
-
-    let (control_tx, control_rx) = mpsc::unbounded_channel();
-    let watchdog = Watchdog::new(&launch, &config.timings, &input.timings, cmd_tx, control_tx);
-    let tail = Arc::new(Mutex::new(Tail::default()));
-    let observe = observer(watchdog.output_clock(), tail.clone());
-    let spawn = spawn_spec(input, &launch, env, stdin_rx);
-    // Bytes are redacted as a stream before lines are cut (a secret split
-    // across reads or across the 1 MiB cut is still found), then the lines
-    // go to the adapter, whose events are redacted again as values.
-    // The factory owns the callback: when the supervisor returns, every
-    // sender of the adapter's lines is gone and the adapter sees the end.
-    let redactor = input.redactor.clone();
-    let output =
-        move |stream| ChannelSink::new(stream, &redactor, observe.clone(), line_tx.clone());
-    let supervised = supervisor::run(spawn, control_rx, &input.supervision, output);
-
-    let mut process = Process {
-        input,
-        resume: resume.as_deref(),
-        watchdog,
+    Wired {
+        task: tokio::spawn(adapter.run(io)),
+        lines: line_tx,
+        stdin: stdin_rx,
+        commands: cmd_tx,
         notes: note_rx,
-        abort: None,
-        flags,
-    };
-    let exit = match process.watch(supervised, requests, stop).await {
-        Ok(exit) => exit,
-        Err(e) => {
-            adapter_task.abort();
-            return Err(e);
-        }
-    };
-    // The supervisor returned: its line callbacks are dropped, so the
-    // adapter sees the end of the output and returns.
-    let observation = collect(
-        adapter_task,
-        input.timings.pipe_drain + Duration::from_secs(1),
-    )
-    .await;
-    let stderr_tail = std::mem::take(&mut tail.lock().unwrap_or_else(|p| p.into_inner()).0);
-    Ok(process.finish(exit, observation, launch.exit_rule, stderr_tail))
+    }
 }
 
 /// What the adapter needs to know about this process's part of the turn.
