@@ -17,6 +17,13 @@
 //! - the **overload continuation**: a turn that failed `provider_overloaded`
 //!   and whose events prove it had no effect is continued in the same agent
 //!   session after 5 s, then 15 s, at most twice.
+//!
+//! The interrupt's stages and both watchdogs are the clocks of one type
+//! (`agent/watchdog.rs`). Each agent process of [`run`] goes through the
+//! same steps: start the adapter on its channels, start the process under
+//! the supervisor, relay requests, stops, notes and alarms (one handler per
+//! select arm) until it exits, collect the adapter's observation, and
+//! decide the outcome (`verdict`: the runner's own evidence first).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
