@@ -270,7 +270,7 @@ mod tests {
     }
 
     fn near(a: Instant, b: Instant) -> bool {
-        a.max(b) - a.min(b) < SEC / 10
+        a.max(b).duration_since(a.min(b)) < SEC / 10
     }
 
     #[test]
@@ -355,13 +355,13 @@ mod tests {
         r.dog.ring(Alarm::Idle);
         assert_eq!(r.dog.hung(), None);
         assert!(r.commands.try_recv().is_err());
-        *lock(&r.dog.output_clock()) = Instant::now() - 3 * SEC;
+        *lock(&r.dog.output_clock()) = Instant::now().checked_sub(3 * SEC).unwrap();
         r.dog.ring(Alarm::Idle);
         assert_eq!(r.dog.hung(), Some(2 * SEC));
         assert_eq!(r.commands.try_recv(), Ok(AdapterCommand::ProtocolInterrupt));
         // Activity resets the clock.
         let mut r = rig(true, false);
-        *lock(&r.dog.output_clock()) = Instant::now() - 3 * SEC;
+        *lock(&r.dog.output_clock()) = Instant::now().checked_sub(3 * SEC).unwrap();
         r.dog.activity();
         r.dog.ring(Alarm::Idle);
         assert_eq!(r.dog.hung(), None);
