@@ -196,31 +196,7 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, obj: &Map<Stri
             }
             _ => {}
         },
-        "assistant" => {
-            if let Some(e) = str_field(obj, "error") {
-                state.assistant_error = Some(e.to_string());
-            }
-            let message = obj.get("message");
-            if let Some(m) = message.and_then(|m| m.get("model")).and_then(Value::as_str)
-                && m != "<synthetic>"
-            {
-                state.model = Some(m.to_string());
-            }
-            let blocks = message
-                .and_then(|m| m.get("content"))
-                .and_then(Value::as_array);
-            let tool = blocks.is_some_and(|b| {
-                b.iter().any(|block| {
-                    matches!(
-                        block.get("type").and_then(Value::as_str),
-                        Some("tool_use" | "server_tool_use" | "mcp_tool_use")
-                    )
-                })
-            });
-            if tool {
-                state.effects = Effects::Some;
-            }
-        }
+        "assistant" => assistant(state, obj),
         "user" => {
             let blocks = obj
                 .get("message")
@@ -263,6 +239,34 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, obj: &Map<Stri
             io.stdin = None;
         }
         _ => {}
+    }
+}
+
+/// An assistant message: its error class, its model, whether it calls a
+/// tool (an effect).
+fn assistant(state: &mut State, obj: &Map<String, Value>) {
+    if let Some(e) = str_field(obj, "error") {
+        state.assistant_error = Some(e.to_string());
+    }
+    let message = obj.get("message");
+    if let Some(m) = message.and_then(|m| m.get("model")).and_then(Value::as_str)
+        && m != "<synthetic>"
+    {
+        state.model = Some(m.to_string());
+    }
+    let blocks = message
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_array);
+    let tool = blocks.is_some_and(|b| {
+        b.iter().any(|block| {
+            matches!(
+                block.get("type").and_then(Value::as_str),
+                Some("tool_use" | "server_tool_use" | "mcp_tool_use")
+            )
+        })
+    });
+    if tool {
+        state.effects = Effects::Some;
     }
 }
 

@@ -224,29 +224,7 @@ fn response(
     result: Result<Value, Value>,
 ) {
     match (id, result) {
-        (Some(INITIALIZE), Ok(_)) => {
-            io.send_json(&jsonrpc::notification("initialized"));
-            let common = |mut p: Value| {
-                p["cwd"] = json!(spec.cwd.to_string_lossy());
-                p["approvalPolicy"] = json!("never");
-                p["sandbox"] = json!("danger-full-access");
-                p
-            };
-            match &spec.resume {
-                Some(id) => io.send_json(&jsonrpc::request(
-                    THREAD,
-                    "thread/resume",
-                    common(json!({"threadId": id})),
-                )),
-                None => {
-                    let mut p = common(json!({}));
-                    if let Some(m) = &spec.model {
-                        p["model"] = json!(m);
-                    }
-                    io.send_json(&jsonrpc::request(THREAD, "thread/start", p))
-                }
-            };
-        }
+        (Some(INITIALIZE), Ok(_)) => start_thread(spec, io),
         (Some(THREAD), Ok(result)) => {
             if let Some(m) = result.get("model").and_then(Value::as_str) {
                 state.model = Some(m.to_string());
@@ -274,29 +252,65 @@ fn response(
             }
         }
         (Some(INTERRUPT), _) => {}
-        (which, Err(error)) => {
-            let text = jsonrpc::error_message(&error);
-            let step = match which {
-                Some(INITIALIZE) => "initialize",
-                Some(THREAD) if spec.resume.is_some() => "thread/resume",
-                Some(THREAD) => "thread/start",
-                Some(TURN) => "turn/start",
-                _ => "a request",
-            };
-            let message = classify::clip(&format!("codex app-server refused {step}: {text}"));
-            let code = if which == Some(THREAD) && spec.resume.is_some() {
-                ErrorCode::ResumeFailed
-            } else {
-                classify::from_text(&text, false).unwrap_or(ErrorCode::AgentCrashed)
-            };
-            if state.failure.is_none() {
-                state.failure = Some(AgentError::new(code, message));
-            }
-            // Nothing more will happen: let the server exit.
-            io.stdin = None;
-        }
+        (which, Err(error)) => refused(spec, state, io, which, &error),
         (_, Ok(_)) => {}
     }
+}
+
+/// `initialize` answered: `initialized`, then `thread/resume` of the agent
+/// session or `thread/start` with the model.
+fn start_thread(spec: &TurnSpec, io: &AdapterIo) {
+    io.send_json(&jsonrpc::notification("initialized"));
+    let common = |mut p: Value| {
+        p["cwd"] = json!(spec.cwd.to_string_lossy());
+        p["approvalPolicy"] = json!("never");
+        p["sandbox"] = json!("danger-full-access");
+        p
+    };
+    match &spec.resume {
+        Some(id) => io.send_json(&jsonrpc::request(
+            THREAD,
+            "thread/resume",
+            common(json!({"threadId": id})),
+        )),
+        None => {
+            let mut p = common(json!({}));
+            if let Some(m) = &spec.model {
+                p["model"] = json!(m);
+            }
+            io.send_json(&jsonrpc::request(THREAD, "thread/start", p))
+        }
+    };
+}
+
+/// A request of the setup was refused: the turn fails (a refused
+/// `thread/resume` with `resume_failed`), and the server may exit.
+fn refused(
+    spec: &TurnSpec,
+    state: &mut State,
+    io: &mut AdapterIo,
+    which: Option<u64>,
+    error: &Value,
+) {
+    let text = jsonrpc::error_message(error);
+    let step = match which {
+        Some(INITIALIZE) => "initialize",
+        Some(THREAD) if spec.resume.is_some() => "thread/resume",
+        Some(THREAD) => "thread/start",
+        Some(TURN) => "turn/start",
+        _ => "a request",
+    };
+    let message = classify::clip(&format!("codex app-server refused {step}: {text}"));
+    let code = if which == Some(THREAD) && spec.resume.is_some() {
+        ErrorCode::ResumeFailed
+    } else {
+        classify::from_text(&text, false).unwrap_or(ErrorCode::AgentCrashed)
+    };
+    if state.failure.is_none() {
+        state.failure = Some(AgentError::new(code, message));
+    }
+    // Nothing more will happen: let the server exit.
+    io.stdin = None;
 }
 
 fn set_thread(state: &mut State, io: &AdapterIo, id: &str) {
@@ -359,38 +373,41 @@ fn notification(state: &mut State, io: &mut AdapterIo, method: &str, params: &Va
                 state.last_error = Some(classify_error(e));
             }
         }
-        "turn/completed" => {
-            let turn = params.get("turn");
-            let id = turn.and_then(|t| t.get("id")).and_then(Value::as_str);
-            if let (Some(mine), Some(id)) = (&state.turn_id, id)
-                && mine != id
-            {
-                return;
-            }
-            let status = turn
-                .and_then(|t| t.get("status"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            state.terminal = Some(match status {
-                "completed" => Terminal::Completed,
-                "interrupted" => Terminal::Aborted,
-                _ => {
-                    let error = turn.and_then(|t| t.get("error")).filter(|e| !e.is_null());
-                    match (error, &state.last_error) {
-                        (Some(e), _) => Terminal::Failed(classify_error(e)),
-                        (None, Some(last)) => Terminal::Failed(last.clone()),
-                        (None, None) => Terminal::Failed(AgentError::new(
-                            ErrorCode::AgentCrashed,
-                            format!("the turn ended {status:?} without an error"),
-                        )),
-                    }
-                }
-            });
-            io.note(Note::Terminal);
-            io.stdin = None;
-        }
+        "turn/completed" => turn_completed(state, io, params),
         _ => {}
     }
+}
+
+/// `turn/completed` of this process's turn: the terminal event.
+fn turn_completed(state: &mut State, io: &mut AdapterIo, params: &Value) {
+    let turn = params.get("turn");
+    let id = turn.and_then(|t| t.get("id")).and_then(Value::as_str);
+    if let (Some(mine), Some(id)) = (&state.turn_id, id)
+        && mine != id
+    {
+        return;
+    }
+    let status = turn
+        .and_then(|t| t.get("status"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    state.terminal = Some(match status {
+        "completed" => Terminal::Completed,
+        "interrupted" => Terminal::Aborted,
+        _ => {
+            let error = turn.and_then(|t| t.get("error")).filter(|e| !e.is_null());
+            match (error, &state.last_error) {
+                (Some(e), _) => Terminal::Failed(classify_error(e)),
+                (None, Some(last)) => Terminal::Failed(last.clone()),
+                (None, None) => Terminal::Failed(AgentError::new(
+                    ErrorCode::AgentCrashed,
+                    format!("the turn ended {status:?} without an error"),
+                )),
+            }
+        }
+    });
+    io.note(Note::Terminal);
+    io.stdin = None;
 }
 
 /// A `TokenUsageBreakdown` (`inputTokens` includes the cached part, which

@@ -17,6 +17,13 @@
 //! - the **overload continuation**: a turn that failed `provider_overloaded`
 //!   and whose events prove it had no effect is continued in the same agent
 //!   session after 5 s, then 15 s, at most twice.
+//!
+//! The interrupt's stages and both watchdogs are the clocks of one type
+//! (`agent/watchdog.rs`). Each agent process of [`run`] goes through the
+//! same steps: start the adapter on its channels, start the process under
+//! the supervisor, relay requests, stops, notes and alarms (one handler per
+//! select arm) until it exits, collect the adapter's observation, and
+//! decide the outcome (`verdict`: the runner's own evidence first).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -28,16 +35,17 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::watchdog::Watchdog;
 use super::{
-    AdapterCommand, AdapterIo, AgentConfig, AgentError, AgentKind, AgentSession, Effects, ExitRule,
-    Note, Observation, StdinMode, Terminal, TurnOutcome, TurnSpec, Usage, adapter_for, classify,
-    command, env,
+    Adapter, AdapterCommand, AdapterIo, AgentConfig, AgentError, AgentKind, AgentSession, Effects,
+    ExitRule, Launch, Note, Observation, StdinMode, Terminal, TurnOutcome, TurnSpec, Usage,
+    adapter_for, classify, command, env,
 };
 use crate::events::EventSender;
 use crate::events::event::RunnerEvent;
 use crate::process::lines::Line;
 use crate::process::output::ChannelSink;
-use crate::process::supervisor::{self, Control, Exit, SpawnError, SpawnSpec, Stream};
+use crate::process::supervisor::{self, Exit, SpawnError, SpawnSpec, Stream};
 use crate::redact::Redactor;
 use crate::signals::Stop;
 use crate::timings::Timings;
@@ -277,47 +285,6 @@ impl Tail {
     }
 }
 
-/// The runner's side of an interrupt: protocol first, then signals.
-struct Escalation {
-    protocol: bool,
-    protocol_sent: bool,
-    signal_at: Option<(Instant, Duration)>,
-    signalled: bool,
-}
-
-impl Escalation {
-    fn start(
-        &mut self,
-        grace: Duration,
-        terminal_seen: bool,
-        commands: &mpsc::UnboundedSender<AdapterCommand>,
-        control: &mpsc::UnboundedSender<Control>,
-    ) {
-        if self.signalled {
-            // A shorter grace (a stop after an interrupt) still applies.
-            let _ = control.send(Control::Interrupt { grace });
-            return;
-        }
-        if self.protocol && !terminal_seen {
-            if !self.protocol_sent {
-                self.protocol_sent = true;
-                let _ = commands.send(AdapterCommand::ProtocolInterrupt);
-            }
-            let half = grace / 2;
-            let at = Instant::now() + half;
-            let rest = grace.saturating_sub(half);
-            self.signal_at = Some(match self.signal_at {
-                Some((t, g)) if t <= at => (t, g.min(rest)),
-                _ => (at, rest),
-            });
-        } else {
-            self.signalled = true;
-            self.signal_at = None;
-            let _ = control.send(Control::Interrupt { grace });
-        }
-    }
-}
-
 fn record_session(input: &DriveInput, requested: Option<&str>, id: String) {
     let previous = input.session.set_resume_id(id.clone());
     if let Some(asked) = requested
@@ -377,6 +344,9 @@ fn agent_env(
     env.into_iter().collect()
 }
 
+/// One agent process: its adapter, the process under the supervisor and
+/// the watchdog over both, until the process has exited and the adapter
+/// has returned what it saw.
 async fn run_once(
     input: &DriveInput,
     prompt: String,
@@ -386,19 +356,7 @@ async fn run_once(
     flags: &mut Flags,
 ) -> Result<Once, SpawnError> {
     let config = &input.config;
-    let spec = TurnSpec {
-        prompt,
-        cwd: input.cwd.clone(),
-        resume: resume.clone(),
-        model: input.session.model.clone(),
-        effort: input.session.effort.clone(),
-        extra_args: match config.kind {
-            AgentKind::Command => [config.args.clone(), config.extra_args.clone()].concat(),
-            _ => config.extra_args.clone(),
-        },
-        opencode_port: config.opencode_port,
-        timings: config.timings,
-    };
+    let spec = turn_spec(input, prompt, resume.clone());
     let adapter = adapter_for(config, spec, &input.session, &input.redactor);
     let launch = adapter.launch();
     let env = agent_env(
@@ -409,6 +367,68 @@ async fn run_once(
         &launch.env,
     );
 
+    let wired = start_adapter(adapter, &launch, &input.events);
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let watchdog = Watchdog::new(
+        &launch,
+        &config.timings,
+        &input.timings,
+        wired.commands,
+        control_tx,
+    );
+    let tail = Arc::new(Mutex::new(Tail::default()));
+    let observe = observer(watchdog.output_clock(), tail.clone());
+    let spawn = spawn_spec(input, &launch, env, wired.stdin);
+    // Bytes are redacted as a stream before lines are cut (a secret split
+    // across reads or across the 1 MiB cut is still found), then the lines
+    // go to the adapter, whose events are redacted again as values.
+    // The factory owns the callback: when the supervisor returns, every
+    // sender of the adapter's lines is gone and the adapter sees the end.
+    let redactor = input.redactor.clone();
+    let lines = wired.lines;
+    let output = move |stream| ChannelSink::new(stream, &redactor, observe.clone(), lines.clone());
+    let supervised = supervisor::run(spawn, control_rx, &input.supervision, output);
+
+    let mut process = Process {
+        input,
+        resume: resume.as_deref(),
+        watchdog,
+        notes: wired.notes,
+        abort: None,
+        flags,
+    };
+    let exit = match process.watch(supervised, requests, stop).await {
+        Ok(exit) => exit,
+        Err(e) => {
+            wired.task.abort();
+            return Err(e);
+        }
+    };
+    // The supervisor returned: its line callbacks are dropped, so the
+    // adapter sees the end of the output and returns.
+    let observation = collect(
+        wired.task,
+        input.timings.pipe_drain + Duration::from_secs(1),
+    )
+    .await;
+    let stderr_tail = std::mem::take(&mut crate::sync::lock(&tail).0);
+    Ok(process.finish(exit, observation, launch.exit_rule, stderr_tail))
+}
+
+/// The adapter's task and the runner's ends of its channels.
+struct Wired {
+    task: tokio::task::JoinHandle<Observation>,
+    /// For the output sinks.
+    lines: mpsc::Sender<(Stream, Vec<Line>)>,
+    /// For the supervisor, in [`StdinMode::Channel`].
+    stdin: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
+    /// For the watchdog.
+    commands: mpsc::UnboundedSender<AdapterCommand>,
+    notes: mpsc::UnboundedReceiver<Note>,
+}
+
+/// Starts `adapter` on its channels.
+fn start_adapter(adapter: Box<dyn Adapter>, launch: &Launch, events: &EventSender) -> Wired {
     // Bounded: an adapter that falls behind slows the reader, not memory.
     let (line_tx, line_rx) = mpsc::channel::<(Stream, Vec<Line>)>(LINE_QUEUE);
     let (stdin_tx, stdin_rx) = match launch.stdin {
@@ -418,177 +438,87 @@ async fn run_once(
         }
         StdinMode::Bytes(_) => (None, None),
     };
-    let stdin_bytes = match &launch.stdin {
-        StdinMode::Bytes(b) => b.clone(),
-        StdinMode::Channel => Vec::new(),
-    };
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-    let (note_tx, mut note_rx) = mpsc::unbounded_channel();
+    let (note_tx, note_rx) = mpsc::unbounded_channel();
     let io = AdapterIo {
         lines: crate::process::output::LineReceiver::new(line_rx),
         stdin: stdin_tx,
         commands: cmd_rx,
         notes: note_tx,
-        events: input.events.clone(),
+        events: events.clone(),
     };
-    let adapter_task = tokio::spawn(adapter.run(io));
+    Wired {
+        task: tokio::spawn(adapter.run(io)),
+        lines: line_tx,
+        stdin: stdin_rx,
+        commands: cmd_tx,
+        notes: note_rx,
+    }
+}
 
-    let last_output = Arc::new(Mutex::new(Instant::now()));
-    let tail = Arc::new(Mutex::new(Tail::default()));
-    let observe = {
-        let last_output = last_output.clone();
-        let tail = tail.clone();
-        move |stream: Stream, line: &Line| {
-            *crate::sync::lock(&last_output) = Instant::now();
-            if stream == Stream::Stderr {
-                crate::sync::lock(&tail).push(&line.text());
-            }
-        }
-    };
+/// What the adapter needs to know about this process's part of the turn.
+fn turn_spec(input: &DriveInput, prompt: String, resume: Option<String>) -> TurnSpec {
+    let config = &input.config;
+    TurnSpec {
+        prompt,
+        cwd: input.cwd.clone(),
+        resume,
+        model: input.session.model.clone(),
+        effort: input.session.effort.clone(),
+        extra_args: match config.kind {
+            AgentKind::Command => [config.args.clone(), config.extra_args.clone()].concat(),
+            _ => config.extra_args.clone(),
+        },
+        opencode_port: config.opencode_port,
+        timings: config.timings,
+    }
+}
+
+/// The process to start: for a CLI, the words of `--agent-command` (a
+/// launcher) before the adapter's arguments; `command`'s are in the
+/// adapter's already.
+fn spawn_spec(
+    input: &DriveInput,
+    launch: &Launch,
+    env: Vec<(OsString, OsString)>,
+    stdin_feed: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
+) -> SpawnSpec {
+    let config = &input.config;
     let args = match config.kind {
         AgentKind::Command => launch.args.clone(),
         _ => [config.args.clone(), launch.args.clone()].concat(),
     };
-    let spawn = SpawnSpec {
+    SpawnSpec {
         program: config.program.clone(),
         args,
         cwd: input.cwd.clone(),
         env,
-        stdin: stdin_bytes,
-        stdin_feed: stdin_rx,
-    };
-    let (control_tx, control_rx) = mpsc::unbounded_channel();
-    // Bytes are redacted as a stream before lines are cut (a secret split
-    // across reads or across the 1 MiB cut is still found), then the lines
-    // go to the adapter, whose events are redacted again as values.
-    // The factory owns the callback: when the supervisor returns, every
-    // sender of the adapter's lines is gone and the adapter sees the end.
-    let redactor = input.redactor.clone();
-    let output =
-        move |stream| ChannelSink::new(stream, &redactor, observe.clone(), line_tx.clone());
-    let supervised = supervisor::run(spawn, control_rx, &input.supervision, output);
-    tokio::pin!(supervised);
-
-    let timings = input.timings;
-    let idle_timeout = config.timings.idle_timeout;
-    let mut escalation = Escalation {
-        protocol: launch.protocol_interrupt,
-        protocol_sent: false,
-        signal_at: None,
-        signalled: false,
-    };
-    let mut hung: Option<Duration> = None;
-    let mut abort: Option<AgentError> = None;
-    let mut terminal_seen = false;
-    let mut terminal_at: Option<Instant> = None;
-    let mut requests_open = true;
-    let mut stop_open = true;
-    let mut notes_open = true;
-    // An interrupt or stop that came before this process (a continuation).
-    if flags.interrupted() {
-        escalation.start(timings.interrupt_grace, false, &cmd_tx, &control_tx);
+        stdin: match &launch.stdin {
+            StdinMode::Bytes(b) => b.clone(),
+            StdinMode::Channel => Vec::new(),
+        },
+        stdin_feed,
     }
-    let result = loop {
-        let stopping = escalation.protocol_sent || escalation.signalled;
-        let idle_at = match idle_timeout {
-            Some(t) if !stopping && !terminal_seen => Some(*crate::sync::lock(&last_output) + t),
-            _ => None,
-        };
-        tokio::select! {
-            r = &mut supervised => break r,
-            r = requests.recv(), if requests_open => match r {
-                Some(RunRequest::Interrupt) => {
-                    flags.interrupt_requested = true;
-                    tracing::info!("interrupt requested; asking the agent to stop");
-                    escalation.start(timings.interrupt_grace, terminal_seen, &cmd_tx, &control_tx);
-                }
-                None => requests_open = false,
-            },
-            changed = stop.changed(), if stop_open => {
-                if changed.is_err() {
-                    stop_open = false;
-                    continue;
-                }
-                let s = *stop.borrow_and_update();
-                match s {
-                    Stop::Graceful(_) => {
-                        flags.stopped_by = Some(s);
-                        escalation.start(timings.stop_grace, terminal_seen, &cmd_tx, &control_tx);
-                    }
-                    Stop::Immediate(_) => {
-                        flags.stopped_by = Some(s);
-                        let _ = control_tx.send(Control::Kill);
-                    }
-                    Stop::Running => {}
-                }
-            }
-            note = note_rx.recv(), if notes_open => match note {
-                Some(Note::SessionId(id)) => record_session(input, resume.as_deref(), id),
-                Some(Note::Terminal) => {
-                    if !terminal_seen {
-                        terminal_seen = true;
-                        let wait = if launch.server {
-                            config.timings.server_settle
-                        } else {
-                            config.timings.terminal_grace
-                        };
-                        terminal_at = Some(Instant::now() + wait);
-                    }
-                }
-                Some(Note::Activity) => {
-                    *crate::sync::lock(&last_output) = Instant::now();
-                }
-                Some(Note::Abort(e)) => {
-                    if abort.is_none() && !flags.interrupted() {
-                        tracing::warn!(code = ?e.code, "giving up on the turn: {}", e.message);
-                        abort = Some(e);
-                        escalation.start(timings.interrupt_grace, terminal_seen, &cmd_tx, &control_tx);
-                    }
-                }
-                None => notes_open = false,
-            },
-            _ = crate::sync::sleep_until(idle_at) => {
-                let last = *crate::sync::lock(&last_output);
-                if let Some(t) = idle_timeout
-                    && Instant::now() >= last + t
-                    && hung.is_none()
-                {
-                    tracing::warn!(idle = ?t, "no output from the agent; interrupting it (agent_hung)");
-                    hung = Some(t);
-                    escalation.start(timings.interrupt_grace, terminal_seen, &cmd_tx, &control_tx);
-                }
-            }
-            _ = crate::sync::sleep_until(escalation.signal_at.map(|(t, _)| t)) => {
-                if let Some((_, grace)) = escalation.signal_at.take() {
-                    tracing::info!(?grace, "the agent is still running after its protocol interrupt; SIGINT to its process group");
-                    escalation.signalled = true;
-                    let _ = control_tx.send(Control::Interrupt { grace });
-                }
-            }
-            _ = crate::sync::sleep_until(terminal_at) => {
-                terminal_at = None;
-                if !escalation.signalled {
-                    if !launch.server {
-                        tracing::warn!("the agent sent its terminal event but is still running; stopping its process tree");
-                    }
-                    escalation.signalled = true;
-                    escalation.signal_at = None;
-                    let _ = control_tx.send(Control::Interrupt { grace: timings.stop_grace });
-                }
-            }
+}
+
+/// The callback every output line passes: it resets the idle clock, and a
+/// stderr line goes to the tail kept for `agent_crashed`.
+fn observer(
+    last_output: Arc<Mutex<Instant>>,
+    tail: Arc<Mutex<Tail>>,
+) -> impl Fn(Stream, &Line) + Clone + Send + 'static {
+    move |stream: Stream, line: &Line| {
+        *crate::sync::lock(&last_output) = Instant::now();
+        if stream == Stream::Stderr {
+            crate::sync::lock(&tail).push(&line.text());
         }
-    };
-    let exit = match result {
-        Ok(exit) => exit,
-        Err(e) => {
-            adapter_task.abort();
-            return Err(e);
-        }
-    };
-    // The supervisor returned: its line callbacks are dropped, so the
-    // adapter sees the end of the output and returns.
-    let bound = input.timings.pipe_drain + Duration::from_secs(1);
-    let observation = match tokio::time::timeout(bound, adapter_task).await {
+    }
+}
+
+/// What the adapter saw. Its output has ended, so it returns; should it
+/// not within `bound`, the turn goes on without its observation.
+async fn collect(task: tokio::task::JoinHandle<Observation>, bound: Duration) -> Observation {
+    match tokio::time::timeout(bound, task).await {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => {
             tracing::error!(error = %e, "the agent's adapter failed");
@@ -598,32 +528,142 @@ async fn run_once(
             tracing::error!("the agent's adapter did not finish after the agent exited");
             Observation::default()
         }
-    };
-    while let Ok(note) = note_rx.try_recv() {
-        match note {
-            Note::SessionId(id) => record_session(input, resume.as_deref(), id),
-            Note::Abort(e) if abort.is_none() && !flags.interrupted() => abort = Some(e),
-            _ => {}
+    }
+}
+
+/// The runner's side of one running agent process: what the arms of
+/// [`Process::watch`] act on.
+struct Process<'a> {
+    input: &'a DriveInput,
+    /// The agent session this process was asked to resume.
+    resume: Option<&'a str>,
+    watchdog: Watchdog,
+    notes: mpsc::UnboundedReceiver<Note>,
+    /// The adapter's reason to give up, first one kept.
+    abort: Option<AgentError>,
+    flags: &'a mut Flags,
+}
+
+impl Process<'_> {
+    /// Hands the turn's requests, the stop signals, the adapter's notes and
+    /// the watchdog's alarms to their handlers until the supervisor returns.
+    async fn watch(
+        &mut self,
+        supervised: impl Future<Output = Result<Exit, SpawnError>>,
+        requests: &mut mpsc::UnboundedReceiver<RunRequest>,
+        stop: &mut watch::Receiver<Stop>,
+    ) -> Result<Exit, SpawnError> {
+        tokio::pin!(supervised);
+        let (mut requests_open, mut stop_open, mut notes_open) = (true, true, true);
+        // An interrupt or stop that came before this process (a continuation).
+        if self.flags.interrupted() {
+            self.watchdog.interrupt();
+        }
+        loop {
+            let alarm = self.watchdog.next();
+            tokio::select! {
+                r = &mut supervised => return r,
+                r = requests.recv(), if requests_open => match r {
+                    Some(request) => self.on_request(request),
+                    None => requests_open = false,
+                },
+                changed = stop.changed(), if stop_open => match changed {
+                    Ok(()) => {
+                        let s = *stop.borrow_and_update();
+                        self.on_stop(s);
+                    }
+                    Err(_) => stop_open = false,
+                },
+                note = self.notes.recv(), if notes_open => match note {
+                    Some(note) => self.on_note(note),
+                    None => notes_open = false,
+                },
+                _ = crate::sync::sleep_until(alarm.map(|(at, _)| at)) => {
+                    if let Some((_, alarm)) = alarm {
+                        self.watchdog.ring(alarm);
+                    }
+                }
+            }
         }
     }
-    // The supervisor stopped the agent at the turn's time cap; an interrupt
-    // or stop that came during the cap's grace wins (PROTOCOL.md 4.1 step 4).
-    if exit.timed_out && !flags.interrupted() {
-        hung = None;
-        abort = Some(AgentError::new(
-            ErrorCode::AgentTimeout,
-            input.supervision.timeout_message(),
-        ));
+
+    fn on_request(&mut self, request: RunRequest) {
+        match request {
+            RunRequest::Interrupt => {
+                self.flags.interrupt_requested = true;
+                tracing::info!("interrupt requested; asking the agent to stop");
+                self.watchdog.interrupt();
+            }
+        }
     }
-    let stderr_tail = std::mem::take(&mut crate::sync::lock(&tail).0);
-    Ok(Once {
-        observation,
-        exit,
-        exit_rule: launch.exit_rule,
-        hung,
-        abort,
-        stderr_tail,
-    })
+
+    fn on_stop(&mut self, stop: Stop) {
+        match stop {
+            Stop::Graceful(_) => {
+                self.flags.stopped_by = Some(stop);
+                self.watchdog.stop();
+            }
+            Stop::Immediate(_) => {
+                self.flags.stopped_by = Some(stop);
+                self.watchdog.kill();
+            }
+            Stop::Running => {}
+        }
+    }
+
+    fn on_note(&mut self, note: Note) {
+        match note {
+            Note::SessionId(id) => record_session(self.input, self.resume, id),
+            Note::Terminal => self.watchdog.terminal(),
+            Note::Activity => self.watchdog.activity(),
+            Note::Abort(e) => {
+                if self.abort.is_none() && !self.flags.interrupted() {
+                    tracing::warn!(code = ?e.code, "giving up on the turn: {}", e.message);
+                    self.abort = Some(e);
+                    self.watchdog.interrupt();
+                }
+            }
+        }
+    }
+
+    /// The process has exited and the adapter returned: the notes still
+    /// queued count, and the time cap decides over the idle watchdog.
+    fn finish(
+        mut self,
+        exit: Exit,
+        observation: Observation,
+        exit_rule: ExitRule,
+        stderr_tail: String,
+    ) -> Once {
+        while let Ok(note) = self.notes.try_recv() {
+            match note {
+                Note::SessionId(id) => record_session(self.input, self.resume, id),
+                Note::Abort(e) if self.abort.is_none() && !self.flags.interrupted() => {
+                    self.abort = Some(e);
+                }
+                _ => {}
+            }
+        }
+        let mut hung = self.watchdog.hung();
+        // The supervisor stopped the agent at the turn's time cap; an
+        // interrupt or stop that came during the cap's grace wins
+        // (PROTOCOL.md 4.1 step 4).
+        if exit.timed_out && !self.flags.interrupted() {
+            hung = None;
+            self.abort = Some(AgentError::new(
+                ErrorCode::AgentTimeout,
+                self.input.supervision.timeout_message(),
+            ));
+        }
+        Once {
+            observation,
+            exit,
+            exit_rule,
+            hung,
+            abort: self.abort,
+            stderr_tail,
+        }
+    }
 }
 
 /// The `runner_error` message of a turn whose guard died before it ended

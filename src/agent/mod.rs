@@ -6,9 +6,11 @@
 //! the two-stage interrupt and the overload continuation, and turns the
 //! observation into a [`TurnOutcome`] (PROTOCOL.md 4.1 step 4, 2.6).
 //!
-//! Adding an adapter: a module with an `Adapter`, a variant of [`AgentKind`],
-//! a line in [`adapter_for`] and in [`env::for_agent`], a stand-in CLI under
-//! `tests/fakes/` and its tests (README, "Adding an adapter").
+//! Adding an adapter: a module with an [`Adapter`], a variant of
+//! [`AgentKind`] (and in [`AgentKind::ALL`], which the compiler does not
+//! check), an arm in [`adapter_for`] and in [`env::hygiene`] and
+//! [`env::missing_key`], a stand-in CLI under `tests/fakes/` and its tests
+//! (README, "Adding an adapter").
 
 pub mod classify;
 pub mod claude;
@@ -22,6 +24,7 @@ pub mod opencode;
 pub mod opencode_run;
 pub mod sse;
 pub mod usage;
+mod watchdog;
 
 use std::path::PathBuf;
 use std::sync::Mutex;

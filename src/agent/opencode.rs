@@ -211,16 +211,7 @@ async fn run(adapter: OpenCodeAdapter, mut io: AdapterIo) -> Observation {
             cmd = io.commands.recv(), if commands_open => match cmd {
                 Some(AdapterCommand::ProtocolInterrupt) => {
                     cancel.store(true, Ordering::SeqCst);
-                    if let (Some(h), Some(sid)) = (&http, &state.session)
-                        && state.terminal.is_none()
-                    {
-                        let req = h.request(reqwest::Method::POST, &format!("/session/{sid}/abort"));
-                        tokio::spawn(async move {
-                            if let Err(e) = req.send().await {
-                                tracing::warn!(error = %e.without_url(), "opencode abort request failed");
-                            }
-                        });
-                    }
+                    abort(&state, http.as_ref());
                 }
                 None => commands_open = false,
             },
@@ -241,6 +232,22 @@ async fn run(adapter: OpenCodeAdapter, mut io: AdapterIo) -> Observation {
         failure: state.error,
         usage,
         effects: state.effects,
+    }
+}
+
+/// The protocol interrupt: `POST /session/:id/abort`, unless the session
+/// is not there yet (the setup then stops before the prompt) or its turn
+/// already ended.
+fn abort(state: &State, http: Option<&Http>) {
+    if let (Some(h), Some(sid)) = (http, &state.session)
+        && state.terminal.is_none()
+    {
+        let req = h.request(reqwest::Method::POST, &format!("/session/{sid}/abort"));
+        tokio::spawn(async move {
+            if let Err(e) = req.send().await {
+                tracing::warn!(error = %e.without_url(), "opencode abort request failed");
+            }
+        });
     }
 }
 
@@ -314,109 +321,125 @@ fn handle_event(
         return;
     }
     match kind {
-        "session.status" => {
-            let status = props.get("status");
-            match status.and_then(|s| s.get("type")).and_then(Value::as_str) {
-                Some("busy") => state.busy = true,
-                Some("idle") => idle(state, io),
-                Some("retry") => {
-                    state.retries += 1;
-                    let message = status
-                        .and_then(|s| s.get("message"))
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    let code = classify::from_text(message, false);
-                    let give_up = if code == Some(ErrorCode::ProviderQuotaExhausted) {
-                        Some(ErrorCode::ProviderQuotaExhausted)
-                    } else if state.retries > MAX_RETRIES {
-                        Some(code.unwrap_or(ErrorCode::ProviderLimitUnknown))
-                    } else {
-                        None
-                    };
-                    if let Some(code) = give_up
-                        && !state.gave_up
-                    {
-                        state.gave_up = true;
-                        let e = AgentError::new(
-                            code,
-                            classify::clip(&format!(
-                                "opencode was retrying (attempt {}): {message}",
-                                state.retries
-                            )),
-                        );
-                        io.note(Note::Abort(e));
-                    }
-                }
-                _ => {}
-            }
-        }
+        "session.status" => session_status(state, io, props.get("status")),
         "session.idle" => idle(state, io),
         "session.error" => {
             if let Some(error) = props.get("error") {
                 record_error(spec, state, error);
             }
         }
-        "message.updated" => {
-            let info = props.get("info");
-            if info.and_then(|i| i.get("role")).and_then(Value::as_str) == Some("assistant") {
-                let provider = info
-                    .and_then(|i| i.get("providerID"))
-                    .and_then(Value::as_str);
-                let model = info.and_then(|i| i.get("modelID")).and_then(Value::as_str);
-                if let Some(m) = model {
-                    state.model = Some(match provider {
-                        Some(p) => format!("{p}/{m}"),
-                        None => m.to_string(),
-                    });
-                }
-                if let Some(error) = info.and_then(|i| i.get("error")).filter(|e| !e.is_null()) {
-                    record_error(spec, state, error);
-                }
-            }
-        }
-        "message.part.updated" => {
-            let part = props.get("part");
-            let part_type = part
-                .and_then(|p| p.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            match part_type {
-                "tool" | "patch" | "subtask" => state.effects = Effects::Some,
-                "step-finish" => {
-                    if let Some(p) = part {
-                        let id = p
-                            .get("id")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_string();
-                        let usage = step_usage(p);
-                        match state.steps.iter_mut().find(|(i, _)| *i == id) {
-                            Some(slot) => slot.1 = usage,
-                            None => state.steps.push((id, usage)),
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
+        "message.updated" => message_updated(spec, state, props.get("info")),
+        "message.part.updated" => part_updated(state, props.get("part")),
         "permission.asked" | "permission.updated" => {
-            let id = props.get("id").and_then(Value::as_str);
-            if let (Some(h), Some(id)) = (http, id) {
-                let req = h
-                    .request(
-                        reqwest::Method::POST,
-                        &format!("/session/{sid}/permissions/{id}"),
-                    )
-                    .json(&json!({"response": "always"}));
-                tokio::spawn(async move {
-                    if let Err(e) = req.send().await {
-                        tracing::warn!(error = %e.without_url(), "answering an opencode permission request failed");
-                    }
-                });
+            if let (Some(h), Some(id)) = (http, props.get("id").and_then(Value::as_str)) {
+                allow(h, &sid, id);
             }
         }
         _ => {}
     }
+}
+
+/// `session.status`: busy, idle, or a retry notice. opencode retries
+/// provider errors forever: an exhausted quota, or more than
+/// [`MAX_RETRIES`] notices, gives up on the turn.
+fn session_status(state: &mut State, io: &mut AdapterIo, status: Option<&Value>) {
+    match status.and_then(|s| s.get("type")).and_then(Value::as_str) {
+        Some("busy") => state.busy = true,
+        Some("idle") => idle(state, io),
+        Some("retry") => {
+            state.retries += 1;
+            let message = status
+                .and_then(|s| s.get("message"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let code = classify::from_text(message, false);
+            let give_up = if code == Some(ErrorCode::ProviderQuotaExhausted) {
+                Some(ErrorCode::ProviderQuotaExhausted)
+            } else if state.retries > MAX_RETRIES {
+                Some(code.unwrap_or(ErrorCode::ProviderLimitUnknown))
+            } else {
+                None
+            };
+            if let Some(code) = give_up
+                && !state.gave_up
+            {
+                state.gave_up = true;
+                let e = AgentError::new(
+                    code,
+                    classify::clip(&format!(
+                        "opencode was retrying (attempt {}): {message}",
+                        state.retries
+                    )),
+                );
+                io.note(Note::Abort(e));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `message.updated`: an assistant message names the model and may carry
+/// the turn's error.
+fn message_updated(spec: &TurnSpec, state: &mut State, info: Option<&Value>) {
+    if info.and_then(|i| i.get("role")).and_then(Value::as_str) != Some("assistant") {
+        return;
+    }
+    let provider = info
+        .and_then(|i| i.get("providerID"))
+        .and_then(Value::as_str);
+    let model = info.and_then(|i| i.get("modelID")).and_then(Value::as_str);
+    if let Some(m) = model {
+        state.model = Some(match provider {
+            Some(p) => format!("{p}/{m}"),
+            None => m.to_string(),
+        });
+    }
+    if let Some(error) = info.and_then(|i| i.get("error")).filter(|e| !e.is_null()) {
+        record_error(spec, state, error);
+    }
+}
+
+/// `message.part.updated`: a tool, patch or subtask part is an effect; a
+/// `step-finish` part carries the step's usage (the last update wins).
+fn part_updated(state: &mut State, part: Option<&Value>) {
+    let part_type = part
+        .and_then(|p| p.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    match part_type {
+        "tool" | "patch" | "subtask" => state.effects = Effects::Some,
+        "step-finish" => {
+            if let Some(p) = part {
+                let id = p
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                let usage = step_usage(p);
+                match state.steps.iter_mut().find(|(i, _)| *i == id) {
+                    Some(slot) => slot.1 = usage,
+                    None => state.steps.push((id, usage)),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Answers permission request `id` of session `sid` `always` (the sandbox
+/// is the boundary).
+fn allow(http: &Http, sid: &str, id: &str) {
+    let req = http
+        .request(
+            reqwest::Method::POST,
+            &format!("/session/{sid}/permissions/{id}"),
+        )
+        .json(&json!({"response": "always"}));
+    tokio::spawn(async move {
+        if let Err(e) = req.send().await {
+            tracing::warn!(error = %e.without_url(), "answering an opencode permission request failed");
+        }
+    });
 }
 
 fn idle(state: &mut State, io: &mut AdapterIo) {
@@ -531,18 +554,53 @@ pub fn classify_error(error: &Value, resuming: bool) -> Option<AgentError> {
     }
 }
 
-/// Sets up the turn on the server: health, event stream, session, prompt.
+/// Sets up the turn on the server (health, event stream, session, prompt)
+/// and reports each step on `tx`; the first step that fails is reported
+/// as [`Server::Failed`] and ends the setup.
 async fn connect(
     http: Http,
     spec: TurnSpec,
     tx: mpsc::UnboundedSender<Server>,
     cancel: Arc<AtomicBool>,
 ) {
-    let fail = |code, message: String| {
-        let _ = tx.send(Server::Failed(AgentError::new(code, message)));
+    if let Err(e) = set_up(&http, &spec, &tx, &cancel).await {
+        let _ = tx.send(Server::Failed(e));
+    }
+}
+
+async fn set_up(
+    http: &Http,
+    spec: &TurnSpec,
+    tx: &mpsc::UnboundedSender<Server>,
+    cancel: &AtomicBool,
+) -> Result<(), AgentError> {
+    wait_healthy(http, spec.timings.server_ready).await?;
+    tracing::debug!(base = %http.base, "opencode server healthy");
+    // The event stream before anything happens in the session.
+    let stream = open_events(http).await?;
+    tracing::debug!("opencode event stream open");
+    tokio::spawn(forward_events(stream, tx.clone()));
+    let sid = match &spec.resume {
+        Some(id) => check_session(http, id).await?,
+        None => create_session(http).await?,
     };
-    // 1. Health.
-    let deadline = tokio::time::Instant::now() + spec.timings.server_ready;
+    tracing::debug!(session = %sid, "opencode session ready");
+    if tx.send(Server::Session(sid.clone())).is_err() || cancel.load(Ordering::SeqCst) {
+        tracing::debug!("opencode adapter gone or cancelled before the prompt");
+        return Ok(());
+    }
+    send_prompt(http, spec, &sid).await?;
+    let _ = tx.send(Server::Prompted);
+    Ok(())
+}
+
+fn crashed(message: String) -> AgentError {
+    AgentError::new(ErrorCode::AgentCrashed, message)
+}
+
+/// Polls `GET /global/health` until it answers 2xx, for at most `bound`.
+async fn wait_healthy(http: &Http, bound: Duration) -> Result<(), AgentError> {
+    let deadline = tokio::time::Instant::now() + bound;
     loop {
         let healthy = http
             .request(reqwest::Method::GET, "/global/health")
@@ -552,131 +610,116 @@ async fn connect(
             .ok()
             .filter(|r| r.status().is_success());
         if healthy.is_some() {
-            break;
+            return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
-            return fail(
-                ErrorCode::AgentCrashed,
-                format!(
-                    "opencode serve did not answer {}/global/health within {:?}",
-                    http.base, spec.timings.server_ready
-                ),
-            );
+            return Err(crashed(format!(
+                "opencode serve did not answer {}/global/health within {bound:?}",
+                http.base
+            )));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tracing::debug!(base = %http.base, "opencode server healthy");
-    // 2. The event stream, before anything happens in the session.
-    let stream = match http.request(reqwest::Method::GET, "/event").send().await {
-        Ok(r) if r.status().is_success() => r,
+}
+
+/// `GET /event`: the server's event stream.
+async fn open_events(http: &Http) -> Result<reqwest::Response, AgentError> {
+    match http.request(reqwest::Method::GET, "/event").send().await {
+        Ok(r) if r.status().is_success() => Ok(r),
+        Ok(r) => Err(crashed(format!(
+            "opencode serve refused its event stream: {}",
+            r.status()
+        ))),
+        Err(e) => Err(crashed(format!(
+            "cannot open the opencode event stream: {}",
+            e.without_url()
+        ))),
+    }
+}
+
+/// Parses the event stream and sends each event on `tx`, until the stream
+/// ends or the adapter is gone.
+async fn forward_events(mut stream: reqwest::Response, tx: mpsc::UnboundedSender<Server>) {
+    let mut parser = SseParser::new();
+    loop {
+        let chunk = match stream.chunk().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => {
+                tracing::debug!("the opencode event stream ended");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e.without_url(), "the opencode event stream failed");
+                return;
+            }
+        };
+        for data in parser.push(&chunk) {
+            if let Ok(v) = serde_json::from_str::<Value>(&data)
+                && tx.send(Server::Event(v)).is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// `GET /session/:id`: the session to resume exists (else `resume_failed`).
+async fn check_session(http: &Http, id: &str) -> Result<String, AgentError> {
+    match http
+        .request(reqwest::Method::GET, &format!("/session/{id}"))
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => Ok(id.to_string()),
         Ok(r) => {
-            return fail(
-                ErrorCode::AgentCrashed,
-                format!("opencode serve refused its event stream: {}", r.status()),
-            );
+            let status = r.status();
+            let body = r.text().await.unwrap_or_default();
+            Err(AgentError::new(
+                ErrorCode::ResumeFailed,
+                classify::clip(&format!(
+                    "opencode has no session {id} to resume ({status}): {body}"
+                )),
+            ))
+        }
+        Err(e) => Err(crashed(format!(
+            "cannot read the opencode session: {}",
+            e.without_url()
+        ))),
+    }
+}
+
+/// `POST /session`: a new session's id.
+async fn create_session(http: &Http) -> Result<String, AgentError> {
+    let created = http
+        .request(reqwest::Method::POST, "/session")
+        .json(&json!({}))
+        .send()
+        .await;
+    let body: Option<Value> = match created {
+        Ok(r) if r.status().is_success() => r.json().await.ok(),
+        Ok(r) => {
+            return Err(crashed(format!(
+                "opencode refused to create a session: {}",
+                r.status()
+            )));
         }
         Err(e) => {
-            return fail(
-                ErrorCode::AgentCrashed,
-                format!("cannot open the opencode event stream: {}", e.without_url()),
-            );
+            return Err(crashed(format!(
+                "cannot create an opencode session: {}",
+                e.without_url()
+            )));
         }
     };
-    tracing::debug!("opencode event stream open");
-    let events_tx = tx.clone();
-    tokio::spawn(async move {
-        let mut stream = stream;
-        let mut parser = SseParser::new();
-        loop {
-            let chunk = match stream.chunk().await {
-                Ok(Some(chunk)) => chunk,
-                Ok(None) => {
-                    tracing::debug!("the opencode event stream ended");
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e.without_url(), "the opencode event stream failed");
-                    return;
-                }
-            };
-            for data in parser.push(&chunk) {
-                if let Ok(v) = serde_json::from_str::<Value>(&data)
-                    && events_tx.send(Server::Event(v)).is_err()
-                {
-                    return;
-                }
-            }
-        }
-    });
-    // 3. The session.
-    let sid = match &spec.resume {
-        Some(id) => {
-            match http
-                .request(reqwest::Method::GET, &format!("/session/{id}"))
-                .send()
-                .await
-            {
-                Ok(r) if r.status().is_success() => id.clone(),
-                Ok(r) => {
-                    let status = r.status();
-                    let body = r.text().await.unwrap_or_default();
-                    return fail(
-                        ErrorCode::ResumeFailed,
-                        classify::clip(&format!(
-                            "opencode has no session {id} to resume ({status}): {body}"
-                        )),
-                    );
-                }
-                Err(e) => {
-                    return fail(
-                        ErrorCode::AgentCrashed,
-                        format!("cannot read the opencode session: {}", e.without_url()),
-                    );
-                }
-            }
-        }
-        None => {
-            let created = http
-                .request(reqwest::Method::POST, "/session")
-                .json(&json!({}))
-                .send()
-                .await;
-            let body: Option<Value> = match created {
-                Ok(r) if r.status().is_success() => r.json().await.ok(),
-                Ok(r) => {
-                    return fail(
-                        ErrorCode::AgentCrashed,
-                        format!("opencode refused to create a session: {}", r.status()),
-                    );
-                }
-                Err(e) => {
-                    return fail(
-                        ErrorCode::AgentCrashed,
-                        format!("cannot create an opencode session: {}", e.without_url()),
-                    );
-                }
-            };
-            match body
-                .as_ref()
-                .and_then(|b| b.get("id"))
-                .and_then(Value::as_str)
-            {
-                Some(id) => id.to_string(),
-                None => {
-                    return fail(
-                        ErrorCode::AgentCrashed,
-                        "opencode created a session without an id".to_string(),
-                    );
-                }
-            }
-        }
-    };
-    tracing::debug!(session = %sid, "opencode session ready");
-    if tx.send(Server::Session(sid.clone())).is_err() || cancel.load(Ordering::SeqCst) {
-        tracing::debug!("opencode adapter gone or cancelled before the prompt");
-        return;
-    }
-    // 4. The prompt.
+    body.as_ref()
+        .and_then(|b| b.get("id"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| crashed("opencode created a session without an id".to_string()))
+}
+
+/// `POST /session/:id/prompt_async` with the prompt and the model of
+/// `clientInfo` as `{providerID, modelID}`.
+async fn send_prompt(http: &Http, spec: &TurnSpec, sid: &str) -> Result<(), AgentError> {
     let mut body = json!({"parts": [{"type": "text", "text": spec.prompt}]});
     if let Some(model) = &spec.model {
         body["model"] = match model.split_once('/') {
@@ -693,22 +736,20 @@ async fn connect(
         .send()
         .await
     {
-        Ok(r) if r.status().is_success() => {
-            let _ = tx.send(Server::Prompted);
-        }
+        Ok(r) if r.status().is_success() => Ok(()),
         Ok(r) => {
             let status = r.status();
             let text = r.text().await.unwrap_or_default();
             let code = classify::from_text(&text, false).unwrap_or(ErrorCode::InvalidRequest);
-            fail(
+            Err(AgentError::new(
                 code,
                 classify::clip(&format!("opencode refused the prompt ({status}): {text}")),
-            );
+            ))
         }
-        Err(e) => fail(
-            ErrorCode::AgentCrashed,
-            format!("cannot send the prompt to opencode: {}", e.without_url()),
-        ),
+        Err(e) => Err(crashed(format!(
+            "cannot send the prompt to opencode: {}",
+            e.without_url()
+        ))),
     }
 }
 
