@@ -380,6 +380,31 @@ mod tests {
         .await
     }
 
+    /// PROTOCOL.md section 2: jitter never takes a wait past its cap (a
+    /// wait at the cap is between 80 % and 100 % of it). The random source
+    /// is seeded, so the draws are the same on every run.
+    #[test]
+    fn jitter_never_pushes_a_wait_past_its_cap() {
+        fastrand::seed(7);
+        let policy = crate::timings::RetryPolicies::default().required;
+        let mut highest = Duration::ZERO;
+        for n in [4, 5, 10] {
+            for _ in 0..200 {
+                let wait = wait_before_retry(policy, n, None);
+                assert!(
+                    wait >= policy.cap.mul_f64(0.8),
+                    "retry {n}: {wait:?} under 80 % of the cap"
+                );
+                highest = highest.max(wait);
+            }
+        }
+        assert!(
+            highest <= policy.cap,
+            "a jittered wait of {highest:?} is past the cap {:?}",
+            policy.cap
+        );
+    }
+
     #[tokio::test]
     async fn a_body_within_its_cap_is_read_whole() {
         let (url, _) = serve(5000, true).await;
