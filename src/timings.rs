@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 /// Attempts and backoff of one call class (PROTOCOL.md section 2, the table
-/// under "Retry rule"). The wait before retry n is `base * 2^n`, capped at
-/// `cap`, with up to ±20 % jitter.
+/// under "Retry rule"). The wait before retry n is `base * 2^n` with up to
+/// ±20 % jitter, then capped at `cap`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Total attempts, the first one included (at least 1).

@@ -2,8 +2,9 @@
 //!
 //! Retryable: no HTTP response (connect error, reset, timeout), `429`, any
 //! `5xx`. Every other status outside 2xx (3xx included: redirects are never
-//! followed) is a verdict. The wait before retry n is `base * 2^n`, capped,
-//! with ±20 % jitter; `Retry-After` on 429/503 replaces it, up to the cap.
+//! followed) is a verdict. The wait before retry n is `base * 2^n` with
+//! ±20 % jitter, then capped (jitter never takes a wait past the cap);
+//! `Retry-After` on 429/503 replaces it, up to the cap.
 //!
 //! Every 2xx body is read through its route's size cap ([`caps`]), counted
 //! as it streams: never more than the cap is held, and an answer over it is
@@ -203,7 +204,9 @@ pub fn wait_before_retry(policy: RetryPolicy, n: u32, retry_after: Option<Durati
         None => {
             let base = policy.backoff(n);
             let jitter = 0.8 + 0.4 * fastrand::f64();
-            Duration::from_secs_f64(base.as_secs_f64() * jitter)
+            // Jitter spreads retries out; it never lengthens a wait past
+            // the cap the table promises (PROTOCOL.md section 2).
+            Duration::from_secs_f64(base.as_secs_f64() * jitter).min(policy.cap)
         }
     }
 }
