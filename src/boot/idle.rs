@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use tokio::sync::watch;
 
-use crate::client::{Api, CallError};
+use crate::client::{Api, CallError, Policy};
 use crate::signals::Stop;
 use crate::turn::TurnInput;
 use crate::validate;
@@ -201,7 +201,7 @@ async fn read(
         .bearer()
         .is_none_or(|b| b.expires_within(timings.idle_refresh_lead));
     if stale {
-        match api.pull_bearer(timings.retry.agent_token_refresh).await {
+        match api.pull_bearer(Policy::AGENT_TOKEN_REFRESH).await {
             Ok(_) => {}
             Err(e) if matches!(e.verdict_status(), Some(401 | 403)) => {
                 return Err(ReadError::Fatal(IdleError::BootSecretRefused(
@@ -211,7 +211,7 @@ async fn read(
             Err(e) => return Err(ReadError::Failed(e.to_string())),
         }
     }
-    let session = match api.session(crate::timings::RetryPolicy::ONCE, false).await {
+    let session = match api.session(Policy::PER_TICK, false).await {
         Ok(s) => s,
         Err(e) if matches!(e.verdict_status(), Some(401 | 403)) && stale_pull_refused(&e) => {
             return Err(ReadError::Fatal(IdleError::BootSecretRefused(

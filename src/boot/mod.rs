@@ -16,7 +16,7 @@ use reqwest::Url;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::client::{Api, CallError, RepoToken};
+use crate::client::{Api, CallError, Policy, RepoToken};
 use crate::process::supervisor::Supervision;
 use crate::redact::Redactor;
 use crate::session_dir::{self, BootContext, SessionDir};
@@ -202,7 +202,7 @@ async fn boot(
     *session_dir_slot = Some(session_dir.clone());
 
     // Step 2: the agent bearer.
-    match unless_stopped(stop, api.pull_bearer(timings.retry.agent_token_boot)).await {
+    match unless_stopped(stop, api.pull_bearer(Policy::AGENT_TOKEN_BOOT)).await {
         Err(s) => return Ending::Stopped(s),
         Ok(Err(e)) => return Ending::BeforeDrain(e.to_string()),
         Ok(Ok(_)) => {}
@@ -426,7 +426,7 @@ async fn drain(
 }
 
 async fn resolve(config: &BootConfig, api: &Api, redactor: &Redactor) -> Result<Resolved, String> {
-    let policy = api.timings().retry.boot_fetch;
+    let policy = Policy::BOOT_FETCH;
     let (bundle, session, token) = tokio::join!(
         api.env_bundle(),
         api.session(policy, false),
@@ -510,7 +510,7 @@ fn harvester(
             redactor: redactor.clone(),
             stall: config.timings.git_stall,
         },
-        push_policy: config.timings.retry.harvest_push,
+        push_policy: Policy::HARVEST_PUSH.scaled(config.timings.scale),
         max_file_size: config.harvest_max_file_size,
     })
 }
@@ -524,7 +524,7 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
         branch: harvester.branch.clone(),
         credential_helper: harvester.credential_helper.clone(),
         http: harvester.http.clone(),
-        retry: config.timings.retry.clone,
+        retry: Policy::CLONE.scaled(config.timings.scale),
     };
     let branch = harvester.branch.as_str();
     workspace::prepare_repo_async(spec)
@@ -598,10 +598,7 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
             };
             let sealed = match body {
                 None => true,
-                Some(body) => match api
-                    .finish(&run_id, &body, api.timings().retry.required)
-                    .await
-                {
+                Some(body) => match api.finish(&run_id, &body, Policy::REQUIRED).await {
                     Ok(()) => true,
                     Err(e) => {
                         tracing::error!(run_id = %run_id, error = %e, "the run could not be sealed");

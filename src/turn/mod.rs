@@ -22,12 +22,11 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use crate::agent::AgentConfig;
 use crate::agent::drive::{self, DriveInput, Request};
 use crate::agent::{AgentSession, TurnOutcome};
-use crate::client::Api;
+use crate::client::{Api, Policy};
 use crate::events::EventSink;
 use crate::process::supervisor::Supervision;
 use crate::session_dir::{RunDir, SessionDir};
 use crate::signals::{Stop, StopBudget};
-use crate::timings::RetryPolicy;
 use crate::wire::{BootStatus, FinishBody, FinishError, HarvestResult};
 use crate::workspace::Harvester;
 
@@ -146,7 +145,7 @@ pub async fn run(
         Some(b) if !b.expires_within(timings.idle_refresh_lead) => Some(Ok(b)),
         _ => {
             guard
-                .unless_stopped(api.pull_bearer(timings.retry.agent_token_refresh))
+                .unless_stopped(api.pull_bearer(Policy::AGENT_TOKEN_REFRESH))
                 .await
         }
     };
@@ -368,9 +367,9 @@ pub async fn run(
     };
     report.record_in(&mut body.error);
     let policy = if guard.stopping() {
-        RetryPolicy::ONCE
+        Policy::ONCE
     } else {
-        timings.retry.required
+        Policy::REQUIRED
     };
     match guard.bounded(api.finish(run_id, &body, policy)).await {
         None => return Ok(TurnEnd::Stopped(guard.current())),
@@ -395,9 +394,9 @@ pub async fn run(
         remove_run_dir(&run_dir);
     }
     let policy = if guard.stopping() {
-        RetryPolicy::ONCE
+        Policy::ONCE
     } else {
-        timings.retry.required
+        Policy::REQUIRED
     };
     let completed = guard
         .bounded(api.post_status_with(BootStatus::TurnCompleted, Some(run_id), None, policy))

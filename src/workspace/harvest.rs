@@ -45,8 +45,7 @@ use git2::{
 
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::transport::{CredentialHelpers, HttpContext, register_remote};
-use crate::client::retry::wait_before_retry;
-use crate::timings::RetryPolicy;
+use crate::client::retry::{self, Pace, Policy};
 use crate::wire::{
     HarvestResult, MAX_LISTED_COMMITS, PushError, PushErrorCode, RunOutcome, SkippedFile,
     SyncOutcome, SyncWarning, SyncWarningCode, WorkspaceSync, truncate_reason,
@@ -85,8 +84,9 @@ pub struct Harvester {
     pub credential_helper: String,
     /// The HTTP client the transport uses.
     pub http: HttpContext,
-    /// Push attempts and backoff (`Timings::retry.harvest_push`).
-    pub push_policy: RetryPolicy,
+    /// Push attempts and backoff ([`Policy::HARVEST_PUSH`], scaled by the
+    /// boot's timings).
+    pub push_policy: Policy,
     /// Files larger than this many bytes are left out of what the harvest
     /// commits and pushes (`--harvest-max-file-size`, 4.5); `None`: no limit.
     pub max_file_size: Option<u64>,
@@ -418,13 +418,13 @@ impl Harvester {
                 Err(Failure::Local(text)) => return Err(RemoteError::Local(text)),
                 Err(Failure::Transport(text)) => {
                     failures += 1;
-                    if failures >= policy.attempts {
+                    if retry::Attempts::AtMost(failures) == policy.attempts {
                         return Err(RemoteError::Exhausted {
                             attempts: failures,
                             last: text,
                         });
                     }
-                    let wait = wait_before_retry(policy, failures - 1, None);
+                    let wait = retry::wait(&policy, failures - 1, None, retry::REAL.draw());
                     if Instant::now() + wait >= deadline {
                         return Err(RemoteError::OutOfTime {
                             attempts: failures,
