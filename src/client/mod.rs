@@ -10,6 +10,8 @@
 
 pub mod bearer;
 pub mod retry;
+#[cfg(test)]
+mod retry_table;
 
 use std::time::{Duration, SystemTime};
 

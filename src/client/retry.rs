@@ -228,6 +228,58 @@ impl Pace for RealPace {
     }
 }
 
+/// A [`Pace`] for tests: records every wait instead of sleeping, and draws
+/// the same jitter every time.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    waits: std::sync::Mutex<Vec<Duration>>,
+    draw: f64,
+}
+
+#[cfg(test)]
+impl Recorder {
+    /// A recorder whose jitter draw is always `draw` (0.5: no jitter).
+    pub(crate) fn new(draw: f64) -> std::sync::Arc<Recorder> {
+        std::sync::Arc::new(Recorder {
+            waits: std::sync::Mutex::new(Vec::new()),
+            draw,
+        })
+    }
+
+    /// The waits so far, in milliseconds, and forgets them.
+    pub(crate) fn take_ms(&self) -> Vec<u64> {
+        let mut waits = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *waits)
+            .iter()
+            .map(|w| w.as_millis() as u64)
+            .collect()
+    }
+
+    fn record(&self, wait: Duration) {
+        self.waits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(wait);
+    }
+}
+
+#[cfg(test)]
+impl Pace for Recorder {
+    fn sleep(&self, wait: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        self.record(wait);
+        Box::pin(std::future::ready(()))
+    }
+
+    fn sleep_blocking(&self, wait: Duration) {
+        self.record(wait);
+    }
+
+    fn draw(&self) -> f64 {
+        self.draw
+    }
+}
+
 /// The decision code both runners share: counts failed attempts and says
 /// how long to wait before the next, or why to give up.
 struct Schedule<'a> {

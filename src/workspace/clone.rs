@@ -571,4 +571,75 @@ mod tests {
             "https://github.com/o/x.git"
         ));
     }
+
+    /// The clone row of PROTOCOL.md section 2's retry table: 4 attempts,
+    /// 1 s doubling to 8 s, through the clone's own loop with its attempts
+    /// scripted (which failures the transport marks retryable, no response,
+    /// stall, `429`, `5xx`, is its own test; the boot's tests clone for
+    /// real). Waits recorded, not slept.
+    #[tokio::test]
+    async fn row_the_clone_of_the_session_branch_4_attempts_1s_doubling_to_8s() {
+        use crate::client::retry::Recorder;
+        use std::collections::VecDeque;
+        use std::time::Duration;
+
+        let url = "https://git.example/o/r.git";
+        let failure = |transient, retry_after| AttemptFailure {
+            error: WorkspaceError::Git {
+                action: "fetch",
+                url: url.into(),
+                message: "HTTP 503".into(),
+            },
+            transient,
+            retry_after,
+        };
+        let done = || PreparedRepo {
+            path: PathBuf::from("/r/repo"),
+            remote_head: "ab".repeat(20),
+            reused: false,
+        };
+        let run = |script: Vec<Result<PreparedRepo, AttemptFailure>>, draw| async move {
+            let pace = Recorder::new(draw);
+            let mut script = VecDeque::from(script);
+            let mut made = 0;
+            let result = retried(url, Policy::CLONE, &*pace, || {
+                made += 1;
+                let next = script.pop_front().unwrap_or_else(|| Ok(done()));
+                async move { next }
+            })
+            .await;
+            (result, made, pace.take_ms())
+        };
+
+        // Every attempt fails in a way the rule retries: exactly 4, then the
+        // give-up, with the backoff (and jitter never past the cap).
+        for (draw, waits) in [(0.5, [1000, 2000, 4000]), (1.0, [1200, 2400, 4800])] {
+            let failing = (0..4).map(|_| Err(failure(true, None))).collect();
+            let (result, made, recorded) = run(failing, draw).await;
+            match result {
+                Err(WorkspaceError::CloneExhausted { attempts: 4, .. }) => {}
+                other => panic!("{other:?}"),
+            }
+            assert_eq!((made, recorded), (4, waits.to_vec()));
+        }
+
+        // Retry-After (429/503) replaces the backoff, up to the cap.
+        let script = vec![
+            Err(failure(true, Some(Duration::from_secs(3)))),
+            Err(failure(true, Some(Duration::from_secs(3600)))),
+            Err(failure(true, None)),
+        ];
+        let (result, made, recorded) = run(script, 0.5).await;
+        assert_eq!(result.unwrap(), done());
+        assert_eq!((made, recorded), (4, vec![3000, 8000, 4000]));
+
+        // A verdict (refused credentials, another 4xx, not smart HTTP, no
+        // session branch) is returned as is after one attempt.
+        let (result, made, recorded) = run(vec![Err(failure(false, None))], 0.5).await;
+        assert!(
+            matches!(result, Err(WorkspaceError::Git { .. })),
+            "{result:?}"
+        );
+        assert_eq!((made, recorded), (1, vec![]));
+    }
 }
