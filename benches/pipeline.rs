@@ -125,7 +125,7 @@ fn run_once(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
 
 /// The path agent output takes in the runner (`agent::drive`): the reader's
 /// `ChannelSink` (streaming redaction, framing, a bounded channel of 4
-/// reads) and the `command` driver's task (`agent::command::lines_to_events`:
+/// reads) and the `command` adapter's task (`agent::command::lines_to_events`:
 /// map the queued lines, redact by value, number, append to the spool in one
 /// write), on a two-worker runtime.
 fn run_drive_path(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
@@ -140,7 +140,7 @@ fn run_drive_path(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
         let path = spool.path().to_path_buf();
         let events = EventSender::detached(spool);
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let driver = tokio::spawn(async move {
+        let adapter = tokio::spawn(async move {
             let mut lines = hosted_boot::process::output::LineReceiver::new(rx);
             hosted_boot::agent::command::lines_to_events(&mut lines, &events).await;
         });
@@ -153,7 +153,7 @@ fn run_drive_path(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
         sink.end();
         sink.ready().await;
         drop(sink);
-        driver.await.expect("driver task");
+        adapter.await.expect("adapter task");
         let elapsed = start.elapsed();
         let spooled = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         (elapsed, spooled)
@@ -305,7 +305,7 @@ fn main() {
             spooled = s;
         }
         report(
-            &format!("drive path (channel, driver, emit): {name}"),
+            &format!("drive path (channel, adapter, emit): {name}"),
             input.len(),
             times,
             &format!(", spool {} MB", spooled / 1_000_000),

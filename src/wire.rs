@@ -390,7 +390,8 @@ impl RunOutcome {
     }
 }
 
-/// `finish.error.code` (2.6). Frozen: the inside may change, these may not.
+/// `finish.error.code` (2.6), and the code a `failed` reason starts with
+/// (2.2). Frozen: the inside may change, these may not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
@@ -428,6 +429,24 @@ pub enum ErrorCode {
     /// of a `failed` boot-status reason, since the run it carries was never
     /// read and so is never sealed.
     SessionTooLarge,
+    // The codes below start a `failed` reason (2.2) and are never in a
+    // `finish`: they end a boot before its first turn.
+    /// The env bundle sets a reserved or invalid name (2.3).
+    ReservedConnectorEnv,
+    /// `pendingTurn` breaks its shape at boot (2.4).
+    HostedPendingTurnInvalid,
+    /// The session branch does not exist on the remote (3, 4 step 5).
+    SessionBranchMissing,
+    /// `repo/` exists but is not a clone of the session's remote (3).
+    RepoConflict,
+    /// The clone failed: refused, or every attempt of the clone row failed
+    /// (2, 4 step 5).
+    CloneFailed,
+    /// A file under the root (session directory, `repo/`) could not be
+    /// read or written (3).
+    WorkspaceIo,
+    /// A value the coordinator sent failed its check (5).
+    InvalidValue,
 }
 
 impl ErrorCode {
@@ -450,6 +469,13 @@ impl ErrorCode {
             ErrorCode::EventsUndelivered => "events_undelivered",
             ErrorCode::RunnerError => "runner_error",
             ErrorCode::SessionTooLarge => "session_too_large",
+            ErrorCode::ReservedConnectorEnv => "reserved_connector_env",
+            ErrorCode::HostedPendingTurnInvalid => "hosted_pending_turn_invalid",
+            ErrorCode::SessionBranchMissing => "session_branch_missing",
+            ErrorCode::RepoConflict => "repo_conflict",
+            ErrorCode::CloneFailed => "clone_failed",
+            ErrorCode::WorkspaceIo => "workspace_io",
+            ErrorCode::InvalidValue => "invalid_value",
         }
     }
 
@@ -457,6 +483,12 @@ impl ErrorCode {
     /// `provider_rate_limited` is.
     pub const fn retryable(self) -> bool {
         matches!(self, ErrorCode::ProviderRateLimited)
+    }
+
+    /// `<code>: <message>`: how a `failed` reason (2.2) starts with the
+    /// code of its failure, for a coordinator to match on.
+    pub fn reason(self, message: impl std::fmt::Display) -> String {
+        format!("{}: {message}", self.as_str())
     }
 }
 
@@ -496,8 +528,9 @@ pub struct FinishBody {
 }
 
 /// `finish.result` and the `hosted_boot.harvest` event's data (PROTOCOL.md
-/// 4.5): where the agent's work went.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// 4.5): where the agent's work went. The default is the report before
+/// anything was done: nothing pushed, nothing counted, no name or branch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HarvestResult {
     /// The run id, or `recovered-at-boot` for the harvest of a reused `repo/`.
@@ -630,6 +663,26 @@ pub struct WorkspaceSync {
     pub warning: Option<SyncWarning>,
 }
 
+/// The report before anything was done: `kept_local` (the workspace was
+/// not moved), nothing known, no branch, no warning.
+impl Default for WorkspaceSync {
+    fn default() -> Self {
+        WorkspaceSync {
+            branch: String::new(),
+            outcome: SyncOutcome::KeptLocal,
+            local_sha: None,
+            remote_sha: None,
+            start_sha: None,
+            recovery_branch: None,
+            discarded_ref: None,
+            discarded_commits: Vec::new(),
+            discarded_count: None,
+            local_branch_recovery: None,
+            warning: None,
+        }
+    }
+}
+
 /// Most commits a report lists by id (the count is given whole).
 pub const MAX_LISTED_COMMITS: usize = 100;
 
@@ -717,6 +770,13 @@ mod tests {
             ErrorCode::EventsUndelivered,
             ErrorCode::RunnerError,
             ErrorCode::SessionTooLarge,
+            ErrorCode::ReservedConnectorEnv,
+            ErrorCode::HostedPendingTurnInvalid,
+            ErrorCode::SessionBranchMissing,
+            ErrorCode::RepoConflict,
+            ErrorCode::CloneFailed,
+            ErrorCode::WorkspaceIo,
+            ErrorCode::InvalidValue,
         ];
         for code in all {
             assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));

@@ -29,21 +29,21 @@ use super::classify::{self, from_http_status};
 use super::command::{JsonLines, event_for_line};
 use super::usage::as_u64;
 use super::{
-    AgentError, Driver, DriverCommand, DriverIo, Effects, ExitRule, Launch, Note, Observation,
+    Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
 };
 use crate::process::supervisor::Stream;
 use crate::wire::ErrorCode;
 
-/// The Claude Code driver for one process.
-pub struct ClaudeDriver {
+/// The Claude Code adapter for one process.
+pub struct ClaudeAdapter {
     spec: TurnSpec,
 }
 
-impl ClaudeDriver {
+impl ClaudeAdapter {
     /// For one turn.
     pub fn new(spec: TurnSpec) -> Self {
-        ClaudeDriver { spec }
+        ClaudeAdapter { spec }
     }
 }
 
@@ -76,7 +76,7 @@ pub fn args(spec: &TurnSpec) -> Vec<String> {
     args
 }
 
-impl Driver for ClaudeDriver {
+impl Adapter for ClaudeAdapter {
     fn launch(&self) -> Launch {
         Launch {
             args: args(&self.spec),
@@ -88,7 +88,7 @@ impl Driver for ClaudeDriver {
         }
     }
 
-    fn run(self: Box<Self>, io: DriverIo) -> BoxFuture<'static, Observation> {
+    fn run(self: Box<Self>, io: AdapterIo) -> BoxFuture<'static, Observation> {
         run(self.spec, io).boxed()
     }
 }
@@ -112,7 +112,7 @@ struct State {
     interrupts: u32,
 }
 
-async fn run(spec: TurnSpec, mut io: DriverIo) -> Observation {
+async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
     let mut state = State::default();
     io.send_json(&json!({
         "type": "control_request",
@@ -151,7 +151,7 @@ async fn run(spec: TurnSpec, mut io: DriverIo) -> Observation {
                 }
             }
             cmd = io.commands.recv(), if commands_open => match cmd {
-                Some(DriverCommand::Interrupt) => {
+                Some(AdapterCommand::ProtocolInterrupt) => {
                     if state.terminal.is_none() {
                         state.interrupts += 1;
                         io.send_json(&json!({
@@ -177,7 +177,7 @@ fn str_field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
     obj.get(key).and_then(Value::as_str)
 }
 
-fn handle(spec: &TurnSpec, state: &mut State, io: &mut DriverIo, obj: &Map<String, Value>) {
+fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, obj: &Map<String, Value>) {
     if state.session_id.is_none()
         && let Some(id) = str_field(obj, "session_id").filter(|s| !s.is_empty())
     {

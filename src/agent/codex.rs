@@ -27,7 +27,7 @@ use super::command::{JsonLines, event_for_line};
 use super::jsonrpc::{self, Message};
 use super::usage::as_u64;
 use super::{
-    AgentError, Driver, DriverCommand, DriverIo, Effects, ExitRule, Launch, Note, Observation,
+    Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
 };
 use crate::events::event::{AgentEvent, TextStream};
@@ -39,19 +39,19 @@ const THREAD: u64 = 1;
 const TURN: u64 = 2;
 const INTERRUPT: u64 = 3;
 
-/// The Codex app-server driver for one process.
-pub struct CodexDriver {
+/// The Codex app-server adapter for one process.
+pub struct CodexAdapter {
     spec: TurnSpec,
 }
 
-impl CodexDriver {
+impl CodexAdapter {
     /// For one turn.
     pub fn new(spec: TurnSpec) -> Self {
-        CodexDriver { spec }
+        CodexAdapter { spec }
     }
 }
 
-impl Driver for CodexDriver {
+impl Adapter for CodexAdapter {
     fn launch(&self) -> Launch {
         let mut args = vec!["app-server".to_string()];
         args.extend(self.spec.extra_args.iter().cloned());
@@ -65,7 +65,7 @@ impl Driver for CodexDriver {
         }
     }
 
-    fn run(self: Box<Self>, io: DriverIo) -> BoxFuture<'static, Observation> {
+    fn run(self: Box<Self>, io: AdapterIo) -> BoxFuture<'static, Observation> {
         run(self.spec, io).boxed()
     }
 }
@@ -87,7 +87,7 @@ struct State {
     last_error: Option<AgentError>,
 }
 
-async fn run(spec: TurnSpec, mut io: DriverIo) -> Observation {
+async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
     let mut state = State {
         model: spec.model.clone(),
         ..State::default()
@@ -122,7 +122,7 @@ async fn run(spec: TurnSpec, mut io: DriverIo) -> Observation {
                 }
             }
             cmd = io.commands.recv(), if commands_open => match cmd {
-                Some(DriverCommand::Interrupt) => interrupt(&mut state, &mut io),
+                Some(AdapterCommand::ProtocolInterrupt) => interrupt(&mut state, &mut io),
                 None => commands_open = false,
             },
         }
@@ -143,7 +143,7 @@ async fn run(spec: TurnSpec, mut io: DriverIo) -> Observation {
     }
 }
 
-fn interrupt(state: &mut State, io: &mut DriverIo) {
+fn interrupt(state: &mut State, io: &mut AdapterIo) {
     if state.terminal.is_some() {
         return;
     }
@@ -161,7 +161,7 @@ fn interrupt(state: &mut State, io: &mut DriverIo) {
     }
 }
 
-fn start_turn(spec: &TurnSpec, state: &State, io: &DriverIo) {
+fn start_turn(spec: &TurnSpec, state: &State, io: &AdapterIo) {
     let Some(thread) = &state.thread_id else {
         return;
     };
@@ -178,7 +178,7 @@ fn start_turn(spec: &TurnSpec, state: &State, io: &DriverIo) {
     io.send_json(&jsonrpc::request(TURN, "turn/start", params));
 }
 
-fn handle(spec: &TurnSpec, state: &mut State, io: &mut DriverIo, value: &Value) {
+fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, value: &Value) {
     let Some(message) = jsonrpc::parse(value) else {
         let redactor = io.events.fresh_redactor();
         io.events.emit_agent(AgentEvent::text(
@@ -219,7 +219,7 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut DriverIo, value: &Value) 
 fn response(
     spec: &TurnSpec,
     state: &mut State,
-    io: &mut DriverIo,
+    io: &mut AdapterIo,
     id: Option<u64>,
     result: Result<Value, Value>,
 ) {
@@ -299,7 +299,7 @@ fn response(
     }
 }
 
-fn set_thread(state: &mut State, io: &DriverIo, id: &str) {
+fn set_thread(state: &mut State, io: &AdapterIo, id: &str) {
     if state.thread_id.is_none() {
         state.thread_id = Some(id.to_string());
         io.note(Note::SessionId(id.to_string()));
@@ -309,7 +309,7 @@ fn set_thread(state: &mut State, io: &DriverIo, id: &str) {
 /// Item types that are only talk: everything else may have had an effect.
 const TALK_ITEMS: &[&str] = &["agentMessage", "reasoning", "userMessage", "plan"];
 
-fn notification(state: &mut State, io: &mut DriverIo, method: &str, params: &Value) {
+fn notification(state: &mut State, io: &mut AdapterIo, method: &str, params: &Value) {
     match method {
         "thread/started" => {
             if let Some(id) = params

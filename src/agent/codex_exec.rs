@@ -28,22 +28,22 @@ use super::codex::classify_error;
 use super::command::{JsonLines, event_for_line};
 use super::usage::as_u64;
 use super::{
-    AgentError, AgentSession, Driver, DriverIo, Effects, ExitRule, Launch, Note, Observation,
+    Adapter, AdapterIo, AgentError, AgentSession, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
 };
 use crate::process::supervisor::Stream;
 use crate::wire::ErrorCode;
 
-/// The `codex exec` driver for one process.
-pub struct CodexExecDriver {
+/// The `codex exec` adapter for one process.
+pub struct CodexExecAdapter {
     spec: TurnSpec,
     session: Arc<AgentSession>,
 }
 
-impl CodexExecDriver {
+impl CodexExecAdapter {
     /// For one turn; `session` keeps the thread's running token total.
     pub fn new(spec: TurnSpec, session: Arc<AgentSession>) -> Self {
-        CodexExecDriver { spec, session }
+        CodexExecAdapter { spec, session }
     }
 }
 
@@ -90,7 +90,7 @@ fn toml_string(s: &str) -> String {
     out
 }
 
-impl Driver for CodexExecDriver {
+impl Adapter for CodexExecAdapter {
     fn launch(&self) -> Launch {
         Launch {
             args: args(&self.spec),
@@ -102,7 +102,7 @@ impl Driver for CodexExecDriver {
         }
     }
 
-    fn run(self: Box<Self>, io: DriverIo) -> BoxFuture<'static, Observation> {
+    fn run(self: Box<Self>, io: AdapterIo) -> BoxFuture<'static, Observation> {
         run(self.spec, self.session, io).boxed()
     }
 }
@@ -119,7 +119,7 @@ struct State {
 /// Item types that are only talk.
 const TALK_ITEMS: &[&str] = &["agent_message", "reasoning", "todo_list", "error", "plan"];
 
-async fn run(spec: TurnSpec, session: Arc<AgentSession>, mut io: DriverIo) -> Observation {
+async fn run(spec: TurnSpec, session: Arc<AgentSession>, mut io: AdapterIo) -> Observation {
     let mut state = State::default();
     let mut json_lines = JsonLines::new();
     let mut stderr = String::new();
@@ -184,7 +184,7 @@ async fn run(spec: TurnSpec, session: Arc<AgentSession>, mut io: DriverIo) -> Ob
     }
 }
 
-fn handle(state: &mut State, io: &DriverIo, obj: &Map<String, Value>) {
+fn handle(state: &mut State, io: &AdapterIo, obj: &Map<String, Value>) {
     let kind = obj.get("type").and_then(Value::as_str).unwrap_or("");
     match kind {
         "thread.started" => {

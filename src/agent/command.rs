@@ -12,7 +12,7 @@ use futures_util::future::BoxFuture;
 use serde_json::Value;
 
 use super::{
-    Driver, DriverIo, Effects, ExitRule, Launch, Observation, StdinMode, TurnOutcome, TurnSpec,
+    Adapter, AdapterIo, Effects, ExitRule, Launch, Observation, StdinMode, TurnOutcome, TurnSpec,
 };
 use crate::events::event::{AgentEvent, TextStream};
 use crate::process::lines::{Line, MAX_LINE_BYTES};
@@ -67,19 +67,19 @@ pub fn describe_status(s: std::process::ExitStatus) -> String {
     }
 }
 
-/// The `command` agent's driver: the prompt on stdin, lines to events.
-pub struct CommandDriver {
+/// The `command` agent's adapter: the prompt on stdin, lines to events.
+pub struct CommandAdapter {
     spec: TurnSpec,
 }
 
-impl CommandDriver {
+impl CommandAdapter {
     /// For one turn.
     pub fn new(spec: TurnSpec) -> Self {
-        CommandDriver { spec }
+        CommandAdapter { spec }
     }
 }
 
-impl Driver for CommandDriver {
+impl Adapter for CommandAdapter {
     fn launch(&self) -> Launch {
         Launch {
             args: self.spec.extra_args.clone(),
@@ -91,7 +91,7 @@ impl Driver for CommandDriver {
         }
     }
 
-    fn run(self: Box<Self>, mut io: DriverIo) -> BoxFuture<'static, Observation> {
+    fn run(self: Box<Self>, mut io: AdapterIo) -> BoxFuture<'static, Observation> {
         async move {
             lines_to_events(&mut io.lines, &io.events).await;
             Observation {

@@ -1,4 +1,4 @@
-//! One turn's agent (PROTOCOL.md 4.1 step 4): the adapter's driver, the
+//! One turn's agent (PROTOCOL.md 4.1 step 4): the adapter, the
 //! process under the supervisor, and around them
 //!
 //! - the **interrupt in two stages**: the CLI's own protocol first (Claude's
@@ -29,9 +29,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::{
-    AgentConfig, AgentError, AgentKind, AgentSession, DriverCommand, DriverIo, Effects, ExitRule,
-    Note, Observation, StdinMode, Terminal, TurnOutcome, TurnSpec, Usage, classify, command,
-    driver_for, env,
+    AdapterCommand, AdapterIo, AgentConfig, AgentError, AgentKind, AgentSession, Effects, ExitRule,
+    Note, Observation, StdinMode, Terminal, TurnOutcome, TurnSpec, Usage, adapter_for, classify,
+    command, env,
 };
 use crate::events::EventSender;
 use crate::events::event::RunnerEvent;
@@ -51,7 +51,7 @@ Continue the same task from its current state.";
 pub const MAX_CONTINUATIONS: usize = 2;
 
 /// Reads (batches of lines) queued between an output stream's reader and
-/// the driver; beyond this the reader waits (a read is 64 KiB, plus at most
+/// the adapter; beyond this the reader waits (a read is 64 KiB, plus at most
 /// one line of up to 1 MiB completed by it).
 const LINE_QUEUE: usize = 4;
 
@@ -77,10 +77,14 @@ pub struct DriveInput {
     pub supervision: crate::process::supervisor::Supervision,
 }
 
-/// A request from the turn to its agent.
+/// A request about the run from the coordinator, relayed by the turn's
+/// interrupt watch to its agent. Not [`AdapterCommand`] (which any of the
+/// runner's reasons to stop the CLI sends) nor `supervisor::Control` (the
+/// signals): only this request, or a stop, makes the outcome `interrupted`
+/// (PROTOCOL.md 4.1 step 4); see [`AdapterCommand`] for the three hops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Request {
-    /// The coordinator asked for an interrupt (the watch saw it).
+pub enum RunRequest {
+    /// `interruptRequestedRunId` named this run (the watch saw it).
     Interrupt,
 }
 
@@ -97,7 +101,7 @@ pub struct Driven {
 /// outcome.
 pub async fn run(
     input: DriveInput,
-    requests: &mut mpsc::UnboundedReceiver<Request>,
+    requests: &mut mpsc::UnboundedReceiver<RunRequest>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Driven {
     let mut flags = Flags::default();
@@ -216,7 +220,7 @@ fn finish(input: &DriveInput, mut outcome: TurnOutcome, usage: &Usage, flags: &F
 /// Waits `delay` unless an interrupt or a stop comes first (then false).
 async fn wait_unless_stopped(
     delay: Duration,
-    requests: &mut mpsc::UnboundedReceiver<Request>,
+    requests: &mut mpsc::UnboundedReceiver<RunRequest>,
     stop: &mut watch::Receiver<Stop>,
     flags: &mut Flags,
 ) -> bool {
@@ -227,7 +231,7 @@ async fn wait_unless_stopped(
         tokio::select! {
             _ = tokio::time::sleep_until(until) => return true,
             r = requests.recv(), if requests_open => match r {
-                Some(Request::Interrupt) => {
+                Some(RunRequest::Interrupt) => {
                     flags.interrupt_requested = true;
                     return false;
                 }
@@ -291,7 +295,7 @@ impl Escalation {
         &mut self,
         grace: Duration,
         terminal_seen: bool,
-        commands: &mpsc::UnboundedSender<DriverCommand>,
+        commands: &mpsc::UnboundedSender<AdapterCommand>,
         control: &mpsc::UnboundedSender<Control>,
     ) {
         if self.signalled {
@@ -302,7 +306,7 @@ impl Escalation {
         if self.protocol && !terminal_seen {
             if !self.protocol_sent {
                 self.protocol_sent = true;
-                let _ = commands.send(DriverCommand::Interrupt);
+                let _ = commands.send(AdapterCommand::ProtocolInterrupt);
             }
             let half = grace / 2;
             let at = Instant::now() + half;
@@ -389,7 +393,7 @@ async fn run_once(
     input: &DriveInput,
     prompt: String,
     resume: Option<String>,
-    requests: &mut mpsc::UnboundedReceiver<Request>,
+    requests: &mut mpsc::UnboundedReceiver<RunRequest>,
     stop: &mut watch::Receiver<Stop>,
     flags: &mut Flags,
 ) -> Result<Once, SpawnError> {
@@ -407,8 +411,8 @@ async fn run_once(
         opencode_port: config.opencode_port,
         timings: config.timings,
     };
-    let driver = driver_for(config, spec, &input.session, &input.redactor);
-    let launch = driver.launch();
+    let adapter = adapter_for(config, spec, &input.session, &input.redactor);
+    let launch = adapter.launch();
     let env = agent_env(
         config,
         &input.env,
@@ -417,7 +421,7 @@ async fn run_once(
         &launch.env,
     );
 
-    // Bounded: a driver that falls behind slows the reader, not memory.
+    // Bounded: an adapter that falls behind slows the reader, not memory.
     let (line_tx, line_rx) = mpsc::channel::<(Stream, Vec<Line>)>(LINE_QUEUE);
     let (stdin_tx, stdin_rx) = match launch.stdin {
         StdinMode::Channel => {
@@ -432,14 +436,14 @@ async fn run_once(
     };
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (note_tx, mut note_rx) = mpsc::unbounded_channel();
-    let io = DriverIo {
+    let io = AdapterIo {
         lines: crate::process::output::LineReceiver::new(line_rx),
         stdin: stdin_tx,
         commands: cmd_rx,
         notes: note_tx,
         events: input.events.clone(),
     };
-    let driver_task = tokio::spawn(driver.run(io));
+    let adapter_task = tokio::spawn(adapter.run(io));
 
     let last_output = Arc::new(Mutex::new(Instant::now()));
     let tail = Arc::new(Mutex::new(Tail::default()));
@@ -470,9 +474,9 @@ async fn run_once(
     let (control_tx, control_rx) = mpsc::unbounded_channel();
     // Bytes are redacted as a stream before lines are cut (a secret split
     // across reads or across the 1 MiB cut is still found), then the lines
-    // go to the driver, whose events are redacted again as values.
+    // go to the adapter, whose events are redacted again as values.
     // The factory owns the callback: when the supervisor returns, every
-    // sender of the driver's lines is gone and the driver sees the end.
+    // sender of the adapter's lines is gone and the adapter sees the end.
     let redactor = input.redactor.clone();
     let output =
         move |stream| ChannelSink::new(stream, &redactor, observe.clone(), line_tx.clone());
@@ -509,7 +513,7 @@ async fn run_once(
         tokio::select! {
             r = &mut supervised => break r,
             r = requests.recv(), if requests_open => match r {
-                Some(Request::Interrupt) => {
+                Some(RunRequest::Interrupt) => {
                     flags.interrupt_requested = true;
                     tracing::info!("interrupt requested; asking the agent to stop");
                     escalation.start(timings.interrupt_grace, terminal_seen, &cmd_tx, &control_tx);
@@ -593,21 +597,21 @@ async fn run_once(
     let exit = match result {
         Ok(exit) => exit,
         Err(e) => {
-            driver_task.abort();
+            adapter_task.abort();
             return Err(e);
         }
     };
     // The supervisor returned: its line callbacks are dropped, so the
-    // driver sees the end of the output and returns.
+    // adapter sees the end of the output and returns.
     let bound = input.timings.pipe_drain + Duration::from_secs(1);
-    let observation = match tokio::time::timeout(bound, driver_task).await {
+    let observation = match tokio::time::timeout(bound, adapter_task).await {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => {
-            tracing::error!(error = %e, "the agent's driver failed");
+            tracing::error!(error = %e, "the agent's adapter failed");
             Observation::default()
         }
         Err(_) => {
-            tracing::error!("the agent's driver did not finish after the agent exited");
+            tracing::error!("the agent's adapter did not finish after the agent exited");
             Observation::default()
         }
     };
@@ -648,7 +652,7 @@ pub fn guard_died_message(guard_pid: i32) -> String {
 
 /// The outcome of one agent process: the runner's own evidence first
 /// (interrupt, stop, watchdog, a give-up), then the terminal event, then
-/// what the driver saw, then the stderr text, then the exit status.
+/// what the adapter saw, then the stderr text, then the exit status.
 fn verdict(config: &AgentConfig, once: &Once, flags: &Flags, resuming: bool) -> TurnOutcome {
     if let Some(guard) = once.exit.guard_died {
         return TurnOutcome::failed(ErrorCode::RunnerError, guard_died_message(guard));

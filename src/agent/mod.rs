@@ -1,13 +1,13 @@
 //! Agent adapters (the one planned extension point): one module per agent
-//! CLI, each a [`Driver`] that says what to start ([`Launch`]) and then
+//! CLI, each an [`Adapter`] that says what to start ([`Launch`]) and then
 //! speaks the CLI's protocol over its stdin, its output lines (and, for
 //! `opencode serve`, HTTP), reporting what it saw as an [`Observation`].
 //! [`drive`] runs one turn's agent under the supervisor with the watchdogs,
 //! the two-stage interrupt and the overload continuation, and turns the
 //! observation into a [`TurnOutcome`] (PROTOCOL.md 4.1 step 4, 2.6).
 //!
-//! Adding an adapter: a module with a `Driver`, a variant of [`AgentKind`],
-//! a line in [`driver_for`] and in [`env::for_agent`], a stand-in CLI under
+//! Adding an adapter: a module with an `Adapter`, a variant of [`AgentKind`],
+//! a line in [`adapter_for`] and in [`env::for_agent`], a stand-in CLI under
 //! `tests/fakes/` and its tests (README, "Adding an adapter").
 
 pub mod classify;
@@ -386,7 +386,7 @@ pub enum Effects {
     Unknown,
 }
 
-/// What a driver saw during one agent process.
+/// What an adapter saw during one agent process.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Observation {
     /// The terminal event, if one came.
@@ -405,7 +405,7 @@ pub struct Observation {
 pub enum StdinMode {
     /// These bytes, then EOF (the prompt).
     Bytes(Vec<u8>),
-    /// The protocol channel: the driver writes and closes it.
+    /// The protocol channel: the adapter writes and closes it.
     Channel,
 }
 
@@ -419,7 +419,7 @@ pub struct Launch {
     pub env: Vec<(String, crate::secret::Secret)>,
     /// Stdin.
     pub stdin: StdinMode,
-    /// Whether the driver has a protocol interrupt (tried before signals).
+    /// Whether the adapter has a protocol interrupt (tried before signals).
     pub protocol_interrupt: bool,
     /// A server that does not exit by itself after its terminal event.
     pub server: bool,
@@ -427,14 +427,23 @@ pub struct Launch {
     pub exit_rule: ExitRule,
 }
 
-/// A request from the runner to a driver.
+/// A request from the runner ([`drive`]) to an adapter.
+///
+/// One of three interrupt types, one per hop, because each decides
+/// something different: [`drive::RunRequest`] (the coordinator asked; it
+/// alone, with a stop, makes the outcome `interrupted`), this one (stage one
+/// of the two-stage interrupt: ask the CLI, decides nothing) and
+/// [`crate::process::supervisor::Control`] (stage two: signals to the
+/// process group). The idle watchdog, a stop and an adapter's give-up send
+/// this without any `RunRequest`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DriverCommand {
-    /// Interrupt the turn through the CLI's protocol.
-    Interrupt,
+pub enum AdapterCommand {
+    /// Interrupt the turn through the CLI's own protocol (Claude's control
+    /// request, Codex's `turn/interrupt`, opencode's abort).
+    ProtocolInterrupt,
 }
 
-/// What a driver tells the runner while the agent runs.
+/// What an adapter tells the runner while the agent runs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Note {
     /// The agent's session id, from the first event that carries it.
@@ -449,22 +458,22 @@ pub enum Note {
     Abort(AgentError),
 }
 
-/// A driver's channels.
-pub struct DriverIo {
+/// An adapter's channels.
+pub struct AdapterIo {
     /// The agent's output lines, until the process has exited and its pipes
-    /// are drained (then the channel closes and the driver returns).
+    /// are drained (then the channel closes and the adapter returns).
     pub lines: crate::process::output::LineReceiver,
     /// The agent's stdin in [`StdinMode::Channel`]; dropping it closes stdin.
     pub stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
     /// Requests from the runner.
-    pub commands: mpsc::UnboundedReceiver<DriverCommand>,
+    pub commands: mpsc::UnboundedReceiver<AdapterCommand>,
     /// To the runner.
     pub notes: mpsc::UnboundedSender<Note>,
     /// The run's events (redacted by the sink).
     pub events: EventSender,
 }
 
-impl DriverIo {
+impl AdapterIo {
     /// Writes one JSON line to stdin; false when stdin is closed.
     pub fn send_json(&self, value: &serde_json::Value) -> bool {
         let Some(stdin) = &self.stdin else {
@@ -481,15 +490,16 @@ impl DriverIo {
     }
 }
 
-/// One turn's adapter for one agent process.
-pub trait Driver: Send {
+/// One turn's adapter for one agent process: the one planned extension
+/// point (one implementation per [`AgentKind`]).
+pub trait Adapter: Send {
     /// What to start.
     fn launch(&self) -> Launch;
     /// Speaks the CLI's protocol until the output ends.
-    fn run(self: Box<Self>, io: DriverIo) -> BoxFuture<'static, Observation>;
+    fn run(self: Box<Self>, io: AdapterIo) -> BoxFuture<'static, Observation>;
 }
 
-/// What a driver needs to know about the turn.
+/// What an adapter needs to know about the turn.
 #[derive(Clone, Debug)]
 pub struct TurnSpec {
     /// The prompt: it travels through stdin or the protocol, never argv.
@@ -511,20 +521,20 @@ pub struct TurnSpec {
     pub timings: AgentTimings,
 }
 
-/// The driver of `kind` for one agent process of a turn. Secrets it makes
+/// The adapter of `kind` for one agent process of a turn. Secrets it makes
 /// (the opencode server password) go to `redactor` first.
-pub fn driver_for(
+pub fn adapter_for(
     config: &AgentConfig,
     spec: TurnSpec,
     session: &std::sync::Arc<AgentSession>,
     redactor: &Redactor,
-) -> Box<dyn Driver> {
+) -> Box<dyn Adapter> {
     match config.kind {
-        AgentKind::Command => Box::new(command::CommandDriver::new(spec)),
-        AgentKind::Claude => Box::new(claude::ClaudeDriver::new(spec)),
-        AgentKind::Codex => Box::new(codex::CodexDriver::new(spec)),
-        AgentKind::CodexExec => Box::new(codex_exec::CodexExecDriver::new(spec, session.clone())),
-        AgentKind::OpenCode => Box::new(opencode::OpenCodeDriver::new(spec, redactor)),
-        AgentKind::OpenCodeRun => Box::new(opencode_run::OpenCodeRunDriver::new(spec)),
+        AgentKind::Command => Box::new(command::CommandAdapter::new(spec)),
+        AgentKind::Claude => Box::new(claude::ClaudeAdapter::new(spec)),
+        AgentKind::Codex => Box::new(codex::CodexAdapter::new(spec)),
+        AgentKind::CodexExec => Box::new(codex_exec::CodexExecAdapter::new(spec, session.clone())),
+        AgentKind::OpenCode => Box::new(opencode::OpenCodeAdapter::new(spec, redactor)),
+        AgentKind::OpenCodeRun => Box::new(opencode_run::OpenCodeRunAdapter::new(spec)),
     }
 }

@@ -32,7 +32,7 @@ use super::command::event_for_line;
 use super::sse::SseParser;
 use super::usage::as_u64;
 use super::{
-    AgentError, Driver, DriverCommand, DriverIo, Effects, ExitRule, Launch, Note, Observation,
+    Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
 };
 use crate::events::event::AgentEvent;
@@ -45,14 +45,14 @@ pub const USERNAME: &str = "opencode";
 /// Retry notices of one turn after which the runner gives up on it.
 pub const MAX_RETRIES: u32 = 8;
 
-/// The `opencode serve` driver for one process.
-pub struct OpenCodeDriver {
+/// The `opencode serve` adapter for one process.
+pub struct OpenCodeAdapter {
     spec: TurnSpec,
     port: u16,
     password: Secret,
 }
 
-impl OpenCodeDriver {
+impl OpenCodeAdapter {
     /// For one turn: the port is `ORIZU_OPENCODE_PORT`, else a free one; the
     /// server password is fresh and goes to `redactor` at once.
     pub fn new(spec: TurnSpec, redactor: &Redactor) -> Self {
@@ -63,7 +63,7 @@ impl OpenCodeDriver {
             fastrand::u64(..)
         ));
         redactor.add(&password, SecretKind::Credential);
-        OpenCodeDriver {
+        OpenCodeAdapter {
             spec,
             port,
             password,
@@ -79,7 +79,7 @@ fn free_port() -> u16 {
         .unwrap_or(4096)
 }
 
-impl Driver for OpenCodeDriver {
+impl Adapter for OpenCodeAdapter {
     fn launch(&self) -> Launch {
         let mut args: Vec<String> = vec![
             "serve".into(),
@@ -108,7 +108,7 @@ impl Driver for OpenCodeDriver {
         }
     }
 
-    fn run(self: Box<Self>, io: DriverIo) -> BoxFuture<'static, Observation> {
+    fn run(self: Box<Self>, io: AdapterIo) -> BoxFuture<'static, Observation> {
         run(*self, io).boxed()
     }
 }
@@ -172,12 +172,12 @@ struct State {
     steps: Vec<(String, Usage)>,
 }
 
-async fn run(driver: OpenCodeDriver, mut io: DriverIo) -> Observation {
-    let OpenCodeDriver {
+async fn run(adapter: OpenCodeAdapter, mut io: AdapterIo) -> Observation {
+    let OpenCodeAdapter {
         spec,
         port,
         password,
-    } = driver;
+    } = adapter;
     let mut state = State {
         model: spec.model.clone(),
         ..State::default()
@@ -196,7 +196,7 @@ async fn run(driver: OpenCodeDriver, mut io: DriverIo) -> Observation {
         .map(|h| tokio::spawn(connect(h, spec.clone(), tx, cancel.clone())));
     let mut commands_open = true;
     let mut server_open = setup.is_some();
-    tracing::debug!(port, "opencode driver started");
+    tracing::debug!(port, "opencode adapter started");
     loop {
         tokio::select! {
             line = io.lines.recv() => {
@@ -209,7 +209,7 @@ async fn run(driver: OpenCodeDriver, mut io: DriverIo) -> Observation {
                 None => server_open = false,
             },
             cmd = io.commands.recv(), if commands_open => match cmd {
-                Some(DriverCommand::Interrupt) => {
+                Some(AdapterCommand::ProtocolInterrupt) => {
                     cancel.store(true, Ordering::SeqCst);
                     if let (Some(h), Some(sid)) = (&http, &state.session)
                         && state.terminal.is_none()
@@ -247,7 +247,7 @@ async fn run(driver: OpenCodeDriver, mut io: DriverIo) -> Observation {
 fn server_message(
     spec: &TurnSpec,
     state: &mut State,
-    io: &mut DriverIo,
+    io: &mut AdapterIo,
     http: Option<&Http>,
     msg: Server,
 ) {
@@ -302,7 +302,7 @@ fn event_session(props: &Value) -> Option<&str> {
 fn handle_event(
     spec: &TurnSpec,
     state: &mut State,
-    io: &mut DriverIo,
+    io: &mut AdapterIo,
     http: Option<&Http>,
     kind: &str,
     props: &Value,
@@ -419,7 +419,7 @@ fn handle_event(
     }
 }
 
-fn idle(state: &mut State, io: &mut DriverIo) {
+fn idle(state: &mut State, io: &mut AdapterIo) {
     if state.terminal.is_some() || !(state.busy || state.prompted) {
         return;
     }
@@ -673,7 +673,7 @@ async fn connect(
     };
     tracing::debug!(session = %sid, "opencode session ready");
     if tx.send(Server::Session(sid.clone())).is_err() || cancel.load(Ordering::SeqCst) {
-        tracing::debug!("opencode driver gone or cancelled before the prompt");
+        tracing::debug!("opencode adapter gone or cancelled before the prompt");
         return;
     }
     // 4. The prompt.

@@ -20,21 +20,21 @@ use super::classify;
 use super::command::{JsonLines, event_for_line};
 use super::opencode::{classify_error, step_usage};
 use super::{
-    AgentError, Driver, DriverIo, Effects, ExitRule, Launch, Note, Observation, StdinMode,
+    Adapter, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation, StdinMode,
     Terminal, TurnSpec, Usage,
 };
 use crate::process::supervisor::Stream;
 use crate::wire::ErrorCode;
 
-/// The `opencode run` driver for one process.
-pub struct OpenCodeRunDriver {
+/// The `opencode run` adapter for one process.
+pub struct OpenCodeRunAdapter {
     spec: TurnSpec,
 }
 
-impl OpenCodeRunDriver {
+impl OpenCodeRunAdapter {
     /// For one turn.
     pub fn new(spec: TurnSpec) -> Self {
-        OpenCodeRunDriver { spec }
+        OpenCodeRunAdapter { spec }
     }
 }
 
@@ -60,7 +60,7 @@ pub fn args(spec: &TurnSpec) -> Vec<String> {
     args
 }
 
-impl Driver for OpenCodeRunDriver {
+impl Adapter for OpenCodeRunAdapter {
     fn launch(&self) -> Launch {
         Launch {
             args: args(&self.spec),
@@ -72,7 +72,7 @@ impl Driver for OpenCodeRunDriver {
         }
     }
 
-    fn run(self: Box<Self>, io: DriverIo) -> BoxFuture<'static, Observation> {
+    fn run(self: Box<Self>, io: AdapterIo) -> BoxFuture<'static, Observation> {
         run(self.spec, io).boxed()
     }
 }
@@ -87,7 +87,7 @@ struct State {
     steps: Vec<(String, Usage)>,
 }
 
-async fn run(spec: TurnSpec, mut io: DriverIo) -> Observation {
+async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
     let resuming = spec.resume.is_some();
     let mut state = State::default();
     let mut json_lines = JsonLines::new();
@@ -129,7 +129,7 @@ async fn run(spec: TurnSpec, mut io: DriverIo) -> Observation {
     }
 }
 
-fn handle(resuming: bool, state: &mut State, io: &DriverIo, obj: &Map<String, Value>) {
+fn handle(resuming: bool, state: &mut State, io: &AdapterIo, obj: &Map<String, Value>) {
     if state.session.is_none()
         && let Some(id) = obj.get("sessionID").and_then(Value::as_str)
     {

@@ -8,19 +8,22 @@ use std::ffi::OsString;
 use crate::client::ApiConfig;
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
-use crate::wire::{ClientInfo, EnvBundle};
+use crate::wire::{ClientInfo, EnvBundle, ErrorCode};
 
-/// A connector the runner refuses (`reserved_connector_env`): the message
-/// names the variable, never its value.
+/// A connector the runner refuses (`reserved_connector_env`, PROTOCOL.md
+/// 2.3): the message names the variable, never its value.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "reserved_connector_env: the env bundle sets {name:?}, {why}; remove it from the session's connectors"
-)]
+#[error("the env bundle sets {name:?}, {why}; remove it from the session's connectors")]
 pub struct ReservedConnector {
     /// The variable name.
     pub name: String,
     /// Why it is refused.
     pub why: &'static str,
+}
+
+impl ReservedConnector {
+    /// The PROTOCOL.md 2.2 code.
+    pub const CODE: ErrorCode = ErrorCode::ReservedConnectorEnv;
 }
 
 /// Why a name cannot be a connector, if it cannot.
@@ -208,11 +211,13 @@ mod tests {
             }],
             redact_vars: vec![],
         };
-        let e = apply_bundle(bundle, &[], &Redactor::new())
-            .unwrap_err()
-            .to_string();
+        let e = apply_bundle(bundle, &[], &Redactor::new()).unwrap_err();
+        let reason = ReservedConnector::CODE.reason(&e);
         assert!(
-            e.contains("LD_PRELOAD") && e.contains("reserved_connector_env") && !e.contains("evil")
+            reason.starts_with("reserved_connector_env: ")
+                && reason.contains("LD_PRELOAD")
+                && !reason.contains("evil"),
+            "{reason}"
         );
     }
 }

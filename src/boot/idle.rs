@@ -13,50 +13,71 @@ use crate::client::{Api, CallError, Policy};
 use crate::signals::Stop;
 use crate::turn::TurnInput;
 use crate::validate;
-use crate::wire::Session;
+use crate::wire::{ErrorCode, Session};
 
 /// Consecutive failed reads that are fatal before the first turn.
 pub const BOOT_MAX_FAILED_READS: u32 = 10;
 
-/// The `failed` reason code of a session answer over the session read's cap
-/// (PROTOCOL.md 2.2).
-pub const SESSION_TOO_LARGE: &str = crate::wire::ErrorCode::SessionTooLarge.as_str();
-
-/// The `failed` reason for a session read refused for its size
-/// (`session_too_large`, PROTOCOL.md 2.2 and 4.2): the code, the size, the
-/// cap, what to do. `None` when `e` is another failure.
-pub fn session_too_large(e: &CallError) -> Option<String> {
-    let CallError::TooLarge {
-        size,
-        size_exact,
-        cap,
-        ..
-    } = e
-    else {
-        return None;
-    };
-    let size = if *size_exact {
-        format!("{size} bytes")
-    } else {
-        format!("more than {size} bytes")
-    };
-    Some(format!(
-        "{SESSION_TOO_LARGE}: the session answer is {size}, over the session read's cap of {cap} bytes ({} MiB), so the turn it carries can be neither run nor sealed; a prompt (pendingTurn.body or clientInfo.task) is too large: shorten it (put long logs in a file of the repository) and queue it again",
-        cap / (1024 * 1024)
-    ))
+/// A session answer over the session read's cap (`session_too_large`,
+/// PROTOCOL.md 2.2 and 4.2): the message gives the size, the cap and what to
+/// do.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the session answer is {}, over the session read's cap of {cap} bytes ({} MiB), so the turn it carries can be neither run nor sealed; a prompt (pendingTurn.body or clientInfo.task) is too large: shorten it (put long logs in a file of the repository) and queue it again",
+    if *size_exact { format!("{size} bytes") } else { format!("more than {size} bytes") },
+    cap / (1024 * 1024)
+)]
+pub struct SessionTooLarge {
+    /// The answer's size in bytes (its `Content-Length`, or what had
+    /// arrived when the cap was passed).
+    pub size: u64,
+    /// Whether `size` is the whole answer's.
+    pub size_exact: bool,
+    /// The session read's cap in bytes.
+    pub cap: usize,
 }
 
-/// The reason a failed session read gives: [`session_too_large`], or the
-/// error itself.
+impl SessionTooLarge {
+    /// The PROTOCOL.md 2.2 code.
+    pub const CODE: ErrorCode = ErrorCode::SessionTooLarge;
+
+    /// The refusal a session read's error `e` is, if it is one.
+    pub fn from_call(e: &CallError) -> Option<SessionTooLarge> {
+        match e {
+            CallError::TooLarge {
+                size,
+                size_exact,
+                cap,
+                ..
+            } => Some(SessionTooLarge {
+                size: *size,
+                size_exact: *size_exact,
+                cap: *cap,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The reason a failed session read gives: `session_too_large: …` for an
+/// answer over the cap ([`SessionTooLarge`]), or the error itself.
 pub fn session_read_reason(e: &CallError) -> String {
-    session_too_large(e).unwrap_or_else(|| e.to_string())
+    match SessionTooLarge::from_call(e) {
+        Some(t) => SessionTooLarge::CODE.reason(t),
+        None => e.to_string(),
+    }
 }
 
 /// A session whose pending turn breaks the contract
-/// (`hosted_pending_turn_invalid`).
+/// (`hosted_pending_turn_invalid`, PROTOCOL.md 2.4): what is wrong.
 #[derive(Debug, thiserror::Error)]
-#[error("hosted_pending_turn_invalid: {0}")]
+#[error("{0}")]
 pub struct InvalidTurn(pub String);
+
+impl InvalidTurn {
+    /// The PROTOCOL.md 2.2 code.
+    pub const CODE: ErrorCode = ErrorCode::HostedPendingTurnInvalid;
+}
 
 fn is_open(status: &str) -> bool {
     status == "pending" || status == "running"
@@ -130,18 +151,28 @@ pub enum IdleEnd {
 /// Why the wait failed (fatal).
 #[derive(Debug, thiserror::Error)]
 pub enum IdleError {
-    /// The boot secret was refused (401/403 on the bearer pull).
+    /// The boot secret was refused ([`CallError::BootSecretRefused`]).
     #[error("the boot secret was refused while waiting for a turn: {0}")]
-    BootSecretRefused(String),
-    /// The session answer is over the session read's cap
-    /// (`session_too_large`; the text is [`session_too_large`]'s).
-    #[error("{0}")]
-    SessionTooLarge(String),
+    BootSecretRefused(CallError),
+    /// The session answer is over the session read's cap.
+    #[error(transparent)]
+    SessionTooLarge(#[from] SessionTooLarge),
     /// Ten consecutive failed reads before the first turn.
     #[error(
         "{BOOT_MAX_FAILED_READS} consecutive session reads failed before the first turn; last: {0}"
     )]
     TooManyFailures(String),
+}
+
+impl IdleError {
+    /// The PROTOCOL.md 2.2 code a `failed` reason for it starts with, if
+    /// it has one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            IdleError::SessionTooLarge(_) => Some(SessionTooLarge::CODE),
+            IdleError::BootSecretRefused(_) | IdleError::TooManyFailures(_) => None,
+        }
+    }
 }
 
 /// Waits for the next turn (4.2). `at_boot` applies the boot's stricter rule
@@ -203,24 +234,23 @@ async fn read(
     if stale {
         match api.pull_bearer(Policy::AGENT_TOKEN_REFRESH).await {
             Ok(_) => {}
-            Err(e) if matches!(e.verdict_status(), Some(401 | 403)) => {
-                return Err(ReadError::Fatal(IdleError::BootSecretRefused(
-                    e.to_string(),
-                )));
+            Err(e) if e.is_boot_secret_refused() => {
+                return Err(ReadError::Fatal(IdleError::BootSecretRefused(e)));
             }
             Err(e) => return Err(ReadError::Failed(e.to_string())),
         }
     }
     let session = match api.session(Policy::PER_TICK, false).await {
         Ok(s) => s,
-        Err(e) if matches!(e.verdict_status(), Some(401 | 403)) && stale_pull_refused(&e) => {
-            return Err(ReadError::Fatal(IdleError::BootSecretRefused(
-                e.to_string(),
-            )));
+        // A 401 on the session read pulls a fresh bearer once (the client's
+        // expired-bearer rule); that pull refused means the boot secret is
+        // no longer valid.
+        Err(e) if e.is_boot_secret_refused() => {
+            return Err(ReadError::Fatal(IdleError::BootSecretRefused(e)));
         }
         Err(e) => {
-            return Err(match session_too_large(&e) {
-                Some(reason) => ReadError::Fatal(IdleError::SessionTooLarge(reason)),
+            return Err(match SessionTooLarge::from_call(&e) {
+                Some(t) => ReadError::Fatal(t.into()),
                 None => ReadError::Failed(e.to_string()),
             });
         }
@@ -231,15 +261,8 @@ async fn read(
     match select_turn(&session, at_boot, done) {
         Ok(Some(turn)) => Ok(Some(IdleEnd::Turn(turn))),
         Ok(None) => Ok(None),
-        Err(e) => Err(ReadError::Failed(e.to_string())),
+        Err(e) => Err(ReadError::Failed(InvalidTurn::CODE.reason(e))),
     }
-}
-
-// A 401 on the session read already pulled a fresh bearer once (the client's
-// expired-bearer rule); when that pull itself was refused the error names
-// the agent-token pull: the boot secret is no longer valid.
-fn stale_pull_refused(e: &crate::client::CallError) -> bool {
-    matches!(e, crate::client::CallError::Verdict { call, .. } if call == "agent-token pull")
 }
 
 #[cfg(test)]

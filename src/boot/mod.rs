@@ -5,35 +5,35 @@
 
 pub mod config;
 pub mod environment;
+mod error;
 pub mod idle;
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use reqwest::Url;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::client::{Api, CallError, Policy, RepoToken};
+use crate::client::{Api, Policy, RepoToken};
 use crate::process::supervisor::Supervision;
 use crate::redact::Redactor;
-use crate::session_dir::{self, BootContext, SessionDir};
+use crate::session_dir::{self, BootContext, SessionDir, SessionDirError};
 use crate::signals::{self, Stop};
 use crate::status::{Phase, StatusFile};
-use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnInput};
+use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnFatal, TurnInput};
 use crate::validate;
 use crate::wire::{
     Access, BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult, RunOutcome, Session,
 };
-use crate::workspace::{self, HarvestJob, Harvester};
+use crate::workspace::{self, HarvestJob, Harvester, WorkspaceError};
 use config::BootConfig;
+use error::BootError;
 use idle::IdleEnd;
 
 /// How the boot ended, before reporting (step 7).
-// One value per boot: boxing the large variant buys nothing.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Ending {
     /// The session ended: `complete`, exit 0.
@@ -41,30 +41,83 @@ enum Ending {
     /// A stop signal (4.4): nothing posted, exit 128+N.
     Stopped(Stop),
     /// Fatal before the drain began: `failed`, exit 1.
-    BeforeDrain(String),
+    BeforeDrain(BootError),
     /// Between turns, a session whose next turn cannot be read
     /// (`session_too_large`): `failed`, exit 1. The last run is sealed and
     /// acknowledged already, and the next one was never read, so there is
     /// no run to seal or to name in `turn_failed` (PROTOCOL.md 4 step 7).
-    Unreadable(String),
-    /// Fatal once the drain began: seal if needed, `turn_failed`, exit 1.
-    InDrain {
-        run_id: String,
-        reason: String,
-        seal: SealState,
-        /// The harvest of the fatal path (4 step 7), for an unsealed run.
-        harvest: Option<HarvestResult>,
-        /// Whether the run's events are known to be delivered (see
-        /// [`remove_run_dir_if_delivered`]).
-        events_delivered: bool,
-    },
+    Unreadable(BootError),
+    /// Fatal once the drain began: seal if needed, `turn_failed`, exit 1
+    /// (boxed: an ending is passed up through every step's `Err`).
+    InDrain(Box<FatalInDrain>),
 }
+
+/// A fatal error once the drain began (PROTOCOL.md 4 step 7).
+#[derive(Debug)]
+struct FatalInDrain {
+    /// The run, why, its seal, and whether its events are known to be
+    /// delivered (see [`remove_run_dir_if_delivered`]).
+    fatal: TurnFatal,
+    /// The harvest of the fatal path (4 step 7), for an unsealed run.
+    harvest: Option<HarvestResult>,
+}
+
+impl<E: Into<BootError>> From<E> for Ending {
+    fn from(e: E) -> Ending {
+        Ending::BeforeDrain(e.into())
+    }
+}
+
+/// A step's result: `Err` ends the boot there, with that ending (a clean
+/// end or a stop as well as a failure), reported by [`Cleanup::finish`].
+type Step<T> = Result<T, Ending>;
 
 /// Runs the boot and returns the process exit code: 0 clean end, 1 failure
 /// after reporting it, 128+N stopped by signal N.
 pub async fn run(config: BootConfig) -> i32 {
     let redactor = Redactor::new();
     let _log = crate::logging::init(config.log_format, redactor.clone());
+    warn_of_test_settings(&config);
+    let http = match crate::tls::http_client(config.ca_file.as_deref()) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("hosted-boot: configuration error: {e:#}");
+            return 2;
+        }
+    };
+    let stop = match signals::listen() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("hosted-boot: {e}");
+            return 1;
+        }
+    };
+    enable_status_line(&config);
+    let status = StatusFile::create(&config.root, &config.api.session_id);
+    let mut cleanup = Cleanup::new(status.clone());
+    let api = client(&config, http.clone(), &redactor, &status);
+    tracing::info!(
+        session_id = %config.api.session_id,
+        agent = config.agent.name(),
+        version = env!("CARGO_PKG_VERSION"),
+        "boot starting"
+    );
+    let mut boot = Boot {
+        config: &config,
+        api,
+        http,
+        redactor,
+        stop,
+        status,
+    };
+    let ending = steps(&mut boot, &mut cleanup)
+        .instrument(tracing::info_span!("boot", session_id = %config.api.session_id))
+        .await
+        .unwrap_or_else(|ending| ending);
+    cleanup.finish(&boot.api, &config.root, ending).await
+}
+
+fn warn_of_test_settings(config: &BootConfig) {
     if config.time_scale != 1.0 {
         tracing::warn!(
             scale = config.time_scale,
@@ -74,82 +127,103 @@ pub async fn run(config: BootConfig) -> i32 {
     if config.insecure_http {
         tracing::warn!("HOSTED_BOOT_INSECURE_HTTP=1: plain http is accepted for any host");
     }
-    let http = match crate::tls::http_client(config.ca_file.as_deref()) {
-        Ok(h) => h,
-        Err(e) => {
-            eprintln!("hosted-boot: configuration error: {e:#}");
-            return 2;
-        }
-    };
-    let mut stop = match signals::listen() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("hosted-boot: {e}");
-            return 1;
-        }
-    };
-    crate::status_line::enable(
+}
+
+/// The one-line status on stderr, for people: with text logs (the default
+/// on a terminal).
+fn enable_status_line(config: &BootConfig) {
+    let format =
         config
             .log_format
             .unwrap_or(if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
                 crate::logging::LogFormat::Text
             } else {
                 crate::logging::LogFormat::Json
-            })
-            == crate::logging::LogFormat::Text,
-    );
-    let status = StatusFile::create(&config.root, &config.api.session_id);
-    let heartbeat = {
-        let status = status.clone();
-        tokio::spawn(async move {
+            });
+    crate::status_line::enable(format == crate::logging::LogFormat::Text);
+}
+
+/// The coordinator client; every contact is recorded in the status file.
+fn client(
+    config: &BootConfig,
+    http: reqwest::Client,
+    redactor: &Redactor,
+    status: &StatusFile,
+) -> Arc<Api> {
+    let contact = status.clone();
+    Arc::new(
+        Api::new(config.api.clone(), http, config.timings, redactor.clone())
+            .with_contact_hook(Arc::new(move |ok| contact.contact(ok))),
+    )
+}
+
+/// What every step of the boot shares.
+struct Boot<'a> {
+    config: &'a BootConfig,
+    api: Arc<Api>,
+    /// The runner's HTTP client (one TLS stack), for git too.
+    http: reqwest::Client,
+    redactor: Redactor,
+    stop: watch::Receiver<Stop>,
+    status: StatusFile,
+}
+
+/// Step 7's cleanup, one for every exit path: the status file's heartbeat
+/// stops, the ending is reported, then the bearer file and the session
+/// directory go, last, since the credential helper and its context live
+/// there (PROTOCOL.md 3, 4 step 7). Dropped without [`Cleanup::finish`] (a
+/// panic), it still removes the session directory.
+struct Cleanup {
+    status: StatusFile,
+    heartbeat: tokio::task::JoinHandle<()>,
+    session_dir: Option<Arc<SessionDir>>,
+}
+
+impl Cleanup {
+    /// Starts the status file's heartbeat.
+    fn new(status: StatusFile) -> Cleanup {
+        let beating = status.clone();
+        let heartbeat = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(crate::status::HEARTBEAT).await;
-                status.touch();
+                beating.touch();
             }
-        })
-    };
-    let contact = status.clone();
-    let api = Arc::new(
-        Api::new(
-            config.api.clone(),
-            http.clone(),
-            config.timings,
-            redactor.clone(),
-        )
-        .with_contact_hook(Arc::new(move |ok| contact.contact(ok))),
-    );
-    tracing::info!(
-        session_id = %config.api.session_id,
-        agent = config.agent.name(),
-        version = env!("CARGO_PKG_VERSION"),
-        "boot starting"
-    );
-
-    let mut session_dir: Option<Arc<SessionDir>> = None;
-    let ending = boot(
-        &config,
-        &api,
-        http,
-        &redactor,
-        &mut stop,
-        &mut session_dir,
-        &status,
-    )
-    .instrument(tracing::info_span!("boot", session_id = %config.api.session_id))
-    .await;
-    status.phase(Phase::Stopping, None, None);
-    heartbeat.abort();
-    let code = report(&api, &config.root, ending).await;
-    if let Some(dir) = session_dir {
-        if let Err(e) = dir.remove_bearer() {
-            tracing::error!(error = %e, "cannot remove the bearer file");
-        }
-        if let Err(e) = dir.remove() {
-            tracing::error!(error = %e, "cannot remove the session directory");
+        });
+        Cleanup {
+            status,
+            heartbeat,
+            session_dir: None,
         }
     }
-    tracing::info!(exit_code = code, "boot finished");
-    code
+
+    /// Reports `ending` (step 7), removes the session directory and returns
+    /// the exit code.
+    async fn finish(mut self, api: &Api, root: &Path, ending: Ending) -> i32 {
+        self.status.phase(Phase::Stopping, None, None);
+        self.heartbeat.abort();
+        let code = report(api, root, ending).await;
+        self.remove_session_dir();
+        tracing::info!(exit_code = code, "boot finished");
+        code
+    }
+
+    fn remove_session_dir(&mut self) {
+        if let Some(dir) = self.session_dir.take() {
+            if let Err(e) = dir.remove_bearer() {
+                tracing::error!(error = %e, "cannot remove the bearer file");
+            }
+            if let Err(e) = dir.remove() {
+                tracing::error!(error = %e, "cannot remove the session directory");
+            }
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+        self.remove_session_dir();
+    }
 }
 
 /// Runs `f` unless a stop signal comes first.
@@ -176,125 +250,133 @@ async fn unless_stopped<T>(
     }
 }
 
-/// What step 3 resolves.
-struct Resolved {
-    bundle: environment::AppliedBundle,
-    session: Session,
-    remote: Url,
+/// A step's fallible work, unless a stop signal comes first; its error ends
+/// the boot before the drain.
+async fn step<T, E: Into<BootError>>(
+    stop: &mut watch::Receiver<Stop>,
+    f: impl Future<Output = Result<T, E>>,
+) -> Step<T> {
+    match unless_stopped(stop, f).await {
+        Err(s) => Err(Ending::Stopped(s)),
+        Ok(result) => Ok(result?),
+    }
 }
 
-async fn boot(
-    config: &BootConfig,
-    api: &Arc<Api>,
-    http: reqwest::Client,
-    redactor: &Redactor,
-    stop: &mut watch::Receiver<Stop>,
-    session_dir_slot: &mut Option<Arc<SessionDir>>,
-    status: &StatusFile,
-) -> Ending {
-    let timings = *api.timings();
-    // A session directory left by a SIGKILLed boot goes before anything else
-    // (creating ours removes it), so no stale bearer or secret outlives it.
-    let session_dir = match SessionDir::create(&config.root, &config.api.session_id) {
-        Ok(d) => Arc::new(d),
-        Err(e) => return Ending::BeforeDrain(e.to_string()),
-    };
-    *session_dir_slot = Some(session_dir.clone());
-
+/// Steps 2 to 6 of PROTOCOL.md 4 (step 1 is the configuration's, step 7
+/// [`Cleanup`]'s), each a function that takes what it needs and returns what
+/// the next one needs.
+async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
+    let session_dir = create_session_dir(b.config)?;
+    cleanup.session_dir = Some(session_dir.clone());
     // Step 2: the agent bearer.
-    match unless_stopped(stop, api.pull_bearer(Policy::AGENT_TOKEN_BOOT)).await {
-        Err(s) => return Ending::Stopped(s),
-        Ok(Err(e)) => return Ending::BeforeDrain(e.to_string()),
-        Ok(Ok(_)) => {}
-    }
-
+    let policy = Policy::AGENT_TOKEN_BOOT;
+    step(&mut b.stop, b.api.pull_bearer(policy)).await?;
     // Step 3: env bundle, session, read repo token, concurrently.
-    let resolved = match unless_stopped(stop, resolve(config, api, redactor)).await {
-        Err(s) => return Ending::Stopped(s),
-        Ok(Err(reason)) => return Ending::BeforeDrain(reason),
-        Ok(Ok(r)) => r,
-    };
+    let resolved = step(&mut b.stop, resolve(b.config, &b.api, &b.redactor)).await?;
+    // Steps 3 (the leftovers) and 4: the first turn, waited for if need be.
     let mut done = HashSet::new();
-    let active = resolved.session.is_active();
+    let first = first_turn(b, &resolved.session, &done).await?;
+    // Step 5: session files, credential helper, clone.
+    let workspace = prepare_workspace(b, &session_dir, &resolved).await?;
+    // Step 6: drain turns.
+    let ctx = turn_context(b, session_dir, resolved, workspace);
+    Ok(drain(&ctx, first, &mut done, &mut b.stop, &b.status).await)
+}
+
+/// The session directory. One left by a SIGKILLed boot goes before anything
+/// else (creating ours removes it), so no stale bearer or secret outlives
+/// it.
+fn create_session_dir(config: &BootConfig) -> Step<Arc<SessionDir>> {
+    Ok(Arc::new(SessionDir::create(
+        &config.root,
+        &config.api.session_id,
+    )?))
+}
+
+/// The end of step 3 and step 4: selects the first turn (2.4), delivers
+/// what earlier boots left undelivered, and, with nothing to run yet, posts
+/// `ready` and waits for a turn (4.2).
+async fn first_turn(
+    b: &mut Boot<'_>,
+    session: &Session,
+    done: &HashSet<String>,
+) -> Step<TurnInput> {
+    let active = session.is_active();
     let selected = if active {
-        match idle::select_turn(&resolved.session, true, &done) {
-            Err(e) => return Ending::BeforeDrain(e.to_string()),
-            Ok(t) => t,
-        }
+        idle::select_turn(session, true, done)?
     } else {
         None
     };
-
     // Events earlier boots could not deliver (PROTOCOL.md 2.6, 4 step 3),
     // before this boot runs or waits for anything, so that a boot with
     // nothing to run delivers them too. The turn about to run resumes its
     // own spool.
     let current = selected.as_ref().map_or("", |t| t.run_id.as_str());
-    let leftovers = crate::events::deliver_leftovers(api, &config.root, current);
-    if let Err(s) = unless_stopped(stop, leftovers).await {
-        return Ending::Stopped(s);
-    }
-
-    // Step 4: nothing to run → ready, then wait.
+    let leftovers = crate::events::deliver_leftovers(&b.api, &b.config.root, current);
+    unless_stopped(&mut b.stop, leftovers)
+        .await
+        .map_err(Ending::Stopped)?;
     if !active {
-        tracing::info!(status = ?resolved.session.status, "the session is no longer active");
-        return Ending::Clean;
+        tracing::info!(status = ?session.status, "the session is no longer active");
+        return Err(Ending::Clean);
     }
-    let first = match selected {
-        Some(turn) => turn,
-        None => {
-            tracing::info!("nothing to run yet; posting ready and waiting for a turn");
-            match unless_stopped(stop, api.post_status(BootStatus::Ready, None, None)).await {
-                Err(s) => return Ending::Stopped(s),
-                Ok(Err(e)) => {
-                    return Ending::BeforeDrain(format!("ready was not acknowledged: {e}"));
-                }
-                Ok(Ok(())) => {}
-            }
-            status.phase(Phase::Idle, None, None);
-            match idle::wait(api, true, &done, stop)
-                .instrument(tracing::info_span!("step", step = "idle"))
-                .await
-            {
-                Ok(IdleEnd::Turn(t)) => t,
-                Ok(IdleEnd::Ended) => return Ending::Clean,
-                Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),
-                Err(e) => return Ending::BeforeDrain(e.to_string()),
-            }
-        }
-    };
+    match selected {
+        Some(turn) => Ok(turn),
+        None => wait_for_first_turn(b, done).await,
+    }
+}
 
-    // Step 5: session files, credential helper, clone.
-    status.phase(Phase::Cloning, None, None);
-    if let Err(e) = write_session_files(config, &session_dir, &resolved.remote) {
-        return Ending::BeforeDrain(e);
+/// Step 4 with nothing to run: `ready` (required), then the wait of 4.2
+/// under the boot's stricter failure rule.
+async fn wait_for_first_turn(b: &mut Boot<'_>, done: &HashSet<String>) -> Step<TurnInput> {
+    tracing::info!("nothing to run yet; posting ready and waiting for a turn");
+    let ready = async {
+        b.api
+            .post_status(BootStatus::Ready, None, None)
+            .await
+            .map_err(BootError::ReadyUnacknowledged)
+    };
+    step(&mut b.stop, ready).await?;
+    b.status.phase(Phase::Idle, None, None);
+    match idle::wait(&b.api, true, done, &mut b.stop)
+        .instrument(tracing::info_span!("step", step = "idle"))
+        .await?
+    {
+        IdleEnd::Turn(t) => Ok(t),
+        IdleEnd::Ended => Err(Ending::Clean),
+        IdleEnd::Stopped(s) => Err(Ending::Stopped(s)),
     }
-    redactor.add_source(issued_tokens_source(session_dir.issued_tokens_path()));
-    let repo_dir = config.root.join("repo");
-    let harvester = match harvester(
-        config,
-        http,
-        &session_dir,
+}
+
+/// What step 5 leaves: `repo/` ready, and what every harvest needs.
+struct Workspace {
+    harvester: Harvester,
+    /// The harvest of a reused `repo/`'s work (section 3), for the first
+    /// turn's report.
+    recovered_at_boot: Option<HarvestResult>,
+}
+
+/// Step 5: session files, credential helper, clone (or reuse) of `repo/`.
+async fn prepare_workspace(
+    b: &mut Boot<'_>,
+    session_dir: &SessionDir,
+    resolved: &Resolved,
+) -> Step<Workspace> {
+    b.status.phase(Phase::Cloning, None, None);
+    write_session_files(b.config, session_dir, &resolved.remote)?;
+    b.redactor
+        .add_source(issued_tokens_source(session_dir.issued_tokens_path()));
+    let harvester = harvester(
+        b.config,
+        b.http.clone(),
+        session_dir,
         &resolved.remote,
         &resolved.session.repo_branch,
-        redactor,
-    ) {
-        Ok(h) => h,
-        Err(reason) => {
-            return Ending::BeforeDrain(reason);
-        }
-    };
+        &b.redactor,
+    )?;
     let clone =
-        clone_repo(config, &harvester).instrument(tracing::info_span!("step", step = "clone"));
-    let reused = match unless_stopped(stop, clone).await {
-        Err(s) => {
-            return Ending::Stopped(s);
-        }
-        Ok(Err(reason)) => {
-            return Ending::BeforeDrain(reason);
-        }
-        Ok(Ok(reused)) => reused,
-    };
+        clone_repo(b.config, &harvester).instrument(tracing::info_span!("step", step = "clone"));
+    let reused = step(&mut b.stop, clone).await?;
     // A reused repo/ (section 3): its work is harvested first, which also
     // brings the local session branch to the remote's (4.5).
     let mut recovered_at_boot = None;
@@ -303,48 +385,57 @@ async fn boot(
             name: workspace::RECOVERED_AT_BOOT.to_string(),
             outcome: None,
             start: None,
-            bound: timings.harvest_bound,
+            bound: b.api.timings().harvest_bound,
         };
-        match unless_stopped(stop, harvester.harvest(job)).await {
-            Err(s) => {
-                return Ending::Stopped(s);
-            }
-            Ok(result) => recovered_at_boot = Some(result),
-        }
+        let harvest = unless_stopped(&mut b.stop, harvester.harvest(job)).await;
+        recovered_at_boot = Some(harvest.map_err(Ending::Stopped)?);
     }
+    Ok(Workspace {
+        harvester,
+        recovered_at_boot,
+    })
+}
 
-    // Step 6: drain turns.
-    let ctx = TurnContext {
-        api: api.clone(),
-        session_dir: session_dir.clone(),
+/// What every turn of the drain (step 6) shares.
+fn turn_context(
+    b: &Boot<'_>,
+    session_dir: Arc<SessionDir>,
+    resolved: Resolved,
+    workspace: Workspace,
+) -> TurnContext {
+    let config = b.config;
+    let timings = b.api.timings();
+    let client_info = &resolved.session.client_info;
+    TurnContext {
+        api: b.api.clone(),
+        session_dir,
         root: config.root.clone(),
-        repo_dir,
+        repo_dir: config.root.join("repo"),
         agent: config.agent.clone(),
         agent_env: environment::agent_env(
             &config.base_env,
             &resolved.bundle,
             &config.api,
-            &resolved.session.client_info,
+            client_info,
         ),
         supervision: Supervision {
             drain: timings.pipe_drain,
-            time_cap: Supervision::time_cap_from_minutes(
-                resolved.session.client_info.duration_minutes,
-            ),
+            time_cap: Supervision::time_cap_from_minutes(client_info.duration_minutes),
             cap_grace: timings.interrupt_grace,
             cgroup: config.turn_cgroup,
             guard_exe: Some(PathBuf::from("/proc/self/exe")),
         },
         agent_session: Arc::new(crate::agent::AgentSession::new(
-            &resolved.session.client_info,
+            client_info,
             resolved.session.agent_session_id.clone(),
         )),
-        harvester,
-        recovered_at_boot: std::sync::Mutex::new(recovered_at_boot),
-    };
-    drain(&ctx, first, &mut done, stop, status).await
+        harvester: workspace.harvester,
+        recovered_at_boot: std::sync::Mutex::new(workspace.recovered_at_boot),
+    }
 }
 
+/// Step 6: runs turns (4.1) and waits between them (4.2) until the session
+/// ends or a turn is fatal.
 async fn drain(
     ctx: &TurnContext,
     first: TurnInput,
@@ -360,46 +451,17 @@ async fn drain(
         let span =
             tracing::info_span!("turn", run_id = %run_id, ordinal = next.ordinal, step = "turn");
         match turn::run(ctx, next, stop).instrument(span).await {
-            Err(f) => {
-                // A turn that failed before its own harvest: harvest here if
-                // it left anything (4 step 7).
-                let harvest =
-                    if f.seal == SealState::NotSent && ctx.harvester.has_local_work().await {
-                        let job = HarvestJob {
-                            name: f.run_id.clone(),
-                            outcome: Some(RunOutcome::Failed),
-                            start: None,
-                            bound: ctx.api.timings().harvest_bound,
-                        };
-                        Some(ctx.harvester.harvest(job).await)
-                    } else {
-                        None
-                    };
-                return Ending::InDrain {
-                    run_id: f.run_id,
-                    reason: f.reason,
-                    seal: f.seal,
-                    harvest,
-                    events_delivered: f.events_delivered,
-                };
-            }
+            Err(fatal) => return fatal_turn(ctx, fatal).await,
             Ok(TurnEnd::Stopped(s)) => return Ending::Stopped(s),
-            Ok(TurnEnd::Sealed(outcome)) => {
-                if outcome.status == RunOutcome::Failed {
-                    let reason = outcome
-                        .error
-                        .as_ref()
-                        .map(|e| e.message.clone())
-                        .unwrap_or_else(|| "the turn failed".to_string());
-                    return Ending::InDrain {
-                        run_id,
-                        reason,
-                        seal: SealState::Sealed,
-                        harvest: None,
-                        events_delivered: false,
-                    };
-                }
+            Ok(TurnEnd::Sealed(outcome)) if outcome.status == RunOutcome::Failed => {
+                let reason = outcome
+                    .error
+                    .as_ref()
+                    .map(|e| e.message.clone())
+                    .unwrap_or_else(|| "the turn failed".to_string());
+                return sealed_fatal(run_id, reason);
             }
+            Ok(TurnEnd::Sealed(_)) => {}
         }
         status.phase(Phase::Idle, None, None);
         next = match idle::wait(&ctx.api, false, done, stop)
@@ -409,42 +471,71 @@ async fn drain(
             Ok(IdleEnd::Turn(t)) => t,
             Ok(IdleEnd::Ended) => return Ending::Clean,
             Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),
-            Err(e @ idle::IdleError::SessionTooLarge(_)) => {
-                return Ending::Unreadable(e.to_string());
-            }
-            Err(e) => {
-                return Ending::InDrain {
-                    run_id,
-                    reason: e.to_string(),
-                    seal: SealState::Sealed,
-                    harvest: None,
-                    events_delivered: false,
-                };
-            }
+            Err(e @ idle::IdleError::SessionTooLarge(_)) => return Ending::Unreadable(e.into()),
+            Err(e) => return sealed_fatal(run_id, e.to_string()),
         };
     }
 }
 
-async fn resolve(config: &BootConfig, api: &Api, redactor: &Redactor) -> Result<Resolved, String> {
+/// A turn that failed before its own harvest: harvested here if it left
+/// anything (4 step 7).
+async fn fatal_turn(ctx: &TurnContext, fatal: TurnFatal) -> Ending {
+    let harvest = if fatal.seal == SealState::NotSent && ctx.harvester.has_local_work().await {
+        let job = HarvestJob {
+            name: fatal.run_id.clone(),
+            outcome: Some(RunOutcome::Failed),
+            start: None,
+            bound: ctx.api.timings().harvest_bound,
+        };
+        Some(ctx.harvester.harvest(job).await)
+    } else {
+        None
+    };
+    Ending::InDrain(Box::new(FatalInDrain { fatal, harvest }))
+}
+
+/// A fatal error once run `run_id` is sealed (its events' delivery not
+/// known).
+fn sealed_fatal(run_id: String, reason: String) -> Ending {
+    Ending::InDrain(Box::new(FatalInDrain {
+        fatal: TurnFatal {
+            run_id,
+            reason,
+            seal: SealState::Sealed,
+            events_delivered: false,
+        },
+        harvest: None,
+    }))
+}
+
+/// What step 3 resolves.
+struct Resolved {
+    bundle: environment::AppliedBundle,
+    session: Session,
+    remote: Url,
+}
+
+async fn resolve(
+    config: &BootConfig,
+    api: &Api,
+    redactor: &Redactor,
+) -> Result<Resolved, BootError> {
     let policy = Policy::BOOT_FETCH;
     let (bundle, session, token) = tokio::join!(
         api.env_bundle(),
         api.session(policy, false),
         api.repo_token(Access::Read, policy),
     );
-    let bundle = environment::apply_bundle(
-        bundle.map_err(|e| e.to_string())?,
-        &config.base_env,
-        redactor,
-    )
-    .map_err(|e| e.to_string())?;
-    let mut session = session.map_err(|e| idle::session_read_reason(&e))?;
-    validate::git_branch("repoBranch", &session.repo_branch).map_err(|e| e.to_string())?;
+    let bundle = environment::apply_bundle(bundle?, &config.base_env, redactor)?;
+    let mut session = session.map_err(|e| match idle::SessionTooLarge::from_call(&e) {
+        Some(t) => BootError::from(t),
+        None => e.into(),
+    })?;
+    validate::git_branch("repoBranch", &session.repo_branch)?;
     if let Some(w) = &config.workspace_id {
         session.workspace_id = w.clone();
     }
-    let token: RepoToken = token.map_err(|e: CallError| e.to_string())?;
-    let remote = remote_url(config, &token)?;
+    let remote = remote_url(config, &token?)?;
     Ok(Resolved {
         bundle,
         session,
@@ -453,22 +544,25 @@ async fn resolve(config: &BootConfig, api: &Api, redactor: &Redactor) -> Result<
 }
 
 /// The clone URL (2.5): the artifacts remote, or `{git base}/{owner/name}.git`.
-fn remote_url(config: &BootConfig, token: &RepoToken) -> Result<Url, String> {
+fn remote_url(config: &BootConfig, token: &RepoToken) -> Result<Url, BootError> {
     let text = match (&token.artifacts_remote, &token.repo_full_name) {
         (Some(remote), _) => remote.clone(),
         (None, Some(name)) => format!(
             "{}/{name}.git",
             config.git_base_url.as_str().trim_end_matches('/')
         ),
-        (None, None) => return Err("the repo token names no repository".to_string()),
+        (None, None) => return Err(BootError::NoRepository),
     };
-    validate::url("clone URL", &text, config.insecure_http).map_err(|e| e.to_string())
+    Ok(validate::url("clone URL", &text, config.insecure_http)?)
 }
 
-fn write_session_files(config: &BootConfig, dir: &SessionDir, remote: &Url) -> Result<(), String> {
-    dir.write_boot_secret(&config.api.boot_secret)
-        .map_err(|e| e.to_string())?;
-    dir.create_credential_cache().map_err(|e| e.to_string())?;
+fn write_session_files(
+    config: &BootConfig,
+    dir: &SessionDir,
+    remote: &Url,
+) -> Result<(), SessionDirError> {
+    dir.write_boot_secret(&config.api.boot_secret)?;
+    dir.create_credential_cache()?;
     let context = BootContext {
         api_base_url: config.api.api_base.to_string(),
         agent_token_url: config.api.agent_token_url.to_string(),
@@ -482,7 +576,7 @@ fn write_session_files(config: &BootConfig, dir: &SessionDir, remote: &Url) -> R
         insecure_http: config.insecure_http,
         time_scale: config.time_scale,
     };
-    dir.write_context(&context).map_err(|e| e.to_string())
+    dir.write_context(&context)
 }
 
 /// What the clone and every harvest need: `repo/`, the remote, the branch,
@@ -494,10 +588,9 @@ fn harvester(
     remote: &Url,
     branch: &str,
     redactor: &Redactor,
-) -> Result<Harvester, String> {
+) -> Result<Harvester, WorkspaceError> {
     let credential_helper =
-        workspace::clone::current_exe_helper_command(&session_dir.context_path())
-            .map_err(|e| e.to_string())?;
+        workspace::clone::current_exe_helper_command(&session_dir.context_path())?;
     Ok(Harvester {
         repo_dir: config.root.join("repo"),
         remote_url: remote.to_string(),
@@ -510,14 +603,14 @@ fn harvester(
             redactor: redactor.clone(),
             stall: config.timings.git_stall,
         },
-        push_policy: Policy::HARVEST_PUSH.scaled(config.timings.scale),
+        time_scale: config.timings.scale,
         max_file_size: config.harvest_max_file_size,
     })
 }
 
 /// Clones the session branch or reuses `repo/`; returns whether it was
 /// reused.
-async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, String> {
+async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, WorkspaceError> {
     let spec = workspace::RepoSpec {
         root: config.root.clone(),
         remote_url: harvester.remote_url.clone(),
@@ -527,13 +620,9 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
         retry: Policy::CLONE.scaled(config.timings.scale),
     };
     let branch = harvester.branch.as_str();
-    workspace::prepare_repo_async(spec)
-        .await
-        .map(|prepared| {
-            tracing::info!(head = %prepared.remote_head, reused = prepared.reused, branch, "repository ready");
-            prepared.reused
-        })
-        .map_err(|e| e.to_string())
+    let prepared = workspace::prepare_repo_async(spec).await?;
+    tracing::info!(head = %prepared.remote_head, reused = prepared.reused, branch, "repository ready");
+    Ok(prepared.reused)
 }
 
 /// A redactor source (PROTOCOL.md section 3) for the repo tokens the
@@ -548,7 +637,7 @@ fn issued_tokens_source(path: PathBuf) -> crate::redact::SecretSource {
 }
 
 /// Step 7: reports the ending and returns the exit code.
-async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
+async fn report(api: &Api, root: &Path, ending: Ending) -> i32 {
     match ending {
         Ending::Clean => {
             tracing::info!("session ended; posting complete");
@@ -561,7 +650,8 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
             tracing::warn!(signal = ?stop.signal(), "stopped by signal");
             stop.exit_code().unwrap_or(1)
         }
-        Ending::BeforeDrain(reason) | Ending::Unreadable(reason) => {
+        Ending::BeforeDrain(e) | Ending::Unreadable(e) => {
+            let reason = e.reason();
             tracing::error!(reason = %reason, "boot failed");
             if let Err(e) = api
                 .post_status(BootStatus::Failed, None, Some(&reason))
@@ -571,52 +661,62 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
             }
             1
         }
-        Ending::InDrain {
-            run_id,
-            reason,
-            seal,
-            harvest,
-            events_delivered,
-        } => {
-            tracing::error!(run_id = %run_id, reason = %reason, "turn failed");
-            let body = match seal {
-                SealState::Sealed => None,
-                SealState::Unknown(body) => Some(body),
-                SealState::NotSent => Some(FinishBody {
-                    status: RunOutcome::Failed,
-                    agent_session_id: None,
-                    error: Some(FinishError {
-                        code: ErrorCode::RunnerError,
-                        message: reason.clone(),
-                        retryable: false,
-                        retry_after_ms: None,
-                        resets_at: None,
-                    }),
-                    usage: None,
-                    result: harvest,
-                }),
-            };
-            let sealed = match body {
-                None => true,
-                Some(body) => match api.finish(&run_id, &body, Policy::REQUIRED).await {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::error!(run_id = %run_id, error = %e, "the run could not be sealed");
-                        false
-                    }
-                },
-            };
-            if sealed {
-                remove_run_dir_if_delivered(root, &run_id, events_delivered);
-            }
-            if let Err(e) = api
-                .post_status(BootStatus::TurnFailed, Some(&run_id), Some(&reason))
-                .await
-            {
-                tracing::error!(run_id = %run_id, error = %e, "turn_failed was not acknowledged");
-            }
+        Ending::InDrain(fatal) => {
+            report_fatal_turn(api, root, *fatal).await;
             1
         }
+    }
+}
+
+/// Step 7 once the drain began: seals the run `failed` (`runner_error`)
+/// unless it is sealed, then posts `turn_failed` for it.
+async fn report_fatal_turn(api: &Api, root: &Path, fatal: FatalInDrain) {
+    let FatalInDrain {
+        fatal:
+            TurnFatal {
+                run_id,
+                reason,
+                seal,
+                events_delivered,
+            },
+        harvest,
+    } = fatal;
+    tracing::error!(run_id = %run_id, reason = %reason, "turn failed");
+    let body = match seal {
+        SealState::Sealed => None,
+        SealState::Unknown(body) => Some(body),
+        SealState::NotSent => Some(FinishBody {
+            status: RunOutcome::Failed,
+            agent_session_id: None,
+            error: Some(FinishError {
+                code: ErrorCode::RunnerError,
+                message: reason.clone(),
+                retryable: false,
+                retry_after_ms: None,
+                resets_at: None,
+            }),
+            usage: None,
+            result: harvest,
+        }),
+    };
+    let sealed = match body {
+        None => true,
+        Some(body) => match api.finish(&run_id, &body, Policy::REQUIRED).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(run_id = %run_id, error = %e, "the run could not be sealed");
+                false
+            }
+        },
+    };
+    if sealed {
+        remove_run_dir_if_delivered(root, &run_id, events_delivered);
+    }
+    if let Err(e) = api
+        .post_status(BootStatus::TurnFailed, Some(&run_id), Some(&reason))
+        .await
+    {
+        tracing::error!(run_id = %run_id, error = %e, "turn_failed was not acknowledged");
     }
 }
 
@@ -625,7 +725,7 @@ async fn report(api: &Api, root: &std::path::Path, ending: Ending) -> i32 {
 /// turn's flush said so (`delivered`) or when its spool holds no event.
 /// Otherwise the spool is what `finish` said the undelivered events remain
 /// in: it stays for a later boot on this root to deliver (2.6).
-fn remove_run_dir_if_delivered(root: &std::path::Path, run_id: &str, delivered: bool) {
+fn remove_run_dir_if_delivered(root: &Path, run_id: &str, delivered: bool) {
     let path = root.join(session_dir::RUN_PARENT).join(run_id);
     if !path.exists() {
         return;

@@ -179,8 +179,8 @@ impl Api {
     /// in the credential helper.
     ///
     /// Errors: exhausted attempts (the text starts `agent-token pull failed
-    /// after N attempts`), or a verdict (`401`/`403`: the boot secret is no
-    /// longer valid).
+    /// after N attempts`), [`CallError::BootSecretRefused`] for a `401` or
+    /// `403` (the boot secret is no longer valid), another verdict.
     pub async fn pull_bearer(&self, policy: Policy) -> Result<Bearer, CallError> {
         let call = "agent-token pull";
         let reply = self
@@ -195,7 +195,8 @@ impl Api {
                 },
                 Ok,
             )
-            .await?;
+            .await
+            .map_err(boot_secret_refused)?;
         let date = reply.date();
         let response: AgentTokenResponse = parse(call, &reply)?;
         if response.token.is_empty() {
@@ -588,6 +589,18 @@ fn valid_full_name(name: &str) -> bool {
         && parts
             .iter()
             .all(|p| crate::validate::path_safe_id("repoFullName part", p).is_ok())
+}
+
+/// A `401`/`403` of the agent-token pull as [`CallError::BootSecretRefused`].
+fn boot_secret_refused(e: CallError) -> CallError {
+    match e {
+        CallError::Verdict {
+            status: status @ (401 | 403),
+            detail,
+            ..
+        } => CallError::BootSecretRefused { status, detail },
+        other => other,
+    }
 }
 
 fn parse<T: DeserializeOwned>(call: &str, reply: &Reply) -> Result<T, CallError> {

@@ -458,6 +458,17 @@ pub enum CallError {
         /// `": <start of body>"` or empty.
         detail: String,
     },
+    /// The agent-token pull (2.1) answered `401` or `403`: the boot secret
+    /// is not (or no longer) valid. A verdict like [`CallError::Verdict`],
+    /// its own variant because it is fatal wherever it happens (4.2) and
+    /// callers match on it, not on the call's name.
+    #[error("agent-token pull: the coordinator answered HTTP {status}{detail}")]
+    BootSecretRefused {
+        /// `401` or `403`.
+        status: u16,
+        /// `": <start of body>"` or empty.
+        detail: String,
+    },
     /// Every attempt failed with a retryable error.
     #[error("{call} failed after {attempts} attempt{}: {last}", if *attempts == 1 { "" } else { "s" })]
     Exhausted {
@@ -500,11 +511,18 @@ impl CallError {
     /// The HTTP status of a verdict.
     pub fn verdict_status(&self) -> Option<u16> {
         match self {
-            CallError::Verdict { status, .. } => Some(*status),
+            CallError::Verdict { status, .. } | CallError::BootSecretRefused { status, .. } => {
+                Some(*status)
+            }
             CallError::Exhausted { .. }
             | CallError::BadResponse { .. }
             | CallError::TooLarge { .. } => None,
         }
+    }
+
+    /// Whether the boot secret was refused ([`CallError::BootSecretRefused`]).
+    pub fn is_boot_secret_refused(&self) -> bool {
+        matches!(self, CallError::BootSecretRefused { .. })
     }
 
     /// Whether the answer was over the route's size cap.

@@ -202,7 +202,7 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
                 Ok(_) => lines.push(CheckLine::pass("env bundle", format!("{count} connectors"))),
                 Err(e) => lines.push(CheckLine::fail(
                     "env bundle",
-                    e.to_string(),
+                    environment::ReservedConnector::CODE.reason(e),
                     "rename the connector in the session's settings",
                 )),
             }

@@ -41,16 +41,9 @@ pub enum SessionDirError {
     Invalid(#[from] crate::validate::CheckError),
 }
 
+// Its PROTOCOL.md 2.2 code is `WorkspaceError::code`'s: this layer is
+// below `wire`.
 impl SessionDirError {
-    /// A stable code for the error, used in reports.
-    pub fn code(&self) -> &'static str {
-        match self {
-            SessionDirError::Io { .. } => "workspace_io",
-            SessionDirError::Context { .. } => "boot_context_invalid",
-            SessionDirError::Invalid(_) => "invalid_value",
-        }
-    }
-
     pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
         SessionDirError::Io {
             action,

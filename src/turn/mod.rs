@@ -1,16 +1,16 @@
 //! One turn (PROTOCOL.md 4.1): files, acknowledgements, bearer rotation and
 //! interrupt watch, the agent under the supervisor with its events streamed,
-//! then the harvest of its work (4.5, [`harvest`]), the seal (`finish`) and
-//! `turn_completed`.
+//! then the harvest of its work (4.5, [`workspace_steps`]), the seal
+//! (`finish`) and `turn_completed`.
 //!
 //! A stop signal during the turn (4.4) stops the agent's tree with the stop
 //! grace, harvests within the stop's share, seals the run `interrupted` with
 //! one attempt per call, and returns [`TurnEnd::Stopped`]; a second signal
 //! skips what is left.
 
-pub mod harvest;
 pub mod rotation;
 pub mod watch;
+pub mod workspace_steps;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{mpsc, watch as tokio_watch};
 
 use crate::agent::AgentConfig;
-use crate::agent::drive::{self, DriveInput, Request};
+use crate::agent::drive::{self, DriveInput, RunRequest};
 use crate::agent::{AgentSession, TurnOutcome};
 use crate::client::{Api, Policy};
 use crate::events::EventSink;
@@ -229,13 +229,13 @@ pub async fn run(
         .unwrap_or_else(|p| p.into_inner())
         .take()
     {
-        harvest::emit(&sender, &recovered);
+        workspace_steps::emit(&sender, &recovered);
     }
     // The workspace moves to the remote's session branch (what the user
     // pushed between turns) before the watch's first read, so that an
     // interrupt requested meanwhile still keeps the agent from starting.
     let start = match guard
-        .unless_stopped(harvest::before_turn(
+        .unless_stopped(workspace_steps::before_turn(
             &ctx.harvester,
             run_id,
             &timings,
@@ -289,7 +289,7 @@ pub async fn run(
                 over_cap,
                 move || {
                     flag.store(true, Ordering::SeqCst);
-                    let _ = tx.send(Request::Interrupt);
+                    let _ = tx.send(RunRequest::Interrupt);
                 },
             ));
 
@@ -332,7 +332,7 @@ pub async fn run(
     // A stop that came after the agent ended keeps the outcome ("the seal in
     // progress keeps its status") but gets the stop's bounds: one attempt
     // each, within the stop budget; a second signal skips what is left.
-    let harvested = harvest::after_turn(
+    let harvested = workspace_steps::after_turn(
         &ctx.harvester,
         run_id,
         outcome.status,

@@ -7,16 +7,38 @@
 //! - [`clone`]: `repo/`: clone the session branch or reuse an existing clone.
 //! - [`credential`]: `hosted-boot credential get|store|erase`.
 //! - [`harvest`]: commit and push the agent's work after a turn and at boot
-//!   (4.5).
+//!   (4.5); the [`Harvester`] that the steps below share.
+//! - [`sync`]: bring `repo/` to the remote's session branch before a turn
+//!   (4.5 "Before a turn").
+//! - [`commit`]: the harvest's commit of what the agent left uncommitted.
+//! - [`size_limit`]: files over `--harvest-max-file-size` left out of what
+//!   the harvest commits and pushes.
+//! - [`push`]: one attempt of the harvest's push, to the session branch or a
+//!   recovery branch.
+//! - [`remote`]: fetch and push through the boot's transport, transport
+//!   failures retried within the bound.
+//! - [`recovery`]: recovery branch names and the local refs that keep
+//!   commits (`refs/hosted-boot/discarded/`, `refs/hosted-boot/oversized/`).
+//! - [`local_branch`]: the local session branch saved, then moved to the
+//!   remote's tip.
 
 pub mod clone;
+mod commit;
 pub mod credential;
-
 pub mod harvest;
+mod local_branch;
 pub mod lock;
+mod push;
+mod recovery;
+mod remote;
+mod size_limit;
+mod sync;
 pub mod transport;
 
 use std::path::{Path, PathBuf};
+
+use crate::session_dir::SessionDirError;
+use crate::wire::ErrorCode;
 
 pub use clone::{
     PreparedRepo, RepoSpec, credential_helper_command, current_exe_helper_command, prepare_repo,
@@ -50,7 +72,7 @@ pub enum WorkspaceError {
     Invalid(#[from] crate::validate::CheckError),
     /// A file of the session directory could not be read or written.
     #[error(transparent)]
-    SessionDir(#[from] crate::session_dir::SessionDirError),
+    SessionDir(#[from] SessionDirError),
     /// The session branch does not exist on the remote (PROTOCOL.md 3,
     /// `session_branch_missing`): the coordinator provisions it.
     #[error(
@@ -102,16 +124,21 @@ pub enum WorkspaceError {
 }
 
 impl WorkspaceError {
-    /// A stable code for the error, used in reports (`session_branch_missing`
-    /// is part of PROTOCOL.md section 3).
-    pub fn code(&self) -> &'static str {
+    /// The code a `failed` reason for this error starts with (PROTOCOL.md
+    /// 2.2; `session_branch_missing` is section 3's).
+    pub fn code(&self) -> ErrorCode {
         match self {
-            WorkspaceError::Io { .. } => "workspace_io",
-            WorkspaceError::Invalid(_) => "invalid_value",
-            WorkspaceError::SessionDir(e) => e.code(),
-            WorkspaceError::SessionBranchMissing { .. } => "session_branch_missing",
-            WorkspaceError::ForeignRepo { .. } => "repo_conflict",
-            WorkspaceError::Git { .. } | WorkspaceError::CloneExhausted { .. } => "clone_failed",
+            WorkspaceError::Io { .. } => ErrorCode::WorkspaceIo,
+            WorkspaceError::Invalid(_) => ErrorCode::InvalidValue,
+            WorkspaceError::SessionDir(SessionDirError::Invalid(_)) => ErrorCode::InvalidValue,
+            WorkspaceError::SessionDir(
+                SessionDirError::Io { .. } | SessionDirError::Context { .. },
+            ) => ErrorCode::WorkspaceIo,
+            WorkspaceError::SessionBranchMissing { .. } => ErrorCode::SessionBranchMissing,
+            WorkspaceError::ForeignRepo { .. } => ErrorCode::RepoConflict,
+            WorkspaceError::Git { .. } | WorkspaceError::CloneExhausted { .. } => {
+                ErrorCode::CloneFailed
+            }
         }
     }
 

@@ -460,7 +460,7 @@ async fn a_reserved_connector_fails_the_boot_naming_the_variable() {
     assert_eq!(snap.status_names(), vec!["failed"]);
     let reason = snap.statuses[0].reason.clone().unwrap();
     assert!(
-        reason.contains("reserved_connector_env") && reason.contains("LD_PRELOAD"),
+        reason.starts_with("reserved_connector_env: ") && reason.contains("LD_PRELOAD"),
         "{reason}"
     );
     assert!(!reason.contains("evil-library"), "{reason}");
@@ -488,7 +488,9 @@ async fn an_invalid_pending_turn_fails_the_boot() {
             .reason
             .as_deref()
             .unwrap()
-            .contains("hosted_pending_turn_invalid")
+            .starts_with("hosted_pending_turn_invalid: "),
+        "{:?}",
+        snap.statuses
     );
     assert!(!snap.requests.iter().any(|r| r.route == Route::Git));
 }
@@ -508,13 +510,9 @@ async fn a_branch_starting_with_a_dash_fails_the_boot_before_the_clone() {
     assert_eq!(status.code(), Some(1), "{output}");
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.status_names(), vec!["failed"]);
-    assert!(
-        snap.statuses[0]
-            .reason
-            .as_deref()
-            .unwrap()
-            .contains("-upload-pack=evil")
-    );
+    let reason = snap.statuses[0].reason.as_deref().unwrap();
+    assert!(reason.starts_with("invalid_value: "), "{reason}");
+    assert!(reason.contains("-upload-pack=evil"), "{reason}");
     assert!(!snap.requests.iter().any(|r| r.route == Route::Git));
 }
 
@@ -529,15 +527,10 @@ async fn a_missing_session_branch_fails_the_boot() {
     assert_eq!(status.code(), Some(1), "{output}");
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.status_names(), vec!["failed"]);
-    assert!(
-        snap.statuses[0]
-            .reason
-            .as_deref()
-            .unwrap()
-            .contains("orizu/session-1"),
-        "{:?}",
-        snap.statuses
-    );
+    let reason = snap.statuses[0].reason.as_deref().unwrap();
+    // The code of PROTOCOL.md 2.2 and 3, for a coordinator to match on.
+    assert!(reason.starts_with("session_branch_missing: "), "{reason}");
+    assert!(reason.contains("orizu/session-1"), "{reason}");
     // A verdict: one advertisement, no retry, no partial clone left.
     assert_eq!(git_requests(&snap).len(), 1, "{:?}", git_requests(&snap));
     assert!(!sb.root().join("repo").exists());
@@ -1130,6 +1123,10 @@ async fn a_clone_failing_on_every_attempt_fails_the_boot_after_exactly_four() {
     assert_eq!(git_requests(&snap).len(), 4, "{:?}", git_requests(&snap));
     assert_eq!(snap.status_names(), vec!["failed"]);
     let reason = snap.statuses[0].reason.as_deref().unwrap();
+    assert!(
+        reason.starts_with("clone_failed: the clone of "),
+        "{reason}"
+    );
     assert!(reason.contains("4 attempts"), "{reason}");
     assert!(reason.contains("503"), "{reason}");
     // Never a partial clone: nothing is left of the attempts.
@@ -1147,7 +1144,30 @@ async fn a_refused_clone_is_a_verdict_not_retried() {
     let snap = sb.coordinator.snapshot();
     assert_eq!(git_requests(&snap).len(), 1, "{:?}", git_requests(&snap));
     assert_eq!(snap.status_names(), vec!["failed"]);
+    let reason = snap.statuses[0].reason.as_deref().unwrap();
+    assert!(reason.starts_with("clone_failed: "), "{reason}");
     assert!(!sb.root().join("repo").exists());
+}
+
+#[tokio::test]
+async fn a_repo_dir_that_is_no_clone_of_the_session_fails_the_boot_with_repo_conflict() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let repo = sb.root().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::fs::write(repo.join("notes.txt"), "mine\n").unwrap();
+    let (status, output) = finish(sb.spawn(&sb.script(OBSERVER))).await;
+    assert_eq!(status.code(), Some(1), "{}", tail(&output));
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.status_names(), vec!["failed"]);
+    let reason = snap.statuses[0].reason.as_deref().unwrap();
+    assert!(reason.starts_with("repo_conflict: "), "{reason}");
+    assert!(reason.contains(&repo.display().to_string()), "{reason}");
+    // Refused, never cloned over.
+    assert!(git_requests(&snap).is_empty(), "{:?}", git_requests(&snap));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("notes.txt")).unwrap(),
+        "mine\n"
+    );
 }
 
 #[tokio::test]

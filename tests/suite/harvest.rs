@@ -628,7 +628,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         branch: coord.branch(),
         credential_helper: helper,
         http,
-        push_policy: hosted_boot::client::Policy::HARVEST_PUSH,
+        time_scale: 1.0,
         max_file_size: None,
     };
     let started = std::time::Instant::now();

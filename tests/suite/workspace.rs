@@ -9,6 +9,7 @@ use std::time::Duration;
 use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Fault, Route};
 use hosted_boot::secret::Secret;
 use hosted_boot::session_dir::{BootContext, SessionDir};
+use hosted_boot::wire::ErrorCode;
 use hosted_boot::workspace::{
     HttpContext, PreparedRepo, RepoSpec, WorkspaceError, credential_helper_command,
     credential_helper_with_io, prepare_repo, read_credential_cache,
@@ -291,7 +292,7 @@ fn wrong_credentials_fail_after_two_helper_calls() {
         env.http.redactor.redact("got wrong-token-123456."),
         "got [REDACTED]."
     );
-    assert_eq!(err.code(), "clone_failed");
+    assert_eq!(err.code(), ErrorCode::CloneFailed);
     let calls = std::fs::read_to_string(&log).unwrap();
     assert_eq!(calls, "get\nerase\nget\nerase\n");
     let statuses: Vec<_> = env.git_requests().into_iter().map(|r| r.2).collect();
@@ -327,7 +328,7 @@ fn missing_session_branch() {
         }
         other => panic!("expected SessionBranchMissing, got {other}"),
     }
-    assert_eq!(err.code(), "session_branch_missing");
+    assert_eq!(err.code(), ErrorCode::SessionBranchMissing);
     assert!(err.to_string().contains(&env.coord.branch()));
 }
 
@@ -371,7 +372,7 @@ fn foreign_repo_is_refused() {
     std::fs::create_dir_all(&repo).unwrap();
     std::fs::write(repo.join("notes.txt"), "mine\n").unwrap();
     let err = prepare_repo(&env.spec(env.real_helper())).unwrap_err();
-    assert_eq!(err.code(), "repo_conflict");
+    assert_eq!(err.code(), ErrorCode::RepoConflict);
     let text = err.to_string();
     assert!(text.contains(&repo.display().to_string()), "{text}");
     assert!(text.contains("is not a git repository"), "{text}");

@@ -1,9 +1,11 @@
-//! The harvest step of a turn (PROTOCOL.md 4.1 step 6, 4.4, 4.5): bounded by
-//! 60 s after a turn, by the stop's 10 s share on a graceful stop (also when
-//! the stop comes while the harvest runs), skipped by a second signal; its
-//! report goes out as a `hosted_boot.harvest` event and is returned for
-//! `finish.result`. And its counterpart before the agent starts (4.1 step
-//! 3): the workspace sync, reported as a `hosted_boot.workspace_sync` event.
+//! The turn's workspace steps, each bounded and reported as an event: the
+//! workspace sync before the agent starts (4.1 step 3), reported as a
+//! `hosted_boot.workspace_sync` event; and the harvest after it (4.1 step 6,
+//! 4.4, 4.5), bounded by 60 s after a turn, by the stop's 10 s share on a
+//! graceful stop (also when the stop comes while the harvest runs), skipped
+//! by a second signal; its report goes out as a `hosted_boot.harvest` event
+//! and is returned for `finish.result`. The git work itself is the
+//! [`Harvester`]'s.
 
 use std::time::Duration;
 

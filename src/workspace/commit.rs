@@ -1,0 +1,205 @@
+//! The harvest's commit (PROTOCOL.md 4.5 step 1): what the agent left
+//! uncommitted, tracked or new and not ignored, committed on `HEAD` with the
+//! agent's git identity and a message naming the run and its outcome; files
+//! over the size limit stay out of it ([`super::size_limit`]).
+
+use std::cell::RefCell;
+use std::path::Path;
+
+use git2::{ErrorCode, IndexAddOption, Oid, Repository, RepositoryState, Signature, StatusOptions};
+
+use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
+use super::harvest::{HarvestJob, message};
+use super::size_limit::{note_skipped, staged_over};
+use crate::wire::{RunOutcome, SkippedFile};
+
+pub(super) fn status_options() -> StatusOptions {
+    let mut opts = StatusOptions::new();
+    opts.include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_ignored(false)
+        .exclude_submodules(true);
+    opts
+}
+
+fn commit_message(job: &HarvestJob) -> String {
+    let name = &job.name;
+    match job.outcome {
+        Some(RunOutcome::Succeeded) => format!(
+            "{name}: work the agent left uncommitted\n\nCommitted by hosted-boot after the turn succeeded (the harvest, PROTOCOL.md 4.5).\n"
+        ),
+        Some(outcome) => {
+            let outcome = outcome.as_str();
+            format!(
+                "WIP {name}: work in progress (turn {outcome})\n\nCommitted by hosted-boot when the turn ended {outcome}, so that the work is not lost (the harvest, PROTOCOL.md 4.5).\n"
+            )
+        }
+        None => format!(
+            "WIP {name}: work found in repo/ when the runner restarted\n\nCommitted by hosted-boot at boot, so that the work is not lost (the harvest, PROTOCOL.md 4.5).\n"
+        ),
+    }
+}
+
+/// Commits every change of the work tree that git does not ignore on
+/// `HEAD`, except files over `max` bytes (new or changed), which stay in the
+/// work tree uncommitted and are noted in `skipped`. `None` when there is
+/// nothing to commit.
+pub(super) fn commit_uncommitted(
+    repo: &Repository,
+    job: &HarvestJob,
+    max: Option<u64>,
+    skipped: &mut Vec<SkippedFile>,
+) -> Result<Option<Oid>, git2::Error> {
+    // The agent's process group is gone by now: an index lock left behind is
+    // a git command killed mid-way (an interrupt), which would otherwise
+    // block every harvest from here on.
+    let index_lock = repo.path().join("index.lock");
+    if index_lock.exists() {
+        tracing::warn!(path = %index_lock.display(), "harvest: removing the index lock a killed git command left");
+        if let Err(e) = std::fs::remove_file(&index_lock) {
+            tracing::warn!(path = %index_lock.display(), error = %e, "harvest: cannot remove the index lock");
+        }
+    }
+    let statuses = repo.statuses(Some(&mut status_options()))?;
+    if statuses.is_empty() {
+        return Ok(None);
+    }
+    let workdir = repo.workdir().map(Path::to_path_buf);
+    // The size of a regular file of the work tree over the limit (a
+    // symbolic link is its target's name, never large).
+    let over = |path: &Path| -> Option<u64> {
+        let max = max?;
+        let meta = std::fs::symlink_metadata(workdir.as_ref()?.join(path)).ok()?;
+        (meta.is_file() && meta.len() > max).then_some(meta.len())
+    };
+    let left_out: RefCell<Vec<(String, u64)>> = RefCell::new(Vec::new());
+    // Skipped before it is hashed: a file of gigabytes is never read.
+    let mut guard = |path: &Path, _spec: &[u8]| -> i32 {
+        match over(path) {
+            Some(bytes) => {
+                left_out
+                    .borrow_mut()
+                    .push((path.to_string_lossy().into_owned(), bytes));
+                1
+            }
+            None => 0,
+        }
+    };
+    let mut index = repo.index()?;
+    if let Err(e) = index
+        .add_all(["*"], IndexAddOption::DEFAULT, Some(&mut guard))
+        .and_then(|()| index.update_all(["*"], Some(&mut guard)))
+    {
+        // One path libgit2 cannot add (a nested repository, say) must not
+        // keep the others from being saved: add them one by one.
+        tracing::warn!(error = %message(&e), "harvest: adding everything failed; adding path by path");
+        index.read(true)?;
+        for entry in statuses.iter() {
+            let Ok(path) = entry.path() else { continue };
+            let path = Path::new(path);
+            if let Some(bytes) = over(path) {
+                left_out
+                    .borrow_mut()
+                    .push((path.to_string_lossy().into_owned(), bytes));
+                continue;
+            }
+            let added = if repo.workdir().is_some_and(|w| w.join(path).exists()) {
+                index.add_path(path)
+            } else {
+                index.remove_path(path)
+            };
+            if let Err(e) = added {
+                tracing::warn!(path = %path.display(), error = %message(&e), "harvest: path left out of the commit");
+            }
+        }
+    }
+    for (path, bytes) in left_out.into_inner() {
+        note_skipped(skipped, &path, bytes);
+    }
+    // An unborn HEAD (`git checkout --orphan`): the work becomes a root
+    // commit of that branch.
+    let parent = match repo.head() {
+        Ok(head) => Some(head.peel_to_commit()?),
+        Err(e) if e.code() == ErrorCode::UnbornBranch => None,
+        Err(e) => return Err(e),
+    };
+    if let Some(max) = max
+        && let Some(parent) = &parent
+    {
+        // A large file the agent staged (`git add`) without committing is in
+        // the index already: back to HEAD's version for those paths.
+        let staged = staged_over(repo, &index, &parent.tree()?, max)?;
+        if !staged.is_empty() {
+            index.write()?;
+            let paths: Vec<&str> = staged.iter().map(|(p, _)| p.as_str()).collect();
+            repo.reset_default(Some(parent.as_object()), paths)?;
+            index.read(true)?;
+            for (path, bytes) in &staged {
+                note_skipped(skipped, path, *bytes);
+            }
+        }
+    }
+    index.write()?;
+    let tree_id = index.write_tree()?;
+    if parent.as_ref().is_some_and(|p| p.tree_id() == tree_id) {
+        return Ok(None);
+    }
+    let tree = repo.find_tree(tree_id)?;
+    let sig = Signature::now(GIT_USER_NAME, GIT_USER_EMAIL)?;
+    let oid = repo.commit(
+        Some("HEAD"),
+        &sig,
+        &sig,
+        &commit_message(job),
+        &tree,
+        &parent.iter().collect::<Vec<_>>(),
+    )?;
+    if repo.state() != RepositoryState::Clean {
+        // A merge or rebase the agent left half done: its commit is made,
+        // the state files would only confuse the next turn.
+        repo.cleanup_state()?;
+    }
+    tracing::info!(commit = %oid, name = %job.name, "harvest: committed what the agent left uncommitted");
+    Ok(Some(oid))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::workspace::harvest::RECOVERED_AT_BOOT;
+
+    fn job(name: &str, outcome: Option<RunOutcome>) -> HarvestJob {
+        HarvestJob {
+            name: name.to_string(),
+            outcome,
+            start: None,
+            bound: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn commit_messages_name_the_run_and_the_outcome() {
+        let m = commit_message(&job("run-2", Some(RunOutcome::Succeeded)));
+        assert!(
+            m.starts_with("run-2: work the agent left uncommitted\n\n"),
+            "{m}"
+        );
+        let m = commit_message(&job("run-3", Some(RunOutcome::Interrupted)));
+        assert!(
+            m.starts_with("WIP run-3: work in progress (turn interrupted)\n"),
+            "{m}"
+        );
+        let m = commit_message(&job("run-4", Some(RunOutcome::Failed)));
+        assert!(
+            m.starts_with("WIP run-4: work in progress (turn failed)\n"),
+            "{m}"
+        );
+        let m = commit_message(&job(RECOVERED_AT_BOOT, None));
+        assert!(
+            m.starts_with("WIP recovered-at-boot: work found in repo/"),
+            "{m}"
+        );
+    }
+}

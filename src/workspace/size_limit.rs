@@ -1,0 +1,268 @@
+//! The harvest's size guard (`--harvest-max-file-size`, PROTOCOL.md 4.5):
+//! the git host would refuse a push with a file over its limit, and every
+//! later push with it. Files over the limit are left out of the harvest's
+//! commit, and the agent's own commits that hold such files are replaced by
+//! one commit without them (the originals kept on
+//! `refs/hosted-boot/oversized/<name>`).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use git2::{
+    Delta, FileMode, ObjectType, Oid, Repository, ResetType, Signature, TreeWalkMode,
+    TreeWalkResult,
+};
+
+use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
+use super::harvest::HarvestJob;
+use super::recovery::keep_ref;
+use super::remote::RemoteState;
+use crate::wire::{HarvestResult, MAX_LISTED_COMMITS, SkippedFile};
+
+/// Paths whose blob in `index` is new against `tree` and over `max` bytes.
+pub(super) fn staged_over(
+    repo: &Repository,
+    index: &git2::Index,
+    tree: &git2::Tree<'_>,
+    max: u64,
+) -> Result<Vec<(String, u64)>, git2::Error> {
+    let odb = repo.odb()?;
+    let diff = repo.diff_tree_to_index(Some(tree), Some(index), None)?;
+    let mut out = Vec::new();
+    for delta in diff.deltas() {
+        if !matches!(
+            delta.status(),
+            Delta::Added | Delta::Modified | Delta::Typechange | Delta::Renamed | Delta::Copied
+        ) {
+            continue;
+        }
+        let file = delta.new_file();
+        let Ok((bytes, ObjectType::Blob)) = odb.read_header(file.id()) else {
+            continue;
+        };
+        if bytes as u64 > max
+            && let Some(path) = file.path()
+        {
+            out.push((path.to_string_lossy().into_owned(), bytes as u64));
+        }
+    }
+    Ok(out)
+}
+
+/// Records `path` (`bytes` long) as left out of the harvest, once.
+pub(super) fn note_skipped(skipped: &mut Vec<SkippedFile>, path: &str, bytes: u64) {
+    if !skipped.iter().any(|s| s.path == path) {
+        tracing::warn!(
+            path,
+            bytes,
+            "harvest: a file over the size limit is left out"
+        );
+        skipped.push(SkippedFile {
+            path: path.to_string(),
+            bytes,
+        });
+    }
+}
+
+/// A blob over the size limit that the commits to push bring.
+pub(super) struct Oversized {
+    /// Where a commit of the range added it.
+    path: String,
+    blob: Oid,
+    bytes: u64,
+}
+
+/// The blobs over `max` bytes that the commits from `head` back to the
+/// remote's branches (`heads`, those known here) add or change, each once,
+/// except those the tree of a remote branch's tip already holds: the host
+/// has them (its limit is higher than the runner's), so they are no new
+/// object for it, and leaving out a path that only moved such a file (a
+/// rename) would delete the file from the branch.
+pub(super) fn oversized_blobs(
+    repo: &Repository,
+    head: Oid,
+    heads: &HashMap<String, Oid>,
+    max: u64,
+) -> Result<Vec<Oversized>, git2::Error> {
+    let mut walk = repo.revwalk()?;
+    walk.push(head)?;
+    for tip in heads.values() {
+        if repo.find_commit(*tip).is_ok() {
+            walk.hide(*tip)?;
+        }
+    }
+    let odb = repo.odb()?;
+    let mut found: Vec<Oversized> = Vec::new();
+    for oid in walk {
+        let commit = repo.find_commit(oid?)?;
+        let tree = commit.tree()?;
+        let parent = match commit.parent_count() {
+            0 => None,
+            _ => Some(commit.parent(0)?.tree()?),
+        };
+        let diff = repo.diff_tree_to_tree(parent.as_ref(), Some(&tree), None)?;
+        for delta in diff.deltas() {
+            if !matches!(
+                delta.status(),
+                Delta::Added | Delta::Modified | Delta::Typechange | Delta::Renamed | Delta::Copied
+            ) {
+                continue;
+            }
+            let file = delta.new_file();
+            if !matches!(file.mode(), FileMode::Blob | FileMode::BlobExecutable) {
+                continue;
+            }
+            let Ok((bytes, ObjectType::Blob)) = odb.read_header(file.id()) else {
+                continue;
+            };
+            let bytes = bytes as u64;
+            if bytes > max && !found.iter().any(|f| f.blob == file.id()) {
+                let path = file
+                    .path()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                found.push(Oversized {
+                    path,
+                    blob: file.id(),
+                    bytes,
+                });
+            }
+        }
+    }
+    if !found.is_empty() {
+        let mut on_remote = std::collections::HashSet::new();
+        for tip in heads.values() {
+            let Ok(tree) = repo.find_commit(*tip).and_then(|c| c.tree()) else {
+                continue;
+            };
+            tree.walk(TreeWalkMode::PreOrder, |_, entry| {
+                if entry.kind() == Some(ObjectType::Blob)
+                    && found.iter().any(|f| f.blob == entry.id())
+                {
+                    on_remote.insert(entry.id());
+                }
+                TreeWalkResult::Ok
+            })?;
+        }
+        found.retain(|f| !on_remote.contains(&f.blob));
+    }
+    Ok(found)
+}
+
+/// Replaces the agent's commits from `head` back to the remote with one
+/// commit of `head`'s tree without the blobs in `found` (a path whose blob
+/// is left out keeps the base's version, or is removed), on the remote's
+/// session tip when `head` contains it, else on their merge base. `HEAD`
+/// moves to it (a mixed reset: the work tree keeps the files, now
+/// uncommitted); the agent's commits stay on
+/// `refs/hosted-boot/oversized/<name>`. Returns the new commit.
+pub(super) fn leave_out_oversized(
+    repo: &Repository,
+    head: Oid,
+    remote: &RemoteState,
+    found: &[Oversized],
+    job: &HarvestJob,
+    max: u64,
+    r: &mut HarvestResult,
+) -> Result<Oid, git2::Error> {
+    let base = match remote.session_tip {
+        Some(tip) if tip == head || repo.graph_descendant_of(head, tip).unwrap_or(false) => {
+            Some(tip)
+        }
+        Some(tip) => repo.merge_base(head, tip).ok(),
+        None => None,
+    };
+    let head_commit = repo.find_commit(head)?;
+    let head_tree = head_commit.tree()?;
+    let base_commit = base.map(|b| repo.find_commit(b)).transpose()?;
+    let base_tree = base_commit.as_ref().map(|c| c.tree()).transpose()?;
+
+    // Every path of HEAD's tree that holds one of those blobs.
+    let mut paths: Vec<(String, u64)> = Vec::new();
+    head_tree.walk(TreeWalkMode::PreOrder, |root, entry| {
+        if let Some(f) = found.iter().find(|f| f.blob == entry.id())
+            && let Ok(name) = entry.name()
+        {
+            paths.push((format!("{root}{name}"), f.bytes));
+        }
+        TreeWalkResult::Ok
+    })?;
+    let mut update = git2::build::TreeUpdateBuilder::new();
+    for (path, _) in &paths {
+        match base_tree
+            .as_ref()
+            .and_then(|t| t.get_path(Path::new(path)).ok())
+        {
+            Some(entry) if entry.kind() == Some(ObjectType::Blob) => {
+                let mode = if entry.filemode() == i32::from(FileMode::BlobExecutable) {
+                    FileMode::BlobExecutable
+                } else {
+                    FileMode::Blob
+                };
+                update.upsert(path, entry.id(), mode);
+            }
+            _ => {
+                update.remove(path);
+            }
+        }
+    }
+    let tree = repo.find_tree(update.create_updated(repo, &head_tree)?)?;
+
+    let kept = keep_ref(repo, "refs/hosted-boot/oversized", &job.name, head)?;
+    let mut listed: Vec<String> = paths
+        .iter()
+        .map(|(p, b)| format!("  {p} ({b} bytes)"))
+        .collect();
+    // Blobs a later commit of the agent removed again: left out all the same.
+    for f in found {
+        if !paths.iter().any(|(p, _)| *p == f.path) {
+            listed.push(format!(
+                "  {} ({} bytes, removed again by the agent)",
+                f.path, f.bytes
+            ));
+        }
+    }
+    let mut subjects = Vec::new();
+    let mut walk = repo.revwalk()?;
+    walk.push(head)?;
+    if let Some(b) = base {
+        walk.hide(b)?;
+    }
+    for oid in walk.take(MAX_LISTED_COMMITS) {
+        let c = repo.find_commit(oid?)?;
+        subjects.push(format!(
+            "  {} {}",
+            &c.id().to_string()[..12],
+            c.summary().ok().flatten().unwrap_or("")
+        ));
+    }
+    let text = format!(
+        "{name}: the agent's commits without the files over the size limit\n\n\
+         Committed by hosted-boot (the harvest, PROTOCOL.md 4.5): the git host would refuse\n\
+         files over {max} bytes, and with them every later push. Left out (kept in the work tree\n\
+         when still there):\n{files}\n\n\
+         The agent's commits, kept in repo/ at {kept} ({head}):\n{subjects}\n",
+        name = job.name,
+        files = listed.join("\n"),
+        subjects = subjects.join("\n"),
+    );
+    let sig = Signature::now(GIT_USER_NAME, GIT_USER_EMAIL)?;
+    let parents: Vec<&git2::Commit> = base_commit.iter().collect();
+    let new = repo.commit(None, &sig, &sig, &text, &tree, &parents)?;
+    repo.reset(repo.find_commit(new)?.as_object(), ResetType::Mixed, None)?;
+    tracing::warn!(commit = %new, kept = %kept, "harvest: the agent's commits held files over the size limit; pushing them without those files");
+
+    for f in found {
+        let path = paths
+            .iter()
+            .find(|(p, _)| *p == f.path)
+            .map(|(p, _)| p.as_str())
+            .unwrap_or(f.path.as_str());
+        note_skipped(&mut r.skipped_files, path, f.bytes);
+    }
+    // The harvest's own commit, if any, is folded into the new one.
+    r.harvest_commit = None;
+    r.head_sha = Some(new.to_string());
+    r.oversized_ref = Some(kept);
+    Ok(new)
+}
