@@ -502,23 +502,7 @@ async fn send_batch(
     let post = api.post_events_body(run_id, body, move |accepted| {
         accepted >= first || accepted < before
     });
-    tokio::pin!(post);
-    let result = loop {
-        let cut = async {
-            match *deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            r = &mut post => break Some(r),
-            d = &mut *close_rx, if deadline.is_none() => {
-                *deadline = Some(d.unwrap_or_else(|_| Instant::now()));
-            }
-            _ = cut => break None,
-        }
-    };
-    let Some(result) = result else {
+    let Some(result) = until_deadline(post, deadline, close_rx).await else {
         return; // the deadline passed with the request still failing
     };
     match result {
@@ -541,15 +525,42 @@ async fn send_batch(
             }
             Some(_) => stop(run_id, st, &e),
             None => {
-                // The events policy never gives up, so only the bearer
-                // re-pull after a 401 gets here (its own attempts spent):
-                // the next batch waits the events backoff, not to spin.
+                // The events policy never gives up, so only a failed bearer
+                // pull gets here (none yet, or the re-pull after a 401; its
+                // own attempts spent): the next batch waits the events
+                // backoff, not to spin.
                 let wait = Policy::EVENTS.scaled(timings.scale).backoff(st.repulls);
                 tracing::warn!(run_id, error = %e, wait_ms = wait.as_millis() as u64, "cannot pull a fresh bearer for the events; retrying");
                 st.retry_at = Some(Instant::now() + wait);
                 st.repulls = st.repulls.saturating_add(1);
             }
         },
+    }
+}
+
+/// Drives `post` until it ends, or until the flush deadline passes
+/// (`None`): the deadline, learnt from `close_rx` at turn end, cuts the
+/// engine's unbounded retries of the events route.
+async fn until_deadline<T>(
+    post: impl std::future::Future<Output = T>,
+    deadline: &mut Option<Instant>,
+    close_rx: &mut oneshot::Receiver<Instant>,
+) -> Option<T> {
+    tokio::pin!(post);
+    loop {
+        let cut = async {
+            match *deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = &mut post => return Some(r),
+            d = &mut *close_rx, if deadline.is_none() => {
+                *deadline = Some(d.unwrap_or_else(|_| Instant::now()));
+            }
+            _ = cut => return None,
+        }
     }
 }
 
