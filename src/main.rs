@@ -1,9 +1,9 @@
-//! The `hosted-boot` binary. Before any thread or runtime exists it takes the
-//! boot secret out of the environment (and out of the initial environment
-//! block) or from the pipe of a PID 1 split, marks the process non-dumpable,
-//! splits into reaper and worker when it is PID 1 (`reaper.rs`), and
-//! installs the TLS provider; then it parses the command line and runs the
-//! subcommand.
+//! The `hosted-boot` binary. Before any thread or runtime exists it turns
+//! core dumps off and marks the process non-dumpable (or refuses to start),
+//! takes the boot secret out of the environment (and out of the initial
+//! environment block) or from the pipe of a PID 1 split, splits into reaper
+//! and worker when it is PID 1 (`reaper.rs`), and installs the TLS provider;
+//! then it parses the command line and runs the subcommand.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, OsString, c_char};
@@ -88,12 +88,42 @@ fn close_inherited_fds_on_exec() {
     }
 }
 
+/// Keeps the boot secret out of a core dump and out of the reach of a
+/// process of the same user (`/proc/<pid>/mem`, ptrace; PROTOCOL.md section
+/// 3): core dumps off (soft and hard `RLIMIT_CORE` 0, so nothing in the
+/// runner's tree turns them back on), then non-dumpable. Before the secret
+/// is read: it is in the initial environment block from the exec on.
+///
+/// Errors: which call the kernel refused and why, for the runner to refuse
+/// to start (a runner whose secret can be dumped is not started).
+fn harden() -> Result<(), String> {
+    use rustix::process::{DumpableBehavior, Resource, Rlimit};
+    let off = Rlimit {
+        current: Some(0),
+        maximum: Some(0),
+    };
+    rustix::process::setrlimit(Resource::Core, off).map_err(|e| {
+        format!(
+            "cannot turn core dumps off (setrlimit RLIMIT_CORE 0): {e}; a core dump would hold the boot secret, so the runner is refusing to start (does a seccomp policy of the sandbox forbid setrlimit/prlimit64?)"
+        )
+    })?;
+    rustix::process::set_dumpable_behavior(DumpableBehavior::NotDumpable).map_err(|e| {
+        format!(
+            "cannot mark the process non-dumpable (prctl PR_SET_DUMPABLE 0): {e}; a process of the same user could read the boot secret from /proc/<pid>/mem, so the runner is refusing to start (does a seccomp policy of the sandbox forbid prctl?)"
+        )
+    })
+}
+
 fn main() -> ExitCode {
     // Nothing may start a thread before this line.
+    if let Err(e) = harden() {
+        // Exit 2, as for the other failures before the first request.
+        eprintln!("hosted-boot: {e}");
+        return ExitCode::from(2);
+    }
     let handed = reaper::take_handed_secret();
     let (env, env_secret) = take_boot_secret();
     close_inherited_fds_on_exec();
-    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     let boot_secret = match handed {
         Ok(Some(secret)) => Some(secret),
         Ok(None) => env_secret,

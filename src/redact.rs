@@ -75,10 +75,7 @@ pub struct Redactor {
 /// Shows how many patterns the redactor holds, never one of them.
 impl std::fmt::Debug for Redactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let patterns = match self.shared.state.read() {
-            Ok(g) => g.patterns.len(),
-            Err(poisoned) => poisoned.into_inner().patterns.len(),
-        };
+        let patterns = crate::sync::read(&self.shared.state).patterns.len();
         f.debug_struct("Redactor")
             .field("patterns", &patterns)
             .finish_non_exhaustive()
@@ -319,10 +316,7 @@ impl Redactor {
             return false;
         }
         let forms = forms(value);
-        let mut state = match self.shared.state.write() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut state = crate::sync::write(&self.shared.state);
         let before = state.patterns.len();
         for form in forms {
             if !state.patterns.contains(&form) {
@@ -348,10 +342,7 @@ impl Redactor {
     /// Registers a source polled before each redaction (see
     /// [`SecretSource`]); its values are added as [`SecretKind::Credential`].
     pub fn add_source(&self, source: SecretSource) {
-        let mut sources = match self.shared.sources.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut sources = crate::sync::lock(&self.shared.sources);
         sources.push(source);
     }
 
@@ -364,10 +355,7 @@ impl Redactor {
         }
         REFRESHING.with(|r| r.set(true));
         let fresh: Vec<Secret> = {
-            let mut sources = match self.shared.sources.lock() {
-                Ok(g) => g,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let mut sources = crate::sync::lock(&self.shared.sources);
             sources.iter_mut().flat_map(|s| s()).collect()
         };
         for secret in &fresh {
@@ -377,10 +365,7 @@ impl Redactor {
     }
 
     fn current(&self) -> (u64, Option<Arc<Matcher>>) {
-        let state = match self.shared.state.read() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let state = crate::sync::read(&self.shared.state);
         (
             self.shared.generation.load(Ordering::SeqCst),
             state.matcher.clone(),
@@ -390,22 +375,10 @@ impl Redactor {
     /// `text` with every known secret replaced by `[REDACTED]`; overlapping
     /// or touching matches become one `[REDACTED]`. Polls the sources first.
     pub fn redact(&self, text: &str) -> String {
-        self.refresh();
-        let (_, matcher) = self.current();
-        match matcher {
-            Some(m) => {
-                let mut out = Vec::with_capacity(text.len());
-                if redact_whole(&m, text.as_bytes(), &mut out) {
-                    // Patterns are whole UTF-8 strings, so a match starts and
-                    // ends on character boundaries; lossy is only a fallback.
-                    String::from_utf8(out)
-                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-                } else {
-                    text.to_string()
-                }
-            }
-            None => text.to_string(),
-        }
+        // Patterns are whole UTF-8 strings, so a match starts and ends on
+        // character boundaries; lossy is only a fallback.
+        String::from_utf8(self.redact_bytes(text.as_bytes()))
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 
     /// [`Redactor::redact`] on bytes (which need not be UTF-8).
@@ -427,12 +400,6 @@ impl Redactor {
         if let Some(m) = matcher {
             redact_value_with(&m, value);
         }
-    }
-
-    /// Whether `text` contains a known secret (for assertions and checks).
-    pub fn contains_secret(&self, text: &str) -> bool {
-        let (_, matcher) = self.current();
-        matcher.is_some_and(|m| m.may_match(text.as_bytes()))
     }
 
     /// A streaming redactor over this set (values added later apply to the
@@ -666,8 +633,9 @@ impl StreamRedactor {
         self.open = None;
     }
 
-    /// Bytes currently held back (for tests and the memory bound).
-    pub fn held(&self) -> usize {
+    /// Bytes currently held back (the tests of the memory bound).
+    #[cfg(test)]
+    fn held(&self) -> usize {
         self.buf.len()
     }
 

@@ -66,6 +66,34 @@ pub fn listen() -> Result<watch::Receiver<Stop>, String> {
     Ok(rx)
 }
 
+/// Awaits `fut` unless a stop (graceful or immediate, PROTOCOL.md 4.4) is
+/// requested first, or was before the call: then `Err` with that stop, and
+/// `fut` is dropped. Once no more signals can come (the listener is gone),
+/// `fut` is awaited to its end.
+pub async fn unless_stopped<T>(
+    stop: &mut watch::Receiver<Stop>,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, Stop> {
+    if *stop.borrow() != Stop::Running {
+        return Err(*stop.borrow());
+    }
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            r = &mut fut => return Ok(r),
+            changed = stop.changed() => {
+                if changed.is_err() {
+                    return Ok(fut.await);
+                }
+                let now = *stop.borrow();
+                if now != Stop::Running {
+                    return Err(now);
+                }
+            }
+        }
+    }
+}
+
 /// Work under the stop rules of PROTOCOL.md 4.4: once a graceful stop is
 /// requested, what is left must finish within the stop budget counted from
 /// the signal; an immediate stop abandons it at once.
@@ -104,30 +132,15 @@ impl StopBudget {
         self.current() != Stop::Running
     }
 
-    /// Awaits `fut` unless a stop comes first (`None`).
+    /// Awaits `fut` unless a stop comes first (`None`; the stop budget
+    /// starts then), as [`unless_stopped`] does.
     pub async fn unless_stopped<T>(
         &mut self,
         fut: impl std::future::Future<Output = T>,
     ) -> Option<T> {
-        if self.stopping() {
-            self.observe();
-            return None;
-        }
-        tokio::pin!(fut);
-        loop {
-            tokio::select! {
-                r = &mut fut => return Some(r),
-                changed = self.rx.changed() => {
-                    self.observe();
-                    if changed.is_err() {
-                        return Some(fut.await);
-                    }
-                    if self.stopping() {
-                        return None;
-                    }
-                }
-            }
-        }
+        let done = unless_stopped(&mut self.rx, fut).await;
+        self.observe();
+        done.ok()
     }
 
     /// Awaits `fut`; after a graceful stop only until the stop budget runs
@@ -139,12 +152,7 @@ impl StopBudget {
             if matches!(self.current(), Stop::Immediate(_)) {
                 return None;
             }
-            let deadline = async {
-                match self.deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let deadline = crate::sync::sleep_until(self.deadline);
             tokio::select! {
                 r = &mut fut => return Some(r),
                 _ = deadline => {

@@ -112,7 +112,7 @@ impl StatusFile {
     }
 
     fn update(&self, force: bool, change: impl FnOnce(&mut Status)) {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = crate::sync::lock(&self.inner);
         change(&mut inner.status);
         let due = inner
             .last_write
@@ -203,9 +203,14 @@ pub fn command(root: &Path, check: bool) -> i32 {
         .ok()
         .and_then(|m| SystemTime::now().duration_since(m).ok())
         .unwrap_or(Duration::MAX);
-    let alive = rustix::process::Pid::from_raw(status.pid as i32).is_some_and(|p| {
-        rustix::process::test_kill_process(p).is_ok() || status.pid == std::process::id()
-    });
+    // A pid over i32::MAX is no process: as an i32 it would be negative,
+    // and kill(-1, 0) reaches every process the caller may signal.
+    let pid = i32::try_from(status.pid).ok();
+    let alive = pid
+        .and_then(rustix::process::Pid::from_raw)
+        .is_some_and(|p| {
+            rustix::process::test_kill_process(p).is_ok() || status.pid == std::process::id()
+        });
     let run = match (&status.run_id, status.turn_ordinal) {
         (Some(r), Some(o)) => format!(" {r} (turn {o})"),
         (Some(r), None) => format!(" {r}"),
@@ -243,4 +248,21 @@ pub fn command(root: &Path, check: bool) -> i32 {
     }
     println!("healthy");
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pid_beyond_the_kernels_range_is_no_live_runner() {
+        // u32::MAX as i32 is -1, and kill(-1, 0) reaches every process the
+        // caller may signal: the check would call a broken file healthy.
+        let root = tempfile::tempdir().unwrap();
+        let file = StatusFile::create(root.path(), "s1");
+        let mut status = file.inner.lock().unwrap().status.clone();
+        status.pid = u32::MAX;
+        write(&path(root.path()), &status).unwrap();
+        assert_eq!(command(root.path(), true), 1);
+    }
 }

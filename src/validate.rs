@@ -24,15 +24,21 @@ pub struct CheckError {
 const MAX_QUOTED_CHARS: usize = 160;
 
 fn fail(what: &str, value: &str, reason: impl Into<String>) -> CheckError {
-    let mut quoted: String = value.chars().take(MAX_QUOTED_CHARS).collect();
-    if quoted.len() < value.len() {
-        quoted.push('…');
-    }
     CheckError {
         what: what.to_string(),
-        value: quoted,
+        value: crate::text::clip(value, MAX_QUOTED_CHARS),
         reason: reason.into(),
     }
+}
+
+/// Whether `name` is a portable environment variable name,
+/// `[A-Za-z_][A-Za-z0-9_]*` (what a shell can export).
+pub fn env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// Path-safe id (section 5): 1 to 128 characters of `[A-Za-z0-9._-]`, not `.`
@@ -144,21 +150,20 @@ fn shown_text(value: &str) -> String {
     // Only a scheme at the very start counts: a `://` later on may be in a
     // password, a path or a query.
     let scheme_len = value
-        .find("://")
-        .filter(|&i| {
-            let scheme = &value[..i];
+        .split_once("://")
+        .filter(|(scheme, _)| {
             scheme.starts_with(|c: char| c.is_ascii_alphabetic())
                 && scheme
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
         })
-        .map_or(0, |i| i + 3);
+        .map_or(0, |(scheme, _)| scheme.len() + 3);
     let (scheme, rest) = value.split_at(scheme_len);
     let mut shown = String::from(scheme);
-    let after_user_info = match last_at(rest) {
-        Some(end) => {
+    let after_user_info = match last_at(rest).and_then(|end| rest.split_at_checked(end)) {
+        Some((_, after)) => {
             shown.push_str("…@");
-            &rest[end..]
+            after
         }
         None => rest,
     };
@@ -255,6 +260,16 @@ pub fn artifacts_remote(value: &str) -> Result<Url, CheckError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_names_are_portable_shell_names() {
+        for ok in ["A", "_", "PATH", "a_1", "_X9"] {
+            assert!(env_name(ok), "{ok}");
+        }
+        for bad in ["", "1A", "A-B", "A B", "A=B", "É", "AÉ"] {
+            assert!(!env_name(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn path_safe_ids() {

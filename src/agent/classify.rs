@@ -107,7 +107,13 @@ pub fn statuses_in(text: &str) -> Vec<u16> {
             let n = u16::from(bytes[i] - b'0') * 100
                 + u16::from(bytes[i + 1] - b'0') * 10
                 + u16::from(bytes[i + 2] - b'0');
-            let before = &lower[i.saturating_sub(16)..i];
+            // Up to 16 bytes before the number, from a char boundary (the
+            // text is the agent's: any UTF-8).
+            let mut start = i.saturating_sub(16);
+            while !lower.is_char_boundary(start) {
+                start += 1;
+            }
+            let before = lower.get(start..i).unwrap_or("");
             let named = ["status", "error", "code", "http", "api"]
                 .iter()
                 .any(|w| before.contains(w));
@@ -195,25 +201,10 @@ pub fn text_error(text: &str, resuming: bool) -> Option<AgentError> {
     from_text(text, resuming).map(|code| AgentError::new(code, clip(text)))
 }
 
-/// At most 600 characters of `text` (the finish message holds 800, and the
-/// runner prefixes it).
+/// At most 600 characters of `text`, trimmed, `…` marking a cut (the finish
+/// message holds 800, and the runner prefixes it).
 pub fn clip(text: &str) -> String {
-    let text = text.trim();
-    match text.char_indices().nth(600) {
-        Some((i, _)) => format!("{}…", &text[..i]),
-        None => text.to_string(),
-    }
-}
-
-/// The last `max` characters of `text`.
-pub fn tail(text: &str, max: usize) -> String {
-    let count = text.chars().count();
-    if count <= max {
-        return text.to_string();
-    }
-    let skip = count - max;
-    let start = text.char_indices().nth(skip).map_or(0, |(i, _)| i);
-    format!("…{}", &text[start..])
+    crate::text::clip(text.trim(), 600)
 }
 
 /// The wait a provider's message names: "try again in 2.4s", "… in
@@ -221,18 +212,15 @@ pub fn tail(text: &str, max: usize) -> String {
 pub fn retry_after_in_text(text: &str) -> Option<u64> {
     let lower = text.to_lowercase();
     for marker in ["try again in ", "retry after ", "retry in "] {
-        let Some(i) = lower.find(marker) else {
+        let Some((_, rest)) = lower.split_once(marker) else {
             continue;
         };
-        let rest = &lower[i + marker.len()..];
-        let num: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.')
-            .collect();
+        let in_number = |c: char| c.is_ascii_digit() || c == '.';
+        let num: String = rest.chars().take_while(|c| in_number(*c)).collect();
         let Ok(value) = num.parse::<f64>() else {
             continue;
         };
-        let unit = rest[num.len()..].trim_start();
+        let unit = rest.trim_start_matches(in_number).trim_start();
         let ms = if unit.starts_with("ms") || unit.starts_with("milli") {
             value
         } else if unit.starts_with('m') && !unit.starts_with("ms") {
@@ -275,6 +263,17 @@ pub fn claude_reset_epoch(text: &str) -> Option<f64> {
 mod tests {
     use super::*;
     use ErrorCode::*;
+
+    #[test]
+    fn a_status_after_text_that_is_not_ascii_is_read() {
+        // The 16 bytes before the 429 start inside an `é` (two bytes each).
+        let text = "xéééééééé 429";
+        assert_eq!(statuses_in(text), vec![429]);
+        assert_eq!(
+            from_text("errör: ééééééé status 500", false),
+            Some(ProviderServerError)
+        );
+    }
 
     #[test]
     fn the_text_table() {
@@ -406,7 +405,6 @@ mod tests {
             claude_reset_epoch("Claude AI usage limit reached|1700000000"),
             Some(1_700_000_000.0)
         );
-        assert_eq!(tail("abcdef", 3), "…def");
         assert_eq!(retry_after_in_text("Please try again in 2.4s."), Some(2400));
         assert_eq!(retry_after_in_text("try again in 500ms"), Some(500));
         assert_eq!(retry_after_in_text("Retry after 7 seconds"), Some(7000));

@@ -562,11 +562,9 @@ mod tests {
             Some("claude-sonnet".into()),
         );
         assert_eq!(
-            u.to_json(),
-            Some(
-                json!({"model": "claude-sonnet", "inputTokens": 10, "outputTokens": 20,
-                        "cacheReadTokens": 30, "cacheWriteTokens": 40, "costUsd": 0.25})
-            )
+            serde_json::to_value(u.reported()).unwrap(),
+            json!({"model": "claude-sonnet", "inputTokens": 10, "outputTokens": 20,
+                    "cacheReadTokens": 30, "cacheWriteTokens": 40, "costUsd": 0.25})
         );
     }
 }

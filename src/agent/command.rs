@@ -254,4 +254,72 @@ mod tests {
         );
         assert_eq!(e.kind(), "stderr");
     }
+
+    fn spooled(path: &std::path::Path) -> Vec<Value> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// The runner's path for agent output (`agent::drive` with the `command`
+    /// adapter): the reader's `ChannelSink`, then [`lines_to_events`] into the
+    /// run's spool.
+    #[tokio::test]
+    async fn a_secret_across_reads_and_a_long_line_cut_never_reaches_the_spool() {
+        use crate::events::EventSender;
+        use crate::events::spool::Spool;
+        use crate::process::output::{ChannelSink, LineReceiver, OutputSink};
+        use crate::redact::SecretKind;
+        use crate::secret::Secret;
+
+        let dir = tempfile::tempdir().unwrap();
+        let redactor = Redactor::new();
+        redactor.add(&Secret::new("sk-0123456789".into()), SecretKind::Credential);
+        let (spool, _) = Spool::open(dir.path(), redactor.clone()).unwrap();
+        let path = spool.path().to_path_buf();
+        let events = EventSender::detached(spool);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let adapter = tokio::spawn(async move {
+            lines_to_events(&mut LineReceiver::new(rx), &events).await;
+        });
+        let mut out = ChannelSink::new(Stream::Stdout, &redactor, |_: Stream, _: &Line| {}, tx);
+        // A line of exactly MAX_LINE_BYTES - 5 bytes then the secret: the
+        // cut falls inside the secret.
+        let mut input = vec![b'x'; MAX_LINE_BYTES - 5];
+        input.extend_from_slice(
+            b"sk-0123456789 end\n{\"type\":\"message\",\"text\":\"k=sk-0123456789\"}\n",
+        );
+        for chunk in input.chunks(4093) {
+            out.write(chunk);
+            out.ready().await;
+        }
+        out.write(b"tail sk-01234");
+        out.ready().await;
+        // Ends the stream as the reader does: the carry and the last line are kept.
+        out.end();
+        out.ready().await;
+        drop(out);
+        adapter.await.unwrap();
+        let lines = spooled(&path);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("sk-0123456789"));
+        let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4]);
+        assert_eq!(lines[1]["data"]["continued"], true);
+        let joined = format!(
+            "{}{}",
+            lines[0]["data"]["text"].as_str().unwrap(),
+            lines[1]["data"]["text"].as_str().unwrap()
+        );
+        assert!(
+            joined.ends_with("x[REDACTED] end"),
+            "{}",
+            &joined[joined.len() - 30..]
+        );
+        assert_eq!(lines[2]["type"], "message");
+        assert_eq!(lines[2]["data"]["text"], "k=[REDACTED]");
+        assert_eq!(lines[3]["data"]["text"], "tail sk-01234");
+    }
 }

@@ -210,7 +210,7 @@ fn finish(input: &DriveInput, mut outcome: TurnOutcome, usage: &Usage, flags: &F
     } else {
         input.session.resume_id()
     };
-    outcome.usage = usage.to_json();
+    outcome.usage = usage.reported();
     Driven {
         outcome,
         stopped_by: flags.stopped_by,
@@ -224,30 +224,28 @@ async fn wait_unless_stopped(
     stop: &mut watch::Receiver<Stop>,
     flags: &mut Flags,
 ) -> bool {
-    let until = Instant::now() + delay;
-    let mut requests_open = true;
-    let mut stop_open = true;
-    loop {
+    let interrupt = async {
+        match requests.recv().await {
+            Some(RunRequest::Interrupt) => {}
+            // No requester left: only the delay or a stop ends the wait.
+            None => std::future::pending().await,
+        }
+    };
+    let waited = async {
         tokio::select! {
-            _ = tokio::time::sleep_until(until) => return true,
-            r = requests.recv(), if requests_open => match r {
-                Some(RunRequest::Interrupt) => {
-                    flags.interrupt_requested = true;
-                    return false;
-                }
-                None => requests_open = false,
-            },
-            changed = stop.changed(), if stop_open => {
-                if changed.is_err() {
-                    stop_open = false;
-                    continue;
-                }
-                let s = *stop.borrow_and_update();
-                if s != Stop::Running {
-                    flags.stopped_by = Some(s);
-                    return false;
-                }
-            }
+            _ = tokio::time::sleep(delay) => true,
+            () = interrupt => false,
+        }
+    };
+    match crate::signals::unless_stopped(stop, waited).await {
+        Ok(true) => true,
+        Ok(false) => {
+            flags.interrupt_requested = true;
+            false
+        }
+        Err(s) => {
+            flags.stopped_by = Some(s);
+            false
         }
     }
 }
@@ -273,10 +271,7 @@ impl Tail {
         self.0.push_str(text);
         self.0.push('\n');
         if self.0.len() > 2 * Self::MAX {
-            let cut = self.0.len() - Self::MAX;
-            let cut = (cut..self.0.len())
-                .find(|i| self.0.is_char_boundary(*i))
-                .unwrap_or(0);
+            let cut = self.0.len() - crate::text::last_bytes(&self.0, Self::MAX).len();
             self.0.drain(..cut);
         }
     }
@@ -320,13 +315,6 @@ impl Escalation {
             self.signal_at = None;
             let _ = control.send(Control::Interrupt { grace });
         }
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -451,11 +439,9 @@ async fn run_once(
         let last_output = last_output.clone();
         let tail = tail.clone();
         move |stream: Stream, line: &Line| {
-            *last_output.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            *crate::sync::lock(&last_output) = Instant::now();
             if stream == Stream::Stderr {
-                tail.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(&line.text());
+                crate::sync::lock(&tail).push(&line.text());
             }
         }
     };
@@ -505,9 +491,7 @@ async fn run_once(
     let result = loop {
         let stopping = escalation.protocol_sent || escalation.signalled;
         let idle_at = match idle_timeout {
-            Some(t) if !stopping && !terminal_seen => {
-                Some(*last_output.lock().unwrap_or_else(|p| p.into_inner()) + t)
-            }
+            Some(t) if !stopping && !terminal_seen => Some(*crate::sync::lock(&last_output) + t),
             _ => None,
         };
         tokio::select! {
@@ -552,7 +536,7 @@ async fn run_once(
                     }
                 }
                 Some(Note::Activity) => {
-                    *last_output.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                    *crate::sync::lock(&last_output) = Instant::now();
                 }
                 Some(Note::Abort(e)) => {
                     if abort.is_none() && !flags.interrupted() {
@@ -563,8 +547,8 @@ async fn run_once(
                 }
                 None => notes_open = false,
             },
-            _ = sleep_until_opt(idle_at) => {
-                let last = *last_output.lock().unwrap_or_else(|p| p.into_inner());
+            _ = crate::sync::sleep_until(idle_at) => {
+                let last = *crate::sync::lock(&last_output);
                 if let Some(t) = idle_timeout
                     && Instant::now() >= last + t
                     && hung.is_none()
@@ -574,14 +558,14 @@ async fn run_once(
                     escalation.start(timings.interrupt_grace, terminal_seen, &cmd_tx, &control_tx);
                 }
             }
-            _ = sleep_until_opt(escalation.signal_at.map(|(t, _)| t)) => {
+            _ = crate::sync::sleep_until(escalation.signal_at.map(|(t, _)| t)) => {
                 if let Some((_, grace)) = escalation.signal_at.take() {
                     tracing::info!(?grace, "the agent is still running after its protocol interrupt; SIGINT to its process group");
                     escalation.signalled = true;
                     let _ = control_tx.send(Control::Interrupt { grace });
                 }
             }
-            _ = sleep_until_opt(terminal_at) => {
+            _ = crate::sync::sleep_until(terminal_at) => {
                 terminal_at = None;
                 if !escalation.signalled {
                     if !launch.server {
@@ -631,7 +615,7 @@ async fn run_once(
             input.supervision.timeout_message(),
         ));
     }
-    let stderr_tail = std::mem::take(&mut tail.lock().unwrap_or_else(|p| p.into_inner()).0);
+    let stderr_tail = std::mem::take(&mut crate::sync::lock(&tail).0);
     Ok(Once {
         observation,
         exit,
@@ -698,7 +682,7 @@ fn verdict(config: &AgentConfig, once: &Once, flags: &Flags, resuming: bool) -> 
         Some(s) => command::describe_status(s),
         None => "ended".to_string(),
     };
-    let tail = classify::tail(once.stderr_tail.trim(), 400);
+    let tail = crate::text::clip_start(once.stderr_tail.trim(), 400);
     let message = if tail.is_empty() {
         format!("{} {how} without a terminal event", config.program)
     } else {
@@ -772,7 +756,7 @@ async fn cli_version(
     };
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
-    Some(line.chars().take(200).collect())
+    Some(crate::text::head(line, 200).to_string())
 }
 
 #[cfg(test)]

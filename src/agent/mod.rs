@@ -167,8 +167,9 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// A `command` agent with default timings (tests, `check`).
-    pub fn command(program: impl Into<String>, args: Vec<String>) -> Self {
+    /// A `command` agent with default timings (unit tests).
+    #[cfg(test)]
+    pub(crate) fn command(program: impl Into<String>, args: Vec<String>) -> Self {
         AgentConfig {
             kind: AgentKind::Command,
             program: program.into(),
@@ -220,25 +221,17 @@ impl AgentSession {
 
     /// The agent session id to resume, if any.
     pub fn resume_id(&self) -> Option<String> {
-        self.resume
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        crate::sync::lock(&self.resume).clone()
     }
 
     /// Records the id the agent reported; returns the previous one.
     pub fn set_resume_id(&self, id: String) -> Option<String> {
-        self.resume
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(id)
+        crate::sync::lock(&self.resume).replace(id)
     }
 
     /// The last running total recorded for `thread`.
     pub fn cumulative_for(&self, thread: &str) -> Option<Usage> {
-        self.cumulative
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.cumulative)
             .as_ref()
             .filter(|(t, _)| t == thread)
             .map(|(_, u)| u.clone())
@@ -246,7 +239,7 @@ impl AgentSession {
 
     /// Records the running total of `thread`.
     pub fn set_cumulative(&self, thread: String, total: Usage) {
-        *self.cumulative.lock().unwrap_or_else(|p| p.into_inner()) = Some((thread, total));
+        *crate::sync::lock(&self.cumulative) = Some((thread, total));
     }
 
     /// The CLI's version, computed once by `probe`.
@@ -268,7 +261,7 @@ pub struct TurnOutcome {
     /// Why it failed.
     pub error: Option<AgentError>,
     /// Token usage of the turn (`finish.usage`, PROTOCOL.md 2.6).
-    pub usage: Option<serde_json::Value>,
+    pub usage: Option<crate::wire::Usage>,
 }
 
 /// A failure class of the turn; `code` maps one to one onto the wire codes

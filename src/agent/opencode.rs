@@ -778,11 +778,9 @@ mod tests {
         let u = step_usage(&json!({"tokens": {"input": 1, "output": 2, "reasoning": 3,
             "cache": {"read": 4, "write": 5}}, "cost": 0.5}));
         assert_eq!(
-            u.to_json(),
-            Some(
-                json!({"inputTokens": 1, "outputTokens": 5, "cacheReadTokens": 4,
-                "cacheWriteTokens": 5, "costUsd": 0.5})
-            )
+            serde_json::to_value(u.reported()).unwrap(),
+            json!({"inputTokens": 1, "outputTokens": 5, "cacheReadTokens": 4,
+            "cacheWriteTokens": 5, "costUsd": 0.5})
         );
     }
 }

@@ -1,29 +1,13 @@
-//! Token usage of a turn (`finish.usage`, PROTOCOL.md 2.6):
-//! `{"model", "inputTokens", "outputTokens", "cacheReadTokens",
-//! "cacheWriteTokens", "costUsd"}`, each present when the CLI reported it,
-//! summed over the turn (its continuations included), never cumulative
-//! across turns. `inputTokens` counts input that was neither read from nor
-//! written to the cache (Anthropic's convention; Codex's input total is
-//! reduced by its cached part).
+//! Summing the token usage of a turn (`finish.usage`, PROTOCOL.md 2.6,
+//! whose shape is [`Usage`], a wire type): over the turn (its
+//! continuations included), never cumulative across turns. `inputTokens`
+//! counts input that was neither read from nor written to the cache
+//! (Anthropic's convention; Codex's input total is reduced by its cached
+//! part).
 
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
-/// Usage counters; `None` means "not reported".
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Usage {
-    /// The model that served the turn (the last one reported).
-    pub model: Option<String>,
-    /// Uncached input tokens.
-    pub input_tokens: Option<u64>,
-    /// Output tokens (reasoning included).
-    pub output_tokens: Option<u64>,
-    /// Input tokens read from the cache.
-    pub cache_read_tokens: Option<u64>,
-    /// Input tokens written to the cache.
-    pub cache_write_tokens: Option<u64>,
-    /// Cost in US dollars, as the CLI computed it.
-    pub cost_usd: Option<f64>,
-}
+pub use crate::wire::Usage;
 
 fn add_opt<T: std::ops::Add<Output = T> + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
     match (a, b) {
@@ -40,6 +24,7 @@ fn sub_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     }
 }
 
+// The wire owns the shape; the adapters' arithmetic stays with them.
 impl Usage {
     /// Adds `other`'s counters; its model replaces ours when it has one.
     pub fn add(&mut self, other: &Usage) {
@@ -65,37 +50,9 @@ impl Usage {
         }
     }
 
-    /// Whether nothing was reported.
-    pub fn is_empty(&self) -> bool {
-        *self == Usage::default()
-    }
-
-    /// The `finish.usage` object, or `None` when nothing was reported.
-    pub fn to_json(&self) -> Option<Value> {
-        if self.is_empty() {
-            return None;
-        }
-        let mut map = Map::new();
-        if let Some(m) = &self.model {
-            map.insert("model".into(), json!(m));
-        }
-        let counters = [
-            ("inputTokens", self.input_tokens),
-            ("outputTokens", self.output_tokens),
-            ("cacheReadTokens", self.cache_read_tokens),
-            ("cacheWriteTokens", self.cache_write_tokens),
-        ];
-        for (name, value) in counters {
-            if let Some(v) = value {
-                map.insert(name.into(), json!(v));
-            }
-        }
-        if let Some(c) = self.cost_usd {
-            // Sums of binary fractions: keep what a person would write.
-            let rounded = (c * 1e9).round() / 1e9;
-            map.insert("costUsd".into(), json!(rounded));
-        }
-        Some(Value::Object(map))
+    /// The `finish.usage` to send: `None` when nothing was reported.
+    pub fn reported(&self) -> Option<Usage> {
+        (!self.is_empty()).then(|| self.clone())
     }
 }
 
@@ -112,6 +69,7 @@ pub fn as_u64(v: Option<&Value>) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn sums_present_counters_and_omits_absent_ones() {
@@ -128,10 +86,10 @@ mod tests {
             ..Usage::default()
         });
         assert_eq!(
-            a.to_json(),
-            Some(json!({"model": "m1", "inputTokens": 15, "outputTokens": 7, "costUsd": 0.3}))
+            serde_json::to_value(a.reported()).unwrap(),
+            json!({"model": "m1", "inputTokens": 15, "outputTokens": 7, "costUsd": 0.3})
         );
-        assert_eq!(Usage::default().to_json(), None);
+        assert_eq!(Usage::default().reported(), None);
     }
 
     #[test]

@@ -72,8 +72,6 @@ pub struct BootConfig {
     pub api: ApiConfig,
     /// `ORIZU_WORKSPACE_ID`, overriding the session's.
     pub workspace_id: Option<String>,
-    /// `ORIZU_OPENCODE_PORT`, checked 1..=65535.
-    pub opencode_port: Option<u16>,
     /// Absolute root of `repo/` and the session files.
     pub root: PathBuf,
     /// Base of clone URLs.
@@ -236,7 +234,6 @@ pub fn load(
             boot_secret,
         },
         workspace_id,
-        opencode_port,
         root,
         git_base_url,
         agent,
@@ -350,15 +347,10 @@ fn agent_env_pair(word: &str) -> Result<(String, String), ConfigError> {
     let Some((name, value)) = word.split_once('=') else {
         return Err(ConfigError(format!(
             "--agent-env {:?} is not NAME=VALUE",
-            word.chars().take(40).collect::<String>()
+            crate::text::head(word, 40)
         )));
     };
-    let mut chars = name.chars();
-    let valid = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !valid {
+    if !validate::env_name(name) {
         return Err(ConfigError(format!(
             "--agent-env names {name:?}, which is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"
         )));

@@ -28,12 +28,7 @@ impl ReservedConnector {
 
 /// Why a name cannot be a connector, if it cannot.
 pub fn refusal(name: &str) -> Option<&'static str> {
-    let mut chars = name.chars();
-    let valid = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !valid {
+    if !crate::validate::env_name(name) {
         return Some("which is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)");
     }
     let reserved_prefixes = ["ORIZU_", "HOSTED_BOOT_", "LD_", "GIT_"];

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use tokio::sync::watch;
 
 use crate::client::{Api, CallError, Policy};
-use crate::signals::Stop;
+use crate::signals::{self, Stop};
 use crate::turn::TurnInput;
 use crate::validate;
 use crate::wire::{ErrorCode, Session};
@@ -189,14 +189,8 @@ pub async fn wait(
     let mut failures = 0u32;
     let mut delay = timings.idle_poll;
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            changed = stop.changed() => {
-                if changed.is_ok() && *stop.borrow() != Stop::Running {
-                    return Ok(IdleEnd::Stopped(*stop.borrow()));
-                }
-                continue;
-            }
+        if let Err(s) = signals::unless_stopped(stop, tokio::time::sleep(delay)).await {
+            return Ok(IdleEnd::Stopped(s));
         }
         match read(api, at_boot, done).await {
             Ok(Some(end)) => return Ok(end),

@@ -21,7 +21,7 @@ use crate::client::{Api, Policy, RepoToken};
 use crate::process::supervisor::Supervision;
 use crate::redact::Redactor;
 use crate::session_dir::{self, BootContext, SessionDir, SessionDirError};
-use crate::signals::{self, Stop};
+use crate::signals::{self, Stop, unless_stopped};
 use crate::status::{Phase, StatusFile};
 use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnFatal, TurnInput};
 use crate::validate;
@@ -223,30 +223,6 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         self.heartbeat.abort();
         self.remove_session_dir();
-    }
-}
-
-/// Runs `f` unless a stop signal comes first.
-async fn unless_stopped<T>(
-    stop: &mut watch::Receiver<Stop>,
-    f: impl Future<Output = T>,
-) -> Result<T, Stop> {
-    if *stop.borrow() != Stop::Running {
-        return Err(*stop.borrow());
-    }
-    tokio::pin!(f);
-    loop {
-        tokio::select! {
-            r = &mut f => return Ok(r),
-            changed = stop.changed() => {
-                if changed.is_ok() && *stop.borrow() != Stop::Running {
-                    return Err(*stop.borrow());
-                }
-                if changed.is_err() {
-                    return Ok(f.await);
-                }
-            }
-        }
     }
 }
 

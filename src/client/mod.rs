@@ -15,19 +15,21 @@ mod retry_table;
 
 use std::time::{Duration, SystemTime};
 
-use reqwest::{Method, RequestBuilder, Url};
+use reqwest::{RequestBuilder, Url};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-pub use bearer::{Bearer, Lifetime};
+pub use bearer::Bearer;
 pub use retry::{CallError, Policy, Reply, caps};
 
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
 use crate::timings::Timings;
+use crate::wire::routes::{self, Auth, EmptyObject, Endpoint, Location, Route};
 use crate::wire::{
-    self, AcceptedThrough, Access, AgentTokenResponse, BootStatus, BootStatusBody, EnvBundle,
-    Event, EventsBody, FinishBody, RepoTokenRequest, RepoTokenResponse, Session, SessionEnvelope,
+    self, Access, BootStatus, BootStatusBody, EnvBundle, FinishBody, RepoTokenRequest,
+    RepoTokenResponse, Session,
 };
 
 /// Where the coordinator is and how to authenticate to it.
@@ -112,7 +114,7 @@ impl Api {
     }
 
     /// Sends under `policy`, scaled by this client's timings (see
-    /// [`Policy::scaled`]), through the engine.
+    /// [`Policy::scaled`]), through the engine, and notes the contact.
     async fn send<T>(
         &self,
         call: &str,
@@ -149,11 +151,6 @@ impl Api {
         &self.redactor
     }
 
-    /// The session id.
-    pub fn session_id(&self) -> &str {
-        &self.config.session_id
-    }
-
     /// The current bearer, if one was pulled.
     pub fn bearer(&self) -> Option<Bearer> {
         self.bearer.borrow().clone()
@@ -165,12 +162,49 @@ impl Api {
         self.bearer.subscribe()
     }
 
-    fn url(&self, path: &str) -> Url {
-        // The path helpers produce relative paths of safe ids.
-        self.config
-            .api_base
-            .join(path)
-            .unwrap_or_else(|_| self.config.api_base.clone())
+    /// The URL of `route` ([`routes::TABLE`]): the one the environment
+    /// injects, or the route's path with its parameter `id` under the API
+    /// base.
+    fn url(&self, route: Route, id: &str) -> Url {
+        match route.spec().location {
+            Location::AgentTokenUrl => self.config.agent_token_url.clone(),
+            Location::BootStatusUrl => self.config.boot_status_url.clone(),
+            // Ids are path-safe (PROTOCOL.md 5), so the join cannot fail.
+            Location::ApiBase => self
+                .config
+                .api_base
+                .join(&route.path(id))
+                .unwrap_or_else(|_| self.config.api_base.clone()),
+        }
+    }
+
+    /// The request of `route` as the table says: its method, its URL (see
+    /// [`Api::url`]) and its credential, the boot secret or `bearer`
+    /// (`None` only for the boot-secret routes, which ignore it).
+    fn build(&self, route: Route, id: &str, bearer: Option<&Secret>) -> RequestBuilder {
+        let spec = route.spec();
+        let method = match spec.method {
+            routes::Method::Get => reqwest::Method::GET,
+            routes::Method::Post => reqwest::Method::POST,
+        };
+        let request = self.http.request(method, self.url(route, id));
+        match (spec.auth, bearer) {
+            (Auth::BootSecret, _) => request.bearer_auth(self.config.boot_secret.expose()),
+            (Auth::Bearer, Some(token)) => request.bearer_auth(token.expose()),
+            // A caller's bug; the coordinator answers 401.
+            (Auth::Bearer, None) => request,
+        }
+    }
+
+    /// [`Api::build`] with the JSON body the endpoint's row names.
+    fn build_json<Q: Serialize, R>(
+        &self,
+        endpoint: Endpoint<Q, R>,
+        id: &str,
+        bearer: Option<&Secret>,
+        body: &Q,
+    ) -> RequestBuilder {
+        self.build(endpoint.route(), id, bearer).json(body)
     }
 
     /// Pulls a fresh bearer (2.1) with the boot secret and publishes it.
@@ -183,22 +217,20 @@ impl Api {
     /// `403` (the boot secret is no longer valid), another verdict.
     pub async fn pull_bearer(&self, policy: Policy) -> Result<Bearer, CallError> {
         let call = "agent-token pull";
+        let e = routes::AGENT_TOKEN;
+        let sid = &self.config.session_id;
         let reply = self
             .send(
                 call,
                 policy,
-                caps::SMALL,
-                || {
-                    self.http
-                        .get(self.config.agent_token_url.clone())
-                        .bearer_auth(self.config.boot_secret.expose())
-                },
+                e.spec().cap,
+                || self.build(e.route(), sid, None),
                 Ok,
             )
             .await
             .map_err(boot_secret_refused)?;
         let date = reply.date();
-        let response: AgentTokenResponse = parse(call, &reply)?;
+        let response = decode(call, e, &reply)?;
         if response.token.is_empty() {
             return Err(bad(call, "the token is empty"));
         }
@@ -248,12 +280,6 @@ impl Api {
         }
     }
 
-    fn request(&self, method: Method, path: &str, token: &Secret) -> RequestBuilder {
-        self.http
-            .request(method, self.url(path))
-            .bearer_auth(token.expose())
-    }
-
     /// Posts a boot status (2.2) with the boot secret. `ready` is sent
     /// without `runId`; `reason` is redacted and cut to 800 characters.
     /// Required statuses use [`Policy::REQUIRED`], the others
@@ -292,16 +318,13 @@ impl Api {
             reason: reason.map(|r| wire::truncate_reason(&self.redactor.redact(r))),
         };
         let call = format!("boot status \"{}\"", status.as_str());
+        let e = routes::BOOT_STATUS;
+        let sid = &self.config.session_id;
         self.send(
             &call,
             policy,
-            caps::SMALL,
-            || {
-                self.http
-                    .post(self.config.boot_status_url.clone())
-                    .bearer_auth(self.config.boot_secret.expose())
-                    .json(&body)
-            },
+            e.spec().cap,
+            || self.build_json(e, sid, None, &body),
             Ok,
         )
         .await
@@ -311,13 +334,14 @@ impl Api {
     /// Fetches the env bundle (2.3).
     pub async fn env_bundle(&self) -> Result<EnvBundle, CallError> {
         let call = "env bundle";
-        let path = wire::routes::env_bundle(&self.config.session_id);
+        let e = routes::ENV_BUNDLE;
+        let sid = &self.config.session_id;
         let reply = self
-            .authed(call, Policy::BOOT_FETCH, caps::ENV_BUNDLE, |t| {
-                self.request(Method::GET, &path, t)
+            .authed(call, Policy::BOOT_FETCH, e.spec().cap, |t| {
+                self.build(e.route(), sid, Some(t))
             })
             .await?;
-        parse(call, &reply)
+        decode(call, e, &reply)
     }
 
     /// Reads the session (2.4) under `policy` ([`Policy::BOOT_FETCH`] at
@@ -326,10 +350,11 @@ impl Api {
     /// caller ([`Session::pending_turn`]).
     pub async fn session(&self, policy: Policy, during_turn: bool) -> Result<Session, CallError> {
         let call = "session read";
-        let path = wire::routes::session(&self.config.session_id);
+        let e = routes::SESSION;
+        let sid = &self.config.session_id;
         let reply = self
-            .authed(call, policy, caps::SESSION, |t| {
-                let r = self.request(Method::GET, &path, t);
+            .authed(call, policy, e.spec().cap, |t| {
+                let r = self.build(e.route(), sid, Some(t));
                 if during_turn {
                     r.header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
                 } else {
@@ -337,27 +362,28 @@ impl Api {
                 }
             })
             .await?;
-        parse::<SessionEnvelope>(call, &reply).map(|e| e.session)
+        decode(call, e, &reply).map(|e| e.session)
     }
 
     /// Reads the session once with the bearer of the bearer file, without
     /// the 401 re-pull (the interrupt watch, PROTOCOL.md 2 "Expired bearer").
     pub async fn session_with(&self, token: &Secret) -> Result<Session, CallError> {
         let call = "interrupt watch read";
-        let path = wire::routes::session(&self.config.session_id);
+        let e = routes::SESSION;
+        let sid = &self.config.session_id;
         let reply = self
             .send(
                 call,
                 Policy::PER_TICK,
-                caps::SESSION,
+                e.spec().cap,
                 || {
-                    self.request(Method::GET, &path, token)
+                    self.build(e.route(), sid, Some(token))
                         .header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
                 },
                 Ok,
             )
             .await?;
-        parse::<SessionEnvelope>(call, &reply).map(|e| e.session)
+        decode(call, e, &reply).map(|e| e.session)
     }
 
     /// Mints a repository token (2.5) under `policy` ([`Policy::BOOT_FETCH`]
@@ -368,48 +394,27 @@ impl Api {
     /// nor a valid `artifactsRemote` is [`CallError::BadResponse`].
     pub async fn repo_token(&self, access: Access, policy: Policy) -> Result<RepoToken, CallError> {
         let call = "repo-token mint";
-        let path = wire::routes::repo_token(&self.config.session_id);
+        let e = routes::REPO_TOKEN;
+        let sid = &self.config.session_id;
         let body = RepoTokenRequest { access };
         let reply = self
-            .authed(call, policy, caps::SMALL, |t| {
-                self.request(Method::POST, &path, t).json(&body)
+            .authed(call, policy, e.spec().cap, |t| {
+                self.build_json(e, sid, Some(t), &body)
             })
             .await?;
         let date = reply.date();
-        let response: RepoTokenResponse = parse(call, &reply)?;
+        let response = decode(call, e, &reply)?;
         repo_token_from(call, response, date, &self.redactor)
     }
 
     /// `run_started` (2.6): required, idempotent.
     pub async fn run_started(&self, run_id: &str) -> Result<(), CallError> {
-        let path = wire::routes::run(run_id);
-        self.authed("run_started", Policy::REQUIRED, caps::SMALL, |t| {
-            self.request(Method::POST, &path, t)
-                .json(&serde_json::json!({}))
+        let e = routes::RUN_STARTED;
+        self.authed("run_started", Policy::REQUIRED, e.spec().cap, |t| {
+            self.build_json(e, run_id, Some(t), &EmptyObject {})
         })
         .await
         .map(|_| ())
-    }
-
-    /// Posts a batch of events (2.6) once per the given policy and returns
-    /// `acceptedThrough`.
-    pub async fn post_events(
-        &self,
-        run_id: &str,
-        events: &[Event],
-        policy: Policy,
-    ) -> Result<u64, CallError> {
-        let call = "events post";
-        let path = wire::routes::events(run_id);
-        let body = EventsBody {
-            events: events.to_vec(),
-        };
-        let reply = self
-            .authed(call, policy, caps::SMALL, |t| {
-                self.request(Method::POST, &path, t).json(&body)
-            })
-            .await?;
-        parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
     }
 
     /// Posts a ready-made events body (`{"events":[…]}`, as read back from
@@ -422,8 +427,7 @@ impl Api {
     /// deadline (PROTOCOL.md 2.6).
     ///
     /// Errors: a verdict (`413` included: the sender halves the batch) or a
-    /// body over its cap, as [`retry::send`]; a failed bearer re-pull after
-    /// a `401`.
+    /// body over its cap, as [`retry::send`]; a failed bearer pull.
     pub async fn post_events_body(
         &self,
         run_id: &str,
@@ -431,8 +435,9 @@ impl Api {
         progress: impl Fn(u64) -> bool,
     ) -> Result<u64, CallError> {
         let call = "events post";
-        let path = wire::routes::events(run_id);
-        let accept = |reply: Reply| match parse::<AcceptedThrough>(call, &reply) {
+        // The body is an `EventsBody` already encoded (the spool's lines).
+        let e = routes::EVENTS;
+        let accept = |reply: Reply| match decode(call, e, &reply) {
             Ok(a) if progress(a.accepted_through) => Ok(a.accepted_through),
             Ok(a) => Err(format!(
                 "the coordinator accepted none of the batch (acceptedThrough {})",
@@ -443,9 +448,9 @@ impl Api {
         self.authed_with(
             call,
             Policy::EVENTS,
-            caps::SMALL,
+            e.spec().cap,
             |t| {
-                self.request(Method::POST, &path, t)
+                self.build(e.route(), run_id, Some(t))
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(body.clone())
             },
@@ -457,13 +462,13 @@ impl Api {
     /// Reads the events cursor (2.6).
     pub async fn events_cursor(&self, run_id: &str) -> Result<u64, CallError> {
         let call = "events cursor";
-        let path = wire::routes::events_cursor(run_id);
+        let e = routes::CURSOR;
         let reply = self
-            .authed(call, Policy::REQUIRED, caps::SMALL, |t| {
-                self.request(Method::GET, &path, t)
+            .authed(call, Policy::REQUIRED, e.spec().cap, |t| {
+                self.build(e.route(), run_id, Some(t))
             })
             .await?;
-        parse::<AcceptedThrough>(call, &reply).map(|a| a.accepted_through)
+        decode(call, e, &reply).map(|a| a.accepted_through)
     }
 
     /// Seals a run (2.6 `finish`). Every string of the body is redacted here
@@ -480,9 +485,9 @@ impl Api {
         policy: Policy,
     ) -> Result<(), CallError> {
         let body = redacted_finish(&self.redactor, body);
-        let path = wire::routes::finish(run_id);
-        self.authed("finish", policy, caps::SMALL, |t| {
-            self.request(Method::POST, &path, t).json(&body)
+        let e = routes::FINISH;
+        self.authed("finish", policy, e.spec().cap, |t| {
+            self.build_json(e, run_id, Some(t), &body)
         })
         .await
         .map(|_| ())
@@ -498,8 +503,8 @@ fn redacted_finish(redactor: &Redactor, body: &FinishBody) -> FinishBody {
     if let Some(id) = body.agent_session_id.as_mut() {
         text(id);
     }
-    if let Some(usage) = body.usage.as_mut() {
-        redactor.redact_value(usage);
+    if let Some(model) = body.usage.as_mut().and_then(|u| u.model.as_mut()) {
+        text(model);
     }
     if let Some(error) = body.error.as_mut() {
         error.message = wire::truncate_reason(&redactor.redact(&error.message));
@@ -603,7 +608,12 @@ fn boot_secret_refused(e: CallError) -> CallError {
     }
 }
 
-fn parse<T: DeserializeOwned>(call: &str, reply: &Reply) -> Result<T, CallError> {
+/// The 2xx answer of `endpoint`, decoded as its row's answer type.
+fn decode<Q, R: DeserializeOwned>(
+    call: &str,
+    _endpoint: Endpoint<Q, R>,
+    reply: &Reply,
+) -> Result<R, CallError> {
     serde_json::from_slice(&reply.body)
         .map_err(|e| bad(call, &format!("the body is not the expected JSON ({e})")))
 }
@@ -619,6 +629,62 @@ fn bad(call: &str, reason: &str) -> CallError {
 mod tests {
     use super::*;
     use crate::wire::{ErrorCode, FinishError, HarvestResult, RunOutcome};
+
+    /// Every route of the table is built as its row says: the method, the
+    /// URL (the injected one whole, or the path under the API base, whose
+    /// own path is kept) and the credential.
+    #[test]
+    fn requests_are_built_from_the_route_table() {
+        crate::tls::install_crypto_provider();
+        let config = ApiConfig {
+            api_base: Url::parse("https://plane.example/base/").unwrap(),
+            agent_token_url: Url::parse("https://auth.example/t/s1/agent-token").unwrap(),
+            boot_status_url: Url::parse("https://auth.example/t/s1/status").unwrap(),
+            session_id: "s1".into(),
+            boot_secret: Secret::new("boot-secret-1".into()),
+        };
+        let api = Api::new(
+            config,
+            reqwest::Client::new(),
+            Timings::default(),
+            Redactor::new(),
+        );
+        let bearer = Secret::new("bearer-1".into());
+        for route in Route::all() {
+            let spec = route.spec();
+            let request = api.build(route, "id-1", Some(&bearer)).build().unwrap();
+            assert_eq!(
+                request.method().as_str(),
+                spec.method.as_str(),
+                "{}",
+                spec.name
+            );
+            let url = match spec.location {
+                Location::AgentTokenUrl => "https://auth.example/t/s1/agent-token".to_string(),
+                Location::BootStatusUrl => "https://auth.example/t/s1/status".to_string(),
+                Location::ApiBase => format!("https://plane.example/base/{}", route.path("id-1")),
+            };
+            assert_eq!(request.url().as_str(), url, "{}", spec.name);
+            let credential = match spec.auth {
+                Auth::BootSecret => "Bearer boot-secret-1",
+                Auth::Bearer => "Bearer bearer-1",
+            };
+            assert_eq!(
+                request.headers()[reqwest::header::AUTHORIZATION],
+                credential,
+                "{}",
+                spec.name
+            );
+        }
+        assert_eq!(
+            api.build(Route::Finish, "run-7", Some(&bearer))
+                .build()
+                .unwrap()
+                .url()
+                .as_str(),
+            "https://plane.example/base/api/cli/workbench-runs/run-7/finish"
+        );
+    }
 
     #[test]
     fn every_string_of_a_finish_is_redacted() {
@@ -640,7 +706,11 @@ mod tests {
                 retry_after_ms: None,
                 resets_at: Some(secret.into()),
             }),
-            usage: Some(serde_json::json!({"model": secret, secret: 1, "inputTokens": 3})),
+            usage: Some(wire::Usage {
+                model: Some(secret.into()),
+                input_tokens: Some(3),
+                ..wire::Usage::default()
+            }),
             result: Some(HarvestResult {
                 name: secret.into(),
                 branch: format!("b-{secret}"),
@@ -668,7 +738,11 @@ mod tests {
         assert_eq!(sent.agent_session_id.as_deref(), Some("ses-[REDACTED]"));
         assert_eq!(
             sent.usage,
-            Some(serde_json::json!({"model": "[REDACTED]", "[REDACTED]": 1, "inputTokens": 3}))
+            Some(wire::Usage {
+                model: Some("[REDACTED]".into()),
+                input_tokens: Some(3),
+                ..wire::Usage::default()
+            })
         );
         assert_eq!(sent.status, RunOutcome::Failed);
     }

@@ -405,20 +405,7 @@ where
     }
 }
 
-/// The response body caps of PROTOCOL.md section 2 ("Body caps"), in bytes:
-/// what each route's answer may carry, with room to spare.
-pub mod caps {
-    /// The session read (2.4; at boot, between turns, the interrupt watch):
-    /// 64 MiB. It carries the prompts (`clientInfo.task`, `pendingTurn.body`),
-    /// and several MiB of pasted logs in one prompt is ordinary.
-    pub const SESSION: usize = 64 * 1024 * 1024;
-    /// The env bundle (2.3): 4 MiB. Its values become the agent's
-    /// environment, which `execve` limits to a few MiB in all.
-    pub const ENV_BUNDLE: usize = 4 * 1024 * 1024;
-    /// Every other answer, a few fields (agent token, boot status, repo
-    /// token, `run_started`, events, cursor, `finish`): 64 KiB.
-    pub const SMALL: usize = 64 * 1024;
-}
+pub use crate::wire::routes::caps;
 
 /// The start of a refused (non-2xx) answer's body kept for its message.
 const VERDICT_DETAIL_BYTES: usize = 512;
@@ -619,7 +606,7 @@ async fn attempt(request: RequestBuilder, cap: usize) -> Outcome {
         let detail = match read_capped(response, VERDICT_DETAIL_BYTES).await {
             Ok(body) if !body.is_empty() => {
                 let text = String::from_utf8_lossy(&body);
-                format!(": {}", text.chars().take(200).collect::<String>())
+                format!(": {}", crate::text::head(&text, 200))
             }
             _ => String::new(),
         };

@@ -91,7 +91,7 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
             "HOSTED_BOOT_AGENT_COMMAND",
             format!(
                 "{} demo-agent",
-                shlex::try_quote(&exe.to_string_lossy()).unwrap_or_default()
+                crate::text::shell_word(&exe.to_string_lossy())
             ),
         )
         .env("HOSTED_BOOT_ROOT", &root)

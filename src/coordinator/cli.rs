@@ -145,24 +145,6 @@ async fn wait_for_stop() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-/// Quotes `s` for a POSIX shell: bare when it holds only characters no shell
-/// treats specially, else in single quotes.
-fn quote(s: &str) -> String {
-    let plain = !s.is_empty()
-        && s.bytes().all(|b| {
-            b.is_ascii_alphanumeric()
-                || matches!(
-                    b,
-                    b'_' | b'-' | b'.' | b'/' | b':' | b'=' | b'@' | b'%' | b'+' | b','
-                )
-        });
-    if plain {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
-}
-
 /// See [`Coordinator::startup_text`].
 pub(crate) fn startup_text(c: &Coordinator) -> String {
     let base = c.base_url();
@@ -173,13 +155,18 @@ pub(crate) fn startup_text(c: &Coordinator) -> String {
     }
     let assignments: Vec<String> = env
         .iter()
-        .map(|(k, v)| quote(&format!("{k}={v}")))
+        .map(|(k, v)| crate::text::shell_word(&format!("{k}={v}")))
         .collect();
     let docker_env: Vec<String> = assignments.iter().map(|a| format!("-e {a}")).collect();
     let network = if loopback { "--network host " } else { "" };
     let auth = c
         .dev_token()
-        .map(|t| format!(" -H {}", quote(&format!("authorization: Bearer {t}"))))
+        .map(|t| {
+            format!(
+                " -H {}",
+                crate::text::shell_word(&format!("authorization: Bearer {t}"))
+            )
+        })
         .unwrap_or_default();
     let json = " -H 'content-type: application/json'";
     let dev = |p: &str| format!("{base}dev/{p}");
@@ -237,13 +224,6 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: CoordinatorArgs,
-    }
-
-    #[test]
-    fn quoting_keeps_plain_words_bare() {
-        assert_eq!(quote("A=http://x:1/y"), "A=http://x:1/y");
-        assert_eq!(quote("it's here"), "'it'\\''s here'");
-        assert_eq!(quote(""), "''");
     }
 
     #[test]

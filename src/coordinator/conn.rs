@@ -36,12 +36,7 @@ impl ConnHandle {
     /// Drops the connection at its next read or write: no response is sent.
     pub(crate) fn kill(&self) {
         self.0.killed.store(true, Ordering::SeqCst);
-        let waker = self
-            .0
-            .waker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let waker = crate::sync::lock(&self.0.waker).take();
         if let Some(w) = waker {
             w.wake();
         }
@@ -66,12 +61,7 @@ impl ConnIo {
                 "connection dropped by an injected fault",
             ));
         }
-        *self
-            .handle
-            .0
-            .waker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+        *crate::sync::lock(&self.handle.0.waker) = Some(cx.waker().clone());
         None
     }
 }

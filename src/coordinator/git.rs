@@ -292,35 +292,35 @@ pub(crate) fn is_push(path: &str, query: &str) -> bool {
         || query.split('&').any(|kv| kv == "service=git-receive-pack")
 }
 
+/// One git smart-HTTP request for `git http-backend`: the served
+/// repository and the rules its pre-receive hook applies, then the request
+/// as it arrived.
+#[derive(Clone, Copy)]
+pub(crate) struct BackendRequest<'a> {
+    /// The served bare repository.
+    pub(crate) repo: &'a BareRepo,
+    /// The session branch, the only one a push may update.
+    pub(crate) branch: &'a str,
+    /// Largest blob a push may add (bytes), or `None` for no limit.
+    pub(crate) max_file_size: Option<u64>,
+    /// The request's method.
+    pub(crate) method: &'a Method,
+    /// The path below `{base}/git` (starting with `/`), already checked to
+    /// name the served repository.
+    pub(crate) path_info: &'a str,
+    /// The query string, without `?`.
+    pub(crate) query: &'a str,
+    /// The request's headers.
+    pub(crate) headers: &'a HeaderMap,
+}
+
 /// Runs `git http-backend` for one request and streams its answer.
 ///
-/// `path_info` is the path below `{base}/git` (starting with `/`), already
-/// checked to name the served repository. The request body is streamed to the
-/// CGI's stdin without a size limit; the CGI's stdout is parsed for its
-/// headers (`Status:` gives the status code) and its body is streamed back.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn http_backend(
-    repo: &BareRepo,
-    branch: &str,
-    max_file_size: Option<u64>,
-    method: &Method,
-    path_info: &str,
-    query: &str,
-    headers: &HeaderMap,
-    body: Body,
-) -> Response {
-    match run_backend(
-        repo,
-        branch,
-        max_file_size,
-        method,
-        path_info,
-        query,
-        headers,
-        body,
-    )
-    .await
-    {
+/// The request body is streamed to the CGI's stdin without a size limit;
+/// the CGI's stdout is parsed for its headers (`Status:` gives the status
+/// code) and its body is streamed back.
+pub(crate) async fn http_backend(request: BackendRequest<'_>, body: Body) -> Response {
+    match run_backend(request, body).await {
         Ok(resp) => resp,
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "coordinator: git http-backend failed");
@@ -333,17 +333,16 @@ pub(crate) async fn http_backend(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_backend(
-    repo: &BareRepo,
-    branch: &str,
-    max_file_size: Option<u64>,
-    method: &Method,
-    path_info: &str,
-    query: &str,
-    headers: &HeaderMap,
-    body: Body,
-) -> anyhow::Result<Response> {
+async fn run_backend(request: BackendRequest<'_>, body: Body) -> anyhow::Result<Response> {
+    let BackendRequest {
+        repo,
+        branch,
+        max_file_size,
+        method,
+        path_info,
+        query,
+        headers,
+    } = request;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let mut cmd = tokio::process::Command::new("git");
     cmd.arg("http-backend")

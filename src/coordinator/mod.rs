@@ -7,7 +7,8 @@
 //! integration tests and by `hosted-boot demo` ([`Coordinator::start`]).
 //!
 //! Layout: `state` holds the session and the records, `server` the
-//! HTTP handler (routing, auth, faults, request record), `git` the bare
+//! HTTP handler (routing by the route table of [`crate::wire::routes`],
+//! auth, faults, request record), `dev` the dev API, `git` the bare
 //! repository and `git http-backend`, `conn` the listener whose connections a
 //! `reset` fault can drop, `cli` the command.
 //!
@@ -24,11 +25,13 @@
 //!   ([`CoordinatorOptions::git_max_file_size`], `POST dev/git`), a push
 //!   that brings a larger file is refused whole.
 //! - Errors are `{"error": "…"}` with `400` (malformed body), `401` (auth),
-//!   `404` (unknown session, run or path), `405`, `409` (event gap, finish
+//!   `404` (unknown session, run or path; for a path, the error names the
+//!   method and the path), `405`, `409` (event gap, finish
 //!   with another status, `run_started` on a sealed run), `413`.
 
 mod cli;
 mod conn;
+mod dev;
 mod git;
 mod server;
 mod state;
@@ -48,6 +51,7 @@ pub use git::create_sample_repo;
 pub use state::{DevError, Fault, RecordedRequest, Route, RunRecord, Snapshot};
 
 use crate::secret::Secret;
+use crate::wire::routes::Route as ApiRoute;
 use crate::wire::{AnswerToQuestion, BootStatusBody, ClientInfo};
 
 /// How a [`Coordinator`] is set up. `CoordinatorOptions::default()` is a
@@ -289,19 +293,24 @@ impl Coordinator {
         self.local_addr
     }
 
-    /// `{base}api/cli/sessions/{sid}/agent-token` (`ORIZU_AGENT_TOKEN_URL`).
+    /// `ORIZU_AGENT_TOKEN_URL`: where this coordinator serves the agent-token
+    /// route (`{base}api/cli/sessions/{sid}/agent-token`, its row of the
+    /// route table).
     pub fn agent_token_url(&self) -> String {
-        format!(
-            "{}api/cli/sessions/{}/agent-token",
-            self.base_url, self.shared.cfg.session_id
-        )
+        self.route_url(ApiRoute::AgentToken)
     }
 
-    /// `{base}api/cli/sessions/{sid}/boot-status` (`ORIZU_BOOT_STATUS_URL`).
+    /// `ORIZU_BOOT_STATUS_URL`: where this coordinator serves the boot-status
+    /// route (`{base}api/cli/sessions/{sid}/boot-status`).
     pub fn boot_status_url(&self) -> String {
+        self.route_url(ApiRoute::BootStatus)
+    }
+
+    fn route_url(&self, route: ApiRoute) -> String {
         format!(
-            "{}api/cli/sessions/{}/boot-status",
-            self.base_url, self.shared.cfg.session_id
+            "{}{}",
+            self.base_url,
+            route.path(&self.shared.cfg.session_id)
         )
     }
 
@@ -486,15 +495,11 @@ impl Coordinator {
     /// Stops the server: no new connections, requests in flight get up to
     /// 2 s, then everything is dropped.
     pub async fn shutdown(&self) {
-        let tx = self
-            .shutdown_tx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let tx = crate::sync::lock(&self.shutdown_tx).take();
         if let Some(tx) = tx {
             let _ = tx.send(());
         }
-        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let task = crate::sync::lock(&self.task).take();
         if let Some(mut task) = task {
             if tokio::time::timeout(Duration::from_secs(2), &mut task)
                 .await
@@ -508,11 +513,7 @@ impl Coordinator {
 
 impl Drop for Coordinator {
     fn drop(&mut self) {
-        let task = self
-            .task
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let task = crate::sync::lock(&self.task).take();
         if let Some(task) = task {
             task.abort();
         }

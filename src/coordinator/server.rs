@@ -1,6 +1,7 @@
 //! The HTTP side of the coordinator: one handler that records every request,
 //! applies injected faults, and dispatches to the routes of PROTOCOL.md
-//! section 2, the git smart-HTTP routes and the dev API (section 6).
+//! section 2 (by the route table, [`crate::wire::routes`]), the git
+//! smart-HTTP routes and the dev API (section 6, [`super::dev`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,20 +14,20 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use futures_util::StreamExt;
-use serde::Deserialize;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 use super::conn::ConnHandle;
+use super::dev;
 use super::git::{self, BareRepo};
 use super::state::{ApiError, DevError, Fault, RecordedRequest, Route, Snapshot, State};
 use crate::secret::Secret;
+use crate::wire::routes::{self, Ack, Auth, Endpoint, Param, Route as ApiRoute};
 use crate::wire::{
-    AcceptedThrough, AgentTokenResponse, AnswerToQuestion, BootStatusBody, ClientInfo, Connector,
-    EnvBundle, EventsBody, ExpiresAt, FinishBody, RepoTokenRequest, RepoTokenResponse,
-    SessionEnvelope,
+    AcceptedThrough, AgentTokenResponse, ClientInfo, Connector, EnvBundle, ExpiresAt,
+    RepoTokenResponse, SessionEnvelope,
 };
 
 /// Largest API request body read (the git routes stream without a limit).
@@ -59,7 +60,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// A consistent copy of the state.
@@ -99,15 +100,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 
 /// A request's target, from the shape of its path alone.
 enum Target {
-    AgentToken(String),
-    BootStatus(String),
-    EnvBundle(String),
-    Session(String),
-    RepoToken(String),
-    RunStarted(String),
-    Events(String),
-    Cursor(String),
-    Finish(String),
+    /// A route of the table, with the value of its path parameter.
+    Api(ApiRoute, String),
     /// The path below `/git`, starting with `/`.
     Git(String),
     /// The path below `/dev/`.
@@ -118,15 +112,7 @@ enum Target {
 impl Target {
     fn route(&self) -> Route {
         match self {
-            Target::AgentToken(_) => Route::AgentToken,
-            Target::BootStatus(_) => Route::BootStatus,
-            Target::EnvBundle(_) => Route::EnvBundle,
-            Target::Session(_) => Route::Session,
-            Target::RepoToken(_) => Route::RepoToken,
-            Target::RunStarted(_) => Route::RunStarted,
-            Target::Events(_) => Route::Events,
-            Target::Cursor(_) => Route::Cursor,
-            Target::Finish(_) => Route::Finish,
+            Target::Api(route, _) => Route::from(*route),
             Target::Git(_) => Route::Git,
             Target::Dev(_) => Route::Dev,
             Target::Unknown => Route::Unknown,
@@ -141,19 +127,9 @@ fn classify(path: &str) -> Target {
     if let Some(rest) = path.strip_prefix("/dev/") {
         return Target::Dev(rest.to_string());
     }
-    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let s = |id: &str| id.to_string();
-    match segs.as_slice() {
-        ["api", "cli", "sessions", sid] => Target::Session(s(sid)),
-        ["api", "cli", "sessions", sid, "agent-token"] => Target::AgentToken(s(sid)),
-        ["api", "cli", "sessions", sid, "boot-status"] => Target::BootStatus(s(sid)),
-        ["api", "cli", "sessions", sid, "env-bundle"] => Target::EnvBundle(s(sid)),
-        ["api", "cli", "sessions", sid, "repo-token"] => Target::RepoToken(s(sid)),
-        ["api", "cli", "workbench-runs", rid] => Target::RunStarted(s(rid)),
-        ["api", "cli", "workbench-runs", rid, "events"] => Target::Events(s(rid)),
-        ["api", "cli", "workbench-runs", rid, "events", "cursor"] => Target::Cursor(s(rid)),
-        ["api", "cli", "workbench-runs", rid, "finish"] => Target::Finish(s(rid)),
-        _ => Target::Unknown,
+    match routes::match_path(path) {
+        Some((route, value)) => Target::Api(route, value),
+        None => Target::Unknown,
     }
 }
 
@@ -202,8 +178,21 @@ fn json_response<T: Serialize>(status: StatusCode, body: &T) -> Response {
         .into_response()
 }
 
-fn ok<T: Serialize>(body: &T) -> Response {
+pub(super) fn ok<T: Serialize>(body: &T) -> Response {
     json_response(StatusCode::OK, body)
+}
+
+/// The `200` answer of `endpoint`, of its row's answer type.
+fn answer<Q, R: Serialize>(_endpoint: Endpoint<Q, R>, body: &R) -> Reply {
+    Ok(ok(body))
+}
+
+/// The request body of `endpoint`, decoded as its row's request type.
+fn request_body<Q: DeserializeOwned, R>(
+    _endpoint: Endpoint<Q, R>,
+    bytes: &[u8],
+) -> Result<Q, ApiError> {
+    parse(bytes)
 }
 
 impl IntoResponse for ApiError {
@@ -406,33 +395,33 @@ async fn handle(
     }
 }
 
-type Reply = Result<Response, ApiError>;
+pub(super) type Reply = Result<Response, ApiError>;
 
-fn allow(method: &Method, allowed: Method) -> Result<(), ApiError> {
-    if *method == allowed {
+fn allow(method: &Method, allowed: routes::Method) -> Result<(), ApiError> {
+    if method.as_str() == allowed.as_str() {
         Ok(())
     } else {
         Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
-            format!("use {allowed} on this route"),
+            format!("use {} on this route", allowed.as_str()),
         ))
     }
 }
 
-fn auth_value<'a>(headers: &'a HeaderMap, scheme: &str) -> Option<&'a str> {
+pub(super) fn auth_value<'a>(headers: &'a HeaderMap, scheme: &str) -> Option<&'a str> {
     let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (s, rest) = v.split_once(' ')?;
     s.eq_ignore_ascii_case(scheme).then(|| rest.trim())
 }
 
-fn unauthorized(what: &str) -> ApiError {
+pub(super) fn unauthorized(what: &str) -> ApiError {
     ApiError::new(
         StatusCode::UNAUTHORIZED,
         format!("missing or invalid {what}"),
     )
 }
 
-fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(super) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed body: {e}")))
 }
@@ -460,6 +449,16 @@ impl Shared {
         match auth_value(headers, "Bearer") {
             Some(v) if self.lock().bearer_live(v) => Ok(()),
             _ => Err(unauthorized("bearer")),
+        }
+    }
+
+    fn check_run(&self, rid: &str) -> Result<(), ApiError> {
+        match self.lock().run(rid) {
+            Some(_) => Ok(()),
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("unknown run {rid:?}"),
+            )),
         }
     }
 
@@ -497,132 +496,139 @@ async fn dispatch(
             )
             .await;
         }
-        Target::Dev(rest) => dev_route(sh, method, &rest, headers, &body),
-        Target::Unknown => Err(ApiError::new(StatusCode::NOT_FOUND, "no such route")),
-        other => api_route(sh, other, method, headers, &body),
+        Target::Dev(rest) => dev::route(sh, method, &rest, headers, &body),
+        Target::Unknown => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no such route: {method} {} (the routes are listed in PROTOCOL.md section 2; \
+                 the dev API is under /dev/, section 6)",
+                uri.path()
+            ),
+        )),
+        Target::Api(route, value) => api_route(sh, route, &value, method, headers, &body),
     };
     reply.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// The routes of PROTOCOL.md section 2. Order of checks: method (405), auth
-/// (401), session or run (404), body (400), state (409).
+/// (401), session or run (404), all three as the route's row says; then
+/// body (400), state (409). Each arm decodes and answers its row's body
+/// types.
 fn api_route(
     sh: &Shared,
-    target: Target,
+    route: ApiRoute,
+    value: &str,
     method: &Method,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Reply {
-    let cfg = &sh.cfg;
-    match target {
-        Target::AgentToken(sid) => {
-            allow(method, Method::GET)?;
-            sh.check_boot_secret(headers)?;
-            sh.check_session(&sid)?;
-            let (token, expires_at) = sh.update(|st| st.issue_bearer(cfg.bearer_ttl));
-            Ok(ok(&AgentTokenResponse {
-                token: token.into(),
-                expires_at: Some(ExpiresAt::Rfc3339(expires_at)),
-            }))
+    let spec = route.spec();
+    allow(method, spec.method)?;
+    match spec.auth {
+        Auth::BootSecret => sh.check_boot_secret(headers)?,
+        Auth::Bearer => sh.check_bearer(headers)?,
+    }
+    match spec.param {
+        Param::SessionId => sh.check_session(value)?,
+        Param::RunId => sh.check_run(value)?,
+    }
+    // One handler per row: each decodes and answers its row's body types.
+    match route {
+        ApiRoute::AgentToken => agent_token(sh),
+        ApiRoute::BootStatus => boot_status(sh, body),
+        ApiRoute::EnvBundle => env_bundle(sh),
+        ApiRoute::Session => answer(routes::SESSION, &sh.session_envelope()),
+        ApiRoute::RepoToken => repo_token(sh, body),
+        ApiRoute::RunStarted => {
+            // The body (`{}`) is not read: nothing in it to check.
+            sh.update(|st| st.run_started(value))?;
+            answer(routes::RUN_STARTED, &Ack::OK)
         }
-        Target::BootStatus(sid) => {
-            allow(method, Method::POST)?;
-            sh.check_boot_secret(headers)?;
-            sh.check_session(&sid)?;
-            let status: BootStatusBody = parse(body)?;
-            sh.update(|st| st.statuses.push(status));
-            Ok(ok(&json!({"ok": true})))
+        ApiRoute::Events => events(sh, value, body),
+        ApiRoute::Cursor => {
+            let n = sh.lock().run(value).map_or(0, |r| r.accepted_through());
+            answer(
+                routes::CURSOR,
+                &AcceptedThrough {
+                    accepted_through: n,
+                },
+            )
         }
-        Target::EnvBundle(sid) => {
-            allow(method, Method::GET)?;
-            sh.check_bearer(headers)?;
-            sh.check_session(&sid)?;
-            Ok(ok(&EnvBundle {
-                connectors: cfg
-                    .connectors
-                    .iter()
-                    .map(|(k, v)| Connector {
-                        env_var: k.clone(),
-                        value: v.as_str().into(),
-                    })
-                    .collect(),
-                redact_vars: cfg.redact_vars.clone(),
-            }))
-        }
-        Target::Session(sid) => {
-            allow(method, Method::GET)?;
-            sh.check_bearer(headers)?;
-            sh.check_session(&sid)?;
-            Ok(ok(&sh.session_envelope()))
-        }
-        Target::RepoToken(sid) => {
-            allow(method, Method::POST)?;
-            sh.check_bearer(headers)?;
-            sh.check_session(&sid)?;
-            let req: RepoTokenRequest = parse(body)?;
-            let (token, expires_at) =
-                sh.update(|st| st.issue_repo_token(req.access, cfg.repo_token_ttl));
-            Ok(ok(&RepoTokenResponse {
-                token: token.into(),
-                expires_at: cfg
-                    .repo_token_expires_at
-                    .then_some(ExpiresAt::Rfc3339(expires_at)),
-                repo_full_name: Some(cfg.repo_full_name.clone()),
-                artifacts_remote: None,
-            }))
-        }
-        Target::RunStarted(rid) => {
-            allow(method, Method::POST)?;
-            sh.check_bearer(headers)?;
-            sh.update(|st| st.run_started(&rid))?;
-            Ok(ok(&json!({"ok": true})))
-        }
-        Target::Events(rid) => {
-            allow(method, Method::POST)?;
-            sh.check_bearer(headers)?;
-            if sh.lock().run(&rid).is_none() {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    format!("unknown run {rid:?}"),
-                ));
-            }
-            let events: EventsBody = parse(body)?;
-            let n = sh.update(|st| st.add_events(&rid, events.events))?;
-            Ok(ok(&AcceptedThrough {
-                accepted_through: n,
-            }))
-        }
-        Target::Cursor(rid) => {
-            allow(method, Method::GET)?;
-            sh.check_bearer(headers)?;
-            let n = sh
-                .lock()
-                .run(&rid)
-                .map(|r| r.accepted_through())
-                .ok_or_else(|| {
-                    ApiError::new(StatusCode::NOT_FOUND, format!("unknown run {rid:?}"))
-                })?;
-            Ok(ok(&AcceptedThrough {
-                accepted_through: n,
-            }))
-        }
-        Target::Finish(rid) => {
-            allow(method, Method::POST)?;
-            sh.check_bearer(headers)?;
-            if sh.lock().run(&rid).is_none() {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    format!("unknown run {rid:?}"),
-                ));
-            }
-            let fin: FinishBody = parse(body)?;
-            sh.update(|st| st.finish(&rid, fin))?;
-            Ok(ok(&json!({"ok": true})))
-        }
-        Target::Git(_) | Target::Dev(_) | Target::Unknown => {
-            Err(ApiError::new(StatusCode::NOT_FOUND, "no such route"))
+        ApiRoute::Finish => {
+            let fin = request_body(routes::FINISH, body)?;
+            sh.update(|st| st.finish(value, fin))?;
+            answer(routes::FINISH, &Ack::OK)
         }
     }
+}
+
+/// 2.1: a fresh bearer, valid for the configured TTL.
+fn agent_token(sh: &Shared) -> Reply {
+    let (token, expires_at) = sh.update(|st| st.issue_bearer(sh.cfg.bearer_ttl));
+    answer(
+        routes::AGENT_TOKEN,
+        &AgentTokenResponse {
+            token: token.into(),
+            expires_at: Some(ExpiresAt::Rfc3339(expires_at)),
+        },
+    )
+}
+
+/// 2.2: the status is recorded, in order of arrival.
+fn boot_status(sh: &Shared, body: &[u8]) -> Reply {
+    let status = request_body(routes::BOOT_STATUS, body)?;
+    sh.update(|st| st.statuses.push(status));
+    answer(routes::BOOT_STATUS, &Ack::OK)
+}
+
+/// 2.3: the connectors as configured (no check, so that tests can serve
+/// reserved names).
+fn env_bundle(sh: &Shared) -> Reply {
+    let cfg = &sh.cfg;
+    answer(
+        routes::ENV_BUNDLE,
+        &EnvBundle {
+            connectors: cfg
+                .connectors
+                .iter()
+                .map(|(k, v)| Connector {
+                    env_var: k.clone(),
+                    value: v.as_str().into(),
+                })
+                .collect(),
+            redact_vars: cfg.redact_vars.clone(),
+        },
+    )
+}
+
+/// 2.5: a repo token of the access asked for.
+fn repo_token(sh: &Shared, body: &[u8]) -> Reply {
+    let cfg = &sh.cfg;
+    let req = request_body(routes::REPO_TOKEN, body)?;
+    let (token, expires_at) = sh.update(|st| st.issue_repo_token(req.access, cfg.repo_token_ttl));
+    answer(
+        routes::REPO_TOKEN,
+        &RepoTokenResponse {
+            token: token.into(),
+            expires_at: cfg
+                .repo_token_expires_at
+                .then_some(ExpiresAt::Rfc3339(expires_at)),
+            repo_full_name: Some(cfg.repo_full_name.clone()),
+            artifacts_remote: None,
+        },
+    )
+}
+
+/// 2.6 events: those above the cursor are accepted (a gap is `409`).
+fn events(sh: &Shared, rid: &str, body: &[u8]) -> Reply {
+    let events = request_body(routes::EVENTS, body)?;
+    let n = sh.update(|st| st.add_events(rid, events.events))?;
+    answer(
+        routes::EVENTS,
+        &AcceptedThrough {
+            accepted_through: n,
+        },
+    )
 }
 
 /// `{base}/git/{owner}/{name}.git/...`: Basic auth with user `x-access-token`
@@ -659,120 +665,16 @@ async fn git_route(
         return (StatusCode::FORBIDDEN, "this repo token is read-only\n").into_response();
     }
     let max_file_size = sh.lock().git_max_file_size;
-    git::http_backend(
-        &sh.cfg.repo,
-        &sh.cfg.branch,
+    let request = git::BackendRequest {
+        repo: &sh.cfg.repo,
+        branch: &sh.cfg.branch,
         max_file_size,
         method,
         path_info,
         query,
         headers,
-        body,
-    )
-    .await
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct TurnRequest {
-    body: String,
-    #[serde(default)]
-    answer_to_question: Option<AnswerToQuestion>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GitSettings {
-    /// Bytes, or null for no limit.
-    max_file_size: Option<u64>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct InterruptRequest {
-    #[serde(default)]
-    run_id: Option<String>,
-}
-
-fn dev_error(e: DevError) -> ApiError {
-    let status = match e {
-        DevError::UnknownRun(_) => StatusCode::NOT_FOUND,
-        DevError::NoRunningRun | DevError::RunSealed(_) => StatusCode::CONFLICT,
-        DevError::InvalidFault(_) => StatusCode::BAD_REQUEST,
-        DevError::Timeout { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    ApiError::new(status, e.to_string())
-}
-
-/// The dev API (PROTOCOL.md section 6).
-fn dev_route(sh: &Shared, method: &Method, rest: &str, headers: &HeaderMap, body: &[u8]) -> Reply {
-    if let Some(token) = &sh.cfg.dev_token {
-        if auth_value(headers, "Bearer") != Some(token.expose()) {
-            return Err(unauthorized("dev token"));
-        }
-    }
-    match rest {
-        "turns" => {
-            allow(method, Method::POST)?;
-            let req: TurnRequest = parse(body)?;
-            let run_id = sh.update(|st| st.queue_turn(req.body, req.answer_to_question));
-            Ok(ok(&json!({"runId": run_id})))
-        }
-        "interrupt" => {
-            allow(method, Method::POST)?;
-            let req: InterruptRequest = if body.is_empty() {
-                InterruptRequest::default()
-            } else {
-                parse(body)?
-            };
-            let run_id = sh
-                .update(|st| st.interrupt(req.run_id.as_deref()))
-                .map_err(dev_error)?;
-            Ok(ok(&json!({"runId": run_id})))
-        }
-        "end" => {
-            allow(method, Method::POST)?;
-            sh.update(|st| st.status = "ended".into());
-            Ok(ok(&json!({"status": "ended"})))
-        }
-        "faults" => match *method {
-            Method::POST => {
-                let fault: Fault = parse(body)?;
-                sh.add_fault(fault).map_err(dev_error)?;
-                Ok(ok(&json!({"ok": true})))
-            }
-            Method::DELETE => {
-                sh.update(|st| st.faults.clear());
-                Ok(ok(&json!({"ok": true})))
-            }
-            Method::GET => Ok(ok(&sh.lock().faults)),
-            _ => Err(ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "use GET, POST or DELETE",
-            )),
-        },
-        "git" => match *method {
-            Method::POST => {
-                let settings: GitSettings = parse(body)?;
-                sh.update(|st| st.git_max_file_size = settings.max_file_size);
-                Ok(ok(&json!({"maxFileSize": settings.max_file_size})))
-            }
-            Method::GET => Ok(ok(&json!({"maxFileSize": sh.lock().git_max_file_size}))),
-            _ => Err(ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "use GET or POST",
-            )),
-        },
-        "requests" => {
-            allow(method, Method::GET)?;
-            Ok(ok(&sh.lock().requests))
-        }
-        "state" => {
-            allow(method, Method::GET)?;
-            Ok(ok(&sh.snapshot()))
-        }
-        _ => Err(ApiError::new(StatusCode::NOT_FOUND, "no such dev route")),
-    }
+    git::http_backend(request, body).await
 }
 
 #[cfg(test)]
@@ -798,6 +700,116 @@ mod tests {
         assert_eq!(r("/dev/state"), Route::Dev);
         assert_eq!(r("/api/cli/sessions"), Route::Unknown);
         assert_eq!(r("/"), Route::Unknown);
+    }
+
+    fn http() -> reqwest::Client {
+        crate::tls::install_crypto_provider();
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+    }
+
+    /// A path no route matches answers `404` with a JSON error that names
+    /// the method and the path (without its query, which may carry a
+    /// credential) and where the routes are listed, not a bare "no such
+    /// route"; under `dev/`, the dev API's routes are named.
+    #[tokio::test]
+    async fn an_unknown_path_is_a_404_naming_it() {
+        let c = super::super::Coordinator::start(Default::default())
+            .await
+            .unwrap();
+        let http = http();
+        let cases = [
+            (
+                "api/cli/sessions",
+                "GET /api/cli/sessions",
+                "PROTOCOL.md section 2",
+            ),
+            (
+                "api/cli/workbench-runs/run-1/nope?token=abc",
+                "GET /api/cli/workbench-runs/run-1/nope",
+                "PROTOCOL.md section 2",
+            ),
+            (
+                "dev/nope",
+                "GET /dev/nope",
+                "turns, interrupt, end, faults, git, requests, state",
+            ),
+        ];
+        for (path, named, hint) in cases {
+            let resp = http
+                .get(format!("{}{path}", c.base_url()))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::NOT_FOUND, "{path}");
+            assert_eq!(
+                resp.headers()[header::CONTENT_TYPE],
+                "application/json",
+                "{path}"
+            );
+            let body: Value = resp.json().await.unwrap();
+            let error = body["error"].as_str().unwrap_or_default();
+            assert!(error.contains(named), "{path}: {body}");
+            assert!(error.contains(hint), "{path}: {body}");
+            assert!(!error.contains("abc"), "the query is not echoed: {body}");
+        }
+    }
+
+    /// Every route of the table is served: a request of its method to its
+    /// path (the coordinator's session, run `run-1`, no credential) is
+    /// recorded as that route and answered by its handler (here `401`, the
+    /// credential check every row has), never the unknown-route `404`. So
+    /// is every route of the dev API.
+    #[tokio::test]
+    async fn every_route_of_the_tables_is_served() {
+        let c = super::super::Coordinator::start(Default::default())
+            .await
+            .unwrap();
+        let http = http();
+        for route in ApiRoute::all() {
+            let spec = route.spec();
+            let value = match spec.param {
+                Param::SessionId => c.session_id(),
+                Param::RunId => "run-1".to_string(),
+            };
+            let method = Method::from_bytes(spec.method.as_str().as_bytes()).unwrap();
+            let url = format!("{}{}", c.base_url(), route.path(&value));
+            let resp = http.request(method, &url).send().await.unwrap();
+            let status = resp.status();
+            let body: Value = resp.json().await.unwrap();
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{}: {body}", spec.name);
+            let recorded = c.requests().pop().unwrap();
+            assert_eq!(recorded.route, Route::from(route), "{}", spec.name);
+            assert_eq!(recorded.route.as_str(), spec.name);
+        }
+        for dev in dev::DEV_TABLE {
+            for method in dev.methods {
+                let method = Method::from_bytes(method.as_bytes()).unwrap();
+                let url = format!("{}dev/{}", c.base_url(), dev.name);
+                // Bodies that each POST accepts; the answer may still be a
+                // refusal of the state (409), never a 404 or 405.
+                let body = match dev.name {
+                    "turns" => json!({"body": "x"}),
+                    "faults" => json!({"route": "session", "status": 503}),
+                    "git" => json!({"maxFileSize": null}),
+                    _ => json!({}),
+                };
+                let resp = http
+                    .request(method.clone(), &url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = resp.status();
+                assert!(
+                    status == StatusCode::OK || status == StatusCode::CONFLICT,
+                    "{method} dev/{}: {status}",
+                    dev.name
+                );
+            }
+        }
     }
 
     #[test]

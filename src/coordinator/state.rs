@@ -8,34 +8,35 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::wire::routes::Route as ApiRoute;
 use crate::wire::{
     Access, AnswerToQuestion, BootStatusBody, ClientInfo, Event, FinishBody, PendingTurn, RunRef,
     Session,
 };
 
-/// The route a request was addressed to, by the shape of its path. The
-/// serialized names are those of `POST dev/faults` and `GET dev/requests`
-/// (PROTOCOL.md section 6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+/// The route a request was addressed to, by the shape of its path: a route
+/// of the table ([`crate::wire::routes`], PROTOCOL.md section 2), `git`,
+/// `dev` or none. The serialized names are those of `POST dev/faults` and
+/// `GET dev/requests` (PROTOCOL.md section 6): the table's for its routes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Route {
-    /// `GET api/cli/sessions/{sid}/agent-token` (2.1).
+    /// [`ApiRoute::AgentToken`] (2.1).
     AgentToken,
-    /// `POST api/cli/sessions/{sid}/boot-status` (2.2).
+    /// [`ApiRoute::BootStatus`] (2.2).
     BootStatus,
-    /// `GET api/cli/sessions/{sid}/env-bundle` (2.3).
+    /// [`ApiRoute::EnvBundle`] (2.3).
     EnvBundle,
-    /// `GET api/cli/sessions/{sid}` (2.4).
+    /// [`ApiRoute::Session`] (2.4).
     Session,
-    /// `POST api/cli/sessions/{sid}/repo-token` (2.5).
+    /// [`ApiRoute::RepoToken`] (2.5).
     RepoToken,
-    /// `POST api/cli/workbench-runs/{runId}` (2.6).
+    /// [`ApiRoute::RunStarted`] (2.6).
     RunStarted,
-    /// `POST api/cli/workbench-runs/{runId}/events` (2.6).
+    /// [`ApiRoute::Events`] (2.6).
     Events,
-    /// `GET api/cli/workbench-runs/{runId}/events/cursor` (2.6).
+    /// [`ApiRoute::Cursor`] (2.6).
     Cursor,
-    /// `POST api/cli/workbench-runs/{runId}/finish` (2.6).
+    /// [`ApiRoute::Finish`] (2.6).
     Finish,
     /// Anything under `git/` (smart HTTP).
     Git,
@@ -45,23 +46,80 @@ pub enum Route {
     Unknown,
 }
 
-impl Route {
-    /// The wire name (`agent-token`, `run-started`, …).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Route::AgentToken => "agent-token",
-            Route::BootStatus => "boot-status",
-            Route::EnvBundle => "env-bundle",
-            Route::Session => "session",
-            Route::RepoToken => "repo-token",
-            Route::RunStarted => "run-started",
-            Route::Events => "events",
-            Route::Cursor => "cursor",
-            Route::Finish => "finish",
-            Route::Git => "git",
-            Route::Dev => "dev",
-            Route::Unknown => "unknown",
+impl From<ApiRoute> for Route {
+    fn from(route: ApiRoute) -> Route {
+        match route {
+            ApiRoute::AgentToken => Route::AgentToken,
+            ApiRoute::BootStatus => Route::BootStatus,
+            ApiRoute::EnvBundle => Route::EnvBundle,
+            ApiRoute::Session => Route::Session,
+            ApiRoute::RepoToken => Route::RepoToken,
+            ApiRoute::RunStarted => Route::RunStarted,
+            ApiRoute::Events => Route::Events,
+            ApiRoute::Cursor => Route::Cursor,
+            ApiRoute::Finish => Route::Finish,
         }
+    }
+}
+
+impl Route {
+    /// The route of the table, for the routes of PROTOCOL.md section 2.
+    pub fn api(self) -> Option<ApiRoute> {
+        Some(match self {
+            Route::AgentToken => ApiRoute::AgentToken,
+            Route::BootStatus => ApiRoute::BootStatus,
+            Route::EnvBundle => ApiRoute::EnvBundle,
+            Route::Session => ApiRoute::Session,
+            Route::RepoToken => ApiRoute::RepoToken,
+            Route::RunStarted => ApiRoute::RunStarted,
+            Route::Events => ApiRoute::Events,
+            Route::Cursor => ApiRoute::Cursor,
+            Route::Finish => ApiRoute::Finish,
+            Route::Git | Route::Dev | Route::Unknown => return None,
+        })
+    }
+
+    /// The wire name (`agent-token`, `run-started`, …, `git`, `dev`,
+    /// `unknown`).
+    pub fn as_str(self) -> &'static str {
+        match (self, self.api()) {
+            (_, Some(api)) => api.name(),
+            (Route::Git, None) => "git",
+            (Route::Dev, None) => "dev",
+            (_, None) => "unknown",
+        }
+    }
+
+    /// The route named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Route> {
+        match name {
+            "git" => Some(Route::Git),
+            "dev" => Some(Route::Dev),
+            "unknown" => Some(Route::Unknown),
+            _ => ApiRoute::from_name(name).map(Route::from),
+        }
+    }
+}
+
+impl Serialize for Route {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Route {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Route, D::Error> {
+        let name = String::deserialize(d)?;
+        Route::from_name(&name).ok_or_else(|| {
+            let known: Vec<&str> = ApiRoute::all()
+                .map(ApiRoute::name)
+                .chain(["git", "dev", "unknown"])
+                .collect();
+            serde::de::Error::custom(format!(
+                "unknown route {name:?}: one of {}",
+                known.join(", ")
+            ))
+        })
     }
 }
 
@@ -836,6 +894,37 @@ mod tests {
         assert_eq!(s.take_fault(Route::Session).unwrap().status, Some(503));
         assert!(s.take_fault(Route::Session).unwrap().reset);
         assert_eq!(s.take_fault(Route::Session), None);
+    }
+
+    /// The names of `POST dev/faults` and `GET dev/requests`, as PROTOCOL.md
+    /// section 6 spells them (the table's names for its routes).
+    #[test]
+    fn route_names_are_those_of_the_dev_api() {
+        let all = [
+            (Route::AgentToken, "agent-token"),
+            (Route::BootStatus, "boot-status"),
+            (Route::EnvBundle, "env-bundle"),
+            (Route::Session, "session"),
+            (Route::RepoToken, "repo-token"),
+            (Route::RunStarted, "run-started"),
+            (Route::Events, "events"),
+            (Route::Cursor, "cursor"),
+            (Route::Finish, "finish"),
+            (Route::Git, "git"),
+            (Route::Dev, "dev"),
+            (Route::Unknown, "unknown"),
+        ];
+        for (route, name) in all {
+            assert_eq!(serde_json::to_value(route).unwrap(), json!(name));
+            assert_eq!(serde_json::from_value::<Route>(json!(name)).unwrap(), route);
+            assert_eq!(route.api().map(Route::from), route.api().map(|_| route));
+        }
+        assert_eq!(ApiRoute::all().count(), 9);
+        let err = serde_json::from_value::<Route>(json!("sessions")).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown route \"sessions\""),
+            "{err}"
+        );
     }
 
     #[test]

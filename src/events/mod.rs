@@ -170,11 +170,6 @@ impl EventSender {
         redactor.refresh();
         redactor
     }
-
-    /// The spool written to.
-    pub fn spool(&self) -> &Spool {
-        &self.shared.spool
-    }
 }
 
 /// The sink of one run: the spool, the sender task and the handle to close
@@ -548,12 +543,7 @@ async fn until_deadline<T>(
 ) -> Option<T> {
     tokio::pin!(post);
     loop {
-        let cut = async {
-            match *deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
+        let cut = crate::sync::sleep_until(*deadline);
         tokio::select! {
             r = &mut post => return Some(r),
             d = &mut *close_rx, if deadline.is_none() => {

@@ -1,9 +1,11 @@
-//! The agent's output streams to run events: each read of stdout or stderr
-//! goes through the streaming redactor (so a secret split across reads, or
-//! across the 1 MiB cut of a long line, is still found), then line framing,
-//! then the agent adapter's mapping of a line to an event (through
-//! [`AgentEvent`], which redacts its type and data again by value), and the
-//! read's events are appended to the run's spool in one write.
+//! The agent's output streams as redacted lines: each read of stdout or
+//! stderr goes through the streaming redactor (so a secret split across
+//! reads, or across the 1 MiB cut of a long line, is still found), then line
+//! framing, and the lines go to a sink: [`ChannelSink`] hands them to the
+//! adapter's task (`agent::drive`; for `command`,
+//! `agent::command::lines_to_events` maps each line to an event, which is
+//! redacted again by value, and appends the batch to the run's spool in one
+//! write), [`LineSink`] to a callback (`hosted-boot supervise`).
 //!
 //! Nothing here waits for the coordinator: the reader keeps draining the
 //! pipe whatever the sender is doing, so the agent is never blocked by a slow
@@ -15,8 +17,6 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::lines::{Line, LineFramer, MAX_LINE_BYTES};
 use super::supervisor::Stream;
-use crate::events::event::AgentEvent;
-use crate::events::{EventSender, now_rfc3339};
 use crate::redact::{Redactor, StreamRedactor};
 
 /// Size of each read from a pipe (a Linux pipe holds 64 KiB).
@@ -31,7 +31,7 @@ pub trait OutputSink: Send + 'static {
     fn end(&mut self);
     /// Waits until what `write` or `end` queued has been handed on: the
     /// reader's backpressure (a sink that hands lines to a task through a
-    /// bounded channel waits here; the spool sink never does).
+    /// bounded channel waits here; [`LineSink`] never does).
     fn ready(&mut self) -> impl std::future::Future<Output = ()> + Send {
         async {}
     }
@@ -39,8 +39,8 @@ pub trait OutputSink: Send + 'static {
 
 /// Reads `reader` to EOF (or error), handing every read to `sink`, then
 /// ends it. If the task running this is aborted (the supervisor closes
-/// pipes a grandchild keeps open), the sink is dropped, and
-/// [`OutputStream`]'s drop ends it, so what it held is not lost.
+/// pipes a grandchild keeps open), the sink is dropped, and each sink's
+/// drop ends it, so what it held is not lost.
 pub async fn pump<R, S>(mut reader: R, mut sink: S)
 where
     R: AsyncRead + Unpin,
@@ -64,14 +64,6 @@ where
     sink.end();
     sink.ready().await;
 }
-
-/// Maps one framed line of a stream to an event (the agent adapter's job,
-/// e.g. `agent::command::event_for_line`), through [`AgentEvent`]'s
-/// constructors, which redact the type and data by value (a JSON parse of
-/// the line can unescape a secret the byte stream did not show) and refuse
-/// the runner's namespace. The line is already redacted; the redactor given
-/// has had its sources polled.
-pub type LineMapper = fn(&Redactor, Stream, &Line) -> AgentEvent;
 
 /// The part every sink shares: streaming redaction of the bytes, then line
 /// framing. `write` and `end` hand each complete (redacted) line to
@@ -122,68 +114,6 @@ impl RedactedLines {
         if self.redacted.capacity() > 4 * READ_BYTES {
             self.redacted = Vec::with_capacity(READ_BYTES);
         }
-    }
-}
-
-/// One output stream of the agent: redact, frame, map, spool.
-pub struct OutputStream {
-    stream: Stream,
-    values: Redactor,
-    lines: RedactedLines,
-    map: LineMapper,
-    events: EventSender,
-    pending: Vec<AgentEvent>,
-}
-
-impl OutputStream {
-    /// A stream whose events go to `events`, redacted with `redactor`, each
-    /// line mapped by `map`.
-    pub fn new(stream: Stream, redactor: &Redactor, events: EventSender, map: LineMapper) -> Self {
-        OutputStream {
-            stream,
-            values: redactor.clone(),
-            lines: RedactedLines::new(redactor),
-            map,
-            events,
-            pending: Vec::new(),
-        }
-    }
-
-    fn spool(&mut self) {
-        if !self.pending.is_empty() {
-            // Lines of one read arrived together: one timestamp, one write.
-            self.events.append_agent(&mut self.pending, &now_rfc3339());
-        }
-    }
-}
-
-/// Maps each line to an event and queues it in `pending`.
-fn mapper<'a>(
-    stream: Stream,
-    map: LineMapper,
-    values: &'a Redactor,
-    pending: &'a mut Vec<AgentEvent>,
-) -> impl FnMut(Line) + 'a {
-    move |line: Line| pending.push(map(values, stream, &line))
-}
-
-impl OutputSink for OutputStream {
-    fn write(&mut self, bytes: &[u8]) {
-        let on_line = mapper(self.stream, self.map, &self.values, &mut self.pending);
-        self.lines.write(bytes, on_line);
-        self.spool();
-    }
-
-    fn end(&mut self) {
-        let on_line = mapper(self.stream, self.map, &self.values, &mut self.pending);
-        self.lines.end(on_line);
-        self.spool();
-    }
-}
-
-impl Drop for OutputStream {
-    fn drop(&mut self) {
-        self.end();
     }
 }
 
@@ -329,67 +259,5 @@ impl<F: FnMut(Stream, &Line) + Send + 'static> Drop for ChannelSink<F> {
             }
             let _ = self.tx.try_send((self.stream, lines));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::events::spool::Spool;
-    use crate::redact::SecretKind;
-    use crate::secret::Secret;
-    use serde_json::Value;
-
-    fn map(redactor: &Redactor, stream: Stream, line: &Line) -> AgentEvent {
-        crate::agent::command::event_for_line(redactor, stream, line)
-    }
-
-    fn spooled(path: &std::path::Path) -> Vec<Value> {
-        std::fs::read_to_string(path)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    #[test]
-    fn a_secret_across_reads_and_a_long_line_cut_never_reaches_the_spool() {
-        let dir = tempfile::tempdir().unwrap();
-        let redactor = Redactor::new();
-        redactor.add(&Secret::new("sk-0123456789".into()), SecretKind::Credential);
-        let (spool, _) = Spool::open(dir.path(), redactor.clone()).unwrap();
-        let path = spool.path().to_path_buf();
-        let events = EventSender::detached(spool);
-        let mut out = OutputStream::new(Stream::Stdout, &redactor, events, map);
-        // A line of exactly MAX_LINE_BYTES - 5 bytes then the secret: the
-        // cut falls inside the secret.
-        let mut input = vec![b'x'; MAX_LINE_BYTES - 5];
-        input.extend_from_slice(
-            b"sk-0123456789 end\n{\"type\":\"message\",\"text\":\"k=sk-0123456789\"}\n",
-        );
-        for chunk in input.chunks(4093) {
-            out.write(chunk);
-        }
-        out.write(b"tail sk-01234");
-        drop(out); // ends the stream: the carry and the last line are kept
-        let lines = spooled(&path);
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(!text.contains("sk-0123456789"));
-        let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
-        assert_eq!(seqs, vec![1, 2, 3, 4]);
-        assert_eq!(lines[1]["data"]["continued"], true);
-        let joined = format!(
-            "{}{}",
-            lines[0]["data"]["text"].as_str().unwrap(),
-            lines[1]["data"]["text"].as_str().unwrap()
-        );
-        assert!(
-            joined.ends_with("x[REDACTED] end"),
-            "{}",
-            &joined[joined.len() - 30..]
-        );
-        assert_eq!(lines[2]["type"], "message");
-        assert_eq!(lines[2]["data"]["text"], "k=[REDACTED]");
-        assert_eq!(lines[3]["data"]["text"], "tail sk-01234");
     }
 }

@@ -363,8 +363,8 @@ where
     let mut guard_armed = guard_pid.is_some();
     let mut guard_died = None;
     loop {
-        let kill_sleep = sleep_until(kill_at);
-        let cap_sleep = sleep_until(cap_at);
+        let kill_sleep = crate::sync::sleep_until(kill_at);
+        let cap_sleep = crate::sync::sleep_until(cap_at);
         tokio::select! {
             _ = &mut exited => break,
             () = &mut guard_gone, if guard_armed => {
@@ -507,13 +507,6 @@ async fn guard_gone(guard: Option<i32>, session: i32) {
             tracing::warn!(guard_pid = guard, error = %e, "cannot watch the turn's guard (pidfd); a guard the agent kills goes unnoticed");
             std::future::pending::<()>().await;
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -159,9 +159,7 @@ pub fn become_subreaper() -> bool {
 static SPAWNED: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
 
 fn spawned() -> MutexGuard<'static, BTreeSet<i32>> {
-    SPAWNED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    crate::sync::lock(&SPAWNED)
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -184,10 +182,7 @@ fn spawner() -> io::Result<std_mpsc::Sender<Job>> {
             .map(|_| Mutex::new(tx))
     });
     match slot {
-        Some(tx) => Ok(tx
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()),
+        Some(tx) => Ok(crate::sync::lock(tx).clone()),
         None => Err(io::Error::other("cannot start the spawner thread")),
     }
 }

@@ -181,11 +181,6 @@ impl SessionDir {
         Ok(SessionDir { parent, path })
     }
 
-    /// The session directory (absolute).
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// `…/boot-secret`.
     pub fn boot_secret_path(&self) -> PathBuf {
         self.path.join(BOOT_SECRET_FILE)
@@ -371,9 +366,9 @@ mod tests {
     fn session_dir_files_and_modes() {
         let root = tempfile::tempdir().unwrap();
         let s = SessionDir::create(root.path(), "s1").unwrap();
-        assert!(s.path().is_absolute());
-        assert_eq!(s.path(), root.path().join(".orizu-session/s1"));
-        assert_eq!(mode(s.path()), 0o700);
+        assert!(s.path.is_absolute());
+        assert_eq!(s.path, root.path().join(".orizu-session/s1"));
+        assert_eq!(mode(&s.path), 0o700);
         s.write_boot_secret(&Secret::new("boot".into())).unwrap();
         s.write_bearer(&Secret::new("bearer".into())).unwrap();
         s.create_credential_cache().unwrap();
@@ -407,7 +402,7 @@ mod tests {
         let s = SessionDir::create(root.path(), "s1").unwrap();
         assert!(!s.bearer_path().exists());
         assert!(!stale.join("sub").exists());
-        assert_eq!(mode(s.path()), 0o700);
+        assert_eq!(mode(&s.path), 0o700);
         s.remove().unwrap();
         // Another session's directory keeps the parent alive.
         assert!(other.exists());

@@ -77,8 +77,10 @@ pub enum TurnEnd {
 }
 
 /// Where the seal of the run stands, for the fatal path of 4 step 7.
-// One value per turn, moved a couple of times: boxing the body buys nothing.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one value per turn, moved a couple of times: boxing the body buys nothing"
+)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum SealState {
     /// No `finish` was sent.
@@ -223,12 +225,7 @@ pub async fn run(
         )
         .await,
     );
-    if let Some(recovered) = ctx
-        .recovered_at_boot
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
+    if let Some(recovered) = crate::sync::lock(&ctx.recovered_at_boot).take() {
         workspace_steps::emit(&sender, &recovered);
     }
     // The workspace moves to the remote's session branch (what the user

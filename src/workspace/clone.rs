@@ -71,12 +71,6 @@ pub struct PreparedRepo {
     pub reused: bool,
 }
 
-/// Quotes `value` for a POSIX shell: single quotes, an embedded single
-/// quote written `'\''`.
-pub fn shell_quote(value: &str) -> String {
-    format!("'{}'", value.replace('\'', r"'\''"))
-}
-
 /// The `credential.helper` value (PROTOCOL.md 3):
 /// `!'<exe>' credential --context '<context>'`, both paths absolute and
 /// shell-quoted.
@@ -100,8 +94,8 @@ pub fn credential_helper_command(exe: &Path, context: &Path) -> Result<String, W
     let context = text("use as credential context", context)?;
     Ok(format!(
         "!{} credential --context {}",
-        shell_quote(&exe),
-        shell_quote(&context)
+        crate::text::shell_quote(&exe),
+        crate::text::shell_quote(&context)
     ))
 }
 
@@ -527,20 +521,6 @@ fn check_out(repo: &Repository, branch: &str, oid: git2::Oid) -> Result<(), git2
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quoting_is_posix() {
-        assert_eq!(shell_quote("/usr/bin/x"), "'/usr/bin/x'");
-        assert_eq!(shell_quote("/a b/it's"), r"'/a b/it'\''s'");
-        // The shell gives back exactly the value.
-        let value = "/tmp/it's a \"dir\"/$HOME `x`";
-        let out = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!("printf %s {}", shell_quote(value)))
-            .output()
-            .unwrap();
-        assert_eq!(String::from_utf8(out.stdout).unwrap(), value);
-    }
 
     #[test]
     fn helper_command_shape() {

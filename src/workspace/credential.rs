@@ -168,11 +168,12 @@ fn read_attributes(mut input: impl BufRead) -> HashMap<String, String> {
 
 fn split_host_port(host: &str) -> (&str, Option<u16>) {
     if host.starts_with('[') {
-        if let Some(end) = host.find(']') {
-            let port = host[end + 1..]
-                .strip_prefix(':')
-                .and_then(|p| p.parse().ok());
-            return (&host[..=end], port);
+        if let Some((bracketed, after)) = host
+            .find(']')
+            .and_then(|end| host.split_at_checked(end + 1))
+        {
+            let port = after.strip_prefix(':').and_then(|p| p.parse().ok());
+            return (bracketed, port);
         }
         return (host, None);
     }
@@ -219,13 +220,9 @@ pub fn request_matches_remote(attributes: &HashMap<String, String>, remote: &req
     }
 }
 
-/// Reads `repo-credential-cache`: the cached repo token and its expiry, or
-/// `None` when the file is absent, empty (no cached token) or unreadable.
-pub fn read_credential_cache(path: &Path) -> Option<(Secret, SystemTime)> {
-    read_cache_entry(path).map(|c| (c.token, c.expires_at))
-}
-
-/// [`read_credential_cache`] with the time the token was minted.
+/// Reads `repo-credential-cache`: the cached repo token, its expiry and the
+/// time it was minted, or `None` when the file is absent, empty (no cached
+/// token) or unreadable.
 pub fn read_cache_entry(path: &Path) -> Option<CachedToken> {
     let bytes = std::fs::read(path).ok()?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -632,9 +629,9 @@ mod tests {
     fn cache_round_trip() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cache");
-        assert!(read_credential_cache(&path).is_none());
+        assert!(read_cache_entry(&path).is_none());
         std::fs::write(&path, "\n").unwrap();
-        assert!(read_credential_cache(&path).is_none());
+        assert!(read_cache_entry(&path).is_none());
         let expires = UNIX_EPOCH + Duration::from_millis(4_000_000_000_000);
         let token = RepoToken {
             token: Secret::new("tok".into()),
@@ -644,9 +641,9 @@ mod tests {
         };
         let issued = expires - Duration::from_secs(120);
         assert!(write_cache(&path, &token, issued).unwrap());
-        let (t, e) = read_credential_cache(&path).unwrap();
-        assert_eq!(t.expose(), "tok");
-        assert_eq!(e, expires);
+        let cached = read_cache_entry(&path).unwrap();
+        assert_eq!(cached.token.expose(), "tok");
+        assert_eq!(cached.expires_at, expires);
         let entry = read_cache_entry(&path).unwrap();
         assert_eq!(entry.issued_at, Some(issued));
         // A 2-minute token is shared while it has a minute left.

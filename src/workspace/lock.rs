@@ -74,7 +74,6 @@ pub enum LockError {
 #[derive(Debug)]
 pub struct RootLock {
     _root: OwnedFd,
-    path: PathBuf,
     // Kept open while held: `/proc/<pid>/fd` shows the holder.
     _pid_file: File,
 }
@@ -120,14 +119,8 @@ impl RootLock {
         let file = write_pid_file(&dir, pid).map_err(io("write the pid into", &path))?;
         Ok(RootLock {
             _root: dir,
-            path,
             _pid_file: file,
         })
-    }
-
-    /// The pid file.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 
@@ -207,10 +200,10 @@ mod tests {
     #[test]
     fn a_second_lock_of_the_same_root_is_refused_with_the_holders_pid() {
         let root = tempfile::tempdir().unwrap();
+        let pid_file = root.path().join(LOCK_FILE);
         let held = RootLock::acquire(root.path()).unwrap();
-        assert_eq!(held.path(), root.path().join(LOCK_FILE));
         assert_eq!(
-            std::fs::read_to_string(held.path()).unwrap(),
+            std::fs::read_to_string(&pid_file).unwrap(),
             format!("{}\n", std::process::id())
         );
         // flock locks belong to the open file: a second open in the same
@@ -220,10 +213,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         drop(held);
-        let again = RootLock::acquire(root.path()).unwrap();
+        let _again = RootLock::acquire(root.path()).unwrap();
         // The new holder writes its pid again.
         assert_eq!(
-            std::fs::read_to_string(again.path()).unwrap(),
+            std::fs::read_to_string(&pid_file).unwrap(),
             format!("{}\n", std::process::id())
         );
     }
@@ -243,11 +236,12 @@ mod tests {
         std::fs::write(&target, "x").unwrap();
         std::fs::create_dir(root.path().join(".hosted-boot")).unwrap();
         std::os::unix::fs::symlink(&target, root.path().join(LOCK_FILE)).unwrap();
-        let again = RootLock::acquire(root.path()).unwrap();
+        let _again = RootLock::acquire(root.path()).unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "x");
-        assert!(!again.path().is_symlink());
+        let pid_file = root.path().join(LOCK_FILE);
+        assert!(!pid_file.is_symlink());
         assert_eq!(
-            std::fs::read_to_string(again.path()).unwrap(),
+            std::fs::read_to_string(&pid_file).unwrap(),
             format!("{}\n", std::process::id())
         );
     }

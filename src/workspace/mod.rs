@@ -45,7 +45,7 @@ pub use clone::{
     prepare_repo_async,
 };
 pub use credential::{
-    IssuedTokens, credential_helper_with_io, read_credential_cache, record_issued_token,
+    IssuedTokens, credential_helper_with_io, read_cache_entry, record_issued_token,
     run_credential_helper,
 };
 pub use harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT};

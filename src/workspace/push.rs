@@ -19,6 +19,9 @@ impl Harvester {
     /// then bring the local session branch to the remote's (its own commits
     /// pushed first when no remote branch, `head`, nor `known`, the tip last
     /// seen on the remote, holds them).
+    // 130 lines: one attempt is retried whole (fetch, size guard, push, local
+    // branch), and its parts share the fetched remote state, `head` and the
+    // report; split, each would take them all.
     pub(super) fn push_once(
         &self,
         repo: &Repository,

@@ -156,6 +156,8 @@ pub(super) fn oversized_blobs(
 /// moves to it (a mixed reset: the work tree keeps the files, now
 /// uncommitted); the agent's commits stay on
 /// `refs/hosted-boot/oversized/<name>`. Returns the new commit.
+// 110 lines: one replacement commit: its tree, its message (what was left
+// out, which commits it replaces) and the reset, from the same walk.
 pub(super) fn leave_out_oversized(
     repo: &Repository,
     head: Oid,
@@ -231,8 +233,8 @@ pub(super) fn leave_out_oversized(
     for oid in walk.take(MAX_LISTED_COMMITS) {
         let c = repo.find_commit(oid?)?;
         subjects.push(format!(
-            "  {} {}",
-            &c.id().to_string()[..12],
+            "  {:.12} {}",
+            c.id(),
             c.summary().ok().flatten().unwrap_or("")
         ));
     }

@@ -45,6 +45,9 @@ impl Harvester {
 
     /// [`Harvester::sync_before_turn`] on the calling thread: blocking,
     /// never from an async task.
+    // 180 lines: the sync's steps in order (4.5 "Before a turn"), each of which
+    // may end it with its own `kept_local` warning, over one `repo`, one fetch
+    // and one report.
     pub fn sync_blocking(&self, run_id: &str, deadline: Instant) -> WorkspaceSync {
         let _guard = lock_repo();
         let url = self.remote_url.as_str();

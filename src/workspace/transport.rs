@@ -82,6 +82,7 @@ pub struct HttpContext {
 /// `git credential-<name>`), plus `credential.useHttpPath`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CredentialHelpers {
+    /// The shell commands, in order (each gets ` get` or ` erase` appended).
     commands: Vec<String>,
     use_http_path: bool,
 }
@@ -124,11 +125,6 @@ impl CredentialHelpers {
         })?;
         let use_http_path = config.get_bool("credential.useHttpPath").unwrap_or(false);
         Ok(CredentialHelpers::new(values, use_http_path))
-    }
-
-    /// The shell commands, in order (each gets ` get` or ` erase` appended).
-    pub fn commands(&self) -> &[String] {
-        &self.commands
     }
 
     /// The attributes git's credential protocol sends for `url`: protocol,
@@ -291,8 +287,8 @@ fn read_capped(mut source: impl Read) -> Vec<u8> {
 /// included: libgit2 messages are C strings), at most 300 characters.
 fn clean_line(text: &str) -> Option<String> {
     let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
-    let clean: String = line.chars().filter(|c| !c.is_control()).take(300).collect();
-    Some(clean.trim().to_string())
+    let clean: String = line.chars().filter(|c| !c.is_control()).collect();
+    Some(crate::text::head(&clean, 300).trim().to_string())
 }
 
 /// Why a transport step failed. Never holds a credential.
@@ -371,10 +367,7 @@ struct RemoteEntry {
 
 fn registry() -> MutexGuard<'static, HashMap<String, Arc<RemoteEntry>>> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<RemoteEntry>>>> = OnceLock::new();
-    REGISTRY
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    crate::sync::lock(REGISTRY.get_or_init(Default::default))
 }
 
 fn key(url: &str) -> String {
@@ -405,7 +398,7 @@ impl RemoteRegistration {
     /// The `Retry-After` of the last `429` or `503` through this
     /// registration, which replaces the backoff (PROTOCOL.md section 2).
     pub fn retry_after(&self) -> Option<Duration> {
-        *self.retry_after.lock().unwrap_or_else(|p| p.into_inner())
+        *crate::sync::lock(&self.retry_after)
     }
 }
 
@@ -513,7 +506,7 @@ struct Shared {
 
 impl Shared {
     fn entry(&self, url: &str) -> Result<Arc<RemoteEntry>, TransportError> {
-        let mut slot = self.entry.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = crate::sync::lock(&self.entry);
         if let Some(entry) = slot.as_ref() {
             return Ok(entry.clone());
         }
@@ -527,7 +520,7 @@ impl Shared {
 
     /// The current password, running the helper's `get` when there is none.
     fn password(&self, entry: &RemoteEntry, url: &reqwest::Url) -> Result<Secret, TransportError> {
-        let mut auth = self.auth.lock().unwrap_or_else(|p| p.into_inner());
+        let mut auth = crate::sync::lock(&self.auth);
         if let Some(p) = &auth.password {
             return Ok(p.clone());
         }
@@ -553,7 +546,7 @@ impl Shared {
     /// A `401` for `password`: erase it from the helpers and forget it.
     /// Returns whether another attempt is allowed.
     fn rejected(&self, entry: &RemoteEntry, url: &reqwest::Url, password: &Secret) -> bool {
-        let mut auth = self.auth.lock().unwrap_or_else(|p| p.into_inner());
+        let mut auth = crate::sync::lock(&self.auth);
         entry
             .helpers
             .reject(url, password, helper_deadline(&entry.http));
@@ -724,11 +717,7 @@ impl HttpStream {
                 if crate::client::retry::honours_retry_after(status.as_u16())
                     && let Some(wait) = crate::client::retry::retry_after(response.headers())
                 {
-                    *self
-                        .entry
-                        .retry_after
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = Some(wait);
+                    *crate::sync::lock(&self.entry.retry_after) = Some(wait);
                 }
                 return Err(TransportError::Status {
                     status: status.as_u16(),
@@ -850,7 +839,7 @@ mod tests {
             true,
         );
         assert_eq!(
-            h.commands(),
+            h.commands,
             &["'/bin/x' credential", "/abs/helper", "git credential-cache"]
         );
     }

@@ -121,7 +121,7 @@ fn events<'a>(snap: &'a Snapshot, run: &str, kind: &str) -> Vec<&'a Value> {
 }
 
 fn usage(body: &FinishBody) -> Value {
-    body.usage.clone().unwrap_or(Value::Null)
+    serde_json::to_value(&body.usage).unwrap()
 }
 
 fn error_code(body: &FinishBody) -> String {

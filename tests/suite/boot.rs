@@ -9,7 +9,7 @@ use hosted_boot::wire::AnswerToQuestion;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::support::{Sandbox, WAIT, assert_no_secret, finish, live_group_members};
+use super::support::{Sandbox, WAIT, assert_no_secret, finish, live_group_members, signal};
 
 const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
 
@@ -59,16 +59,9 @@ fn dedup(v: Vec<String>) -> Vec<String> {
 
 #[tokio::test]
 async fn happy_path_one_turn_then_the_session_ends() {
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(CONNECTOR.0.into(), CONNECTOR.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
     let child = sb.spawn(&sb.script(OBSERVER));
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (_, output) = sb.end_after_seal("run-1", child).await;
 
     let snap = sb.coordinator.snapshot();
     let seen = routes(&snap);
@@ -236,10 +229,7 @@ async fn idle_start_posts_ready_then_runs_a_queued_turn() {
             question: "Tabs or spaces?".into(),
         }),
     );
-    sb.wait_sealed(&run_id).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal(&run_id, child).await;
     assert_eq!(
         sb.read_out(&format!("prompt-{run_id}")),
         "The user answered your earlier question.\n\nQuestion: Tabs or spaces?\n\nAnswer: Yes, use tabs."
@@ -267,13 +257,8 @@ fi
 {OBSERVER}"#
     ));
     let child = sb.spawn(&script);
-    sb.coordinator
-        .wait_for(WAIT, |s| {
-            s.run("run-1")
-                .is_some_and(|r| r.events.iter().any(|e| e.kind == "message"))
-        })
-        .await
-        .unwrap();
+    sb.wait_event("run-1", "message", |e| e.kind == "message")
+        .await;
     sb.coordinator.interrupt(Some("run-1")).unwrap();
     let snap = sb.wait_sealed("run-1").await;
     assert_eq!(snap.run("run-1").unwrap().status, "interrupted");
@@ -294,10 +279,7 @@ fi
     );
 
     let next = sb.coordinator.queue_turn("And now?", None);
-    sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal(&next, child).await;
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.run(&next).unwrap().status, "succeeded");
     assert_eq!(
@@ -317,10 +299,7 @@ async fn an_interrupt_requested_before_the_agent_starts_skips_it() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     sb.coordinator.interrupt(Some("run-1")).unwrap();
     let child = sb.spawn(&sb.script(OBSERVER));
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     assert_eq!(sb.coordinator.run("run-1").unwrap().status, "interrupted");
     assert_eq!(sb.read_out("env-run-1"), "", "the agent was started");
 }
@@ -332,10 +311,7 @@ async fn agent_token_503_three_times_takes_exactly_four_requests() {
         .add_fault(Fault::status(Route::AgentToken, 503).times(3))
         .unwrap();
     let child = sb.spawn(&sb.script(OBSERVER));
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     let snap = sb.coordinator.snapshot();
     let first_non_token = snap
         .requests
@@ -586,11 +562,7 @@ async fn configuration_errors_exit_2_without_a_single_request() {
 
 #[tokio::test]
 async fn secrets_never_reach_the_coordinator_or_the_log() {
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(CONNECTOR.0.into(), CONNECTOR.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
     // Once whole, once split across two writes with a pause, once inside a
     // JSON event, plus the bearer the agent can read.
     let script = sb.script(
@@ -604,10 +576,7 @@ echo "bearer: $(cat "$ORIZU_TOKEN_FILE")" >&2
 "#,
     );
     let child = sb.spawn(&script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (_, output) = sb.end_after_seal("run-1", child).await;
     let secrets = sb.secrets(&[CONNECTOR.1]);
     let run = sb.coordinator.run("run-1").unwrap();
     let events = serde_json::to_string(&run.events).unwrap();
@@ -652,10 +621,7 @@ git rev-parse HEAD > "$AGENT_OUT/head"
 "#,
     );
     let child = sb.spawn(&script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     assert_eq!(sb.coordinator.run("run-1").unwrap().status, "succeeded");
     let remote = std::process::Command::new("git")
         .arg("-C")
@@ -690,15 +656,9 @@ sleep 1000
 "#,
     );
     let child = sb.spawn(&script);
-    sb.coordinator
-        .wait_for(WAIT, |s| {
-            s.run("run-1")
-                .is_some_and(|r| r.events.iter().any(|e| e.kind == "message"))
-        })
-        .await
-        .unwrap();
-    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    sb.wait_event("run-1", "message", |e| e.kind == "message")
+        .await;
+    signal(child.id().unwrap(), rustix::process::Signal::TERM);
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(143), "{output}");
     let snap = sb.coordinator.snapshot();
@@ -722,8 +682,7 @@ async fn sigterm_between_turns_exits_without_posting() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    signal(child.id().unwrap(), rustix::process::Signal::INT);
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(130), "{output}");
     assert_eq!(sb.coordinator.snapshot().status_names(), vec!["ready"]);
@@ -745,10 +704,7 @@ async fn compat_bodies_match_the_contract_literally() {
         .await
         .unwrap();
     let run_id = sb.coordinator.queue_turn("go", None);
-    sb.wait_sealed(&run_id).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal(&run_id, child).await;
     let requests = sb.coordinator.requests();
     let token = &requests[0];
     assert_eq!(
@@ -791,8 +747,7 @@ async fn compat_bodies_match_the_contract_literally() {
 }
 
 fn sigterm(child: &tokio::process::Child) {
-    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    signal(child.id().unwrap(), rustix::process::Signal::TERM);
 }
 
 #[tokio::test]

@@ -9,7 +9,10 @@ use hosted_boot::wire::{ErrorCode, Event};
 use pretty_assertions::assert_eq;
 use serde_json::Value;
 
-use super::support::{Sandbox, WAIT, agent_events, assert_events_clean, assert_no_secret};
+use super::support::{
+    Runner, Sandbox, WAIT, agent_events, assert_events_clean, assert_no_secret, kill_group, signal,
+    wait_for_file,
+};
 
 /// The spool of `run_id` under the sandbox's root.
 fn spool_path(sb: &Sandbox, run_id: &str) -> std::path::PathBuf {
@@ -56,54 +59,6 @@ fn proc_kib(pid: u32, field: &str) -> Option<u64> {
         .find(|l| l.starts_with(&format!("{field}:")))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|n| n.parse().ok())
-}
-
-/// The runner, its output read as it comes: its trace-level log fills a
-/// pipe's 64 KiB within a few dozen requests, and a runner blocked writing
-/// its own log would stall (unlike `support::finish`, which reads at the
-/// end, for short runs).
-struct Runner {
-    child: tokio::process::Child,
-    output: tokio::task::JoinHandle<String>,
-}
-
-impl Runner {
-    fn spawn(sb: &Sandbox, script: &std::path::Path) -> Runner {
-        let mut child = sb.spawn(script);
-        let mut stdout = child.stdout.take().unwrap();
-        let mut stderr = child.stderr.take().unwrap();
-        let output = tokio::spawn(async move {
-            use tokio::io::AsyncReadExt;
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            let _ = tokio::join!(stdout.read_to_end(&mut a), stderr.read_to_end(&mut b));
-            a.extend(b);
-            String::from_utf8_lossy(&a).into_owned()
-        });
-        Runner { child, output }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id().unwrap()
-    }
-
-    fn exited(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_some()
-    }
-
-    /// Waits (bounded) for the exit; returns the status and the whole output.
-    async fn finish(mut self) -> (std::process::ExitStatus, String) {
-        let status = tokio::time::timeout(WAIT, self.child.wait())
-            .await
-            .expect("the runner did not exit in time")
-            .unwrap();
-        (status, self.output.await.unwrap())
-    }
-
-    /// Kills the runner and returns its output (for a failure message).
-    async fn kill(mut self) -> String {
-        let _ = self.child.start_kill();
-        self.finish().await.1
-    }
 }
 
 const KEY: (&str, &str) = ("ACME_API_KEY", "acme-0123456789-abcdefghij");
@@ -232,10 +187,7 @@ printf 'url=%s\n\n' "$url" | git credential fill
 "#,
     );
     let child = Runner::spawn(&sb, &script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (_, output) = sb.end_after_seal("run-1", child).await;
     let run = sb.coordinator.run("run-1").unwrap();
     let lines = texts(&run);
     assert!(
@@ -261,20 +213,11 @@ while [ $i -le 60 ]; do echo "line $i"; sleep 0.02; i=$((i+1)); done
 "#,
     );
     let child = Runner::spawn(&sb, &script);
-    sb.coordinator
-        .wait_for(WAIT, |s| {
-            s.run("run-1")
-                .is_some_and(|r| r.events.iter().any(|e| e.data["text"] == "line 5"))
-        })
-        .await
-        .unwrap();
+    sb.wait_text("run-1", "line 5").await;
     sb.coordinator
         .add_fault(Fault::status(Route::Events, 503).times(8))
         .unwrap();
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
 
     let snap = sb.coordinator.snapshot();
     let run = snap.run("run-1").unwrap();
@@ -315,13 +258,7 @@ seq 302 600
 "#,
     );
     let child = Runner::spawn(&sb, &script);
-    sb.coordinator
-        .wait_for(WAIT, |s| {
-            s.run("run-1")
-                .is_some_and(|r| r.events.iter().any(|e| e.data["text"] == "start"))
-        })
-        .await
-        .unwrap();
+    sb.wait_text("run-1", "start").await;
     sb.coordinator
         .add_fault(Fault::delay(Route::Events, Duration::from_millis(600)))
         .unwrap();
@@ -329,10 +266,7 @@ seq 302 600
         .add_fault(Fault::status(Route::Events, 413))
         .unwrap();
     std::fs::write(sb.out().join("go"), "").unwrap();
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     let snap = sb.coordinator.snapshot();
     let run = snap.run("run-1").unwrap();
     assert_contiguous(&run.events);
@@ -359,10 +293,7 @@ async fn a_4xx_on_events_stops_sending_and_the_seal_counts_what_was_lost() {
         .unwrap();
     let script = sb.script("echo one; sleep 0.1; echo two; sleep 0.1; echo three");
     let child = Runner::spawn(&sb, &script);
-    let snap = sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
     let run = snap.run("run-1").unwrap();
     assert_eq!(run.status, "succeeded");
     assert!(run.events.is_empty());
@@ -402,13 +333,7 @@ sleep 1000
 "#,
     );
     let first = Runner::spawn(&sb, &script);
-    sb.coordinator
-        .wait_for(WAIT, |s| {
-            s.run("run-1")
-                .is_some_and(|r| r.events.iter().any(|e| e.data["text"] == "line 5"))
-        })
-        .await
-        .unwrap();
+    sb.wait_text("run-1", "line 5").await;
     // The coordinator stops accepting; lines 6..20 reach only the spool.
     sb.coordinator
         .add_fault(Fault::status(Route::Events, 503).times(1_000_000))
@@ -426,15 +351,11 @@ sleep 1000
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let pid = rustix::process::Pid::from_raw(first.pid() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    signal(first.pid(), rustix::process::Signal::KILL);
     let (status, _) = first.finish().await;
     assert_eq!(status.code(), None);
     let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
-    let _ = rustix::process::kill_process_group(
-        rustix::process::Pid::from_raw(pgid).unwrap(),
-        rustix::process::Signal::KILL,
-    );
+    kill_group(pgid);
     let cursor = sb.coordinator.run("run-1").unwrap().accepted_through();
     let spooled = std::fs::read_to_string(&spool).unwrap().lines().count() as u64;
     assert!(
@@ -445,10 +366,7 @@ sleep 1000
     let requests_before = sb.coordinator.requests().len();
 
     let second = Runner::spawn(&sb, &script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = second.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", second).await;
 
     let run = sb.coordinator.run("run-1").unwrap();
     assert_contiguous(&run.events);
@@ -474,11 +392,7 @@ sleep 1000
 async fn fifty_mb_of_output_with_the_coordinator_stalled_keeps_the_runner_small() {
     const BOUND_KIB: u64 = 32 * 1024;
     const OUTPUT: u64 = 50 * 1024 * 1024;
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(KEY.0.into(), KEY.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[KEY]).await;
     // Every events request hangs (each attempt times out and is retried).
     sb.coordinator
         .add_fault(Fault::delay(Route::Events, Duration::from_secs(120)).times(1_000_000))
@@ -598,8 +512,7 @@ async fn events_left_undelivered_are_delivered_by_the_next_boot() {
         .wait_for(WAIT, |s| s.status_names().contains(&"turn_completed"))
         .await
         .unwrap();
-    let pid = rustix::process::Pid::from_raw(first.pid() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    signal(first.pid(), rustix::process::Signal::TERM);
     let (status, output) = first.finish().await;
     assert_eq!(status.code(), Some(143), "{output}");
     let run1 = sb.coordinator.run("run-1").unwrap();
@@ -616,10 +529,7 @@ async fn events_left_undelivered_are_delivered_by_the_next_boot() {
 
     sb.coordinator.queue_turn("next", None);
     let second = Runner::spawn(&sb, &script);
-    sb.wait_sealed("run-2").await;
-    sb.coordinator.end_session();
-    let (status, output) = second.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-2", second).await;
     let snap = sb.coordinator.snapshot();
     let run1 = snap.run("run-1").unwrap();
     assert_contiguous(&run1.events);
@@ -643,11 +553,7 @@ async fn events_left_undelivered_are_delivered_by_the_next_boot() {
 
 #[tokio::test]
 async fn a_line_over_1_mib_is_cut_into_continued_pieces_with_a_secret_on_the_cut() {
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(KEY.0.into(), KEY.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[KEY]).await;
     // 2.5 MiB on one line; the secret straddles the first 1 MiB cut.
     let script = sb.script(
         r#"
@@ -655,10 +561,7 @@ async fn a_line_over_1_mib_is_cut_into_continued_pieces_with_a_secret_on_the_cut
 "#,
     );
     let child = Runner::spawn(&sb, &script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     let run = sb.coordinator.run("run-1").unwrap();
     let pieces: Vec<(usize, bool)> = run
         .events
@@ -700,11 +603,7 @@ async fn a_line_over_1_mib_is_cut_into_continued_pieces_with_a_secret_on_the_cut
 
 #[tokio::test]
 async fn agent_event_types_are_redacted_and_cannot_claim_the_runners_namespace() {
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(KEY.0.into(), KEY.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[KEY]).await;
     // The connector value spelled with JSON escapes (`\u0061…`), which the
     // byte stream does not show and a JSON parse decodes: as the whole
     // type, inside one, after the reserved prefix; then the reserved prefix
@@ -721,10 +620,7 @@ printf '{"type":"%s"}\n' "$ACME_API_KEY"
 "#,
     );
     let child = Runner::spawn(&sb, &script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     let run = sb.coordinator.run("run-1").unwrap();
     assert_contiguous(&run.events);
     assert_events_clean(
@@ -760,19 +656,6 @@ printf '{"type":"%s"}\n' "$ACME_API_KEY"
             ("[REDACTED]".into(), json(r#"{"type":"[REDACTED]"}"#)),
         ]
     );
-}
-
-/// Waits (bounded) until `path` exists.
-async fn wait_for_file(path: &std::path::Path) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !path.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The events of `run_id` still in its spool, as lines.
@@ -924,11 +807,7 @@ const ESCAPE_KEY: &str =
 /// events), the finish body is not (only `error.message` is).
 #[tokio::test]
 async fn a_session_id_or_model_decoded_from_the_agents_json_never_reaches_the_finish() {
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(KEY.0.into(), KEY.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[KEY]).await;
     let script = sb.script(&format!(
         r#"
 if [ "${{1:-}}" = "--version" ]; then echo "2.1.240 (Claude Code)"; exit 0; fi
@@ -943,10 +822,7 @@ cat >/dev/null
     let mut cmd = sb.runner(&script);
     cmd.env("HOSTED_BOOT_AGENT", "claude");
     let child = cmd.spawn().unwrap();
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = super::support::finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (_, output) = sb.end_after_seal("run-1", child).await;
     let run = sb.coordinator.run("run-1").unwrap();
     assert_eq!(run.status, "succeeded", "{output}");
     let secrets = sb.secrets(&[KEY.1]);
@@ -988,11 +864,7 @@ cat >/dev/null
 #[tokio::test]
 async fn json_escaped_forms_that_other_serializers_write_are_redacted() {
     const SLASHY: (&str, &str) = ("AWS_SECRET", "wJalrXUtnFEMI/K7MDENG&bPxRfiCYKEY");
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(SLASHY.0.into(), SLASHY.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[SLASHY]).await;
     // What `php -r 'echo json_encode(getenv("AWS_SECRET"));'` and Go's
     // json.Marshal print.
     let script = sb.script(
@@ -1004,10 +876,7 @@ printf 'secret: "%s"\n' "$go"
 "#,
     );
     let child = Runner::spawn(&sb, &script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     let run = sb.coordinator.run("run-1").unwrap();
     let stored = serde_json::to_string(&run.events).unwrap();
     let php = SLASHY.1.replace('/', "\\/");
@@ -1039,11 +908,7 @@ printf 'secret: "%s"\n' "$go"
 /// value; the missing `type` should not change what a consumer can read.
 #[tokio::test]
 async fn an_untyped_json_line_spelling_a_secret_with_escapes_is_clean_once_decoded() {
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(KEY.0.into(), KEY.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[KEY]).await;
     let script = sb.script(&format!(
         r#"
 {ESCAPE_KEY}
@@ -1052,10 +917,7 @@ printf '["%s"]\n' "$esc"
 "#
     ));
     let child = Runner::spawn(&sb, &script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     let run = sb.coordinator.run("run-1").unwrap();
     assert_events_clean(
         &run.events,
@@ -1076,11 +938,7 @@ printf '["%s"]\n' "$esc"
 /// event with the value `[REDACTED]`.
 #[tokio::test]
 async fn a_typed_line_over_1_mib_is_redacted_by_value_like_a_short_one() {
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(KEY.0.into(), KEY.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[KEY]).await;
     let script = sb.script(&format!(
         r#"
 {ESCAPE_KEY}
@@ -1088,10 +946,7 @@ async fn a_typed_line_over_1_mib_is_redacted_by_value_like_a_short_one() {
 "#
     ));
     let child = Runner::spawn(&sb, &script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     let run = sb.coordinator.run("run-1").unwrap();
     let joined: String = run
         .events
@@ -1124,10 +979,7 @@ printf '{"type":"HO\305\277TED_BOOT.runner","forged":true}\n'
 "#,
     );
     let child = Runner::spawn(&sb, &script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     let run = sb.coordinator.run("run-1").unwrap();
     let forged: Vec<&str> = run
         .events
@@ -1150,11 +1002,7 @@ printf '{"type":"HO\305\277TED_BOOT.runner","forged":true}\n'
 #[tokio::test]
 async fn a_value_percent_encoded_in_a_url_is_redacted() {
     const SLASHY: (&str, &str) = ("AWS_SECRET", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYKEY");
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(SLASHY.0.into(), SLASHY.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[SLASHY]).await;
     let script = sb.script(
         r#"
 enc=$(printf %s "$AWS_SECRET" | sed 's,/,%2F,g; s,+,%2B,g')
@@ -1162,10 +1010,7 @@ printf 'fatal: unable to access https://bot:%s@example.com/repo.git/\n' "$enc" >
 "#,
     );
     let child = Runner::spawn(&sb, &script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     let run = sb.coordinator.run("run-1").unwrap();
     let encoded = SLASHY.1.replace('/', "%2F").replace('+', "%2B");
     let stored = serde_json::to_string(&run.events).unwrap();

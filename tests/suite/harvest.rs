@@ -17,7 +17,7 @@ use hosted_boot::workspace::{
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::support::{Sandbox, WAIT, assert_no_secret, finish};
+use super::support::{Sandbox, WAIT, assert_no_secret, finish, kill_group, signal, wait_for_file};
 
 const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
 
@@ -113,23 +113,9 @@ fn push_and_finish_positions(snap: &Snapshot, run_id: &str) -> (Option<usize>, u
     (push, finish)
 }
 
-async fn wait_file(path: PathBuf) {
-    tokio::time::timeout(WAIT, async {
-        while !path.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{} did not appear", path.display()));
-}
-
 #[tokio::test]
 async fn uncommitted_work_of_a_succeeded_turn_lands_on_the_session_branch() {
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(CONNECTOR.0.into(), CONNECTOR.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
     // A new file (two lines), a tracked file changed (one line added), a
     // .gitignore (one line) and an ignored file, which must stay behind.
     // And the index lock of a git command killed mid-way.
@@ -143,10 +129,7 @@ touch .git/index.lock
 "#,
     );
     let child = sb.spawn(&script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (_, output) = sb.end_after_seal("run-1", child).await;
 
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
@@ -207,10 +190,7 @@ git rev-parse HEAD > "$AGENT_OUT/head"
 "#,
     );
     let child = sb.spawn(&script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     let agent_head = sb.read_out("head").trim().to_string();
     let branch = sb.coordinator.branch();
     assert_eq!(tip(&sb, &branch), agent_head);
@@ -242,10 +222,7 @@ fi
     let child = sb.spawn(&script);
     sb.wait_sealed("run-1").await;
     let next = sb.coordinator.queue_turn("next", None);
-    sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal(&next, child).await;
     let branch = sb.coordinator.branch();
     let detached = sb.read_out("head-run-1").trim().to_string();
     assert_eq!(tip(&sb, &branch), detached);
@@ -272,13 +249,8 @@ wait
 "#;
 
 async fn wait_working(sb: &Sandbox) {
-    sb.coordinator
-        .wait_for(WAIT, |s| {
-            s.run("run-1")
-                .is_some_and(|r| r.events.iter().any(|e| e.kind == "message"))
-        })
-        .await
-        .unwrap();
+    sb.wait_event("run-1", "message", |e| e.kind == "message")
+        .await;
 }
 
 fn assert_wip_pushed_before_the_seal(sb: &Sandbox) {
@@ -309,10 +281,7 @@ async fn an_interrupted_turn_gets_a_wip_commit_pushed_before_the_seal() {
     let child = sb.spawn(&sb.script(LEAVES_WORK_AND_SLEEPS));
     wait_working(&sb).await;
     sb.coordinator.interrupt(Some("run-1")).unwrap();
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     assert_wip_pushed_before_the_seal(&sb);
 }
 
@@ -321,8 +290,7 @@ async fn sigterm_mid_turn_gets_a_wip_commit_pushed_before_the_seal() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     let child = sb.spawn(&sb.script(LEAVES_WORK_AND_SLEEPS));
     wait_working(&sb).await;
-    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    signal(child.id().unwrap(), rustix::process::Signal::TERM);
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(143), "{output}");
     assert_wip_pushed_before_the_seal(&sb);
@@ -351,15 +319,12 @@ git status --porcelain > "$AGENT_OUT/status-$ORIZU_RUN_ID"
 "#
     ));
     let child = sb.spawn(&script);
-    wait_file(sb.out().join("ready-run-1")).await;
+    wait_for_file(&sb.out().join("ready-run-1")).await;
     let theirs = advance_remote(&sb, "THEIRS.md");
     std::fs::write(sb.out().join("go"), "").unwrap();
     sb.wait_sealed("run-1").await;
     let next = sb.coordinator.queue_turn("next", None);
-    sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal(&next, child).await;
 
     let branch = sb.coordinator.branch();
     let recovery = format!("{branch}-recovered-run-1");
@@ -414,19 +379,13 @@ git symbolic-ref HEAD > "$AGENT_OUT/symref"
     first.kill().await.unwrap();
     let _ = first.wait().await;
     let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
-    let _ = rustix::process::kill_process_group(
-        rustix::process::Pid::from_raw(pgid).unwrap(),
-        rustix::process::Signal::KILL,
-    );
+    kill_group(pgid);
     let branch = sb.coordinator.branch();
     let before = tip(&sb, &branch);
     assert!(sb.coordinator.run("run-1").unwrap().finish.is_none());
 
     let second = sb.spawn(&script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(second).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (_, output) = sb.end_after_seal("run-1", second).await;
 
     // The work left behind reached the session branch (a fast-forward).
     let head = tip(&sb, &branch);
@@ -483,7 +442,7 @@ fn git_requests_since(sb: &Sandbox, from: usize) -> Vec<(String, Option<u16>)> {
 async fn a_push_that_keeps_failing_is_reported_retried_three_times_and_never_dropped() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     let child = sb.spawn(&waits_then_leaves_a_file(&sb));
-    wait_file(sb.out().join("ready-run-1")).await;
+    wait_for_file(&sb.out().join("ready-run-1")).await;
     sb.coordinator
         .add_fault(Fault::status(Route::Git, 503).times(1000))
         .unwrap();
@@ -513,10 +472,7 @@ async fn a_push_that_keeps_failing_is_reported_retried_three_times_and_never_dro
     // The next harvest pushes the commit that could not be pushed.
     sb.coordinator.clear_faults();
     let next = sb.coordinator.queue_turn("next", None);
-    let snap = sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal(&next, child).await;
     let branch = sb.coordinator.branch();
     assert_eq!(tip(&sb, &branch), kept);
     assert_eq!(result_of(&snap, &next)["pushed"], json!(true));
@@ -525,13 +481,9 @@ async fn a_push_that_keeps_failing_is_reported_retried_three_times_and_never_dro
 
 #[tokio::test]
 async fn a_push_refused_by_the_server_is_a_verdict_and_not_retried() {
-    let sb = Sandbox::start(CoordinatorOptions {
-        connectors: vec![(CONNECTOR.0.into(), CONNECTOR.1.into())],
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
     let child = sb.spawn(&waits_then_leaves_a_file(&sb));
-    wait_file(sb.out().join("ready-run-1")).await;
+    wait_for_file(&sb.out().join("ready-run-1")).await;
     sb.coordinator
         .add_fault(Fault::status(Route::Git, 403).times(1000))
         .unwrap();
@@ -740,7 +692,7 @@ async fn a_failed_turn_gets_its_work_pushed_before_the_seal() {
 async fn the_fatal_path_harvests_what_an_earlier_failed_push_left() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     let child = sb.spawn(&waits_then_leaves_a_file(&sb));
-    wait_file(sb.out().join("ready-run-1")).await;
+    wait_for_file(&sb.out().join("ready-run-1")).await;
     sb.coordinator
         .add_fault(Fault::status(Route::Git, 503).times(1000))
         .unwrap();
@@ -861,10 +813,7 @@ async fn a_push_by_the_user_between_turns_is_where_the_next_turn_starts() {
     // The user pushes on top of the session branch between the turns.
     let users = user_push(&sb, &first, "USER.md");
     let next = sb.coordinator.queue_turn("next", None);
-    let snap = sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal(&next, child).await;
 
     // The turn started at the user's commit, on the session branch.
     assert_eq!(sb.read_out(&format!("head-{next}")).trim(), users);
@@ -905,10 +854,7 @@ async fn commits_a_force_push_discarded_are_not_pushed_back() {
     // with a commit of their own.
     let users = user_push(&sb, &base, "USER.md");
     let next = sb.coordinator.queue_turn("next", None);
-    let snap = sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal(&next, child).await;
 
     // The turn started at the user's commit; its work is on the session
     // branch on top of it.
@@ -965,13 +911,10 @@ fi
     let next = sb.coordinator.queue_turn("next", None);
     // The agent starts although the fetch failed; the git server heals
     // before the turn's harvest.
-    wait_file(sb.out().join(format!("ready-{next}"))).await;
+    wait_for_file(&sb.out().join(format!("ready-{next}"))).await;
     sb.coordinator.clear_faults();
     std::fs::write(sb.out().join("go"), "").unwrap();
-    let snap = sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal(&next, child).await;
 
     assert_eq!(snap.run(&next).unwrap().status, "succeeded");
     assert_eq!(sb.read_out(&format!("head-{next}")).trim(), first);
@@ -1007,7 +950,7 @@ fi
     let branch = sb.coordinator.branch();
     let base = tip(&sb, &branch);
     // run-1's push fails: its commit stays in repo/ only.
-    wait_file(sb.out().join("ready-run-1")).await;
+    wait_for_file(&sb.out().join("ready-run-1")).await;
     sb.coordinator
         .add_fault(Fault::status(Route::Git, 503).times(1000))
         .unwrap();
@@ -1022,10 +965,7 @@ fi
     // Meanwhile the user pushed to the session branch.
     let users = user_push(&sb, &base, "USER.md");
     let next = sb.coordinator.queue_turn("next", None);
-    let snap = sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal(&next, child).await;
 
     // The unpushed commit went to a recovery branch before the turn, which
     // started from the user's commit and pushed its work onto it.
@@ -1114,10 +1054,7 @@ fi
 
     // The next turn's work is pushed too: the session is not blocked.
     let next = sb.coordinator.queue_turn("next", None);
-    let snap = sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal(&next, child).await;
     let head = tip(&sb, &branch);
     assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), first);
     assert_eq!(
@@ -1206,10 +1143,7 @@ fi
     );
 
     let next = sb.coordinator.queue_turn("next", None);
-    let snap = sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal(&next, child).await;
     let head = tip(&sb, &branch);
     assert_eq!(bare_git(&sb, &["rev-parse", &format!("{head}~1")]), first);
     assert!(files_at(&sb, &head).contains(&"TWO.md".to_string()));
@@ -1227,10 +1161,7 @@ async fn a_push_the_host_refuses_for_a_large_file_says_why() {
     .await;
     let script = sb.script(&format!("head -c {BIG} /dev/zero > BIG.bin"));
     let child = sb.spawn(&script);
-    let snap = sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
     let result: HarvestResult = serde_json::from_value(result_of(&snap, "run-1")).unwrap();
     assert!(!result.pushed);
     let error = result.push_error.unwrap();
@@ -1280,10 +1211,7 @@ fi
     let child = sb.spawn(&script);
     sb.wait_sealed("run-1").await;
     let next = sb.coordinator.queue_turn("next", None);
-    sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal(&next, child).await;
     let commit = sb.read_out("commit").trim().to_string();
     let on_remote = bare_git(&sb, &["for-each-ref", "--contains", &commit]);
     let local = local_refs_containing(&sb, &commit);
@@ -1314,10 +1242,7 @@ fi
     let first = tip(&sb, &branch);
     user_push(&sb, &first, "notes.local");
     let next = sb.coordinator.queue_turn("next", None);
-    let snap = sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal(&next, child).await;
     let notes = std::fs::read_to_string(sb.root().join("repo/notes.local")).unwrap_or_default();
     assert!(
         notes.contains("the agent notes"),
@@ -1368,10 +1293,7 @@ fi
 "#,
     );
     let child = spawn_with_limit(&sb, &script);
-    let snap = sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
     let branch = sb.coordinator.branch();
     let files = files_at(&sb, &tip(&sb, &branch));
     assert!(
@@ -1405,10 +1327,7 @@ async fn break_commits_a_force_push_discarded_while_the_runner_was_down_are_not_
     user_push(&sb, &base, "USER.md");
     let child = sb.spawn(&script);
     let next = sb.coordinator.queue_turn("next", None);
-    sb.wait_sealed(&next).await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal(&next, child).await;
     assert_eq!(
         bare_git(&sb, &["for-each-ref", "--contains", &discarded]),
         "",

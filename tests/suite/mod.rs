@@ -3,6 +3,7 @@ mod boot;
 mod check;
 mod coordinator;
 mod events;
+mod hardening;
 mod harvest;
 mod image;
 mod processes;

@@ -17,24 +17,8 @@ use serde_json::json;
 
 use super::support::{
     IN_PID_NAMESPACE, Pty, Sandbox, WAIT, assert_groups_empty, assert_no_zombie_children, finish,
-    pid_namespace_wrapper,
+    kill_group, pid_namespace_wrapper, signal,
 };
-
-/// Waits until run `run_id` has an event with `text`.
-async fn wait_text(sb: &Sandbox, run_id: &str, text: &str) {
-    sb.coordinator
-        .wait_for(WAIT, |s| {
-            s.run(run_id)
-                .is_some_and(|r| r.events.iter().any(|e| e.data["text"] == text))
-        })
-        .await
-        .unwrap_or_else(|e| panic!("no {text:?} event in {run_id}: {e}"));
-}
-
-fn signal(pid: u32, signal: rustix::process::Signal) {
-    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
-    rustix::process::kill_process(pid, signal).unwrap();
-}
 
 /// The only child of `pid` (as `/proc/<pid>/task/<pid>/children` lists it).
 fn only_child(pid: u32) -> u32 {
@@ -71,7 +55,7 @@ sleep 1000
 "#,
     );
     let child = sb.spawn(&script);
-    wait_text(&sb, "run-1", "working").await;
+    sb.wait_text("run-1", "working").await;
     let asked = Instant::now();
     sb.coordinator.interrupt(Some("run-1")).unwrap();
     let snap = sb.wait_sealed("run-1").await;
@@ -124,10 +108,7 @@ async fn a_turn_within_its_time_cap_is_not_touched_by_it() {
     })
     .await;
     let child = sb.spawn(&sb.script("echo done"));
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
     assert_eq!(sb.coordinator.run("run-1").unwrap().status, "succeeded");
 }
 
@@ -162,7 +143,7 @@ wait
 "#,
     );
     let mut child = sb.spawn(&script);
-    wait_text(&sb, "run-1", "working").await;
+    sb.wait_text("run-1", "working").await;
     let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
     let bearer = sb.session_dir().join("bearer");
     assert!(bearer.exists(), "the turn's bearer file is written");
@@ -185,10 +166,7 @@ wait
         assert!(Instant::now() < deadline, "the stale bearer file stayed");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(restarted).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", restarted).await;
     assert_no_zombie_children().await;
 }
 
@@ -206,7 +184,7 @@ sleep 1000
     let mut cmd = sb.runner(&script);
     cmd.env("HOSTED_BOOT_TEST_TIME_SCALE", "0.5");
     let child = cmd.spawn().unwrap();
-    wait_text(&sb, "run-1", "working").await;
+    sb.wait_text("run-1", "working").await;
     let pid = child.id().unwrap();
     let first = Instant::now();
     signal(pid, rustix::process::Signal::TERM);
@@ -237,7 +215,7 @@ echo done
     // a closed pipe (EPIPE, and SIGPIPE if it were not ignored).
     drop(child.stdout.take());
     drop(child.stderr.take());
-    wait_text(&sb, "run-1", "working").await;
+    sb.wait_text("run-1", "working").await;
     let pid = child.id().unwrap();
     signal(pid, rustix::process::Signal::HUP);
     signal(pid, rustix::process::Signal::PIPE);
@@ -280,7 +258,7 @@ sleep 1000
     let mut cmd = sb.wrapped_command(&wrapper, "run", &script);
     cmd.env(IN_PID_NAMESPACE, "1");
     let child = cmd.spawn().unwrap();
-    wait_text(&sb, "run-1", "ready").await;
+    sb.wait_text("run-1", "ready").await;
 
     // PID 1 is the reaper; the agent's parent is the worker, not PID 1.
     assert!(
@@ -430,7 +408,7 @@ while [ ! -e "$AGENT_OUT/go" ]; do sleep 0.02; done
         .wrapped_command(&setpriv, "run", &script)
         .spawn()
         .unwrap();
-    wait_text(&sb, "run-1", "ready").await;
+    sb.wait_text("run-1", "ready").await;
     let runner = sb.read_out("runner").trim().to_string();
     let sibling = sb.read_out("sibling").trim().to_string();
     assert_eq!(runner, child.id().unwrap().to_string());
@@ -468,10 +446,7 @@ while [ ! -e "$AGENT_OUT/go" ]; do sleep 0.02; done
     );
 
     std::fs::write(sb.out().join("go"), "").unwrap();
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(child).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", child).await;
 }
 
 /// The processes (pids in the test's namespace) that have `path` open.
@@ -564,7 +539,7 @@ wait
 "#,
     );
     let mut first = sb.spawn(&script);
-    wait_text(&sb, "run-1", "working").await;
+    sb.wait_text("run-1", "working").await;
     let first_pid = first.id().unwrap();
     a_second_runner_is_refused(&sb, &script, first_pid).await;
 
@@ -580,10 +555,7 @@ wait
     signal(first_pid, rustix::process::Signal::KILL);
     first.wait().await.unwrap();
     let restarted = sb.spawn(&script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(restarted).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", restarted).await;
     assert_eq!(sb.coordinator.run("run-1").unwrap().status, "succeeded");
 }
 
@@ -608,7 +580,7 @@ sleep 1000
     let mut cmd = sb.wrapped_command(&wrapper, "run", &script);
     cmd.env(IN_PID_NAMESPACE, "1");
     let mut first = cmd.spawn().unwrap();
-    wait_text(&sb, "run-1", "working").await;
+    sb.wait_text("run-1", "working").await;
     let reaper = only_child(first.id().unwrap());
     let worker = only_child(reaper);
     let lock = sb.root().join(".hosted-boot/lock");
@@ -626,10 +598,7 @@ sleep 1000
     signal(worker, rustix::process::Signal::KILL);
     first.wait().await.unwrap();
     let restarted = sb.spawn(&script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(restarted).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", restarted).await;
 }
 
 /// The agent runs as the runner's user in the root: it can remove (or
@@ -650,7 +619,7 @@ wait
 "#,
     );
     let first = sb.spawn(&script);
-    wait_text(&sb, "run-1", "working").await;
+    sb.wait_text("run-1", "working").await;
     assert!(!sb.root().join(".hosted-boot/lock").exists());
     let first_pid = first.id().unwrap();
     a_second_runner_is_refused(&sb, &script, first_pid).await;
@@ -677,14 +646,11 @@ wait
 "#,
     );
     let mut first = sb.spawn(&script);
-    wait_text(&sb, "run-1", "working").await;
+    sb.wait_text("run-1", "working").await;
     signal(first.id().unwrap(), rustix::process::Signal::KILL);
     first.wait().await.unwrap();
     let restarted = sb.spawn(&script);
-    sb.wait_sealed("run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = finish(restarted).await;
-    assert_eq!(status.code(), Some(0), "{output}");
+    sb.end_after_seal("run-1", restarted).await;
     let in_tree = std::fs::read_to_string(sb.root().join("repo/README.md")).unwrap_or_default();
     let on_remote = std::process::Command::new("git")
         .arg("-C")
@@ -735,10 +701,7 @@ wait
     tokio::time::sleep(Duration::from_secs(2)).await;
     let left = super::support::live_group_members(pgid).len();
     // Clean up before asserting, so a failure leaves nothing behind.
-    let _ = rustix::process::kill_process_group(
-        rustix::process::Pid::from_raw(pgid).unwrap(),
-        rustix::process::Signal::KILL,
-    );
+    kill_group(pgid);
     assert_eq!(
         left, 0,
         "processes of the agent's group outlived the runner"
@@ -790,10 +753,7 @@ echo '{"type":"message","text":"never"}'
     assert!(!guard.is_empty(), "no guard found");
     let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
     let left = super::support::live_group_members(pgid).len();
-    let _ = rustix::process::kill_process_group(
-        rustix::process::Pid::from_raw(pgid).unwrap(),
-        rustix::process::Signal::KILL,
-    );
+    kill_group(pgid);
     assert_eq!(left, 0, "processes of the turn outlived its guard");
     let run = snap.run("run-1").unwrap();
     assert_eq!(run.status, "failed");

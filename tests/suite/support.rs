@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use hosted_boot::coordinator::{Coordinator, CoordinatorOptions};
+use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Snapshot};
+use hosted_boot::wire::Event;
 use tempfile::TempDir;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
@@ -35,6 +36,19 @@ impl Sandbox {
         };
         let coordinator = Coordinator::start(opts).await.unwrap();
         Sandbox { coordinator, dir }
+    }
+
+    /// [`Sandbox::start`] with the default coordinator whose env bundle sets
+    /// `connectors` (name, value).
+    pub async fn with_connectors(connectors: &[(&str, &str)]) -> Sandbox {
+        Sandbox::start(CoordinatorOptions {
+            connectors: connectors
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect(),
+            ..CoordinatorOptions::default()
+        })
+        .await
     }
 
     pub fn root(&self) -> PathBuf {
@@ -138,11 +152,40 @@ impl Sandbox {
     }
 
     /// Waits until run `run_id` is sealed and returns the state then.
-    pub async fn wait_sealed(&self, run_id: &str) -> hosted_boot::coordinator::Snapshot {
+    pub async fn wait_sealed(&self, run_id: &str) -> Snapshot {
         self.coordinator
             .wait_for(WAIT, |s| s.run(run_id).is_some_and(|r| r.finish.is_some()))
             .await
             .unwrap()
+    }
+
+    /// Waits until run `run_id` has an event `matches` accepts (`what`
+    /// names it in the failure).
+    pub async fn wait_event(&self, run_id: &str, what: &str, matches: impl Fn(&Event) -> bool) {
+        self.coordinator
+            .wait_for(WAIT, |s| {
+                s.run(run_id).is_some_and(|r| r.events.iter().any(&matches))
+            })
+            .await
+            .unwrap_or_else(|e| panic!("no {what} event in {run_id}: {e}"));
+    }
+
+    /// Waits until run `run_id` has an event whose `data.text` is `text`.
+    pub async fn wait_text(&self, run_id: &str, text: &str) {
+        self.wait_event(run_id, &format!("{text:?}"), |e| e.data["text"] == text)
+            .await;
+    }
+
+    /// The usual end of a test: waits until run `run_id` is sealed, ends the
+    /// session and waits for the runner to exit, which must be with 0 (the
+    /// session ended, PROTOCOL.md 4.2). Returns the state at the seal and
+    /// the runner's output.
+    pub async fn end_after_seal(&self, run_id: &str, runner: impl Exits) -> (Snapshot, String) {
+        let snap = self.wait_sealed(run_id).await;
+        self.coordinator.end_session();
+        let (status, output) = runner.exit().await;
+        assert_eq!(status.code(), Some(0), "{output}");
+        (snap, output)
     }
 
     pub fn read_out(&self, name: &str) -> String {
@@ -167,6 +210,100 @@ pub async fn finish(mut child: Child) -> (ExitStatus, String) {
         .expect("the runner did not exit in time");
     assert_no_zombie_children().await;
     (status.unwrap(), output)
+}
+
+/// A started runner whose exit a test waits for.
+pub trait Exits {
+    /// Waits (bounded) for the exit; returns the status and the whole output.
+    async fn exit(self) -> (ExitStatus, String);
+}
+
+impl Exits for Child {
+    /// [`finish`].
+    async fn exit(self) -> (ExitStatus, String) {
+        finish(self).await
+    }
+}
+
+/// The runner, its output read as it comes: its trace-level log fills a
+/// pipe's 64 KiB within a few dozen requests, and a runner blocked writing
+/// its own log would stall (unlike [`finish`], which reads only once it is
+/// called: for short runs, or runs a test does not wait on before).
+pub struct Runner {
+    child: Child,
+    output: tokio::task::JoinHandle<String>,
+}
+
+impl Runner {
+    /// Starts the runner on the agent script `script`.
+    pub fn spawn(sb: &Sandbox, script: &Path) -> Runner {
+        let mut child = sb.spawn(script);
+        let mut stdout = child.stdout.take().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let output = tokio::spawn(async move {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let _ = tokio::join!(stdout.read_to_end(&mut a), stderr.read_to_end(&mut b));
+            a.extend(b);
+            String::from_utf8_lossy(&a).into_owned()
+        });
+        Runner { child, output }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap()
+    }
+
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
+    /// Waits (bounded) for the exit; returns the status and the whole output.
+    pub async fn finish(mut self) -> (ExitStatus, String) {
+        let status = tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("the runner did not exit in time")
+            .unwrap();
+        (status, self.output.await.unwrap())
+    }
+
+    /// Kills the runner and returns its output (for a failure message).
+    pub async fn kill(mut self) -> String {
+        let _ = self.child.start_kill();
+        self.finish().await.1
+    }
+}
+
+impl Exits for Runner {
+    /// [`Runner::finish`].
+    async fn exit(self) -> (ExitStatus, String) {
+        self.finish().await
+    }
+}
+
+/// Sends `signal` to process `pid`.
+pub fn signal(pid: u32, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
+}
+
+/// SIGKILLs every process of group `pgid` (a test's clean-up: errors, such
+/// as an empty group, are ignored).
+pub fn kill_group(pgid: i32) {
+    let _ = rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(pgid).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+}
+
+/// Waits (bounded) until `path` exists.
+pub async fn wait_for_file(path: &Path) {
+    tokio::time::timeout(WAIT, async {
+        while !path.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} did not appear", path.display()));
 }
 
 /// Set (to anything) in the environment of a runner started in another PID

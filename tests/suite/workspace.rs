@@ -12,7 +12,7 @@ use hosted_boot::session_dir::{BootContext, SessionDir};
 use hosted_boot::wire::ErrorCode;
 use hosted_boot::workspace::{
     HttpContext, PreparedRepo, RepoSpec, WorkspaceError, credential_helper_command,
-    credential_helper_with_io, prepare_repo, read_credential_cache,
+    credential_helper_with_io, prepare_repo, read_cache_entry,
 };
 use pretty_assertions::assert_eq;
 
@@ -256,7 +256,8 @@ fn clone_through_the_real_credential_helper() {
     assert_eq!(env.count(Route::RepoToken), 1);
 
     // The helper cached the token it minted, and it is one the coordinator issued.
-    let (token, expires) = read_credential_cache(&env.session.credential_cache_path()).unwrap();
+    let cached = read_cache_entry(&env.session.credential_cache_path()).unwrap();
+    let (token, expires) = (cached.token, cached.expires_at);
     assert!(
         env.coord
             .issued_secrets()
@@ -477,9 +478,9 @@ fn credential_helper_mints_caches_and_erases() {
         .to_string();
     assert!(env.coord.issued_secrets().contains(&token));
     assert_eq!(
-        read_credential_cache(&env.session.credential_cache_path())
+        read_cache_entry(&env.session.credential_cache_path())
             .unwrap()
-            .0
+            .token
             .expose(),
         token
     );
@@ -522,12 +523,12 @@ fn credential_helper_mints_caches_and_erases() {
     // store does nothing; erase of another token (one a concurrent helper
     // replaced already) keeps the cache; erase of the cached one empties it.
     helper_io(&ctx, "store", &format!("{request}password={token}\n"));
-    assert!(read_credential_cache(&env.session.credential_cache_path()).is_some());
+    assert!(read_cache_entry(&env.session.credential_cache_path()).is_some());
     let with_password = |p: &str| format!("{}\npassword={p}\n\n", request.trim_end());
     helper_io(&ctx, "erase", &with_password(&format!("not-{token}")));
-    assert!(read_credential_cache(&env.session.credential_cache_path()).is_some());
+    assert!(read_cache_entry(&env.session.credential_cache_path()).is_some());
     helper_io(&ctx, "erase", &with_password(&token));
-    assert!(read_credential_cache(&env.session.credential_cache_path()).is_none());
+    assert!(read_cache_entry(&env.session.credential_cache_path()).is_none());
     assert_eq!(
         std::fs::read_to_string(env.session.credential_cache_path()).unwrap(),
         "\n"

@@ -1,43 +1,15 @@
 //! The wire types of PROTOCOL.md section 2, defined once and used by both the
 //! runner's client and the reference coordinator, so that the two cannot
-//! drift. Field names are the contract: `camelCase` on the wire.
+//! drift. Field names are the contract: `camelCase` on the wire. The route
+//! table (method, path, auth, URL source, body types, size cap of every
+//! route) is [`routes`].
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::secret::Secret;
 
-/// Route paths relative to `ORIZU_API_BASE_URL` (PROTOCOL.md 2.3 to 2.6).
-pub mod routes {
-    /// `GET` env bundle (2.3).
-    pub fn env_bundle(session_id: &str) -> String {
-        format!("api/cli/sessions/{session_id}/env-bundle")
-    }
-    /// `GET` session (2.4).
-    pub fn session(session_id: &str) -> String {
-        format!("api/cli/sessions/{session_id}")
-    }
-    /// `POST` repo token (2.5).
-    pub fn repo_token(session_id: &str) -> String {
-        format!("api/cli/sessions/{session_id}/repo-token")
-    }
-    /// `POST` run_started (2.6).
-    pub fn run(run_id: &str) -> String {
-        format!("api/cli/workbench-runs/{run_id}")
-    }
-    /// `POST` events (2.6).
-    pub fn events(run_id: &str) -> String {
-        format!("api/cli/workbench-runs/{run_id}/events")
-    }
-    /// `GET` events cursor (2.6).
-    pub fn events_cursor(run_id: &str) -> String {
-        format!("api/cli/workbench-runs/{run_id}/events/cursor")
-    }
-    /// `POST` finish (2.6).
-    pub fn finish(run_id: &str) -> String {
-        format!("api/cli/workbench-runs/{run_id}/finish")
-    }
-}
+pub mod routes;
 
 /// The header the interrupt watch adds to its session reads (2.4).
 pub const DURING_TURN_HEADER: (&str, &str) = ("x-orizu-hosted-poll", "during-turn");
@@ -520,11 +492,60 @@ pub struct FinishBody {
     pub agent_session_id: Option<String>,
     /// Why it failed.
     pub error: Option<FinishError>,
-    /// Token usage, when the agent reports it.
-    pub usage: Option<Value>,
+    /// Token usage, when the agent reported any.
+    pub usage: Option<Usage>,
     /// The harvest of the turn's work (4.5); null only when the run is
     /// sealed by a fatal path on which no harvest ran.
     pub result: Option<HarvestResult>,
+}
+
+/// `finish.usage` (PROTOCOL.md 2.6): the turn's token usage, `{"model",
+/// "inputTokens", "outputTokens", "cacheReadTokens", "cacheWriteTokens",
+/// "costUsd"}`, each member present only when the agent's CLI reported it
+/// (`None`: absent on the wire). Summed over the turn (its continuations
+/// included), never cumulative across turns; the adapters sum it
+/// (`agent::usage`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    /// The model that served the turn (the last one the agent named).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Input tokens neither read from nor written to the cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    /// Output tokens, reasoning included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    /// Input tokens read from the cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_tokens: Option<u64>,
+    /// Input tokens written to the cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<u64>,
+    /// Cost in US dollars, the CLI's own estimate; sent rounded to 9
+    /// decimals.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "rounded_cost"
+    )]
+    pub cost_usd: Option<f64>,
+}
+
+impl Usage {
+    /// Whether nothing was reported (the finish then sends `usage: null`).
+    pub fn is_empty(&self) -> bool {
+        *self == Usage::default()
+    }
+}
+
+// Sums of binary fractions (0.1 + 0.2): send what a person would write.
+fn rounded_cost<S: serde::Serializer>(cost: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match cost {
+        Some(c) => s.serialize_some(&((c * 1e9).round() / 1e9)),
+        None => s.serialize_none(),
+    }
 }
 
 /// `finish.result` and the `hosted_boot.harvest` event's data (PROTOCOL.md
@@ -741,7 +762,7 @@ pub const MAX_REASON_CHARS: usize = 800;
 
 /// Truncates `text` to [`MAX_REASON_CHARS`] characters (call after redaction).
 pub fn truncate_reason(text: &str) -> String {
-    text.chars().take(MAX_REASON_CHARS).collect()
+    crate::text::head(text, MAX_REASON_CHARS).to_string()
 }
 
 #[cfg(test)]
@@ -813,6 +834,36 @@ mod tests {
             serde_json::to_value(&started).unwrap(),
             json!({"status": "turn_started", "runId": "run-1"})
         );
+    }
+
+    /// `finish.usage` (2.6): camelCase members, each only when reported,
+    /// the cost rounded to 9 decimals; an empty usage is still `{}` (the
+    /// finish sends null instead, see `agent::usage`).
+    #[test]
+    fn usage_is_the_contracts_shape() {
+        let u = Usage {
+            model: Some("m".into()),
+            input_tokens: Some(1),
+            output_tokens: Some(2),
+            cache_read_tokens: Some(3),
+            cache_write_tokens: Some(4),
+            cost_usd: Some(0.1 + 0.2),
+        };
+        let wire = json!({"model": "m", "inputTokens": 1, "outputTokens": 2,
+            "cacheReadTokens": 3, "cacheWriteTokens": 4, "costUsd": 0.3});
+        assert_eq!(serde_json::to_value(&u).unwrap(), wire);
+        let back: Usage = serde_json::from_value(wire).unwrap();
+        assert_eq!(back.cost_usd, Some(0.3));
+        let some = Usage {
+            output_tokens: Some(7),
+            ..Usage::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&some).unwrap(),
+            json!({"outputTokens": 7})
+        );
+        assert!(Usage::default().is_empty() && !some.is_empty());
+        assert_eq!(serde_json::to_value(Usage::default()).unwrap(), json!({}));
     }
 
     #[test]

@@ -1,0 +1,199 @@
+//! The dev API of the reference coordinator (PROTOCOL.md section 6), under
+//! `{base}/dev/`: its route table and handler. Not part of the contract the
+//! runner speaks (that is [`crate::wire::routes`]); the tests, the demo and
+//! a person debugging a sandbox drive the coordinator through it.
+
+use axum::http::{HeaderMap, Method, StatusCode};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::server::{Reply, Shared, auth_value, ok, parse, unauthorized};
+use super::state::{ApiError, DevError, Fault};
+use crate::wire::AnswerToQuestion;
+
+/// A route of the dev API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum DevRoute {
+    /// `POST turns`: queue a turn.
+    Turns,
+    /// `POST interrupt`: request an interrupt.
+    Interrupt,
+    /// `POST end`: end the session.
+    End,
+    /// `GET`, `POST`, `DELETE faults`: the queued faults.
+    Faults,
+    /// `GET`, `POST git`: the git server's file size limit.
+    Git,
+    /// `GET requests`: the request record.
+    Requests,
+    /// `GET state`: the session, statuses and runs.
+    State,
+}
+
+/// One row of [`DEV_TABLE`].
+pub(super) struct DevSpec {
+    /// The route.
+    pub route: DevRoute,
+    /// The path below `dev/`.
+    pub name: &'static str,
+    /// The methods it answers (any other is `405`).
+    pub methods: &'static [&'static str],
+}
+
+/// The dev API's routes. Every request under `dev/` needs the dev token when
+/// one is set (a non-loopback listen).
+pub(super) const DEV_TABLE: &[DevSpec] = &[
+    DevSpec {
+        route: DevRoute::Turns,
+        name: "turns",
+        methods: &["POST"],
+    },
+    DevSpec {
+        route: DevRoute::Interrupt,
+        name: "interrupt",
+        methods: &["POST"],
+    },
+    DevSpec {
+        route: DevRoute::End,
+        name: "end",
+        methods: &["POST"],
+    },
+    DevSpec {
+        route: DevRoute::Faults,
+        name: "faults",
+        methods: &["GET", "POST", "DELETE"],
+    },
+    DevSpec {
+        route: DevRoute::Git,
+        name: "git",
+        methods: &["GET", "POST"],
+    },
+    DevSpec {
+        route: DevRoute::Requests,
+        name: "requests",
+        methods: &["GET"],
+    },
+    DevSpec {
+        route: DevRoute::State,
+        name: "state",
+        methods: &["GET"],
+    },
+];
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TurnRequest {
+    body: String,
+    #[serde(default)]
+    answer_to_question: Option<AnswerToQuestion>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct GitSettings {
+    /// Bytes, or null for no limit.
+    max_file_size: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct InterruptRequest {
+    #[serde(default)]
+    run_id: Option<String>,
+}
+
+fn dev_error(e: DevError) -> ApiError {
+    let status = match e {
+        DevError::UnknownRun(_) => StatusCode::NOT_FOUND,
+        DevError::NoRunningRun | DevError::RunSealed(_) => StatusCode::CONFLICT,
+        DevError::InvalidFault(_) => StatusCode::BAD_REQUEST,
+        DevError::Timeout { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    ApiError::new(status, e.to_string())
+}
+
+/// `use POST on this route`, `use GET or POST`, `use GET, POST or DELETE`.
+fn method_not_allowed(methods: &[&str]) -> ApiError {
+    let message = match methods {
+        [one] => format!("use {one} on this route"),
+        [rest @ .., last] => format!("use {} or {last}", rest.join(", ")),
+        [] => "this route takes no method".to_string(),
+    };
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message)
+}
+
+/// The dev API: `rest` is the path below `dev/`. Order of checks: dev token
+/// (401), route (404, naming the path and the routes), method (405), body
+/// (400), state (404, 409).
+pub(super) fn route(
+    sh: &Shared,
+    method: &Method,
+    rest: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Reply {
+    if let Some(token) = &sh.cfg.dev_token {
+        if auth_value(headers, "Bearer") != Some(token.expose()) {
+            return Err(unauthorized("dev token"));
+        }
+    }
+    let Some(spec) = DEV_TABLE.iter().find(|s| s.name == rest) else {
+        let names: Vec<&str> = DEV_TABLE.iter().map(|s| s.name).collect();
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no such dev route: {method} /dev/{rest} (the dev API, PROTOCOL.md section 6: {})",
+                names.join(", ")
+            ),
+        ));
+    };
+    if !spec.methods.contains(&method.as_str()) {
+        return Err(method_not_allowed(spec.methods));
+    }
+    match spec.route {
+        DevRoute::Turns => {
+            let req: TurnRequest = parse(body)?;
+            let run_id = sh.update(|st| st.queue_turn(req.body, req.answer_to_question));
+            Ok(ok(&json!({"runId": run_id})))
+        }
+        DevRoute::Interrupt => {
+            let req: InterruptRequest = if body.is_empty() {
+                InterruptRequest::default()
+            } else {
+                parse(body)?
+            };
+            let run_id = sh
+                .update(|st| st.interrupt(req.run_id.as_deref()))
+                .map_err(dev_error)?;
+            Ok(ok(&json!({"runId": run_id})))
+        }
+        DevRoute::End => {
+            sh.update(|st| st.status = "ended".into());
+            Ok(ok(&json!({"status": "ended"})))
+        }
+        DevRoute::Faults => match *method {
+            Method::POST => {
+                let fault: Fault = parse(body)?;
+                sh.add_fault(fault).map_err(dev_error)?;
+                Ok(ok(&json!({"ok": true})))
+            }
+            Method::DELETE => {
+                sh.update(|st| st.faults.clear());
+                Ok(ok(&json!({"ok": true})))
+            }
+            // GET: the table lets no other method through.
+            _ => Ok(ok(&sh.lock().faults)),
+        },
+        DevRoute::Git => match *method {
+            Method::POST => {
+                let settings: GitSettings = parse(body)?;
+                sh.update(|st| st.git_max_file_size = settings.max_file_size);
+                Ok(ok(&json!({"maxFileSize": settings.max_file_size})))
+            }
+            // GET, as above.
+            _ => Ok(ok(&json!({"maxFileSize": sh.lock().git_max_file_size}))),
+        },
+        DevRoute::Requests => Ok(ok(&sh.lock().requests)),
+        DevRoute::State => Ok(ok(&sh.snapshot())),
+    }
+}

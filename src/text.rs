@@ -1,0 +1,122 @@
+//! Text for messages and command lines: clipping to a number of characters
+//! (never inside a character) and POSIX shell quoting.
+
+/// The first `max_chars` characters of `text` (all of it when shorter).
+pub fn head(text: &str, max_chars: usize) -> &str {
+    match text.char_indices().nth(max_chars) {
+        Some((i, _)) => text.get(..i).unwrap_or(text),
+        None => text,
+    }
+}
+
+/// The last `max_chars` characters of `text` (all of it when shorter).
+pub fn last(text: &str, max_chars: usize) -> &str {
+    if max_chars == 0 {
+        return "";
+    }
+    match text.char_indices().nth_back(max_chars - 1) {
+        Some((i, _)) => text.get(i..).unwrap_or(text),
+        None => text,
+    }
+}
+
+/// `text` cut to `max_chars` characters, with `…` after them when it was
+/// longer (for a value quoted in a message).
+pub fn clip(text: &str, max_chars: usize) -> String {
+    let kept = head(text, max_chars);
+    if kept.len() < text.len() {
+        format!("{kept}…")
+    } else {
+        text.to_string()
+    }
+}
+
+/// The last `max_chars` characters of `text`, with `…` before them when it
+/// was longer (for the tail of an output).
+pub fn clip_start(text: &str, max_chars: usize) -> String {
+    let kept = last(text, max_chars);
+    if kept.len() < text.len() {
+        format!("…{kept}")
+    } else {
+        text.to_string()
+    }
+}
+
+/// The longest end of `text` of at most `max_bytes` bytes that starts on a
+/// character boundary.
+pub fn last_bytes(text: &str, max_bytes: usize) -> &str {
+    let mut start = text.len().saturating_sub(max_bytes);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text.get(start..).unwrap_or("")
+}
+
+/// Quotes `value` for a POSIX shell: in single quotes, an embedded single
+/// quote written `'\''` (the shell gives back exactly `value`).
+pub fn shell_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+/// Quotes `value` for a POSIX shell as [`shell_quote`] does, but leaves it
+/// bare when it is not empty and holds only characters no shell treats
+/// specially (letters, digits, `_-./:=@%+,`): for command lines people read.
+pub fn shell_word(value: &str) -> String {
+    let plain = !value.is_empty()
+        && value.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'_' | b'-' | b'.' | b'/' | b':' | b'=' | b'@' | b'%' | b'+' | b','
+                )
+        });
+    if plain {
+        value.to_string()
+    } else {
+        shell_quote(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clipping_counts_characters_not_bytes() {
+        assert_eq!(head("héllo", 2), "hé");
+        assert_eq!(head("hé", 5), "hé");
+        assert_eq!(last("héllo", 4), "éllo");
+        assert_eq!(last("hé", 5), "hé");
+        assert_eq!(last("hé", 0), "");
+        assert_eq!(clip("héllo", 2), "hé…");
+        assert_eq!(clip("hé", 2), "hé");
+        assert_eq!(clip_start("abcdef", 3), "…def");
+        assert_eq!(clip_start("abc", 3), "abc");
+        assert_eq!(last_bytes("aé", 1), "");
+        assert_eq!(last_bytes("aé", 2), "é");
+        assert_eq!(last_bytes("aé", 9), "aé");
+    }
+
+    #[test]
+    fn quoting_is_posix() {
+        assert_eq!(shell_quote("/usr/bin/x"), "'/usr/bin/x'");
+        assert_eq!(shell_quote("/a b/it's"), r"'/a b/it'\''s'");
+        // The shell gives back exactly the value.
+        let value = "/tmp/it's a \"dir\"/$HOME `x`";
+        for quoted in [shell_quote(value), shell_word(value)] {
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {quoted}"))
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8(out.stdout).unwrap(), value);
+        }
+    }
+
+    #[test]
+    fn quoting_keeps_plain_words_bare() {
+        assert_eq!(shell_word("A=http://x:1/y"), "A=http://x:1/y");
+        assert_eq!(shell_word("it's here"), "'it'\\''s here'");
+        assert_eq!(shell_word(""), "''");
+    }
+}
