@@ -1,88 +1,10 @@
 //! Every duration of the contract in one value, so that tests can shrink them
 //! all at once (`HOSTED_BOOT_TEST_TIME_SCALE`) while production keeps the
-//! numbers of PROTOCOL.md.
+//! numbers of PROTOCOL.md. The retry table's attempts and backoffs are
+//! constants at the routes (`client::retry::Policy`), scaled by
+//! [`Timings::scale`] where they are used.
 
 use std::time::Duration;
-
-/// Attempts and backoff of one call class (PROTOCOL.md section 2, the table
-/// under "Retry rule"). The wait before retry n is `base * 2^n`, capped at
-/// `cap`, with up to ±20 % jitter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Total attempts, the first one included (at least 1).
-    pub attempts: u32,
-    /// Wait before the first retry.
-    pub base: Duration,
-    /// Longest wait between two attempts (also caps `Retry-After`).
-    pub cap: Duration,
-}
-
-impl RetryPolicy {
-    /// One attempt, no retry (best-effort statuses).
-    pub const ONCE: RetryPolicy = RetryPolicy {
-        attempts: 1,
-        base: Duration::ZERO,
-        cap: Duration::ZERO,
-    };
-
-    const fn new(attempts: u32, base_ms: u64, cap_ms: u64) -> Self {
-        RetryPolicy {
-            attempts,
-            base: Duration::from_millis(base_ms),
-            cap: Duration::from_millis(cap_ms),
-        }
-    }
-
-    /// The wait before retry `n` (0-based), without jitter.
-    pub fn backoff(&self, n: u32) -> Duration {
-        let factor = 1u32.checked_shl(n.min(30)).unwrap_or(u32::MAX);
-        self.base.saturating_mul(factor).min(self.cap)
-    }
-
-    fn scaled(self, f: f64) -> Self {
-        RetryPolicy {
-            attempts: self.attempts,
-            base: scale(self.base, f),
-            cap: scale(self.cap, f),
-        }
-    }
-}
-
-/// The retry classes of PROTOCOL.md section 2.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicies {
-    /// Agent token at boot (2.1): 10 attempts, 500 ms, cap 5 s.
-    pub agent_token_boot: RetryPolicy,
-    /// Agent token refresh and re-pull on 401: 3 attempts, 250 ms, cap 2 s.
-    pub agent_token_refresh: RetryPolicy,
-    /// Env bundle, session at boot, repo token: 5 attempts, 250 ms, cap 4 s.
-    pub boot_fetch: RetryPolicy,
-    /// Required acknowledgements, `run_started`, `finish`, cursor: 5, 250 ms, 4 s.
-    pub required: RetryPolicy,
-    /// Events: base 250 ms, cap 5 s, attempts bounded by the flush deadline.
-    pub events: RetryPolicy,
-    /// The credential helper's own calls: 3 attempts, 250 ms, cap 2 s.
-    pub credential_helper: RetryPolicy,
-    /// `git push` in the harvest (4.5): 3 attempts, 1 s, cap 4 s.
-    pub harvest_push: RetryPolicy,
-    /// The clone of the session branch (4 step 5): 4 attempts, 1 s, cap 8 s.
-    pub clone: RetryPolicy,
-}
-
-impl Default for RetryPolicies {
-    fn default() -> Self {
-        RetryPolicies {
-            agent_token_boot: RetryPolicy::new(10, 500, 5_000),
-            agent_token_refresh: RetryPolicy::new(3, 250, 2_000),
-            boot_fetch: RetryPolicy::new(5, 250, 4_000),
-            required: RetryPolicy::new(5, 250, 4_000),
-            events: RetryPolicy::new(u32::MAX, 250, 5_000),
-            credential_helper: RetryPolicy::new(3, 250, 2_000),
-            harvest_push: RetryPolicy::new(3, 1_000, 4_000),
-            clone: RetryPolicy::new(4, 1_000, 8_000),
-        }
-    }
-}
 
 /// Every duration the runner waits for. `Timings::default()` is the contract.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -131,14 +53,16 @@ pub struct Timings {
     pub stop_harvest: Duration,
     /// Bound on the workspace sync before a turn (30 s, 4.1 step 3, 4.5).
     pub workspace_sync_bound: Duration,
-    /// Attempts and backoff per call class.
-    pub retry: RetryPolicies,
+    /// The factor every duration was scaled by (`HOSTED_BOOT_TEST_TIME_SCALE`;
+    /// 1.0 is the contract). The retry policies are constants of
+    /// `client::retry::Policy`, scaled by this where they are used.
+    pub scale: f64,
 }
 
 impl Default for Timings {
     fn default() -> Self {
         Timings {
-            request_timeout: Duration::from_secs(10),
+            request_timeout: REQUEST_TIMEOUT,
             git_stall: Duration::from_secs(30),
             interrupt_poll: Duration::from_secs(5),
             idle_poll: Duration::from_secs(5),
@@ -159,7 +83,7 @@ impl Default for Timings {
             harvest_bound: Duration::from_secs(60),
             stop_harvest: Duration::from_secs(10),
             workspace_sync_bound: Duration::from_secs(30),
-            retry: RetryPolicies::default(),
+            scale: 1.0,
         }
     }
 }
@@ -176,11 +100,9 @@ impl Timings {
     /// [`MIN_SCALED_HARVEST_BOUND`], for the same reason.
     pub fn scaled(self, factor: f64) -> Self {
         let s = |d| scale(d, factor);
-        let r = self.retry;
         Timings {
-            request_timeout: s(self.request_timeout)
-                .max(MIN_SCALED_REQUEST_TIMEOUT.min(self.request_timeout)),
-            git_stall: s(self.git_stall).max(MIN_SCALED_REQUEST_TIMEOUT.min(self.git_stall)),
+            request_timeout: scale_timeout(self.request_timeout, factor),
+            git_stall: scale_timeout(self.git_stall, factor),
             interrupt_poll: s(self.interrupt_poll),
             idle_poll: s(self.idle_poll),
             idle_backoff_cap: s(self.idle_backoff_cap),
@@ -202,16 +124,7 @@ impl Timings {
             stop_harvest: s(self.stop_harvest).max(MIN_SCALED_HARVEST_BOUND.min(self.stop_harvest)),
             workspace_sync_bound: s(self.workspace_sync_bound)
                 .max(MIN_SCALED_HARVEST_BOUND.min(self.workspace_sync_bound)),
-            retry: RetryPolicies {
-                agent_token_boot: r.agent_token_boot.scaled(factor),
-                agent_token_refresh: r.agent_token_refresh.scaled(factor),
-                boot_fetch: r.boot_fetch.scaled(factor),
-                required: r.required.scaled(factor),
-                events: r.events.scaled(factor),
-                credential_helper: r.credential_helper.scaled(factor),
-                harvest_push: r.harvest_push.scaled(factor),
-                clone: r.clone.scaled(factor),
-            },
+            scale: self.scale * factor,
         }
     }
 }
@@ -224,8 +137,24 @@ pub const MIN_SCALED_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// loaded machine does not finish in a scaled 500 ms.
 pub const MIN_SCALED_HARVEST_BOUND: Duration = Duration::from_secs(10);
 
-fn scale(d: Duration, factor: f64) -> Duration {
+/// The per-attempt timeout of every coordinator request (10 s, PROTOCOL.md
+/// section 2): `Timings::request_timeout` and the timeout of every
+/// coordinator retry policy.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `d` multiplied by `factor` (> 0); 1.0 leaves it exact.
+pub fn scale(d: Duration, factor: f64) -> Duration {
+    if factor == 1.0 {
+        return d;
+    }
     Duration::from_secs_f64(d.as_secs_f64() * factor)
+}
+
+/// A timeout multiplied by `factor`, never below
+/// [`MIN_SCALED_REQUEST_TIMEOUT`] (or `d` itself when shorter): see
+/// [`Timings::scaled`].
+pub fn scale_timeout(d: Duration, factor: f64) -> Duration {
+    scale(d, factor).max(MIN_SCALED_REQUEST_TIMEOUT.min(d))
 }
 
 /// Parses a duration written `500ms`, `10s`, `2m` or `1h`.
@@ -241,14 +170,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_and_caps() {
-        let p = RetryPolicies::default().required;
-        let waits: Vec<u64> = (0..6).map(|n| p.backoff(n).as_millis() as u64).collect();
-        assert_eq!(waits, vec![250, 500, 1000, 2000, 4000, 4000]);
-        assert_eq!(p.backoff(200), Duration::from_secs(4));
-    }
-
-    #[test]
     fn durations_parse_in_the_documented_forms() {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
@@ -257,12 +178,11 @@ mod tests {
     }
 
     #[test]
-    fn scaling_keeps_attempts() {
+    fn scaling_keeps_the_timeout_floor() {
         let t = Timings::default().scaled(0.02);
         assert_eq!(t.interrupt_poll, Duration::from_millis(100));
-        assert_eq!(t.retry.agent_token_boot.attempts, 10);
-        assert_eq!(t.retry.clone.attempts, 4);
-        assert_eq!(t.retry.clone.base, Duration::from_millis(20));
+        assert_eq!(t.scale, 0.02);
+        assert_eq!(t.request_timeout, Duration::from_secs(2));
         // The stall bound keeps the request timeout's floor (2 s).
         assert_eq!(t.git_stall, Duration::from_secs(2));
         assert_eq!(Timings::default().git_stall, Duration::from_secs(30));

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use tokio::sync::watch;
 
-use crate::client::{Api, CallError};
+use crate::client::{Api, CallError, Policy};
 use crate::signals::{self, Stop};
 use crate::turn::TurnInput;
 use crate::validate;
@@ -226,7 +226,7 @@ async fn read(
         .bearer()
         .is_none_or(|b| b.expires_within(timings.idle_refresh_lead));
     if stale {
-        match api.pull_bearer(timings.retry.agent_token_refresh).await {
+        match api.pull_bearer(Policy::AGENT_TOKEN_REFRESH).await {
             Ok(_) => {}
             Err(e) if e.is_boot_secret_refused() => {
                 return Err(ReadError::Fatal(IdleError::BootSecretRefused(e)));
@@ -234,7 +234,7 @@ async fn read(
             Err(e) => return Err(ReadError::Failed(e.to_string())),
         }
     }
-    let session = match api.session(crate::timings::RetryPolicy::ONCE, false).await {
+    let session = match api.session(Policy::PER_TICK, false).await {
         Ok(s) => s,
         // A 401 on the session read pulls a fresh bearer once (the client's
         // expired-bearer rule); that pull refused means the boot secret is

@@ -17,7 +17,7 @@ use reqwest::Url;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::client::{Api, RepoToken};
+use crate::client::{Api, Policy, RepoToken};
 use crate::process::supervisor::Supervision;
 use crate::redact::Redactor;
 use crate::session_dir::{self, BootContext, SessionDir, SessionDirError};
@@ -245,7 +245,7 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     let session_dir = create_session_dir(b.config)?;
     cleanup.session_dir = Some(session_dir.clone());
     // Step 2: the agent bearer.
-    let policy = b.api.timings().retry.agent_token_boot;
+    let policy = Policy::AGENT_TOKEN_BOOT;
     step(&mut b.stop, b.api.pull_bearer(policy)).await?;
     // Step 3: env bundle, session, read repo token, concurrently.
     let resolved = step(&mut b.stop, resolve(b.config, &b.api, &b.redactor)).await?;
@@ -496,7 +496,7 @@ async fn resolve(
     api: &Api,
     redactor: &Redactor,
 ) -> Result<Resolved, BootError> {
-    let policy = api.timings().retry.boot_fetch;
+    let policy = Policy::BOOT_FETCH;
     let (bundle, session, token) = tokio::join!(
         api.env_bundle(),
         api.session(policy, false),
@@ -579,7 +579,7 @@ fn harvester(
             redactor: redactor.clone(),
             stall: config.timings.git_stall,
         },
-        push_policy: config.timings.retry.harvest_push,
+        time_scale: config.timings.scale,
         max_file_size: config.harvest_max_file_size,
     })
 }
@@ -593,7 +593,7 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
         branch: harvester.branch.clone(),
         credential_helper: harvester.credential_helper.clone(),
         http: harvester.http.clone(),
-        retry: config.timings.retry.clone,
+        retry: Policy::CLONE.scaled(config.timings.scale),
     };
     let branch = harvester.branch.as_str();
     let prepared = workspace::prepare_repo_async(spec).await?;
@@ -677,10 +677,7 @@ async fn report_fatal_turn(api: &Api, root: &Path, fatal: FatalInDrain) {
     };
     let sealed = match body {
         None => true,
-        Some(body) => match api
-            .finish(&run_id, &body, api.timings().retry.required)
-            .await
-        {
+        Some(body) => match api.finish(&run_id, &body, Policy::REQUIRED).await {
             Ok(()) => true,
             Err(e) => {
                 tracing::error!(run_id = %run_id, error = %e, "the run could not be sealed");

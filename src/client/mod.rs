@@ -1,12 +1,17 @@
 //! The coordinator client: one method per route of PROTOCOL.md section 2,
-//! every one under the retry rule of [`retry`], bearer routes with the
-//! "expired bearer" rule (a `401` pulls a fresh bearer once and repeats).
+//! every one under the retry engine of [`retry`] with the [`Policy`] of its
+//! row of the retry table named where it is sent (the routes used in more
+//! than one place take theirs from the caller, who names it), bearer routes
+//! with the "expired bearer" rule (a `401` pulls a fresh bearer once and
+//! repeats).
 //!
 //! New bearers are published on a watch channel (the turn's rotation writes
 //! them to the bearer file) and added to the redactor before any use.
 
 pub mod bearer;
 pub mod retry;
+#[cfg(test)]
+mod retry_table;
 
 use std::time::{Duration, SystemTime};
 
@@ -16,11 +21,11 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 pub use bearer::Bearer;
-pub use retry::{CallError, Reply, caps};
+pub use retry::{CallError, Policy, Reply, caps};
 
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
-use crate::timings::{RetryPolicy, Timings};
+use crate::timings::Timings;
 use crate::wire::routes::{self, Auth, EmptyObject, Endpoint, Location, Route};
 use crate::wire::{
     self, Access, BootStatus, BootStatusBody, EnvBundle, FinishBody, RepoTokenRequest,
@@ -64,6 +69,8 @@ pub struct Api {
     redactor: Redactor,
     bearer: watch::Sender<Option<Bearer>>,
     contact_hook: Option<ContactHook>,
+    refresh: Policy,
+    pace: std::sync::Arc<dyn retry::Pace>,
 }
 
 /// Called after each call to the coordinator with whether it succeeded (the
@@ -86,7 +93,39 @@ impl Api {
             redactor,
             bearer: watch::channel(None).0,
             contact_hook: None,
+            refresh: Policy::AGENT_TOKEN_REFRESH,
+            pace: std::sync::Arc::new(retry::RealPace),
         }
+    }
+
+    /// Sets the policy of the bearer pull a bearer route makes when it has
+    /// none, or after a `401` ([`Policy::AGENT_TOKEN_REFRESH`] unless set):
+    /// `hosted-boot check` makes one attempt per route.
+    pub fn with_bearer_refresh(mut self, policy: Policy) -> Api {
+        self.refresh = policy;
+        self
+    }
+
+    /// Sets how the retry engine waits and draws its jitter (tests record
+    /// the waits instead of sleeping; production uses [`retry::REAL`]).
+    pub fn with_pace(mut self, pace: std::sync::Arc<dyn retry::Pace>) -> Api {
+        self.pace = pace;
+        self
+    }
+
+    /// Sends under `policy`, scaled by this client's timings (see
+    /// [`Policy::scaled`]), through the engine, and notes the contact.
+    async fn send<T>(
+        &self,
+        call: &str,
+        policy: Policy,
+        cap: usize,
+        build: impl Fn() -> RequestBuilder,
+        accept: impl Fn(Reply) -> Result<T, String>,
+    ) -> Result<T, CallError> {
+        let policy = policy.scaled(self.timings.scale);
+        let result = retry::send(call, policy, &*self.pace, cap, build, accept).await;
+        self.noted(result)
     }
 
     /// Sets the hook called after every call (see [`ContactHook`]).
@@ -169,25 +208,27 @@ impl Api {
     }
 
     /// Pulls a fresh bearer (2.1) with the boot secret and publishes it.
+    /// `policy`: [`Policy::AGENT_TOKEN_BOOT`] at boot,
+    /// [`Policy::AGENT_TOKEN_REFRESH`] later, [`Policy::CREDENTIAL_HELPER`]
+    /// in the credential helper.
     ///
     /// Errors: exhausted attempts (the text starts `agent-token pull failed
     /// after N attempts`), [`CallError::BootSecretRefused`] for a `401` or
     /// `403` (the boot secret is no longer valid), another verdict.
-    pub async fn pull_bearer(&self, policy: RetryPolicy) -> Result<Bearer, CallError> {
+    pub async fn pull_bearer(&self, policy: Policy) -> Result<Bearer, CallError> {
         let call = "agent-token pull";
         let e = routes::AGENT_TOKEN;
         let sid = &self.config.session_id;
-        let reply = self.noted(
-            retry::send(
+        let reply = self
+            .send(
                 call,
                 policy,
-                self.timings.request_timeout,
                 e.spec().cap,
                 || self.build(e.route(), sid, None),
+                Ok,
             )
             .await
-            .map_err(boot_secret_refused),
-        )?;
+            .map_err(boot_secret_refused)?;
         let date = reply.date();
         let response = decode(call, e, &reply)?;
         if response.token.is_empty() {
@@ -204,35 +245,36 @@ impl Api {
     async fn authed(
         &self,
         call: &str,
-        policy: RetryPolicy,
+        policy: Policy,
         cap: usize,
         build: impl Fn(&Secret) -> RequestBuilder,
     ) -> Result<Reply, CallError> {
+        self.authed_with(call, policy, cap, build, Ok).await
+    }
+
+    /// [`Api::authed`], the 2xx answer judged by `accept` (see
+    /// [`retry::send`]).
+    async fn authed_with<T>(
+        &self,
+        call: &str,
+        policy: Policy,
+        cap: usize,
+        build: impl Fn(&Secret) -> RequestBuilder,
+        accept: impl Fn(Reply) -> Result<T, String>,
+    ) -> Result<T, CallError> {
         let bearer = match self.bearer() {
             Some(b) => b,
-            None => {
-                self.pull_bearer(self.timings.retry.agent_token_refresh)
-                    .await?
-            }
+            None => self.pull_bearer(self.refresh).await?,
         };
-        let first = self.noted(
-            retry::send(call, policy, self.timings.request_timeout, cap, || {
-                build(&bearer.token)
-            })
-            .await,
-        );
+        let first = self
+            .send(call, policy, cap, || build(&bearer.token), &accept)
+            .await;
         match first {
             Err(e) if e.verdict_status() == Some(401) => {
                 tracing::info!(call, "bearer refused (401); pulling a fresh bearer once");
-                let fresh = self
-                    .pull_bearer(self.timings.retry.agent_token_refresh)
-                    .await?;
-                self.noted(
-                    retry::send(call, policy, self.timings.request_timeout, cap, || {
-                        build(&fresh.token)
-                    })
-                    .await,
-                )
+                let fresh = self.pull_bearer(self.refresh).await?;
+                self.send(call, policy, cap, || build(&fresh.token), &accept)
+                    .await
             }
             other => other,
         }
@@ -240,7 +282,8 @@ impl Api {
 
     /// Posts a boot status (2.2) with the boot secret. `ready` is sent
     /// without `runId`; `reason` is redacted and cut to 800 characters.
-    /// Required statuses use the `required` policy, the others one attempt.
+    /// Required statuses use [`Policy::REQUIRED`], the others
+    /// [`Policy::BEST_EFFORT`].
     ///
     /// Errors: as [`retry::send`].
     pub async fn post_status(
@@ -250,21 +293,21 @@ impl Api {
         reason: Option<&str>,
     ) -> Result<(), CallError> {
         let policy = if status.is_required() {
-            self.timings.retry.required
+            Policy::REQUIRED
         } else {
-            RetryPolicy::ONCE
+            Policy::BEST_EFFORT
         };
         self.post_status_with(status, run_id, reason, policy).await
     }
 
     /// [`Api::post_status`] with an explicit policy (the graceful stop of
-    /// PROTOCOL.md 4.4 posts `turn_completed` once).
+    /// PROTOCOL.md 4.4 posts `turn_completed` once: [`Policy::ONCE`]).
     pub async fn post_status_with(
         &self,
         status: BootStatus,
         run_id: Option<&str>,
         reason: Option<&str>,
-        policy: RetryPolicy,
+        policy: Policy,
     ) -> Result<(), CallError> {
         let body = BootStatusBody {
             status,
@@ -277,16 +320,14 @@ impl Api {
         let call = format!("boot status \"{}\"", status.as_str());
         let e = routes::BOOT_STATUS;
         let sid = &self.config.session_id;
-        self.noted(
-            retry::send(
-                &call,
-                policy,
-                self.timings.request_timeout,
-                e.spec().cap,
-                || self.build_json(e, sid, None, &body),
-            )
-            .await,
+        self.send(
+            &call,
+            policy,
+            e.spec().cap,
+            || self.build_json(e, sid, None, &body),
+            Ok,
         )
+        .await
         .map(|_| ())
     }
 
@@ -296,21 +337,18 @@ impl Api {
         let e = routes::ENV_BUNDLE;
         let sid = &self.config.session_id;
         let reply = self
-            .authed(call, self.timings.retry.boot_fetch, e.spec().cap, |t| {
+            .authed(call, Policy::BOOT_FETCH, e.spec().cap, |t| {
                 self.build(e.route(), sid, Some(t))
             })
             .await?;
         decode(call, e, &reply)
     }
 
-    /// Reads the session (2.4). `during_turn` adds the interrupt watch's
-    /// header. The pending turn's shape is checked by the caller
-    /// ([`Session::pending_turn`]).
-    pub async fn session(
-        &self,
-        policy: RetryPolicy,
-        during_turn: bool,
-    ) -> Result<Session, CallError> {
+    /// Reads the session (2.4) under `policy` ([`Policy::BOOT_FETCH`] at
+    /// boot, [`Policy::PER_TICK`] between turns). `during_turn` adds the
+    /// interrupt watch's header. The pending turn's shape is checked by the
+    /// caller ([`Session::pending_turn`]).
+    pub async fn session(&self, policy: Policy, during_turn: bool) -> Result<Session, CallError> {
         let call = "session read";
         let e = routes::SESSION;
         let sid = &self.config.session_id;
@@ -333,31 +371,28 @@ impl Api {
         let call = "interrupt watch read";
         let e = routes::SESSION;
         let sid = &self.config.session_id;
-        let reply = self.noted(
-            retry::send(
+        let reply = self
+            .send(
                 call,
-                RetryPolicy::ONCE,
-                self.timings.request_timeout,
+                Policy::PER_TICK,
                 e.spec().cap,
                 || {
                     self.build(e.route(), sid, Some(token))
                         .header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1)
                 },
+                Ok,
             )
-            .await,
-        )?;
+            .await?;
         decode(call, e, &reply).map(|e| e.session)
     }
 
-    /// Mints a repository token (2.5) and adds it to the redactor.
+    /// Mints a repository token (2.5) under `policy` ([`Policy::BOOT_FETCH`]
+    /// at boot, [`Policy::CREDENTIAL_HELPER`] in the helper) and adds it to
+    /// the redactor.
     ///
     /// Errors: as [`retry::send`]; a response with neither `repoFullName`
     /// nor a valid `artifactsRemote` is [`CallError::BadResponse`].
-    pub async fn repo_token(
-        &self,
-        access: Access,
-        policy: RetryPolicy,
-    ) -> Result<RepoToken, CallError> {
+    pub async fn repo_token(&self, access: Access, policy: Policy) -> Result<RepoToken, CallError> {
         let call = "repo-token mint";
         let e = routes::REPO_TOKEN;
         let sid = &self.config.session_id;
@@ -375,39 +410,53 @@ impl Api {
     /// `run_started` (2.6): required, idempotent.
     pub async fn run_started(&self, run_id: &str) -> Result<(), CallError> {
         let e = routes::RUN_STARTED;
-        self.authed(
-            "run_started",
-            self.timings.retry.required,
-            e.spec().cap,
-            |t| self.build_json(e, run_id, Some(t), &EmptyObject {}),
-        )
+        self.authed("run_started", Policy::REQUIRED, e.spec().cap, |t| {
+            self.build_json(e, run_id, Some(t), &EmptyObject {})
+        })
         .await
         .map(|_| ())
     }
 
     /// Posts a ready-made events body (`{"events":[…]}`, as read back from
-    /// the run's spool) under `policy` and returns `acceptedThrough`. The
-    /// body is shared, not copied, between attempts.
+    /// the run's spool) under [`Policy::EVENTS`] and returns
+    /// `acceptedThrough`. The body is shared, not copied, between attempts.
+    /// An answer whose `acceptedThrough` `progress` refuses (it accepted
+    /// nothing of the batch), or whose body is not `{"acceptedThrough": n}`,
+    /// is retried like a failure: resending at once would spin. The events
+    /// policy has no attempt limit: the sender cuts this future at its flush
+    /// deadline (PROTOCOL.md 2.6).
     ///
-    /// Errors: as [`retry::send`]; a 2xx whose body is not
-    /// `{"acceptedThrough": n}` is [`CallError::BadResponse`].
+    /// Errors: a verdict (`413` included: the sender halves the batch) or a
+    /// body over its cap, as [`retry::send`]; a failed bearer pull.
     pub async fn post_events_body(
         &self,
         run_id: &str,
         body: bytes::Bytes,
-        policy: RetryPolicy,
+        progress: impl Fn(u64) -> bool,
     ) -> Result<u64, CallError> {
         let call = "events post";
         // The body is an `EventsBody` already encoded (the spool's lines).
         let e = routes::EVENTS;
-        let reply = self
-            .authed(call, policy, e.spec().cap, |t| {
+        let accept = |reply: Reply| match decode(call, e, &reply) {
+            Ok(a) if progress(a.accepted_through) => Ok(a.accepted_through),
+            Ok(a) => Err(format!(
+                "the coordinator accepted none of the batch (acceptedThrough {})",
+                a.accepted_through
+            )),
+            Err(e) => Err(e.to_string()),
+        };
+        self.authed_with(
+            call,
+            Policy::EVENTS,
+            e.spec().cap,
+            |t| {
                 self.build(e.route(), run_id, Some(t))
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .body(body.clone())
-            })
-            .await?;
-        decode(call, e, &reply).map(|a| a.accepted_through)
+            },
+            accept,
+        )
+        .await
     }
 
     /// Reads the events cursor (2.6).
@@ -415,7 +464,7 @@ impl Api {
         let call = "events cursor";
         let e = routes::CURSOR;
         let reply = self
-            .authed(call, self.timings.retry.required, e.spec().cap, |t| {
+            .authed(call, Policy::REQUIRED, e.spec().cap, |t| {
                 self.build(e.route(), run_id, Some(t))
             })
             .await?;
@@ -427,12 +476,13 @@ impl Api {
     /// session id and `usage` (its model, keys included) come from what the
     /// agent printed or its server answered, the messages from errors;
     /// `error.message` and `result.pushError.message` are then cut to 800
-    /// characters.
+    /// characters. `policy`: [`Policy::REQUIRED`], or [`Policy::ONCE`] on a
+    /// graceful stop (4.4).
     pub async fn finish(
         &self,
         run_id: &str,
         body: &FinishBody,
-        policy: RetryPolicy,
+        policy: Policy,
     ) -> Result<(), CallError> {
         let body = redacted_finish(&self.redactor, body);
         let e = routes::FINISH;

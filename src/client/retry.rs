@@ -1,21 +1,409 @@
-//! The one retry rule of PROTOCOL.md section 2, for every route.
+//! The one retry rule of PROTOCOL.md section 2 and the one engine that runs
+//! it, for every route: coordinator calls ([`send`]), the clone and the
+//! harvest's git work ([`run`], [`run_blocking`]).
 //!
 //! Retryable: no HTTP response (connect error, reset, timeout), `429`, any
-//! `5xx`. Every other status outside 2xx (3xx included: redirects are never
-//! followed) is a verdict. The wait before retry n is `base * 2^n`, capped,
-//! with ±20 % jitter; `Retry-After` on 429/503 replaces it, up to the cap.
+//! `5xx` ([`retryable_status`]). Every other status outside 2xx (3xx
+//! included: redirects are never followed) is a verdict. The wait before
+//! retry n is `base * 2^n` with ±20 % jitter, then capped (jitter never takes
+//! a wait past the cap); `Retry-After` on 429/503 replaces it, up to the cap
+//! ([`wait`]).
+//!
+//! Each route states its [`Policy`] where it is called (a constant per row of
+//! the retry table); the engine counts the attempts, waits through a
+//! [`Pace`] (real time and a random jitter in production, a recorder in
+//! tests) and gives up as the policy says. The operation decides what one
+//! attempt came to ([`Attempt`]): the engine never looks inside it.
 //!
 //! Every 2xx body is read through its route's size cap ([`caps`]), counted
 //! as it streams: never more than the cap is held, and an answer over it is
 //! [`CallError::TooLarge`], a verdict (repeating the read gives the same
 //! body).
 
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use reqwest::{RequestBuilder, StatusCode, header::HeaderMap};
 
-use crate::timings::RetryPolicy;
+use crate::timings::{REQUEST_TIMEOUT, scale, scale_timeout};
+
+/// How many attempts a [`Policy`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempts {
+    /// At most this many, the first one included (0 counts as 1).
+    AtMost(u32),
+    /// No limit: the caller cuts the call when its own bound ends. The text
+    /// says when, for the log (the events route: "the turn ends, then its
+    /// flush deadline").
+    Until(&'static str),
+}
+
+/// One row of the retry table of PROTOCOL.md section 2: attempts, the
+/// backoff's base and cap, and each attempt's timeout. The constants are the
+/// contract's numbers; [`Policy::scaled`] shrinks them for
+/// `HOSTED_BOOT_TEST_TIME_SCALE` (the client scales the ones it is given).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// How many attempts.
+    pub attempts: Attempts,
+    /// The wait before the first retry; it doubles for each later one.
+    pub base: Duration,
+    /// The longest wait between two attempts (it caps `Retry-After` too).
+    pub cap: Duration,
+    /// Each attempt's timeout (headers and body) for a coordinator request
+    /// ([`crate::timings::REQUEST_TIMEOUT`]); `None` for git work, whose
+    /// attempt is several requests bounded by the transport's request
+    /// timeout and stall bound, and by the caller's time bound.
+    pub timeout: Option<Duration>,
+}
+
+impl Policy {
+    const fn http(attempts: u32, base_ms: u64, cap_ms: u64) -> Policy {
+        Policy {
+            attempts: Attempts::AtMost(attempts),
+            base: Duration::from_millis(base_ms),
+            cap: Duration::from_millis(cap_ms),
+            timeout: Some(REQUEST_TIMEOUT),
+        }
+    }
+
+    const fn git(attempts: u32, base_ms: u64, cap_ms: u64) -> Policy {
+        Policy {
+            timeout: None,
+            ..Policy::http(attempts, base_ms, cap_ms)
+        }
+    }
+
+    /// One attempt, no retry: `hosted-boot check` (one attempt per route,
+    /// PROTOCOL.md 9) and the acknowledgements of a graceful stop (4.4).
+    pub const ONCE: Policy = Policy::http(1, 0, 0);
+    /// Agent token at boot (2.1): 10 attempts, 500 ms doubling to 5 s (the
+    /// coordinator may still be arming and answer 503 until it is).
+    pub const AGENT_TOKEN_BOOT: Policy = Policy::http(10, 500, 5_000);
+    /// Agent token refresh, and the re-pull after a `401`: 3 attempts, 250 ms
+    /// doubling to 2 s.
+    pub const AGENT_TOKEN_REFRESH: Policy = Policy::http(3, 250, 2_000);
+    /// Env bundle, session at boot, repo token (4 step 3): 5 attempts, 250 ms
+    /// doubling to 4 s.
+    pub const BOOT_FETCH: Policy = Policy::http(5, 250, 4_000);
+    /// Required acknowledgements (2.2), `run_started`, `finish`, the events
+    /// cursor (2.6): 5 attempts, 250 ms doubling to 4 s.
+    pub const REQUIRED: Policy = Policy::http(5, 250, 4_000);
+    /// Best-effort statuses `complete`, `failed` (2.2): one attempt.
+    pub const BEST_EFFORT: Policy = Policy::ONCE;
+    /// Events (2.6): no attempt limit, 250 ms doubling to 5 s; the sender
+    /// cuts the post when the turn's flush deadline passes.
+    pub const EVENTS: Policy = Policy {
+        attempts: Attempts::Until("the turn ends, then its flush deadline"),
+        ..Policy::http(1, 250, 5_000)
+    };
+    /// The interrupt watch read and the idle read: one attempt per tick (the
+    /// tick is the retry).
+    pub const PER_TICK: Policy = Policy::ONCE;
+    /// The credential helper's own calls (agent token, repo token): 3
+    /// attempts, 250 ms doubling to 2 s.
+    pub const CREDENTIAL_HELPER: Policy = Policy::http(3, 250, 2_000);
+    /// `git push` in the harvest (4.5): 3 attempts, 1 s doubling to 4 s.
+    pub const HARVEST_PUSH: Policy = Policy::git(3, 1_000, 4_000);
+    /// The fetch, and a push of local work, of the workspace sync before a
+    /// turn (4.5): 3 attempts each, 1 s doubling to 4 s.
+    pub const WORKSPACE_SYNC: Policy = Policy::git(3, 1_000, 4_000);
+    /// The clone of the session branch (4 step 5): 4 attempts, 1 s doubling
+    /// to 8 s; a transfer that brings no byte for 30 s is a failed attempt.
+    pub const CLONE: Policy = Policy::git(4, 1_000, 8_000);
+
+    /// This policy with its durations multiplied by `factor` (> 0; attempts
+    /// unchanged): `HOSTED_BOOT_TEST_TIME_SCALE`, as
+    /// [`crate::timings::Timings::scaled`] does (the timeout keeps its floor).
+    pub fn scaled(self, factor: f64) -> Policy {
+        Policy {
+            attempts: self.attempts,
+            base: scale(self.base, factor),
+            cap: scale(self.cap, factor),
+            timeout: self.timeout.map(|t| scale_timeout(t, factor)),
+        }
+    }
+
+    /// The wait before retry `n` (0-based) without jitter: `base * 2^n`,
+    /// capped.
+    pub fn backoff(&self, n: u32) -> Duration {
+        let factor = 1u32.checked_shl(n.min(30)).unwrap_or(u32::MAX);
+        self.base.saturating_mul(factor).min(self.cap)
+    }
+}
+
+/// Whether an HTTP status is worth repeating under the retry rule: `429` or
+/// a `5xx`. Any other non-2xx status is a verdict.
+pub fn retryable_status(status: u16) -> bool {
+    status == 429 || (500..600).contains(&status)
+}
+
+/// Whether a status's `Retry-After` replaces the backoff: `429` and `503`.
+pub fn honours_retry_after(status: u16) -> bool {
+    status == 429 || status == 503
+}
+
+/// The wait before retry `n` (0-based): `Retry-After` when the answer gave
+/// one (up to the cap, no jitter), else `base * 2^n` jittered by
+/// `0.8 + 0.4 * draw` (`draw` in [0, 1]) and then capped, so jitter never
+/// takes a wait past the cap.
+pub fn wait(policy: &Policy, n: u32, retry_after: Option<Duration>, draw: f64) -> Duration {
+    if let Some(d) = retry_after {
+        return d.min(policy.cap);
+    }
+    let factor = 0.8 + 0.4 * draw.clamp(0.0, 1.0);
+    // Whole microseconds: a draw of 0.5 gives the backoff exactly.
+    let micros = (policy.backoff(n).as_micros() as f64 * factor).round();
+    Duration::from_micros(micros as u64).min(policy.cap)
+}
+
+/// What one attempt of an operation came to.
+#[derive(Debug)]
+pub enum Attempt<T, E> {
+    /// The end: returned as is (a success, or a verdict the operation
+    /// carries in `T`, e.g. a `Result`).
+    Done(T),
+    /// A failure the retry rule repeats. `retry_after`: the answer's
+    /// `Retry-After` (429/503), which replaces the backoff up to the cap.
+    Retry {
+        /// What went wrong, for the log and the final error.
+        error: E,
+        /// The server's `Retry-After`, if it sent one.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// Why the engine stopped repeating a failing operation.
+#[derive(Debug, PartialEq, Eq)]
+pub enum GaveUp<E> {
+    /// Every attempt the policy allows failed.
+    Exhausted {
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        last: E,
+    },
+    /// The next wait would end past the caller's deadline ([`run_blocking`]).
+    OutOfTime {
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        last: E,
+    },
+}
+
+/// How the engine waits and where its jitter comes from. Production uses
+/// [`REAL`]; tests pass one that records each wait and fixes the draw, so no
+/// test sleeps.
+pub trait Pace: Send + Sync {
+    /// Waits `wait` on the async runtime.
+    fn sleep(&self, wait: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// Waits `wait` on this thread (git work on the blocking pool).
+    fn sleep_blocking(&self, wait: Duration);
+    /// The jitter's draw, in [0, 1] (0: 80 % of the backoff, 1: 120 %).
+    fn draw(&self) -> f64;
+}
+
+/// Real time ([`tokio::time::sleep`], [`std::thread::sleep`]) and a uniform
+/// random draw.
+#[derive(Debug)]
+pub struct RealPace;
+
+/// The production [`Pace`].
+pub static REAL: RealPace = RealPace;
+
+impl Pace for RealPace {
+    fn sleep(&self, wait: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(tokio::time::sleep(wait))
+    }
+
+    fn sleep_blocking(&self, wait: Duration) {
+        std::thread::sleep(wait);
+    }
+
+    fn draw(&self) -> f64 {
+        fastrand::f64()
+    }
+}
+
+/// A [`Pace`] for tests: records every wait instead of sleeping, and draws
+/// the same jitter every time.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    waits: std::sync::Mutex<Vec<Duration>>,
+    draw: f64,
+}
+
+#[cfg(test)]
+impl Recorder {
+    /// A recorder whose jitter draw is always `draw` (0.5: no jitter).
+    pub(crate) fn new(draw: f64) -> std::sync::Arc<Recorder> {
+        std::sync::Arc::new(Recorder {
+            waits: std::sync::Mutex::new(Vec::new()),
+            draw,
+        })
+    }
+
+    /// The waits so far, in milliseconds, and forgets them.
+    pub(crate) fn take_ms(&self) -> Vec<u64> {
+        let mut waits = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *waits)
+            .iter()
+            .map(|w| w.as_millis() as u64)
+            .collect()
+    }
+
+    fn record(&self, wait: Duration) {
+        self.waits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(wait);
+    }
+}
+
+#[cfg(test)]
+impl Pace for Recorder {
+    fn sleep(&self, wait: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        self.record(wait);
+        Box::pin(std::future::ready(()))
+    }
+
+    fn sleep_blocking(&self, wait: Duration) {
+        self.record(wait);
+    }
+
+    fn draw(&self) -> f64 {
+        self.draw
+    }
+}
+
+/// The decision code both runners share: counts failed attempts and says
+/// how long to wait before the next, or why to give up.
+struct Schedule<'a> {
+    call: &'a str,
+    policy: Policy,
+    deadline: Option<Instant>,
+    failed: u32,
+}
+
+/// Why [`Schedule::after_failure`] says stop.
+enum Stop {
+    Exhausted,
+    OutOfTime,
+}
+
+impl Schedule<'_> {
+    /// After a failed attempt (`error`, for the log): the wait before the
+    /// next one, logged, or why to stop.
+    fn after_failure(
+        &mut self,
+        error: &dyn std::fmt::Display,
+        retry_after: Option<Duration>,
+        draw: f64,
+    ) -> Result<Duration, Stop> {
+        let n = self.failed;
+        self.failed = self.failed.saturating_add(1);
+        if let Attempts::AtMost(max) = self.policy.attempts
+            && self.failed >= max.max(1)
+        {
+            return Err(Stop::Exhausted);
+        }
+        let wait = wait(&self.policy, n, retry_after, draw);
+        if self.deadline.is_some_and(|d| Instant::now() + wait >= d) {
+            return Err(Stop::OutOfTime);
+        }
+        let (call, attempt, wait_ms) = (self.call, self.failed, wait.as_millis() as u64);
+        match self.policy.attempts {
+            Attempts::AtMost(of) => {
+                tracing::warn!(call, attempt, of, wait_ms, error = %error, "call failed; retrying");
+            }
+            Attempts::Until(until) => {
+                tracing::warn!(call, attempt, until, wait_ms, error = %error, "call failed; retrying");
+            }
+        }
+        Ok(wait)
+    }
+
+    fn gave_up<E>(&self, stop: Stop, last: E) -> GaveUp<E> {
+        let attempts = self.failed;
+        match stop {
+            Stop::Exhausted => GaveUp::Exhausted { attempts, last },
+            Stop::OutOfTime => GaveUp::OutOfTime { attempts, last },
+        }
+    }
+}
+
+/// Runs `attempt` under `policy` until it is [`Attempt::Done`] or the policy
+/// gives up, waiting through `pace` between attempts. `call` names the work
+/// in the log. Each attempt's timeout is the operation's business (see
+/// [`send`]).
+///
+/// Errors: [`GaveUp::Exhausted`] with the last failure when the attempts run
+/// out (never under [`Attempts::Until`]: the caller cuts that future).
+pub async fn run<T, E, Fut>(
+    call: &str,
+    policy: Policy,
+    pace: &dyn Pace,
+    mut attempt: impl FnMut() -> Fut,
+) -> Result<T, GaveUp<E>>
+where
+    Fut: Future<Output = Attempt<T, E>>,
+    E: std::fmt::Display,
+{
+    let mut schedule = Schedule {
+        call,
+        policy,
+        deadline: None,
+        failed: 0,
+    };
+    loop {
+        let (error, retry_after) = match attempt().await {
+            Attempt::Done(value) => return Ok(value),
+            Attempt::Retry { error, retry_after } => (error, retry_after),
+        };
+        match schedule.after_failure(&error, retry_after, pace.draw()) {
+            Ok(wait) => pace.sleep(wait).await,
+            Err(stop) => return Err(schedule.gave_up(stop, error)),
+        }
+    }
+}
+
+/// [`run`] for blocking work (git on the blocking pool), with a deadline:
+/// a wait that would end at or past `deadline` gives up instead
+/// ([`GaveUp::OutOfTime`]). Whether an attempt may still start is the
+/// operation's call (it sees the same clock).
+///
+/// Errors: as [`run`], and [`GaveUp::OutOfTime`].
+pub fn run_blocking<T, E>(
+    call: &str,
+    policy: Policy,
+    pace: &dyn Pace,
+    deadline: Option<Instant>,
+    mut attempt: impl FnMut() -> Attempt<T, E>,
+) -> Result<T, GaveUp<E>>
+where
+    E: std::fmt::Display,
+{
+    let mut schedule = Schedule {
+        call,
+        policy,
+        deadline,
+        failed: 0,
+    };
+    loop {
+        let (error, retry_after) = match attempt() {
+            Attempt::Done(value) => return Ok(value),
+            Attempt::Retry { error, retry_after } => (error, retry_after),
+        };
+        match schedule.after_failure(&error, retry_after, pace.draw()) {
+            Ok(wait) => pace.sleep_blocking(wait),
+            Err(stop) => return Err(schedule.gave_up(stop, error)),
+        }
+    }
+}
 
 pub use crate::wire::routes::caps;
 
@@ -130,105 +518,89 @@ impl CallError {
     }
 }
 
-enum Attempt {
+/// What one HTTP attempt came to.
+enum Outcome {
     Done(Reply),
     Verdict(u16, String),
     TooLarge { size: u64, size_exact: bool },
     Retry(String, Option<Duration>),
 }
 
-/// Sends the request built by `build` under `policy`, each attempt bounded by
-/// `timeout` (headers and body), and returns the 2xx answer, its body read
-/// through `cap` bytes ([`caps`]).
+/// Sends the request built by `build` under `policy` through the engine,
+/// each attempt bounded by the policy's timeout (headers and body), and
+/// returns what `accept` makes of the 2xx answer, its body read through
+/// `cap` bytes ([`caps`]). `accept` refusing an answer (`Err(why)`) counts as
+/// a failed attempt the rule repeats (the events route: an answer that
+/// accepted nothing, or whose body is not the contract's); most routes pass
+/// `Ok`.
 ///
 /// Errors: [`CallError::Verdict`] for a non-retryable status,
 /// [`CallError::TooLarge`] for a body over `cap`, [`CallError::Exhausted`]
 /// when the attempts run out.
-pub async fn send(
+pub async fn send<T>(
     call: &str,
-    policy: RetryPolicy,
-    timeout: Duration,
+    policy: Policy,
+    pace: &dyn Pace,
     cap: usize,
     build: impl Fn() -> RequestBuilder,
-) -> Result<Reply, CallError> {
-    let attempts = policy.attempts.max(1);
-    let mut last = String::new();
-    for n in 0..attempts {
-        let attempt = match tokio::time::timeout(timeout, attempt(build(), cap)).await {
-            Ok(a) => a,
-            Err(_) => Attempt::Retry(format!("no answer within {} ms", timeout.as_millis()), None),
+    accept: impl Fn(Reply) -> Result<T, String>,
+) -> Result<T, CallError> {
+    let timeout = policy.timeout.unwrap_or(REQUEST_TIMEOUT);
+    let (build, accept) = (&build, &accept);
+    let result = run(call, policy, pace, move || async move {
+        let outcome = match tokio::time::timeout(timeout, attempt(build(), cap)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Outcome::Retry(format!("no answer within {} ms", timeout.as_millis()), None),
         };
-        let retry_after = match attempt {
-            Attempt::Done(reply) => return Ok(reply),
-            Attempt::Verdict(status, detail) => {
-                return Err(CallError::Verdict {
-                    call: call.to_string(),
-                    status,
-                    detail,
-                });
-            }
-            Attempt::TooLarge { size, size_exact } => {
-                return Err(CallError::TooLarge {
-                    call: call.to_string(),
-                    size,
-                    size_exact,
-                    cap,
-                });
-            }
-            Attempt::Retry(why, retry_after) => {
-                last = why;
-                retry_after
-            }
-        };
-        if n + 1 < attempts {
-            let wait = wait_before_retry(policy, n, retry_after);
-            tracing::warn!(
-                call,
-                attempt = n + 1,
-                of = attempts,
-                wait_ms = wait.as_millis() as u64,
-                error = %last,
-                "coordinator call failed; retrying"
-            );
-            tokio::time::sleep(wait).await;
+        match outcome {
+            Outcome::Done(reply) => match accept(reply) {
+                Ok(value) => Attempt::Done(Ok(value)),
+                Err(why) => Attempt::Retry {
+                    error: why,
+                    retry_after: None,
+                },
+            },
+            Outcome::Verdict(status, detail) => Attempt::Done(Err(CallError::Verdict {
+                call: call.to_string(),
+                status,
+                detail,
+            })),
+            Outcome::TooLarge { size, size_exact } => Attempt::Done(Err(CallError::TooLarge {
+                call: call.to_string(),
+                size,
+                size_exact,
+                cap,
+            })),
+            Outcome::Retry(error, retry_after) => Attempt::Retry { error, retry_after },
         }
-    }
-    Err(CallError::Exhausted {
-        call: call.to_string(),
-        attempts,
-        last,
     })
-}
-
-/// The wait before retry `n`: `Retry-After` when given (up to the cap), else
-/// the jittered exponential backoff.
-pub fn wait_before_retry(policy: RetryPolicy, n: u32, retry_after: Option<Duration>) -> Duration {
-    match retry_after {
-        Some(d) => d.min(policy.cap),
-        None => {
-            let base = policy.backoff(n);
-            let jitter = 0.8 + 0.4 * fastrand::f64();
-            Duration::from_secs_f64(base.as_secs_f64() * jitter)
+    .await;
+    match result {
+        Ok(done) => done,
+        Err(GaveUp::Exhausted { attempts, last } | GaveUp::OutOfTime { attempts, last }) => {
+            Err(CallError::Exhausted {
+                call: call.to_string(),
+                attempts,
+                last,
+            })
         }
     }
 }
 
-async fn attempt(request: RequestBuilder, cap: usize) -> Attempt {
+async fn attempt(request: RequestBuilder, cap: usize) -> Outcome {
     let response = match request.send().await {
         Ok(r) => r,
-        Err(e) => return Attempt::Retry(describe(e), None),
+        Err(e) => return Outcome::Retry(describe(e), None),
     };
     let status = response.status();
     let headers = response.headers().clone();
-    if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-        let retry_after = if status == StatusCode::TOO_MANY_REQUESTS
-            || status == StatusCode::SERVICE_UNAVAILABLE
-        {
+    if retryable_status(status.as_u16()) {
+        let retry_after = if honours_retry_after(status.as_u16()) {
             retry_after(&headers)
         } else {
             None
         };
-        return Attempt::Retry(format!("HTTP {}", status.as_u16()), retry_after);
+        return Outcome::Retry(format!("HTTP {}", status.as_u16()), retry_after);
     }
     if !status.is_success() {
         let detail = match read_capped(response, VERDICT_DETAIL_BYTES).await {
@@ -238,16 +610,16 @@ async fn attempt(request: RequestBuilder, cap: usize) -> Attempt {
             }
             _ => String::new(),
         };
-        return Attempt::Verdict(status.as_u16(), detail);
+        return Outcome::Verdict(status.as_u16(), detail);
     }
     match read_capped(response, cap).await {
-        Ok(body) => Attempt::Done(Reply {
+        Ok(body) => Outcome::Done(Reply {
             status,
             headers,
             body,
         }),
-        Err(BodyError::TooLarge { size, size_exact }) => Attempt::TooLarge { size, size_exact },
-        Err(BodyError::Transport(why)) => Attempt::Retry(why, None),
+        Err(BodyError::TooLarge { size, size_exact }) => Outcome::TooLarge { size, size_exact },
+        Err(BodyError::Transport(why)) => Outcome::Retry(why, None),
     }
 }
 
@@ -377,12 +749,65 @@ mod tests {
         let client = crate::tls::http_client(None).unwrap();
         send(
             "test read",
-            RetryPolicy::ONCE,
-            Duration::from_secs(10),
+            Policy::ONCE,
+            &REAL,
             cap,
             || client.get(url),
+            Ok,
         )
         .await
+    }
+
+    /// PROTOCOL.md section 2: jitter never takes a wait past its cap (a
+    /// wait at the cap is between 80 % and 100 % of it), over the whole
+    /// range of draws and over the production pace's random ones (seeded,
+    /// so the draws are the same on every run).
+    #[test]
+    fn jitter_never_pushes_a_wait_past_its_cap() {
+        let policy = Policy::REQUIRED;
+        fastrand::seed(7);
+        let draws = (0..=100).map(|i| f64::from(i) / 100.0);
+        let draws: Vec<f64> = draws.chain((0..200).map(|_| REAL.draw())).collect();
+        let mut highest = Duration::ZERO;
+        for n in [4, 5, 10] {
+            for &draw in &draws {
+                let wait = wait(&policy, n, None, draw);
+                assert!(
+                    wait >= policy.cap.mul_f64(0.8),
+                    "retry {n}: {wait:?} under 80 % of the cap"
+                );
+                highest = highest.max(wait);
+            }
+        }
+        assert!(
+            highest <= policy.cap,
+            "a jittered wait of {highest:?} is past the cap {:?}",
+            policy.cap
+        );
+        // Below the cap, jitter spreads a wait both ways.
+        assert_eq!(wait(&policy, 1, None, 0.0), Duration::from_millis(400));
+        assert_eq!(wait(&policy, 1, None, 1.0), Duration::from_millis(600));
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let p = Policy::REQUIRED;
+        let waits: Vec<u64> = (0..6).map(|n| p.backoff(n).as_millis() as u64).collect();
+        assert_eq!(waits, vec![250, 500, 1000, 2000, 4000, 4000]);
+        assert_eq!(p.backoff(200), Duration::from_secs(4));
+    }
+
+    #[test]
+    fn scaling_keeps_attempts_and_the_timeout_floor() {
+        let p = Policy::AGENT_TOKEN_BOOT.scaled(0.02);
+        assert_eq!(p.attempts, Attempts::AtMost(10));
+        let c = Policy::CLONE.scaled(0.02);
+        assert_eq!(c.attempts, Attempts::AtMost(4));
+        assert_eq!(c.base, Duration::from_millis(20));
+        assert_eq!(c.timeout, None);
+        // The per-attempt timeout keeps the request timeout's floor (2 s).
+        assert_eq!(p.timeout, Some(Duration::from_secs(2)));
+        assert_eq!(Policy::REQUIRED.scaled(1.0), Policy::REQUIRED);
     }
 
     #[tokio::test]

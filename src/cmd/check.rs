@@ -13,10 +13,9 @@ use std::sync::Arc;
 use crate::boot::config::RunArgs;
 use crate::boot::config::{self, BootConfig};
 use crate::boot::environment;
-use crate::client::Api;
+use crate::client::{Api, Policy};
 use crate::redact::Redactor;
 use crate::secret::Secret;
-use crate::timings::RetryPolicy;
 
 /// One line of the report.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,16 +133,12 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
             )];
         }
     };
-    let mut timings = config.timings;
-    timings.retry.agent_token_refresh = RetryPolicy::ONCE;
-    let api = Arc::new(Api::new(
-        config.api.clone(),
-        http,
-        timings,
-        redactor.clone(),
-    ));
+    let api = Arc::new(
+        Api::new(config.api.clone(), http, config.timings, redactor.clone())
+            .with_bearer_refresh(Policy::ONCE),
+    );
     let mut lines = Vec::new();
-    match api.pull_bearer(RetryPolicy::ONCE).await {
+    match api.pull_bearer(Policy::ONCE).await {
         Ok(b) => lines.push(CheckLine::pass(
             "agent token",
             format!("bearer received ({:?})", b.lifetime),
@@ -162,7 +157,7 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
             return lines;
         }
     }
-    match api.session(RetryPolicy::ONCE, false).await {
+    match api.session(Policy::ONCE, false).await {
         Ok(s) => {
             let branch = crate::validate::git_branch("repoBranch", &s.repo_branch);
             let pending = s.pending_turn();

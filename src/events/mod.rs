@@ -12,10 +12,12 @@
 //!   every `event_batch_interval` (250 ms) while events flow, and advances to
 //!   the `acceptedThrough` answered. Its memory is one batch, whatever the
 //!   backlog on disk.
-//! - A failed post is retried under the one retry rule (events: base 250 ms,
-//!   cap 5 s, `Retry-After` honoured) for as long as the turn runs, then until
-//!   the flush deadline. A `413` halves the batch; any other `4xx` stops
-//!   sending for the run (the spool is kept).
+//! - A failed post is retried by the one retry engine under
+//!   [`Policy::EVENTS`] (base 250 ms, cap 5 s, `Retry-After` honoured, no
+//!   attempt limit) for as long as the turn runs, then until the flush
+//!   deadline, where the sender cuts it. An answer that accepted nothing of
+//!   the batch is retried the same way. A `413` halves the batch; any other
+//!   `4xx` stops sending for the run (the spool is kept).
 //! - At turn end, [`EventSink::close`] flushes until the deadline and reports
 //!   what was not delivered; the turn puts it in `finish.error`
 //!   (`events_undelivered`).
@@ -37,9 +39,7 @@ use tokio::time::Instant;
 
 use self::event::{AgentEvent, RunnerEvent};
 use self::spool::{Spool, SpoolError, SpoolReader};
-use crate::client::Api;
-use crate::client::CallError;
-use crate::client::retry::wait_before_retry;
+use crate::client::{Api, CallError, Policy};
 use crate::redact::Redactor;
 use crate::session_dir::RunDir;
 use crate::wire::{ErrorCode, FinishError};
@@ -363,9 +363,9 @@ struct SendState {
     waiting_since: Option<Instant>,
     /// A `4xx` verdict: nothing more is sent.
     stopped: Option<String>,
-    /// Answers in a row that made no progress (see [`send_batch`]).
-    failures: u32,
-    /// Not before this after such an answer.
+    /// Failed bearer re-pulls in a row (see [`send_batch`]).
+    repulls: u32,
+    /// Not before this after such a failure.
     retry_at: Option<Instant>,
 }
 
@@ -384,7 +384,7 @@ async fn send_loop(
         max_events: MAX_BATCH_EVENTS,
         waiting_since: None,
         stopped: None,
-        failures: 0,
+        repulls: 0,
         retry_at: None,
     };
     let mut deadline: Option<Instant> = None;
@@ -451,8 +451,9 @@ async fn send_loop(
     report
 }
 
-/// Reads one batch from the spool and posts it, retrying under the events
-/// policy until it is answered or the deadline passes; updates `st`.
+/// Reads one batch from the spool and posts it, retried by the engine under
+/// [`Policy::EVENTS`] until it is answered or the deadline passes; updates
+/// `st`.
 async fn send_batch(
     api: &Api,
     run_id: &str,
@@ -490,40 +491,21 @@ async fn send_batch(
     }
     let started = Instant::now();
     let body = Bytes::from(std::mem::take(&mut batch.body));
-    let post = api.post_events_body(run_id, body, timings.retry.events);
-    tokio::pin!(post);
-    let result = loop {
-        let cut = crate::sync::sleep_until(*deadline);
-        tokio::select! {
-            r = &mut post => break Some(r),
-            d = &mut *close_rx, if deadline.is_none() => {
-                *deadline = Some(d.unwrap_or_else(|_| Instant::now()));
-            }
-            _ = cut => break None,
-        }
-    };
-    let Some(result) = result else {
+    // An answer that accepted none of the batch (and did not go back) is
+    // retried by the engine: resending at once would spin.
+    let (first, before) = (batch.events[0].0, st.accepted);
+    let post = api.post_events_body(run_id, body, move |accepted| {
+        accepted >= first || accepted < before
+    });
+    let Some(result) = until_deadline(post, deadline, close_rx).await else {
         return; // the deadline passed with the request still failing
     };
-    let policy = timings.retry.events;
     match result {
-        Ok(accepted) if accepted >= batch.events[0].0 || accepted < st.accepted => {
+        Ok(accepted) => {
             advance(reader, &batch.events, accepted, end, st);
             st.waiting_since = (st.accepted < batch.last_seq()).then_some(started);
-            st.failures = 0;
+            st.repulls = 0;
             st.retry_at = None;
-        }
-        Ok(accepted) => {
-            // Answered, but nothing of the batch was accepted: resending at
-            // once would spin, so wait as after a failure.
-            tracing::warn!(
-                run_id,
-                accepted,
-                first = batch.events[0].0,
-                "the coordinator accepted none of the batch; retrying"
-            );
-            st.retry_at = Some(Instant::now() + wait_before_retry(policy, st.failures, None));
-            st.failures = st.failures.saturating_add(1);
         }
         // An answer over its cap would be the same on every resend.
         Err(e) if e.is_too_large() => stop(run_id, st, &e),
@@ -538,14 +520,37 @@ async fn send_batch(
             }
             Some(_) => stop(run_id, st, &e),
             None => {
-                // A 2xx whose body is not `{"acceptedThrough": n}` (the
-                // events policy has no attempt limit, so nothing else gets
-                // here): retry with the backoff.
-                tracing::warn!(run_id, error = %e, "events post answered badly; retrying");
-                st.retry_at = Some(Instant::now() + wait_before_retry(policy, st.failures, None));
-                st.failures = st.failures.saturating_add(1);
+                // The events policy never gives up, so only a failed bearer
+                // pull gets here (none yet, or the re-pull after a 401; its
+                // own attempts spent): the next batch waits the events
+                // backoff, not to spin.
+                let wait = Policy::EVENTS.scaled(timings.scale).backoff(st.repulls);
+                tracing::warn!(run_id, error = %e, wait_ms = wait.as_millis() as u64, "cannot pull a fresh bearer for the events; retrying");
+                st.retry_at = Some(Instant::now() + wait);
+                st.repulls = st.repulls.saturating_add(1);
             }
         },
+    }
+}
+
+/// Drives `post` until it ends, or until the flush deadline passes
+/// (`None`): the deadline, learnt from `close_rx` at turn end, cuts the
+/// engine's unbounded retries of the events route.
+async fn until_deadline<T>(
+    post: impl std::future::Future<Output = T>,
+    deadline: &mut Option<Instant>,
+    close_rx: &mut oneshot::Receiver<Instant>,
+) -> Option<T> {
+    tokio::pin!(post);
+    loop {
+        let cut = crate::sync::sleep_until(*deadline);
+        tokio::select! {
+            r = &mut post => return Some(r),
+            d = &mut *close_rx, if deadline.is_none() => {
+                *deadline = Some(d.unwrap_or_else(|_| Instant::now()));
+            }
+            _ = cut => return None,
+        }
     }
 }
 

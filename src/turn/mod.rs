@@ -22,13 +22,13 @@ use tokio::task::JoinHandle;
 use crate::agent::AgentConfig;
 use crate::agent::drive::{self, DriveInput, RunRequest};
 use crate::agent::{AgentSession, TurnOutcome};
-use crate::client::Api;
+use crate::client::{Api, Policy};
 use crate::events::event::RunnerEvent;
 use crate::events::{EventSender, EventSink, FlushReport};
 use crate::process::supervisor::Supervision;
 use crate::session_dir::{RunDir, SessionDir, SessionDirError};
 use crate::signals::{Stop, StopBudget};
-use crate::timings::{RetryPolicy, Timings};
+use crate::timings::Timings;
 use crate::wire::{BootStatus, FinishBody, FinishError, HarvestResult, RunOutcome};
 use crate::workspace::Harvester;
 use rotation::Rotation;
@@ -274,7 +274,7 @@ impl<'a> Turn<'a> {
             Some(b) if !b.expires_within(self.timings.idle_refresh_lead) => Some(Ok(b)),
             _ => {
                 self.budget
-                    .unless_stopped(api.pull_bearer(self.timings.retry.agent_token_refresh))
+                    .unless_stopped(api.pull_bearer(Policy::AGENT_TOKEN_REFRESH))
                     .await
             }
         };
@@ -500,11 +500,11 @@ impl<'a> Turn<'a> {
     }
 
     /// One attempt per call once a stop was requested (4.4).
-    fn policy(&self) -> RetryPolicy {
+    fn policy(&self) -> Policy {
         if self.budget.stopping() {
-            RetryPolicy::ONCE
+            Policy::ONCE
         } else {
-            self.timings.retry.required
+            Policy::REQUIRED
         }
     }
 

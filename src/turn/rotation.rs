@@ -69,7 +69,7 @@ async fn rotate(api: Arc<Api>, session_dir: Arc<SessionDir>, cancel: Cancellatio
             _ = tokio::time::sleep_until(due) => {
                 let pulled = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    r = api.pull_bearer(timings.retry.agent_token_refresh) => r,
+                    r = api.pull_bearer(crate::client::Policy::AGENT_TOKEN_REFRESH) => r,
                 };
                 match pulled {
                     Ok(_) => {

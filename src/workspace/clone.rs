@@ -10,8 +10,8 @@
 //! unborn `HEAD` and no file, is checked out); anything else there is an
 //! error.
 //!
-//! The clone is retried under the retry rule of PROTOCOL.md section 2 (the
-//! clone row: 4 attempts, backoff 1 s doubling to 8 s; a transfer that
+//! The clone is retried by the one retry engine of PROTOCOL.md section 2
+//! ([`Policy::CLONE`]: 4 attempts, backoff 1 s doubling to 8 s; a transfer that
 //! brings no byte for 30 s is aborted): only transport failures the rule
 //! retries (no response, reset, timeout, stall, `429`, `5xx`) are repeated;
 //! refused credentials, a `4xx` or a missing session branch are verdicts. A
@@ -28,7 +28,7 @@ use git2::{AutotagOption, ConfigLevel, Direction, FetchOptions, RemoteUpdateFlag
 
 use super::WorkspaceError;
 use super::transport::{CredentialHelpers, HttpContext, register_remote};
-use crate::timings::RetryPolicy;
+use crate::client::retry::{self, Attempt, GaveUp, Pace, Policy};
 
 /// Where a reused clone keeps the remote tip it last saw across the reuse
 /// fetch, for the harvest at boot (PROTOCOL.md 4.5 "At boot").
@@ -54,9 +54,9 @@ pub struct RepoSpec {
     pub credential_helper: String,
     /// The HTTP client and runtime the fetch runs on.
     pub http: HttpContext,
-    /// Attempts and backoff of [`prepare_repo_async`]
-    /// (`Timings::retry.clone`; [`prepare_repo`] makes one attempt).
-    pub retry: RetryPolicy,
+    /// Attempts and backoff of [`prepare_repo_async`] ([`Policy::CLONE`],
+    /// scaled by the boot's timings; [`prepare_repo`] makes one attempt).
+    pub retry: Policy,
 }
 
 /// The result of [`prepare_repo`].
@@ -296,8 +296,9 @@ fn remove_partial_clone(path: &Path, existed: bool) {
     }
 }
 
-/// [`prepare_repo`] on tokio's blocking pool, retried under `spec.retry`
-/// (PROTOCOL.md section 2, the clone row): a failure is repeated only when
+/// [`prepare_repo`] on tokio's blocking pool, retried by the engine
+/// ([`retry::run`]) under `spec.retry` (PROTOCOL.md section 2, the clone
+/// row): a failure is repeated only when
 /// the transport saw one the retry rule retries, after the rule's backoff;
 /// each fresh attempt starts from a clean `repo/`. The waits are async, so
 /// a stop signal between attempts starts no new one.
@@ -307,43 +308,59 @@ fn remove_partial_clone(path: &Path, existed: bool) {
 /// the blocking task is a [`WorkspaceError::Git`].
 pub async fn prepare_repo_async(spec: RepoSpec) -> Result<PreparedRepo, WorkspaceError> {
     let policy = spec.retry;
-    let attempts = policy.attempts.max(1);
     let url = spec.remote_url.clone();
     let spec = std::sync::Arc::new(spec);
-    let mut n = 0;
-    loop {
+    let attempt_on_pool = || {
         let one = spec.clone();
-        let failure = match tokio::task::spawn_blocking(move || attempt(&one)).await {
-            Ok(Ok(prepared)) => return Ok(prepared),
-            Ok(Err(failure)) => failure,
-            Err(e) => {
-                return Err(WorkspaceError::Git {
+        let url = url.clone();
+        async move {
+            match tokio::task::spawn_blocking(move || attempt(&one)).await {
+                Ok(result) => result,
+                Err(e) => Err(AttemptFailure::from(WorkspaceError::Git {
                     action: "clone",
                     url,
                     message: format!("the clone task failed: {e}"),
-                });
+                })),
             }
-        };
-        if !failure.transient {
-            return Err(failure.error);
         }
-        if n + 1 == attempts {
-            return Err(WorkspaceError::CloneExhausted {
-                url,
+    };
+    retried(&url, policy, &retry::REAL, attempt_on_pool).await
+}
+
+/// The clone row's loop: `attempt` run by the engine under `policy`, a
+/// failure repeated only when the transport saw one the rule retries.
+async fn retried<Fut>(
+    url: &str,
+    policy: Policy,
+    pace: &dyn Pace,
+    mut attempt: impl FnMut() -> Fut,
+) -> Result<PreparedRepo, WorkspaceError>
+where
+    Fut: std::future::Future<Output = Result<PreparedRepo, AttemptFailure>>,
+{
+    let result = retry::run("clone", policy, pace, || {
+        let one = attempt();
+        async move {
+            match one.await {
+                Ok(prepared) => Attempt::Done(Ok(prepared)),
+                Err(failure) if !failure.transient => Attempt::Done(Err(failure.error)),
+                Err(failure) => Attempt::Retry {
+                    error: failure.error,
+                    retry_after: failure.retry_after,
+                },
+            }
+        }
+    })
+    .await;
+    match result {
+        Ok(done) => done,
+        Err(GaveUp::Exhausted { attempts, last } | GaveUp::OutOfTime { attempts, last }) => {
+            Err(WorkspaceError::CloneExhausted {
+                url: url.to_string(),
                 attempts,
-                last: Box::new(failure.error),
-            });
+                last: Box::new(last),
+            })
         }
-        let wait = crate::client::retry::wait_before_retry(policy, n, failure.retry_after);
-        tracing::warn!(
-            attempt = n + 1,
-            of = attempts,
-            wait_ms = wait.as_millis() as u64,
-            error = %failure.error,
-            "clone failed; retrying"
-        );
-        tokio::time::sleep(wait).await;
-        n += 1;
     }
 }
 
@@ -533,5 +550,76 @@ mod tests {
             "https://github.com/o/r.git",
             "https://github.com/o/x.git"
         ));
+    }
+
+    /// The clone row of PROTOCOL.md section 2's retry table: 4 attempts,
+    /// 1 s doubling to 8 s, through the clone's own loop with its attempts
+    /// scripted (which failures the transport marks retryable, no response,
+    /// stall, `429`, `5xx`, is its own test; the boot's tests clone for
+    /// real). Waits recorded, not slept.
+    #[tokio::test]
+    async fn row_the_clone_of_the_session_branch_4_attempts_1s_doubling_to_8s() {
+        use crate::client::retry::Recorder;
+        use std::collections::VecDeque;
+        use std::time::Duration;
+
+        let url = "https://git.example/o/r.git";
+        let failure = |transient, retry_after| AttemptFailure {
+            error: WorkspaceError::Git {
+                action: "fetch",
+                url: url.into(),
+                message: "HTTP 503".into(),
+            },
+            transient,
+            retry_after,
+        };
+        let done = || PreparedRepo {
+            path: PathBuf::from("/r/repo"),
+            remote_head: "ab".repeat(20),
+            reused: false,
+        };
+        let run = |script: Vec<Result<PreparedRepo, AttemptFailure>>, draw| async move {
+            let pace = Recorder::new(draw);
+            let mut script = VecDeque::from(script);
+            let mut made = 0;
+            let result = retried(url, Policy::CLONE, &*pace, || {
+                made += 1;
+                let next = script.pop_front().unwrap_or_else(|| Ok(done()));
+                async move { next }
+            })
+            .await;
+            (result, made, pace.take_ms())
+        };
+
+        // Every attempt fails in a way the rule retries: exactly 4, then the
+        // give-up, with the backoff (and jitter never past the cap).
+        for (draw, waits) in [(0.5, [1000, 2000, 4000]), (1.0, [1200, 2400, 4800])] {
+            let failing = (0..4).map(|_| Err(failure(true, None))).collect();
+            let (result, made, recorded) = run(failing, draw).await;
+            match result {
+                Err(WorkspaceError::CloneExhausted { attempts: 4, .. }) => {}
+                other => panic!("{other:?}"),
+            }
+            assert_eq!((made, recorded), (4, waits.to_vec()));
+        }
+
+        // Retry-After (429/503) replaces the backoff, up to the cap.
+        let script = vec![
+            Err(failure(true, Some(Duration::from_secs(3)))),
+            Err(failure(true, Some(Duration::from_secs(3600)))),
+            Err(failure(true, None)),
+        ];
+        let (result, made, recorded) = run(script, 0.5).await;
+        assert_eq!(result.unwrap(), done());
+        assert_eq!((made, recorded), (4, vec![3000, 8000, 4000]));
+
+        // A verdict (refused credentials, another 4xx, not smart HTTP, no
+        // session branch) is returned as is after one attempt.
+        let (result, made, recorded) = run(vec![Err(failure(false, None))], 0.5).await;
+        assert!(
+            matches!(result, Err(WorkspaceError::Git { .. })),
+            "{result:?}"
+        );
+        assert_eq!((made, recorded), (1, vec![]));
     }
 }

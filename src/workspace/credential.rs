@@ -525,7 +525,7 @@ fn mint(context: &BootContext) -> Result<RepoToken, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
-    let policy = timings.retry.credential_helper;
+    let policy = crate::client::Policy::CREDENTIAL_HELPER;
     runtime
         .block_on(async {
             api.pull_bearer(policy).await?;

@@ -46,7 +46,7 @@ use git2::Repository;
 use super::commit::{commit_uncommitted, status_options};
 use super::remote::RemoteError;
 use super::transport::HttpContext;
-use crate::timings::RetryPolicy;
+use crate::client::retry::Policy;
 use crate::wire::{HarvestResult, PushError, PushErrorCode, RunOutcome};
 
 /// The name of the harvest of a reused `repo/` at boot (PROTOCOL.md 4.5).
@@ -76,8 +76,11 @@ pub struct Harvester {
     pub credential_helper: String,
     /// The HTTP client the transport uses.
     pub http: HttpContext,
-    /// Push attempts and backoff (`Timings::retry.harvest_push`).
-    pub push_policy: RetryPolicy,
+    /// `HOSTED_BOOT_TEST_TIME_SCALE` (1.0 in production): the retry
+    /// policies the harvest and the workspace sync name
+    /// ([`Policy::HARVEST_PUSH`], [`Policy::WORKSPACE_SYNC`]) are scaled by
+    /// it.
+    pub time_scale: f64,
     /// Files larger than this many bytes are left out of what the harvest
     /// commits and pushes (`--harvest-max-file-size`, 4.5); `None`: no limit.
     pub max_file_size: Option<u64>,
@@ -273,7 +276,7 @@ impl Harvester {
             }
             result
         };
-        let outcome = self.with_remote(deadline, "harvest push", attempt);
+        let outcome = self.with_remote(deadline, "harvest push", Policy::HARVEST_PUSH, attempt);
         if at_boot
             && outcome.is_ok()
             && let Ok(mut kept) = repo.find_reference(super::clone::LAST_SEEN_REF)

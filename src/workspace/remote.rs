@@ -15,7 +15,7 @@ use git2::{
 
 use super::harvest::{Harvester, message};
 use super::transport::{CredentialHelpers, HttpContext, register_remote};
-use crate::client::retry::wait_before_retry;
+use crate::client::retry::{self, Attempt, GaveUp, Pace, Policy};
 
 /// Most bytes of the server's side-band text kept for a refusal's report.
 const MAX_REMOTE_TEXT: usize = 2048;
@@ -81,54 +81,66 @@ fn classify(e: git2::Error) -> Failure {
 
 impl Harvester {
     /// Runs `op` (git work on the remote) with the boot's transport and
-    /// credential helper registered for the remote URL, retrying transport
-    /// failures as the section 2 table says for the harvest (3 attempts, 1 s,
-    /// cap 4 s) within `deadline`; each request's timeout is cut to what is
-    /// left of it. `what` names the work in the log.
+    /// credential helper registered for the remote URL, its transport
+    /// failures retried by the engine under `policy` (the section 2 table's
+    /// row of the caller: [`Policy::HARVEST_PUSH`] or
+    /// [`Policy::WORKSPACE_SYNC`], 3 attempts, 1 s, cap 4 s, scaled by
+    /// [`Harvester::time_scale`]) within `deadline`; each request's timeout is
+    /// cut to what is left of it. `what` names the work in the log.
     pub(super) fn with_remote<T>(
         &self,
         deadline: Instant,
         what: &str,
+        policy: Policy,
+        op: impl FnMut() -> Result<T, Failure>,
+    ) -> Result<T, RemoteError> {
+        self.with_remote_paced(deadline, what, policy, &retry::REAL, op)
+    }
+
+    /// [`Harvester::with_remote`], waiting through `pace` (tests record the
+    /// waits instead of sleeping).
+    fn with_remote_paced<T>(
+        &self,
+        deadline: Instant,
+        what: &str,
+        policy: Policy,
+        pace: &dyn Pace,
         mut op: impl FnMut() -> Result<T, Failure>,
     ) -> Result<T, RemoteError> {
         let helpers = CredentialHelpers::new(["", self.credential_helper.as_str()], true);
-        let policy = self.push_policy;
-        let mut failures = 0u32;
-        loop {
+        let policy = policy.scaled(self.time_scale);
+        let result = retry::run_blocking(what, policy, pace, Some(deadline), || {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(RemoteError::NoTime);
+                return Attempt::Done(Err(RemoteError::NoTime));
             }
             let http = HttpContext {
                 request_timeout: self.http.request_timeout.min(remaining),
                 ..self.http.clone()
             };
-            let _registration = register_remote(&self.remote_url, http, helpers.clone())
-                .map_err(|e| RemoteError::Setup(message(&e)))?;
+            let _registration = match register_remote(&self.remote_url, http, helpers.clone()) {
+                Ok(registration) => registration,
+                Err(e) => return Attempt::Done(Err(RemoteError::Setup(message(&e)))),
+            };
             match op() {
-                Ok(value) => return Ok(value),
+                Ok(value) => Attempt::Done(Ok(value)),
                 Err(Failure::Verdict(text) | Failure::RefRejected(text)) => {
-                    return Err(RemoteError::Refused(text));
+                    Attempt::Done(Err(RemoteError::Refused(text)))
                 }
-                Err(Failure::Local(text)) => return Err(RemoteError::Local(text)),
-                Err(Failure::Transport(text)) => {
-                    failures += 1;
-                    if failures >= policy.attempts {
-                        return Err(RemoteError::Exhausted {
-                            attempts: failures,
-                            last: text,
-                        });
-                    }
-                    let wait = wait_before_retry(policy, failures - 1, None);
-                    if Instant::now() + wait >= deadline {
-                        return Err(RemoteError::OutOfTime {
-                            attempts: failures,
-                            last: text,
-                        });
-                    }
-                    tracing::warn!(what, attempt = failures, error = %text, "git request failed; retrying");
-                    std::thread::sleep(wait);
-                }
+                Err(Failure::Local(text)) => Attempt::Done(Err(RemoteError::Local(text))),
+                Err(Failure::Transport(text)) => Attempt::Retry {
+                    error: text,
+                    retry_after: None,
+                },
+            }
+        });
+        match result {
+            Ok(done) => done,
+            Err(GaveUp::Exhausted { attempts, last }) => {
+                Err(RemoteError::Exhausted { attempts, last })
+            }
+            Err(GaveUp::OutOfTime { attempts, last }) => {
+                Err(RemoteError::OutOfTime { attempts, last })
             }
         }
     }
@@ -272,5 +284,128 @@ mod tests {
             classify(e(ErrorCode::GenericError, ErrorClass::Net)),
             Failure::Transport(_)
         ));
+    }
+
+    /// A harvester whose remote is never reached (the operations below are
+    /// scripted), and the runtime its transport would use.
+    fn harvester() -> (Harvester, tokio::runtime::Runtime) {
+        crate::tls::install_crypto_provider();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let harvester = Harvester {
+            repo_dir: "/nonexistent/repo".into(),
+            remote_url: "https://git.example/o/r.git".into(),
+            branch: "main".into(),
+            credential_helper: "!true".into(),
+            http: HttpContext {
+                client: crate::tls::http_client(None).unwrap(),
+                runtime: runtime.handle().clone(),
+                request_timeout: std::time::Duration::from_secs(10),
+                redactor: crate::redact::Redactor::new(),
+                stall: std::time::Duration::from_secs(30),
+            },
+            time_scale: 1.0,
+            max_file_size: None,
+        };
+        (harvester, runtime)
+    }
+
+    /// Holds [`Harvester::with_remote`] under `policy` to its row of the
+    /// retry table (3 attempts, 1 s doubling to 4 s, within the caller's
+    /// bound), its attempts scripted and its waits recorded. The harvest's
+    /// failures carry no `Retry-After`: they are classified from git2's
+    /// error codes ([`classify`]), not from the transport's registration as
+    /// the clone's are.
+    fn holds_to_its_row(policy: Policy, what: &str) {
+        use crate::client::retry::Recorder;
+        use std::time::Duration;
+
+        let (h, _runtime) = harvester();
+        let later = || Instant::now() + Duration::from_secs(60);
+        let scripted = |script: Vec<Result<(), Failure>>| {
+            let mut script = std::collections::VecDeque::from(script);
+            move || script.pop_front().unwrap_or(Ok(()))
+        };
+        let transport = || Err(Failure::Transport("HTTP 503".into()));
+
+        // Transport failures: exactly 3 attempts, the backoff between them
+        // (jitter never past the cap), then the give-up.
+        for (draw, waits) in [(0.5, [1000, 2000]), (1.0, [1200, 2400])] {
+            let pace = Recorder::new(draw);
+            let mut made = 0;
+            let mut op = scripted(vec![transport(), transport(), transport()]);
+            let result = h.with_remote_paced(later(), what, policy, &*pace, || {
+                made += 1;
+                op()
+            });
+            match result {
+                Err(RemoteError::Exhausted { attempts: 3, last }) => assert_eq!(last, "HTTP 503"),
+                other => panic!("{what}: {other:?}"),
+            }
+            assert_eq!((made, pace.take_ms()), (3, waits.to_vec()), "{what}");
+        }
+
+        // Two failures, then success.
+        let pace = Recorder::new(0.5);
+        let op = scripted(vec![transport(), transport()]);
+        h.with_remote_paced(later(), what, policy, &*pace, op)
+            .unwrap();
+        assert_eq!(pace.take_ms(), [1000, 2000], "{what}");
+
+        // Verdicts (refused by the server or git, local failures): one
+        // attempt, no wait.
+        for failure in [
+            Failure::Verdict("HTTP 403".into()),
+            Failure::RefRejected("non-fast-forward".into()),
+            Failure::Local("disk full".into()),
+        ] {
+            let pace = Recorder::new(0.5);
+            let mut made = 0;
+            let mut op = scripted(vec![Err(failure)]);
+            let result = h.with_remote_paced(later(), what, policy, &*pace, || {
+                made += 1;
+                op()
+            });
+            assert!(
+                matches!(result, Err(RemoteError::Refused(_) | RemoteError::Local(_))),
+                "{what}: {result:?}"
+            );
+            assert_eq!((made, pace.take_ms()), (1, vec![]), "{what}");
+        }
+
+        // The caller's bound: a wait that would end past it gives up, and
+        // no attempt starts once it is spent.
+        let pace = Recorder::new(0.5);
+        let bound = Instant::now() + Duration::from_millis(1500);
+        let op = scripted(vec![transport(), transport(), transport()]);
+        match h.with_remote_paced(bound, what, policy, &*pace, op) {
+            Err(RemoteError::OutOfTime { attempts: 2, .. }) => {}
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(pace.take_ms(), [1000], "{what}");
+        let result = h.with_remote_paced(
+            Instant::now(),
+            what,
+            policy,
+            &*pace,
+            || -> Result<(), Failure> { panic!("an attempt started after the bound") },
+        );
+        assert!(
+            matches!(result, Err(RemoteError::NoTime)),
+            "{what}: {result:?}"
+        );
+    }
+
+    #[test]
+    fn row_git_push_in_the_harvest_3_attempts_1s_doubling_to_4s() {
+        holds_to_its_row(Policy::HARVEST_PUSH, "harvest push");
+    }
+
+    #[test]
+    fn row_the_workspace_syncs_fetch_and_push_3_attempts_each_1s_doubling_to_4s() {
+        // Each of the two is its own call with its own attempts.
+        holds_to_its_row(Policy::WORKSPACE_SYNC, "workspace sync fetch");
+        holds_to_its_row(Policy::WORKSPACE_SYNC, "workspace sync push");
     }
 }

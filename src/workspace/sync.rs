@@ -12,6 +12,7 @@ use super::harvest::{Harvester, lock_repo, message};
 use super::local_branch::{bring_local_to, save_local_branch};
 use super::recovery::{keep_discarded, recovery_name};
 use super::remote::{RemoteError, fetch, push};
+use crate::client::retry::Policy;
 use crate::wire::{SyncOutcome, SyncWarning, SyncWarningCode, WorkspaceSync, truncate_reason};
 
 impl Harvester {
@@ -86,9 +87,12 @@ impl Harvester {
             .refname_to_id(&format!("refs/remotes/origin/{branch}"))
             .ok();
 
-        let remote = match self.with_remote(deadline, "workspace sync fetch", || {
-            fetch(&repo, url, branch)
-        }) {
+        let remote = match self.with_remote(
+            deadline,
+            "workspace sync fetch",
+            Policy::WORKSPACE_SYNC,
+            || fetch(&repo, url, branch),
+        ) {
             Ok(remote) => remote,
             Err(e) => {
                 let code = match e {
@@ -122,9 +126,12 @@ impl Harvester {
             // before the workspace moves, never forced.
             if contains(head, tip) {
                 let session_ref = format!("refs/heads/{branch}");
-                if let Err(e) = self.with_remote(deadline, "workspace sync push", || {
-                    push(&repo, url, &session_ref)
-                }) {
+                if let Err(e) = self.with_remote(
+                    deadline,
+                    "workspace sync push",
+                    Policy::WORKSPACE_SYNC,
+                    || push(&repo, url, &session_ref),
+                ) {
                     let text = format!(
                         "{}; the turn starts from the local HEAD",
                         e.describe(&format!("the push of the local work to {branch}"))
@@ -144,9 +151,12 @@ impl Harvester {
                 };
                 let recovery_ref = format!("refs/heads/{recovery}");
                 if remote.heads.get(&recovery_ref) != Some(&head)
-                    && let Err(e) = self.with_remote(deadline, "workspace sync push", || {
-                        push(&repo, url, &recovery_ref)
-                    })
+                    && let Err(e) = self.with_remote(
+                        deadline,
+                        "workspace sync push",
+                        Policy::WORKSPACE_SYNC,
+                        || push(&repo, url, &recovery_ref),
+                    )
                 {
                     let text = format!(
                         "{}; the turn starts from the local HEAD",
@@ -183,16 +193,21 @@ impl Harvester {
         // committed on it, then moved HEAD away): pushed before it moves.
         let mut seen = vec![head];
         seen.extend(known);
-        match self.with_remote(deadline, "workspace sync push", || {
-            save_local_branch(
-                &repo,
-                url,
-                branch,
-                &format!("before-{run_id}"),
-                &remote.heads,
-                &seen,
-            )
-        }) {
+        match self.with_remote(
+            deadline,
+            "workspace sync push",
+            Policy::WORKSPACE_SYNC,
+            || {
+                save_local_branch(
+                    &repo,
+                    url,
+                    branch,
+                    &format!("before-{run_id}"),
+                    &remote.heads,
+                    &seen,
+                )
+            },
+        ) {
             Ok(saved) => s.local_branch_recovery = saved,
             Err(e) => {
                 let text = format!(

@@ -322,7 +322,9 @@ impl TransportError {
     fn is_transient(&self) -> bool {
         match self {
             TransportError::Http { .. } => true,
-            TransportError::Status { status, .. } => *status == 429 || *status >= 500,
+            TransportError::Status { status, .. } => {
+                crate::client::retry::retryable_status(*status)
+            }
             _ => false,
         }
     }
@@ -712,10 +714,8 @@ impl HttpStream {
                 });
             }
             if !status.is_success() {
-                if matches!(
-                    status,
-                    StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-                ) && let Some(wait) = crate::client::retry::retry_after(response.headers())
+                if crate::client::retry::honours_retry_after(status.as_u16())
+                    && let Some(wait) = crate::client::retry::retry_after(response.headers())
                 {
                     *crate::sync::lock(&self.entry.retry_after) = Some(wait);
                 }

@@ -10,7 +10,6 @@ use std::time::Duration;
 use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Fault, Route, Snapshot};
 use hosted_boot::secret::Secret;
 use hosted_boot::session_dir::{BootContext, SessionDir};
-use hosted_boot::timings::Timings;
 use hosted_boot::wire::{HarvestResult, PushErrorCode};
 use hosted_boot::workspace::{
     HarvestJob, Harvester, HttpContext, RepoSpec, credential_helper_command, prepare_repo_async,
@@ -567,7 +566,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         branch: coord.branch(),
         credential_helper: helper.clone(),
         http: http.clone(),
-        retry: hosted_boot::timings::RetryPolicy::ONCE,
+        retry: hosted_boot::client::Policy::ONCE,
     })
     .await
     .unwrap();
@@ -581,7 +580,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         branch: coord.branch(),
         credential_helper: helper,
         http,
-        push_policy: Timings::default().retry.harvest_push,
+        time_scale: 1.0,
         max_file_size: None,
     };
     let started = std::time::Instant::now();

@@ -84,7 +84,7 @@ impl Env {
             branch: self.coord.branch(),
             credential_helper: helper,
             http: self.http.clone(),
-            retry: hosted_boot::timings::RetryPolicy::ONCE,
+            retry: hosted_boot::client::Policy::ONCE,
         }
     }
 
