@@ -6,6 +6,7 @@ mod events;
 mod hardening;
 mod harvest;
 mod image;
+mod layers;
 mod processes;
 mod secrets;
 mod status;

@@ -1,0 +1,65 @@
+//! `.ci/layers` (run by `.ci/run`) against upward imports planted in a
+//! scratch copy of `src/`: every plant below is Rust that compiles and
+//! reaches from `process` (layer "process and events") up into `turn`, so
+//! the check must fail on each.
+
+use std::path::Path;
+use std::process::Command;
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Runs `.ci/layers` on a copy of `src/` with `code` appended to `file`
+/// (relative to `src/`); returns its exit status and output.
+fn check_with(file: &str, code: &str) -> (bool, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    copy_dir(&root.join("src"), &src);
+    let path = src.join(file);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push('\n');
+    text.push_str(code);
+    text.push('\n');
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new("python3")
+        .arg(root.join(".ci/layers"))
+        .arg(&src)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.success(), text)
+}
+
+fn assert_refused(file: &str, code: &str) {
+    let (ok, out) = check_with(file, code);
+    assert!(!ok, "`.ci/layers` passed an upward import:\n{code}\n{out}");
+}
+
+/// The control: the spelling the check knows is refused.
+#[test]
+fn layers_refuse_a_planted_crate_path() {
+    assert_refused(
+        "process/supervisor.rs",
+        "fn _up() { let _ = crate::turn::watch::log_over_cap; }",
+    );
+}
+
+/// A relative path names `turn` without the word `crate`.
+#[test]
+fn layers_refuse_an_upward_super_super_path() {
+    assert_refused(
+        "process/supervisor.rs",
+        "fn _up() { let _ = super::super::turn::watch::log_over_cap; }",
+    );
+}
