@@ -63,3 +63,17 @@ fn layers_refuse_an_upward_super_super_path() {
         "fn _up() { let _ = super::super::turn::watch::log_over_cap; }",
     );
 }
+
+/// `crate` spelled another way Rust accepts: with spaces or a line break
+/// around `::`, or renamed by `use crate as …` / `use crate::{self as …}`.
+#[test]
+fn layers_refuse_crate_spelled_otherwise() {
+    for code in [
+        "fn _up() { let _ = crate :: turn::watch::log_over_cap; }",
+        "fn _up() { let _ = crate\n    ::turn::watch::log_over_cap; }",
+        "use crate as root;\nfn _up() { let _ = root::turn::watch::log_over_cap; }",
+        "use crate::{self as root};\nfn _up() { let _ = root::turn::watch::log_over_cap; }",
+    ] {
+        assert_refused("process/supervisor.rs", code);
+    }
+}
