@@ -19,19 +19,22 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Runs `.ci/layers` on a copy of `src/` with `code` appended to `file`
-/// (relative to `src/`); returns its exit status and output.
-fn check_with(file: &str, code: &str) -> (bool, String) {
+/// Runs `.ci/layers` on a copy of `src/` with each `(file, code)` of
+/// `plants` appended to its file (relative to `src/`, created when absent);
+/// returns its exit status and output.
+fn check_with(plants: &[(&str, &str)]) -> (bool, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     copy_dir(&root.join("src"), &src);
-    let path = src.join(file);
-    let mut text = std::fs::read_to_string(&path).unwrap();
-    text.push('\n');
-    text.push_str(code);
-    text.push('\n');
-    std::fs::write(&path, text).unwrap();
+    for (file, code) in plants {
+        let path = src.join(file);
+        let mut text = std::fs::read_to_string(&path).unwrap_or_default();
+        text.push('\n');
+        text.push_str(code);
+        text.push('\n');
+        std::fs::write(&path, text).unwrap();
+    }
     let out = Command::new("python3")
         .arg(root.join(".ci/layers"))
         .arg(&src)
@@ -42,8 +45,15 @@ fn check_with(file: &str, code: &str) -> (bool, String) {
 }
 
 fn assert_refused(file: &str, code: &str) {
-    let (ok, out) = check_with(file, code);
-    assert!(!ok, "`.ci/layers` passed an upward import:\n{code}\n{out}");
+    assert_refused_all(&[(file, code)]);
+}
+
+fn assert_refused_all(plants: &[(&str, &str)]) {
+    let (ok, out) = check_with(plants);
+    assert!(
+        !ok,
+        "`.ci/layers` passed an upward import:\n{plants:?}\n{out}"
+    );
 }
 
 /// The control: the spelling the check knows is refused.
@@ -73,6 +83,19 @@ fn layers_refuse_crate_spelled_otherwise() {
         "fn _up() { let _ = crate\n    ::turn::watch::log_over_cap; }",
         "use crate as root;\nfn _up() { let _ = root::turn::watch::log_over_cap; }",
         "use crate::{self as root};\nfn _up() { let _ = root::turn::watch::log_over_cap; }",
+    ] {
+        assert_refused("process/supervisor.rs", code);
+    }
+}
+
+/// The comment stripper does not know string literals: a `//` in a URL
+/// hides the rest of its line, and `"/*"` … `"*/"` (globs) hides every
+/// line between them.
+#[test]
+fn layers_read_code_after_a_string_holding_comment_marks() {
+    for code in [
+        "fn _up() { let _ = (\"http://x\", crate::turn::watch::log_over_cap); }",
+        "const _G: &str = \"refs/*\";\nuse crate::turn::watch as _w;\nconst _H: &str = \"*/\";",
     ] {
         assert_refused("process/supervisor.rs", code);
     }
