@@ -100,3 +100,23 @@ fn layers_read_code_after_a_string_holding_comment_marks() {
         assert_refused("process/supervisor.rs", code);
     }
 }
+
+/// The check gives a file the layer of the directory it is in, but
+/// `#[path]` (or `include!`) mounts a file anywhere: a file under `turn/`
+/// (which may name `agent`) mounted as a module of `process` makes
+/// `process` name `agent`, a layer above it.
+#[test]
+fn layers_refuse_a_file_of_a_higher_layer_mounted_by_path() {
+    let up = "pub fn _up() -> Option<crate::agent::AgentKind> { None }";
+    assert_refused_all(&[
+        ("turn/up.rs", up),
+        ("process/mod.rs", "#[path = \"../turn/up.rs\"]\nmod up;"),
+    ]);
+    assert_refused_all(&[
+        ("turn/up.rs", up),
+        (
+            "process/mod.rs",
+            "mod up {\n    include!(\"../turn/up.rs\");\n}",
+        ),
+    ]);
+}
