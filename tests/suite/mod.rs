@@ -1,4 +1,5 @@
 mod agents;
+mod architecture;
 mod boot;
 mod check;
 mod coordinator;
