@@ -113,4 +113,29 @@ mod tests {
             "the repo token names no repository"
         );
     }
+
+    /// PROTOCOL.md 2.2: `invalid_value` is "a value the coordinator sent
+    /// fails its check (5): the session branch, the clone URL". An
+    /// `artifactsRemote` is the clone URL (2.5), but its check's
+    /// `CheckError` is flattened into the text of a `BadResponse` by the
+    /// client, so the `failed` reason carries no code; the same URL built
+    /// from `repoFullName` and refused by `validate::url` gets
+    /// `invalid_value`.
+    #[test]
+    fn a_refused_artifacts_remote_is_an_invalid_value() {
+        let response: crate::wire::RepoTokenResponse = serde_json::from_value(serde_json::json!({
+            "token": "t-1",
+            "artifactsRemote": "http://0123456789abcdef0123456789abcdef.artifacts.cloudflare.net/git/ns/app.git",
+        }))
+        .unwrap();
+        let e = crate::client::repo_token_from(
+            "repo-token mint",
+            response,
+            None,
+            &crate::redact::Redactor::new(),
+        )
+        .unwrap_err();
+        let reason = BootError::from(e).reason();
+        assert!(reason.starts_with("invalid_value: "), "{reason}");
+    }
 }

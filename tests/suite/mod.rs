@@ -1,4 +1,5 @@
 mod agents;
+mod architecture;
 mod boot;
 mod check;
 mod coordinator;
@@ -6,6 +7,7 @@ mod events;
 mod hardening;
 mod harvest;
 mod image;
+mod layers;
 mod processes;
 mod secrets;
 mod status;
