@@ -21,27 +21,34 @@ pub mod cli;
 pub mod cmd;
 pub mod coordinator;
 
-// The runtime, top to bottom.
-pub mod agent;
+// The runtime, top to bottom (the layers of ARCHITECTURE.md).
 pub mod boot;
-pub mod client;
-pub mod events;
-pub mod logging;
-pub mod process;
-pub mod redact;
-pub mod status;
-pub mod turn;
-pub mod wire;
+
+pub(crate) mod turn;
+
+pub mod agent;
 pub mod workspace;
+
+pub mod events;
+pub mod process;
+
+pub mod client;
+
+pub mod logging;
+pub mod status;
+
+pub mod redact;
+pub mod wire;
+
+pub mod session_dir;
 
 // Foundations.
 pub mod secret;
-pub mod session_dir;
-pub mod signals;
-pub mod status_line;
-pub mod timings;
+pub(crate) mod signals;
+pub(crate) mod status_line;
+pub(crate) mod timings;
 pub mod tls;
-pub mod validate;
+pub(crate) mod validate;
 
 // Primitives every layer shares (crate-internal).
 mod sync;

@@ -63,9 +63,8 @@ impl BootError {
             BootError::Idle(e) => e.code(),
             BootError::Invalid(_) => Some(ErrorCode::InvalidValue),
             BootError::Workspace(e) => Some(e.code()),
-            BootError::Call(_) | BootError::ReadyUnacknowledged(_) | BootError::NoRepository => {
-                None
-            }
+            BootError::Call(e) => e.code(),
+            BootError::ReadyUnacknowledged(_) | BootError::NoRepository => None,
         }
     }
 
@@ -117,10 +116,8 @@ mod tests {
     /// PROTOCOL.md 2.2: `invalid_value` is "a value the coordinator sent
     /// fails its check (5): the session branch, the clone URL". An
     /// `artifactsRemote` is the clone URL (2.5), but its check's
-    /// `CheckError` is flattened into the text of a `BadResponse` by the
-    /// client, so the `failed` reason carries no code; the same URL built
-    /// from `repoFullName` and refused by `validate::url` gets
-    /// `invalid_value`.
+    /// A refused `artifactsRemote` is `invalid_value`, as the same URL
+    /// built from `repoFullName` and refused by `validate::url` is (2.2).
     #[test]
     fn a_refused_artifacts_remote_is_an_invalid_value() {
         let response: crate::wire::RepoTokenResponse = serde_json::from_value(serde_json::json!({

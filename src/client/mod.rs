@@ -553,7 +553,10 @@ pub fn repo_token_from(
     let token = response.token;
     redactor.add(&token, SecretKind::Credential);
     if let Some(remote) = &response.artifacts_remote {
-        crate::validate::artifacts_remote(remote).map_err(|e| bad(call, &e.to_string()))?;
+        crate::validate::artifacts_remote(remote).map_err(|source| CallError::Invalid {
+            call: call.to_string(),
+            source,
+        })?;
     } else {
         match &response.repo_full_name {
             Some(name) if valid_full_name(name) => {}
