@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::{AdapterCommand, AgentTimings, Launch};
 use crate::process::supervisor::Control;
+use crate::sync::lock;
 use crate::timings::Timings;
 
 /// Which deadline of the [`Watchdog`] came.
@@ -221,10 +222,6 @@ impl Watchdog {
             }
         }
     }
-}
-
-fn lock(clock: &Mutex<Instant>) -> std::sync::MutexGuard<'_, Instant> {
-    crate::sync::lock(clock)
 }
 
 #[cfg(test)]
