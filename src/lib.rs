@@ -27,6 +27,7 @@ pub mod boot;
 pub(crate) mod turn;
 
 pub mod agent;
+pub mod agent_api;
 pub mod workspace;
 
 pub mod events;

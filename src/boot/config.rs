@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use reqwest::Url;
 
 use crate::agent::{AgentKind, AgentTimings};
+use crate::agent_api::{AgentApiMode, Allowlist};
 use crate::client::ApiConfig;
 use crate::logging::LogFormat;
 use crate::process::cgroup::CgroupMode;
@@ -96,6 +97,10 @@ pub struct BootConfig {
     /// `--harvest-max-file-size` in bytes: files larger are left out of the
     /// harvest (PROTOCOL.md 4.5); `None`: no limit (`0`).
     pub harvest_max_file_size: Option<u64>,
+    /// `--agent-api`: the agent API proxy or the bearer (PROTOCOL.md 3).
+    pub agent_api: AgentApiMode,
+    /// `--agent-api-allow`: the routes the proxy forwards.
+    pub agent_api_allow: Allowlist,
 }
 
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
@@ -218,6 +223,8 @@ pub fn load(
         crate::tls::read_ca_file(path).map_err(|e| ConfigError(format!("{e:#}")))?;
     }
     let harvest_max_file_size = parse_max_file_size(&args.harvest_max_file_size)?;
+    let agent_api_allow =
+        Allowlist::with_names(&args.agent_api_allow).map_err(|e| ConfigError(e.to_string()))?;
 
     let base_env = env
         .iter()
@@ -245,6 +252,8 @@ pub fn load(
         base_env,
         turn_cgroup: args.turn_cgroup,
         harvest_max_file_size,
+        agent_api: args.agent_api,
+        agent_api_allow,
     })
 }
 
@@ -448,6 +457,31 @@ pub struct RunArgs {
         default_value = "100MiB"
     )]
     pub harvest_max_file_size: String,
+    /// How the agent reaches the coordinator's API during a turn
+    /// (PROTOCOL.md section 3, "The agent's API"): `proxy`, the runner's
+    /// API proxy on loopback with a per-turn proxy token in the bearer
+    /// file (the agent never holds a bearer); `bearer`, the coordinator's
+    /// base URL and the real bearer.
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_AGENT_API",
+        hide_env_values = true,
+        value_enum,
+        default_value = "proxy"
+    )]
+    pub agent_api: AgentApiMode,
+    /// Routes the agent API proxy forwards besides the session read, by
+    /// their route-table names, comma-separated or repeated (`cursor`,
+    /// `events`, `run-started`, `finish`). `agent-token`, `boot-status`,
+    /// `env-bundle` and `repo-token` are never forwarded.
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_AGENT_API_ALLOW",
+        hide_env_values = true,
+        value_delimiter = ',',
+        value_name = "ROUTE[,ROUTE]"
+    )]
+    pub agent_api_allow: Vec<String>,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,
@@ -631,6 +665,33 @@ mod tests {
             err.contains("claude, codex, codex-exec, opencode, opencode-run, command"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_agent_api_allowlist_is_checked_at_load() {
+        let c = load(&env(&base()), &args(), secret(), "/".into()).unwrap();
+        assert_eq!(c.agent_api, AgentApiMode::Proxy);
+        assert_eq!(c.agent_api_allow, Allowlist::default());
+        let a = RunArgs {
+            agent_api_allow: vec!["cursor".into()],
+            ..args()
+        };
+        let c = load(&env(&base()), &a, secret(), "/".into()).unwrap();
+        assert!(c.agent_api_allow.allows(crate::wire::routes::Route::Cursor));
+        for (bad, expected) in [("bogus", "not a route"), ("repo-token", "never forwards")] {
+            let a = RunArgs {
+                agent_api_allow: vec![bad.into()],
+                ..args()
+            };
+            let err = load(&env(&base()), &a, secret(), "/".into())
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains("--agent-api-allow") && err.contains(expected),
+                "{err}"
+            );
+        }
     }
 
     #[test]

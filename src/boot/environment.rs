@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 
+use crate::agent_api::AgentApi;
 use crate::client::ApiConfig;
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
@@ -113,17 +114,28 @@ pub fn apply_bundle(
     })
 }
 
+/// Variables of the runner's environment the agent does not get with the
+/// agent API proxy (PROTOCOL.md section 3): the URLs of the two routes
+/// that take the boot secret, which the agent has no use for and the proxy
+/// never forwards.
+pub const PROXY_WITHHELD: [&str; 2] = ["ORIZU_AGENT_TOKEN_URL", "ORIZU_BOOT_STATUS_URL"];
+
 /// The agent's environment without the per-turn variables (`ORIZU_TOKEN_FILE`,
 /// `ORIZU_TASK_FILE`, `ORIZU_RUN_ID`, which the turn adds).
+/// `ORIZU_API_BASE_URL` is the agent API proxy's in proxy mode, which also
+/// withholds [`PROXY_WITHHELD`]; the coordinator's in bearer mode.
 pub fn agent_env(
     base_env: &[(OsString, OsString)],
     bundle: &AppliedBundle,
     api: &ApiConfig,
+    agent_api: &AgentApi,
     client_info: &ClientInfo,
 ) -> Vec<(OsString, OsString)> {
+    let proxied = agent_api.proxy().is_some();
     let mut env: BTreeMap<OsString, OsString> = base_env
         .iter()
         .filter(|(k, _)| k != crate::boot::config::BOOT_SECRET_VAR)
+        .filter(|(k, _)| !(proxied && PROXY_WITHHELD.iter().any(|w| k == w)))
         .cloned()
         .collect();
     for (name, value) in &bundle.connectors {
@@ -132,7 +144,10 @@ pub fn agent_env(
     let mut set = |k: &str, v: &str| {
         env.insert(k.into(), v.into());
     };
-    set("ORIZU_API_BASE_URL", api.api_base.as_str());
+    set(
+        "ORIZU_API_BASE_URL",
+        agent_api.base_url(&api.api_base).as_str(),
+    );
     set("ORIZU_SESSION_ID", &api.session_id);
     set("ORIZU_INJECTED_ENV_VARS", &bundle.injected);
     if let Some(m) = &client_info.model {

@@ -45,6 +45,9 @@ pub enum BootError {
     /// `artifactsRemote`.
     #[error("the repo token names no repository")]
     NoRepository,
+    /// The agent API proxy could not start (before the first turn).
+    #[error(transparent)]
+    AgentApi(#[from] crate::agent_api::proxy::ProxyError),
 }
 
 impl From<crate::session_dir::SessionDirError> for BootError {
@@ -64,7 +67,9 @@ impl BootError {
             BootError::Invalid(_) => Some(ErrorCode::InvalidValue),
             BootError::Workspace(e) => Some(e.code()),
             BootError::Call(e) => e.code(),
-            BootError::ReadyUnacknowledged(_) | BootError::NoRepository => None,
+            BootError::ReadyUnacknowledged(_)
+            | BootError::NoRepository
+            | BootError::AgentApi(_) => None,
         }
     }
 

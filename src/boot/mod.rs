@@ -17,6 +17,7 @@ use reqwest::Url;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::agent_api::{AgentApi, AgentApiMode, ApiProxy};
 use crate::client::{Api, Policy, RepoToken};
 use crate::process::supervisor::Supervision;
 use crate::redact::Redactor;
@@ -255,7 +256,7 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     // Step 5: session files, credential helper, clone.
     let workspace = prepare_workspace(b, &session_dir, &resolved).await?;
     // Step 6: drain turns.
-    let ctx = turn_context(b, session_dir, resolved, workspace);
+    let ctx = turn_context(b, session_dir, resolved, workspace)?;
     Ok(drain(&ctx, first, &mut done, &mut b.stop, &b.status).await)
 }
 
@@ -372,17 +373,19 @@ async fn prepare_workspace(
     })
 }
 
-/// What every turn of the drain (step 6) shares.
+/// What every turn of the drain (step 6) shares; starts the agent API
+/// proxy (once per boot) in proxy mode.
 fn turn_context(
     b: &Boot<'_>,
     session_dir: Arc<SessionDir>,
     resolved: Resolved,
     workspace: Workspace,
-) -> TurnContext {
+) -> Step<TurnContext> {
     let config = b.config;
     let timings = b.api.timings();
     let client_info = &resolved.session.client_info;
-    TurnContext {
+    let agent_api = agent_api(b)?;
+    Ok(TurnContext {
         api: b.api.clone(),
         session_dir,
         root: config.root.clone(),
@@ -392,8 +395,10 @@ fn turn_context(
             &config.base_env,
             &resolved.bundle,
             &config.api,
+            &agent_api,
             client_info,
         ),
+        agent_api,
         supervision: Supervision {
             drain: timings.pipe_drain,
             time_cap: Supervision::time_cap_from_minutes(client_info.duration_minutes),
@@ -407,6 +412,33 @@ fn turn_context(
         )),
         harvester: workspace.harvester,
         recovered_at_boot: std::sync::Mutex::new(workspace.recovered_at_boot),
+    })
+}
+
+/// The agent's API for every turn (`--agent-api`, PROTOCOL.md section 3).
+fn agent_api(b: &Boot<'_>) -> Step<AgentApi> {
+    let config = b.config;
+    match config.agent_api {
+        AgentApiMode::Bearer => {
+            if config.agent_api_allow != crate::agent_api::Allowlist::default() {
+                tracing::warn!(
+                    "--agent-api-allow applies to --agent-api proxy only; with --agent-api bearer the agent calls the coordinator itself"
+                );
+            }
+            tracing::info!("agent API: the agent gets the bearer (--agent-api bearer)");
+            Ok(AgentApi::Bearer)
+        }
+        AgentApiMode::Proxy => {
+            let proxy = ApiProxy::start(
+                b.api.clone(),
+                b.http.clone(),
+                config.api.api_base.clone(),
+                config.api.session_id.clone(),
+                config.agent_api_allow.clone(),
+            )
+            .map_err(BootError::from)?;
+            Ok(AgentApi::Proxy(Arc::new(proxy)))
+        }
     }
 }
 

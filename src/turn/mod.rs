@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
 
 use crate::agent::AgentConfig;
+use crate::agent_api::AgentApi;
 use crate::agent::drive::{self, DriveInput, RunRequest};
 use crate::agent::{AgentSession, TurnOutcome};
 use crate::client::{Api, Policy};
@@ -47,6 +48,10 @@ pub struct TurnContext {
     pub agent: AgentConfig,
     /// The agent's environment without the per-turn variables.
     pub agent_env: Vec<(OsString, OsString)>,
+    /// How the agent reaches the coordinator's API (`--agent-api`): what
+    /// the bearer file holds, whether the rotation writes it, where the
+    /// interrupt watch takes its bearer.
+    pub agent_api: AgentApi,
     /// How the agent's processes are supervised (drain, time cap, cgroup).
     pub supervision: Supervision,
     /// What the agent keeps across turns: the session to resume, model,
@@ -263,7 +268,9 @@ impl<'a> Turn<'a> {
 
     /// Step 1: writes `task.txt` and the bearer file, with a bearer pulled
     /// first unless the current one outlasts the idle refresh lead; returns
-    /// the task file's path.
+    /// the task file's path. With the agent API proxy the bearer file holds
+    /// the turn's proxy token, issued here (and revoked by
+    /// [`Turn::remove_bearer`]), not the bearer.
     async fn write_files(&mut self, prompt: &str) -> Result<PathBuf, Early> {
         let api = &self.ctx.api;
         let task_path = self
@@ -283,11 +290,18 @@ impl<'a> Turn<'a> {
         let bearer = fresh
             .ok_or(Early::StoppedBeforeAck)?
             .map_err(|e| Early::Failed(e.to_string()))?;
+        let token = match &self.ctx.agent_api {
+            AgentApi::Bearer => bearer.token,
+            AgentApi::Proxy(proxy) => proxy
+                .issue(self.run_id)
+                .map_err(|e| Early::Failed(e.to_string()))?,
+        };
+        // Set before the write: a failed write still revokes the token.
+        self.bearer_written = true;
         self.ctx
             .session_dir
-            .write_bearer(&bearer.token)
+            .write_bearer(&token)
             .map_err(|e| Early::Failed(e.to_string()))?;
-        self.bearer_written = true;
         Ok(task_path)
     }
 
@@ -334,7 +348,11 @@ impl<'a> Turn<'a> {
     /// between turns); returns where the harvest counts from.
     async fn before_agent(&mut self, events: &EventSender) -> Option<String> {
         let ctx = self.ctx;
-        self.rotation = Some(Rotation::start(ctx.api.clone(), ctx.session_dir.clone()));
+        let bearer_file = match ctx.agent_api {
+            AgentApi::Bearer => Some(ctx.session_dir.clone()),
+            AgentApi::Proxy(_) => None,
+        };
+        self.rotation = Some(Rotation::start(ctx.api.clone(), bearer_file));
         events.emit(
             RunnerEvent::Runner,
             drive::runner_event(
@@ -370,8 +388,7 @@ impl<'a> Turn<'a> {
         let (stopped_by, first_read) = if self.budget.stopping() {
             (Some(self.budget.current()), Ok(true))
         } else {
-            let bearer_path = ctx.session_dir.bearer_path();
-            let read = watch::interrupt_requested(&ctx.api, &bearer_path, run_id).await;
+            let read = watch::interrupt_requested(&ctx.api, &self.watch_source(), run_id).await;
             (None, read)
         };
         let over_cap = match first_read {
@@ -402,7 +419,7 @@ impl<'a> Turn<'a> {
         let tx = request_tx.clone();
         self.watch = Some(watch::spawn(
             ctx.api.clone(),
-            ctx.session_dir.bearer_path(),
+            self.watch_source(),
             run_id.to_string(),
             over_cap,
             move || {
@@ -423,6 +440,15 @@ impl<'a> Turn<'a> {
         let driven = drive::run(input, &mut request_rx, self.stop).await;
         drop(request_tx);
         (driven.outcome, driven.stopped_by)
+    }
+
+    /// Where the interrupt watch takes its bearer: the bearer file holds it
+    /// only in bearer mode.
+    fn watch_source(&self) -> watch::BearerSource {
+        match self.ctx.agent_api {
+            AgentApi::Bearer => watch::BearerSource::File(self.ctx.session_dir.bearer_path()),
+            AgentApi::Proxy(_) => watch::BearerSource::Current,
+        }
     }
 
     /// The agent's environment with the turn's variables.
@@ -450,7 +476,14 @@ impl<'a> Turn<'a> {
         self.remove_bearer();
     }
 
+    /// Revokes the turn's proxy token (the agent's processes are gone, or
+    /// the turn is being dropped), then removes the bearer file.
     fn remove_bearer(&mut self) {
+        if self.bearer_written
+            && let Some(proxy) = self.ctx.agent_api.proxy()
+        {
+            proxy.revoke();
+        }
         if std::mem::take(&mut self.bearer_written)
             && let Err(e) = self.ctx.session_dir.remove_bearer()
         {

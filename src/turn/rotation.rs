@@ -1,7 +1,10 @@
 //! Bearer rotation during a turn (PROTOCOL.md 4.1 step 3) and the one writer
 //! of the bearer file: every new bearer (rotated here, or pulled after a
 //! `401` anywhere) is written atomically; after [`Rotation::stop`] returns
-//! nothing writes the file again.
+//! nothing writes the file again. With the agent API proxy the bearer file
+//! holds the turn's proxy token instead: the rotation keeps the bearer
+//! fresh in the runner's memory only (`Api::bearer`, which the proxy and
+//! the interrupt watch read).
 
 use std::sync::Arc;
 
@@ -20,9 +23,12 @@ pub struct Rotation {
 
 impl Rotation {
     /// Starts rotating; the current bearer is assumed written already.
-    pub fn start(api: Arc<Api>, session_dir: Arc<SessionDir>) -> Rotation {
+    /// `bearer_file`: the session directory whose bearer file receives each
+    /// new bearer (`--agent-api bearer`), or `None` (the agent API proxy:
+    /// the bearer never leaves the runner's memory).
+    pub fn start(api: Arc<Api>, bearer_file: Option<Arc<SessionDir>>) -> Rotation {
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(rotate(api, session_dir, cancel.clone()));
+        let task = tokio::spawn(rotate(api, bearer_file, cancel.clone()));
         Rotation { cancel, task }
     }
 
@@ -43,7 +49,7 @@ impl Rotation {
     }
 }
 
-async fn rotate(api: Arc<Api>, session_dir: Arc<SessionDir>, cancel: CancellationToken) {
+async fn rotate(api: Arc<Api>, bearer_file: Option<Arc<SessionDir>>, cancel: CancellationToken) {
     let timings = *api.timings();
     let mut bearers = api.subscribe_bearer();
     bearers.mark_unchanged();
@@ -60,8 +66,8 @@ async fn rotate(api: Arc<Api>, session_dir: Arc<SessionDir>, cancel: Cancellatio
                     return;
                 }
                 let bearer = bearers.borrow_and_update().clone();
-                if let Some(b) = bearer
-                    && let Err(e) = session_dir.write_bearer(&b.token)
+                if let (Some(b), Some(dir)) = (bearer, &bearer_file)
+                    && let Err(e) = dir.write_bearer(&b.token)
                 {
                     tracing::error!(error = %e, "cannot write the rotated bearer file");
                 }

@@ -1,11 +1,13 @@
 //! The interrupt watch (PROTOCOL.md 4.1 step 3): reads the session every
-//! tick with the bearer from the bearer file and reports when
+//! tick with the bearer from the bearer file (or, with the agent API proxy,
+//! where that file holds the proxy token, the runner's current bearer) and
+//! reports when
 //! `interruptRequestedRunId` names this run. A failed read is logged and
 //! retried at the next tick; it never fails the turn. A session answer over
 //! the session read's size cap is logged once per turn (it would be the same
 //! at every tick) and the watch keeps its last answer: no interrupt seen.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
@@ -29,21 +31,26 @@ impl std::fmt::Display for ReadFailure {
     }
 }
 
+/// Where the watch takes the bearer of each read.
+#[derive(Clone, Debug)]
+pub enum BearerSource {
+    /// The bearer file (`--agent-api bearer`): read at each tick.
+    File(PathBuf),
+    /// The runner's current bearer (`Api::bearer`): the bearer file holds
+    /// the agent's proxy token.
+    Current,
+}
+
 /// Reads the session once; `Ok(true)` when it asks to interrupt `run_id`.
 ///
-/// Errors: the bearer file cannot be read, or the read failed.
+/// Errors: the bearer file cannot be read (no bearer is known), or the
+/// read failed.
 pub async fn interrupt_requested(
     api: &Api,
-    bearer_path: &Path,
+    source: &BearerSource,
     run_id: &str,
 ) -> Result<bool, ReadFailure> {
-    let text = tokio::fs::read_to_string(bearer_path)
-        .await
-        .map_err(|e| ReadFailure {
-            text: format!("cannot read the bearer file: {e}"),
-            over_cap: false,
-        })?;
-    let token = Secret::new(text.trim_end().to_string());
+    let token = bearer(api, source).await?;
     let session = api.session_with(&token).await.map_err(|e| ReadFailure {
         over_cap: e.is_too_large(),
         text: e.to_string(),
@@ -51,12 +58,28 @@ pub async fn interrupt_requested(
     Ok(session.interrupt_requested_run_id.as_deref() == Some(run_id))
 }
 
+async fn bearer(api: &Api, source: &BearerSource) -> Result<Secret, ReadFailure> {
+    match source {
+        BearerSource::File(path) => tokio::fs::read_to_string(path)
+            .await
+            .map(|text| Secret::new(text.trim_end().to_string()))
+            .map_err(|e| ReadFailure {
+                text: format!("cannot read the bearer file: {e}"),
+                over_cap: false,
+            }),
+        BearerSource::Current => api.bearer().map(|b| b.token).ok_or_else(|| ReadFailure {
+            text: "no bearer was pulled yet".to_string(),
+            over_cap: false,
+        }),
+    }
+}
+
 /// Starts watching; `on_interrupt` runs once, when the interrupt is seen.
 /// `over_cap_logged`: the turn's first read (before the agent started) was
 /// over the cap and logged already.
 pub fn spawn(
     api: Arc<Api>,
-    bearer_path: PathBuf,
+    source: BearerSource,
     run_id: String,
     over_cap_logged: bool,
     on_interrupt: impl FnOnce() + Send + 'static,
@@ -66,7 +89,7 @@ pub fn spawn(
         let mut over_cap_logged = over_cap_logged;
         loop {
             tokio::time::sleep(tick).await;
-            match interrupt_requested(&api, &bearer_path, &run_id).await {
+            match interrupt_requested(&api, &source, &run_id).await {
                 Ok(true) => {
                     tracing::info!(run_id = %run_id, "interrupt requested by the coordinator");
                     on_interrupt();

@@ -1,0 +1,571 @@
+//! The agent's API proxy (PROTOCOL.md section 3, "The agent's API"): an
+//! HTTP server on `127.0.0.1` (ephemeral port, one per boot) that the
+//! agent's `ORIZU_API_BASE_URL` points at during a turn.
+//!
+//! Each request must carry the turn's proxy token (`Authorization: Bearer`,
+//! the contents of `ORIZU_TOKEN_FILE`); its method and path must be a route
+//! of the table (`wire::routes`) for this boot's session (or, for a run
+//! route, the turn's run) that the allowlist holds. Then the request goes
+//! to the coordinator with the runner's current bearer instead of the proxy
+//! token, and the answer streams back: status, end-to-end headers
+//! (`Retry-After` among them), the body up to the route's cap. Anything
+//! else is answered by the proxy itself with a JSON error
+//! (`{"error", "route", "refusal"}`) and logged; nothing of it reaches the
+//! coordinator.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use futures_util::StreamExt;
+use reqwest::Url;
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use super::{Allowlist, NEVER_FORWARDED};
+use crate::client::{Api, Policy};
+use crate::redact::{Redactor, SecretKind};
+use crate::secret::Secret;
+use crate::wire::routes::{self, Method, Param, Route};
+
+/// Bytes of OS randomness in a proxy token (hex-encoded: 64 characters).
+pub const TOKEN_BYTES: usize = 32;
+
+/// Largest request body the proxy reads from the agent (an events batch is
+/// at most 1 MiB of event JSON, a single larger event alone, 2.6): 4 MiB.
+/// A larger one is answered `413` without a request to the coordinator.
+pub const REQUEST_CAP: usize = 4 * 1024 * 1024;
+
+/// Why the proxy answered a request itself (`refusal` in its error body).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No proxy token, a wrong one, or one of a turn that ended (`401`).
+    Unauthenticated,
+    /// The method and path are no route of the table (`403`).
+    UnknownRoute,
+    /// A route the proxy never forwards ([`NEVER_FORWARDED`], `403`).
+    NeverForwarded,
+    /// A route the allowlist does not hold (`403`).
+    NotAllowed,
+    /// A session route for another session than this boot's (`403`).
+    OtherSession,
+    /// A run route for another run than the turn's (`403`).
+    OtherRun,
+    /// A request body over [`REQUEST_CAP`] (`413`).
+    TooLarge,
+    /// The coordinator could not be reached, or answered over the route's
+    /// cap (`502`).
+    Upstream,
+}
+
+impl Refusal {
+    /// The `refusal` member of the error body.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Unauthenticated => "unauthenticated",
+            Refusal::UnknownRoute => "unknown_route",
+            Refusal::NeverForwarded => "never_forwarded",
+            Refusal::NotAllowed => "not_allowed",
+            Refusal::OtherSession => "other_session",
+            Refusal::OtherRun => "other_run",
+            Refusal::TooLarge => "too_large",
+            Refusal::Upstream => "upstream_failed",
+        }
+    }
+
+    /// The status the proxy answers with.
+    pub const fn status(self) -> StatusCode {
+        match self {
+            Refusal::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::Upstream => StatusCode::BAD_GATEWAY,
+            _ => StatusCode::FORBIDDEN,
+        }
+    }
+}
+
+/// The turn a proxy token was issued for.
+struct Grant {
+    token: Secret,
+    run_id: String,
+}
+
+/// What the server's handler shares.
+struct Shared {
+    api: Arc<Api>,
+    http: reqwest::Client,
+    upstream: Url,
+    session_id: String,
+    allow: Allowlist,
+    redactor: Redactor,
+    grant: Mutex<Option<Grant>>,
+}
+
+/// The running proxy. Dropping it stops the server.
+pub struct ApiProxy {
+    base_url: Url,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+/// Why the proxy could not start or issue a token.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// Binding `127.0.0.1:0` failed.
+    #[error("cannot start the agent API proxy on 127.0.0.1: {0}")]
+    Bind(std::io::Error),
+    /// The OS random number generator failed.
+    #[error("cannot draw a proxy token from the OS random number generator: {0}")]
+    Random(std::io::Error),
+}
+
+impl ApiProxy {
+    /// Binds `127.0.0.1` on an ephemeral port and serves: requests go to
+    /// `upstream` (`ORIZU_API_BASE_URL`, with its trailing slash) through
+    /// `http`, with the current bearer of `api`, for session `session_id`
+    /// and the routes of `allow`. No token is valid until
+    /// [`ApiProxy::issue`].
+    ///
+    /// Errors: [`ProxyError::Bind`]. Must be called within the runtime.
+    pub fn start(
+        api: Arc<Api>,
+        http: reqwest::Client,
+        upstream: Url,
+        session_id: String,
+        allow: Allowlist,
+    ) -> Result<ApiProxy, ProxyError> {
+        let std_listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(ProxyError::Bind)?;
+        let addr: SocketAddr = std_listener.local_addr().map_err(ProxyError::Bind)?;
+        let listener = tokio::net::TcpListener::from_std(std_listener).map_err(ProxyError::Bind)?;
+        let base_url = Url::parse(&format!("http://{addr}/")).map_err(|e| {
+            ProxyError::Bind(std::io::Error::other(format!("no URL for {addr}: {e}")))
+        })?;
+        let redactor = api.redactor().clone();
+        let shared = Arc::new(Shared {
+            api,
+            http,
+            upstream,
+            session_id,
+            allow,
+            redactor,
+            grant: Mutex::new(None),
+        });
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "the agent API proxy stopped");
+            }
+        });
+        let names: Vec<&str> = shared.allow.routes().iter().map(|r| r.name()).collect();
+        tracing::info!(address = %addr, allowed = ?names, "agent API proxy listening");
+        Ok(ApiProxy {
+            base_url,
+            shared,
+            task,
+        })
+    }
+
+    /// `http://127.0.0.1:<port>/`: the agent's `ORIZU_API_BASE_URL`.
+    pub fn base_url(&self) -> &Url {
+        &self.base_url
+    }
+
+    /// Issues the proxy token of the turn of run `run_id`: [`TOKEN_BYTES`]
+    /// of OS randomness, hex, added to the redactor before it is returned.
+    /// It replaces any earlier token (which stops working at once) and is
+    /// valid until [`ApiProxy::revoke`]. The turn writes it to the bearer
+    /// file.
+    ///
+    /// Errors: [`ProxyError::Random`]; no token is valid then.
+    pub fn issue(&self, run_id: &str) -> Result<Secret, ProxyError> {
+        self.revoke();
+        let token = random_token().map_err(ProxyError::Random)?;
+        self.shared.redactor.add(&token, SecretKind::Credential);
+        *crate::sync::lock(&self.shared.grant) = Some(Grant {
+            token: token.clone(),
+            run_id: run_id.to_string(),
+        });
+        Ok(token)
+    }
+
+    /// Revokes the turn's token: from now on every request is refused
+    /// `401` until the next [`ApiProxy::issue`]. Idempotent.
+    pub fn revoke(&self) {
+        crate::sync::lock(&self.shared.grant).take();
+    }
+}
+
+impl Drop for ApiProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// [`TOKEN_BYTES`] from `getrandom(2)`, hex.
+fn random_token() -> std::io::Result<Secret> {
+    let mut bytes = zeroize::Zeroizing::new([0u8; TOKEN_BYTES]);
+    let mut filled = 0;
+    while filled < TOKEN_BYTES {
+        let rest = bytes.get_mut(filled..).unwrap_or_default();
+        match rustix::rand::getrandom(rest, rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut hex = String::with_capacity(TOKEN_BYTES * 2);
+    for b in bytes.iter() {
+        hex.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+        hex.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
+    }
+    Ok(Secret::new(hex))
+}
+
+/// Compares without an early exit on the first differing byte, so the time
+/// a refusal takes says nothing about how much of a guess was right.
+fn same_token(given: &[u8], expected: &[u8]) -> bool {
+    given.len() == expected.len()
+        && given
+            .iter()
+            .zip(expected)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// The proxy's own answer: `{"error": message, "route": name | null,
+/// "refusal": code}`, logged.
+fn refuse(
+    refusal: Refusal,
+    route: Option<Route>,
+    method: &str,
+    path: &str,
+    why: &str,
+) -> Response {
+    let route_name = route.map(Route::name);
+    tracing::warn!(
+        method,
+        path = %crate::text::head(path, 200),
+        route = route_name.unwrap_or("none"),
+        refusal = refusal.as_str(),
+        "agent API proxy refused a request: {why}"
+    );
+    let body = json!({
+        "error": format!("the agent API proxy refuses this request: {why}"),
+        "route": route_name,
+        "refusal": refusal.as_str(),
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = refusal.status();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// Hop-by-hop headers (RFC 9110 7.6.1), plus those a `Connection` header
+/// names, and what the proxy sets itself.
+fn hop_by_hop(headers: &HeaderMap) -> Vec<HeaderName> {
+    let mut names: Vec<HeaderName> = [
+        header::CONNECTION,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ]
+    .to_vec();
+    for value in headers.get_all(header::CONNECTION) {
+        if let Ok(text) = value.to_str() {
+            names.extend(
+                text.split(',')
+                    .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
+            );
+        }
+    }
+    names
+}
+
+/// `headers` without the hop-by-hop ones and without `drop`.
+fn end_to_end(headers: &HeaderMap, drop: &[HeaderName]) -> HeaderMap {
+    let skip = hop_by_hop(headers);
+    let mut out = HeaderMap::new();
+    for (name, value) in headers {
+        if !skip.contains(name) && !drop.contains(name) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// Checks a request; `Ok` with the route and its parameter, or the refusal.
+fn check(
+    shared: &Shared,
+    request: &Request,
+) -> Result<(Route, String), (Refusal, Option<Route>, String)> {
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        })
+        .map(|(_, t)| t.trim());
+    let run_id = {
+        let grant = crate::sync::lock(&shared.grant);
+        match (grant.as_ref(), token) {
+            (Some(g), Some(t)) if same_token(t.as_bytes(), g.token.expose().as_bytes()) => {
+                g.run_id.clone()
+            }
+            (None, _) => {
+                return Err((
+                    Refusal::Unauthenticated,
+                    None,
+                    "no turn is running: a proxy token is valid only during its turn".into(),
+                ));
+            }
+            _ => {
+                return Err((
+                    Refusal::Unauthenticated,
+                    None,
+                    "no valid proxy token (send the contents of ORIZU_TOKEN_FILE as `Authorization: Bearer`; a token of an earlier turn is refused)".into(),
+                ));
+            }
+        }
+    };
+    let path = request.uri().path();
+    let Some((route, value)) = routes::match_path(path) else {
+        return Err((
+            Refusal::UnknownRoute,
+            None,
+            "the path is no route of the coordinator contract".into(),
+        ));
+    };
+    let spec = route.spec();
+    if request.method().as_str() != spec.method.as_str() {
+        return Err((
+            Refusal::UnknownRoute,
+            Some(route),
+            format!(
+                "{} takes {}, not {}",
+                spec.name,
+                spec.method.as_str(),
+                request.method()
+            ),
+        ));
+    }
+    if NEVER_FORWARDED.contains(&route) {
+        return Err((
+            Refusal::NeverForwarded,
+            Some(route),
+            format!(
+                "{} is never forwarded: it mints or reads credentials, or speaks for the runner",
+                spec.name
+            ),
+        ));
+    }
+    if !shared.allow.allows(route) {
+        return Err((
+            Refusal::NotAllowed,
+            Some(route),
+            format!(
+                "{} is not in the allowlist (--agent-api-allow)",
+                spec.name
+            ),
+        ));
+    }
+    match spec.param {
+        Param::SessionId if value != shared.session_id => Err((
+            Refusal::OtherSession,
+            Some(route),
+            "only this sandbox's session (ORIZU_SESSION_ID) is served".into(),
+        )),
+        Param::RunId if value != run_id => Err((
+            Refusal::OtherRun,
+            Some(route),
+            "only the current turn's run (ORIZU_RUN_ID) is served".into(),
+        )),
+        _ => Ok((route, value)),
+    }
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let method = request.method().as_str().to_string();
+    let path = request.uri().path().to_string();
+    let (route, value) = match check(&shared, &request) {
+        Ok(ok) => ok,
+        Err((refusal, route, why)) => return refuse(refusal, route, &method, &path, &why),
+    };
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, REQUEST_CAP).await {
+        Ok(b) => b,
+        Err(_) => {
+            return refuse(
+                Refusal::TooLarge,
+                Some(route),
+                &method,
+                &path,
+                &format!("the request body is over {REQUEST_CAP} bytes or was cut short"),
+            );
+        }
+    };
+    let headers = end_to_end(
+        &parts.headers,
+        &[header::AUTHORIZATION, header::HOST, header::CONTENT_LENGTH],
+    );
+    match forward(&shared, route, &value, headers, body).await {
+        Ok(response) => {
+            tracing::info!(
+                route = route.name(),
+                status = response.status().as_u16(),
+                "agent API proxy forwarded a request"
+            );
+            response
+        }
+        Err(why) => refuse(Refusal::Upstream, Some(route), &method, &path, &why),
+    }
+}
+
+/// Sends the request to the coordinator with the current bearer; a `401`
+/// with the bearer that is still current pulls a fresh one once and sends
+/// again (PROTOCOL.md 2, "Expired bearer"). Streams the answer back.
+///
+/// Errors: the text of a transport failure (redacted), or an answer over
+/// the route's cap by its `Content-Length`.
+async fn forward(
+    shared: &Shared,
+    route: Route,
+    value: &str,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, String> {
+    let spec = route.spec();
+    let url = shared
+        .upstream
+        .join(&route.path(value))
+        .map_err(|e| format!("no upstream URL: {e}"))?;
+    let method = match spec.method {
+        Method::Get => reqwest::Method::GET,
+        Method::Post => reqwest::Method::POST,
+    };
+    let timeout = shared.api.timings().request_timeout;
+    let send = |bearer: &Secret| {
+        shared
+            .http
+            .request(method.clone(), url.clone())
+            .headers(headers.clone())
+            .bearer_auth(bearer.expose())
+            .timeout(timeout)
+            .body(body.clone())
+            .send()
+    };
+    let bearer = match shared.api.bearer() {
+        Some(b) => b.token,
+        None => pull(shared).await?,
+    };
+    let mut upstream = send(&bearer).await.map_err(|e| transport(shared, e))?;
+    if upstream.status() == reqwest::StatusCode::UNAUTHORIZED {
+        let current = shared.api.bearer().map(|b| b.token);
+        let fresh = match current {
+            Some(c) if c != bearer => c,
+            _ => pull(shared).await?,
+        };
+        upstream = send(&fresh).await.map_err(|e| transport(shared, e))?;
+    }
+    streamed(upstream, spec.cap)
+}
+
+async fn pull(shared: &Shared) -> Result<Secret, String> {
+    shared
+        .api
+        .pull_bearer(Policy::AGENT_TOKEN_REFRESH)
+        .await
+        .map(|b| b.token)
+        .map_err(|e| shared.redactor.redact(&format!("no bearer: {e}")))
+}
+
+fn transport(shared: &Shared, e: reqwest::Error) -> String {
+    shared
+        .redactor
+        .redact(&format!("the coordinator could not be reached: {e}"))
+}
+
+/// The coordinator's answer as the agent gets it: its status, its
+/// end-to-end headers, its body read through `cap` (a `Content-Length` over
+/// it is refused before any byte; a longer body is cut off there, which the
+/// agent sees as a connection closed mid-body).
+fn streamed(upstream: reqwest::Response, cap: usize) -> Result<Response, String> {
+    if let Some(len) = upstream.content_length()
+        && len > cap as u64
+    {
+        return Err(format!(
+            "the coordinator's answer is {len} bytes, over the route's cap of {cap}"
+        ));
+    }
+    let status = upstream.status();
+    let headers = end_to_end(upstream.headers(), &[]);
+    let mut seen = 0usize;
+    let body = upstream.bytes_stream().map(move |chunk| {
+        let chunk = chunk.map_err(std::io::Error::other)?;
+        seen = seen.saturating_add(chunk.len());
+        if seen > cap {
+            tracing::warn!(
+                cap,
+                "agent API proxy: the coordinator's answer passed the route's cap; cut off"
+            );
+            return Err(std::io::Error::other("over the route's cap"));
+        }
+        Ok(chunk)
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_64_hex_characters_and_differ() {
+        let a = random_token().unwrap();
+        let b = random_token().unwrap();
+        assert_eq!(a.expose().len(), 2 * TOKEN_BYTES);
+        assert!(a.expose().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn token_comparison_needs_every_byte() {
+        assert!(same_token(b"abcd", b"abcd"));
+        assert!(!same_token(b"abce", b"abcd"));
+        assert!(!same_token(b"abc", b"abcd"));
+        assert!(!same_token(b"", b"abcd"));
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("close, x-private"));
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        let out = end_to_end(&h, &[header::AUTHORIZATION]);
+        let names: Vec<&str> = out.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, vec!["retry-after", "content-type"]);
+    }
+}
