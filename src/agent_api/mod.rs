@@ -176,7 +176,9 @@ mod tests {
 
     #[test]
     fn an_unknown_name_is_refused_with_the_valid_ones() {
-        let e = Allowlist::with_names(&["sessions"]).unwrap_err().to_string();
+        let e = Allowlist::with_names(&["sessions"])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("\"sessions\"")
                 && e.contains("session, run-started, events, cursor, finish"),

@@ -240,13 +240,7 @@ fn same_token(given: &[u8], expected: &[u8]) -> bool {
 
 /// The proxy's own answer: `{"error": message, "route": name | null,
 /// "refusal": code}`, logged.
-fn refuse(
-    refusal: Refusal,
-    route: Option<Route>,
-    method: &str,
-    path: &str,
-    why: &str,
-) -> Response {
+fn refuse(refusal: Refusal, route: Option<Route>, method: &str, path: &str, why: &str) -> Response {
     let route_name = route.map(Route::name);
     tracing::warn!(
         method,
@@ -378,10 +372,7 @@ fn check(
         return Err((
             Refusal::NotAllowed,
             Some(route),
-            format!(
-                "{} is not in the allowlist (--agent-api-allow)",
-                spec.name
-            ),
+            format!("{} is not in the allowlist (--agent-api-allow)", spec.name),
         ));
     }
     match spec.param {
@@ -557,12 +548,21 @@ mod tests {
     #[test]
     fn hop_by_hop_headers_are_dropped() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("close, x-private"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, x-private"),
+        );
         h.insert("x-private", HeaderValue::from_static("1"));
-        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
         let out = end_to_end(&h, &[header::AUTHORIZATION]);
         let names: Vec<&str> = out.keys().map(HeaderName::as_str).collect();

@@ -378,6 +378,12 @@ impl Coordinator {
         out
     }
 
+    /// Every bearer issued so far (no repo token, not the boot secret), in
+    /// no particular order: what must never reach the agent in proxy mode.
+    pub fn issued_bearers(&self) -> Vec<String> {
+        self.shared.lock().bearer_tokens()
+    }
+
     /// The bare repository served (`…/git/{owner}/{name}.git`).
     pub fn bare_repo(&self) -> PathBuf {
         self.shared.cfg.repo.path.clone()

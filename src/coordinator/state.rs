@@ -572,6 +572,11 @@ impl State {
         (token, rfc3339(SystemTime::now() + ttl))
     }
 
+    /// Every bearer issued, expired or not.
+    pub(crate) fn bearer_tokens(&self) -> Vec<String> {
+        self.bearers.keys().cloned().collect()
+    }
+
     /// Whether `token` is a bearer that has not expired.
     pub(crate) fn bearer_live(&self, token: &str) -> bool {
         self.bearers

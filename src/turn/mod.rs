@@ -20,9 +20,9 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
 
 use crate::agent::AgentConfig;
-use crate::agent_api::AgentApi;
 use crate::agent::drive::{self, DriveInput, RunRequest};
 use crate::agent::{AgentSession, TurnOutcome};
+use crate::agent_api::AgentApi;
 use crate::client::{Api, Policy};
 use crate::events::event::RunnerEvent;
 use crate::events::{EventSender, EventSink, FlushReport};

@@ -179,12 +179,21 @@ async fn happy_path_one_turn_then_the_session_ends() {
     assert!(env.contains("GIT_TERMINAL_PROMPT=0"));
     assert!(env.contains(&format!("ORIZU_INJECTED_ENV_VARS={}", CONNECTOR.0)));
     assert!(env.contains("ORIZU_RUN_ID=run-1"));
-    let bearer = sb.read_out("bearer-run-1");
+    // The agent API proxy (the default): the bearer file holds the turn's
+    // proxy token, 64 hex characters, which the coordinator never issued.
+    let token = sb.read_out("bearer-run-1");
+    let token = token.trim();
     assert!(
-        sb.coordinator
-            .issued_secrets()
-            .contains(&bearer.trim().to_string()),
-        "bearer file did not hold a bearer"
+        token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()),
+        "the bearer file did not hold a proxy token"
+    );
+    assert!(
+        !sb.coordinator.issued_secrets().contains(&token.to_string()),
+        "the bearer file held a secret the coordinator issued"
+    );
+    assert!(
+        env.contains("ORIZU_API_BASE_URL=http://127.0.0.1:"),
+        "{env}"
     );
     assert_eq!(
         sb.read_out("prompt-run-1"),

@@ -1,3 +1,4 @@
+mod agent_api;
 mod agents;
 mod architecture;
 mod boot;

@@ -237,7 +237,12 @@ pub struct Runner {
 impl Runner {
     /// Starts the runner on the agent script `script`.
     pub fn spawn(sb: &Sandbox, script: &Path) -> Runner {
-        let mut child = sb.spawn(script);
+        Runner::reading(sb.spawn(script))
+    }
+
+    /// Reads the output of a runner started with a command of its own
+    /// (piped stdout and stderr, as [`Sandbox::runner`] makes them).
+    pub fn reading(mut child: Child) -> Runner {
         let mut stdout = child.stdout.take().unwrap();
         let mut stderr = child.stderr.take().unwrap();
         let output = tokio::spawn(async move {
