@@ -416,7 +416,8 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     );
     match forward(&shared, route, &value, headers, body).await {
         Ok(response) => {
-            tracing::info!(
+            // Debug, not info: an agent may poll its session in a loop.
+            tracing::debug!(
                 route = route.name(),
                 status = response.status().as_u16(),
                 "agent API proxy forwarded a request"

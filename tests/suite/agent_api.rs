@@ -7,7 +7,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Route};
+use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route};
 use serde_json::{Value, json};
 
 use super::support::{Runner, Sandbox, assert_no_secret, finish, wait_for_file};
@@ -39,9 +39,11 @@ def call(method, path, body=None, auth=token, url=None):
         req.add_header("Content-Type", "application/json")
     try:
         with opener.open(req, timeout=20) as r:
-            return {"status": r.status, "body": r.read().decode()}
+            return {"status": r.status, "body": r.read().decode(),
+                    "headers": {k.lower(): v for k, v in r.headers.items()}}
     except urllib.error.HTTPError as e:
-        return {"status": e.code, "body": e.read().decode()}
+        return {"status": e.code, "body": e.read().decode(),
+                "headers": {k.lower(): v for k, v in e.headers.items()}}
 
 def save(name, value):
     with open(os.path.join(out, name), "w") as f:
@@ -264,6 +266,64 @@ else:
         vec![Route::Session, Route::Session],
         "the refused reads must not be forwarded"
     );
+}
+
+/// The coordinator's answer comes back as it gave it (status, body,
+/// `Retry-After`); one over the route's cap by
+/// its `Content-Length` is refused by the proxy.
+#[tokio::test]
+async fn the_proxy_passes_answers_through_under_the_routes_cap() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = python_agent(
+        &sb,
+        r#"
+open(os.path.join(out, "started"), "w").write("")
+for step in ["503", "padded"]:
+    while not os.path.exists(os.path.join(out, "go-" + step)):
+        time.sleep(0.02)
+    save("call-" + step + ".json", call("GET", f"api/cli/sessions/{sid}"))
+"#,
+    );
+    let runner = Runner::spawn(&sb, &script);
+    // Not before the agent runs (the boot's own session read would meet
+    // them). The interrupt watch reads the session too: the faults hold
+    // for many reads, and go once the agent's read is done.
+    wait_for_file(&sb.out().join("started")).await;
+    let fault = |value: Value| -> Fault { serde_json::from_value(value).unwrap() };
+    sb.coordinator
+        .add_fault(fault(
+            json!({"route": "session", "status": 503, "retryAfter": "7",
+            "body": "{\"error\":\"arming\"}", "count": 1000}),
+        ))
+        .unwrap();
+    std::fs::write(sb.out().join("go-503"), "").unwrap();
+    wait_for_file(&sb.out().join("call-503.json")).await;
+    sb.coordinator.clear_faults();
+    let busy = read_json(&sb, "call-503.json");
+    assert_eq!(busy["status"], 503, "{busy}");
+    assert_eq!(busy["body"], "{\"error\":\"arming\"}", "{busy}");
+    assert_eq!(busy["headers"]["retry-after"], "7", "{busy}");
+
+    // 64 MiB is the session read's cap.
+    sb.coordinator
+        .add_fault(fault(
+            json!({"route": "session", "padBytes": 65u64 * 1024 * 1024, "count": 1000}),
+        ))
+        .unwrap();
+    std::fs::write(sb.out().join("go-padded"), "").unwrap();
+    wait_for_file(&sb.out().join("call-padded.json")).await;
+    sb.coordinator.clear_faults();
+    let padded = read_json(&sb, "call-padded.json");
+    assert_eq!(padded["status"], 502, "{padded}");
+    assert!(
+        padded["body"].as_str().unwrap().contains("upstream_failed")
+            && padded["body"].as_str().unwrap().contains("cap"),
+        "{padded}"
+    );
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
 }
 
 #[tokio::test]
