@@ -12,6 +12,7 @@ use crate::agent::{AgentKind, AgentTimings};
 use crate::client::ApiConfig;
 use crate::logging::LogFormat;
 use crate::process::cgroup::CgroupMode;
+use crate::session_dir::CredentialMode;
 use crate::secret::Secret;
 use crate::timings::{Timings, parse_duration};
 use crate::validate;
@@ -96,6 +97,9 @@ pub struct BootConfig {
     /// `--harvest-max-file-size` in bytes: files larger are left out of the
     /// harvest (PROTOCOL.md 4.5); `None`: no limit (`0`).
     pub harvest_max_file_size: Option<u64>,
+    /// `--credential-mode`: the credential broker (default) or the
+    /// file-based helper (PROTOCOL.md section 3).
+    pub credential_mode: CredentialMode,
 }
 
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
@@ -245,6 +249,7 @@ pub fn load(
         base_env,
         turn_cgroup: args.turn_cgroup,
         harvest_max_file_size,
+        credential_mode: args.credential_mode,
     })
 }
 
@@ -448,6 +453,20 @@ pub struct RunArgs {
         default_value = "100MiB"
     )]
     pub harvest_max_file_size: String,
+    /// Where git's credential helper gets repo tokens (PROTOCOL.md section
+    /// 3): `broker`, the runner's credential broker over a Unix socket in
+    /// the session directory (the boot secret stays in the runner's memory;
+    /// `boot-secret` is never written), or `file`, the helper reads
+    /// `boot-secret` and mints tokens itself (for sandboxes that cannot
+    /// pass a Unix socket between the agent and the runner).
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_CREDENTIAL_MODE",
+        hide_env_values = true,
+        value_enum,
+        default_value = "broker"
+    )]
+    pub credential_mode: CredentialMode,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,
