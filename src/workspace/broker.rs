@@ -413,23 +413,24 @@ impl Broker {
         };
         let uid = cred.uid();
         let pid = cred.pid();
-        let answer = if allowed.contains(&uid) {
-            match tokio::time::timeout(read_timeout, read_request(&mut stream)).await {
-                Ok(Some(request)) => self.answer(&request, uid).await,
-                Ok(None) => {
-                    tracing::warn!(uid, pid, "credential broker: request too large or unreadable; refused");
-                    quit("the request is too large or unreadable")
-                }
-                Err(_) => {
-                    tracing::warn!(uid, pid, "credential broker: no complete request in time; dropped");
-                    return;
-                }
+        // The request is read whoever the peer is: a socket closed with
+        // unread data resets the connection, and the peer would lose the
+        // refusal's reason.
+        let request = match tokio::time::timeout(read_timeout, read_request(&mut stream)).await {
+            Ok(request) => request,
+            Err(_) => {
+                tracing::warn!(uid, pid, "credential broker: no complete request in time; dropped");
+                return;
             }
-        } else {
+        };
+        let answer = if !allowed.contains(&uid) {
             tracing::warn!(uid, pid, allowed_uids = ?allowed, "credential broker refused a peer whose uid is not allowed");
-            quit(&format!(
-                "the credential broker does not admit uid {uid}"
-            ))
+            quit(&format!("the credential broker does not admit uid {uid}"))
+        } else if let Some(request) = request {
+            self.answer(&request, uid).await
+        } else {
+            tracing::warn!(uid, pid, "credential broker: request too large or unreadable; refused");
+            quit("the request is too large or unreadable")
         };
         let _ = tokio::time::timeout(read_timeout, async {
             stream.write_all(answer.expose().as_bytes()).await?;

@@ -1,6 +1,7 @@
 mod agents;
 mod architecture;
 mod boot;
+mod broker;
 mod check;
 mod coordinator;
 mod events;
