@@ -12,8 +12,8 @@ use crate::agent::{AgentKind, AgentTimings};
 use crate::client::ApiConfig;
 use crate::logging::LogFormat;
 use crate::process::cgroup::CgroupMode;
-use crate::session_dir::CredentialMode;
 use crate::secret::Secret;
+use crate::session_dir::CredentialMode;
 use crate::timings::{Timings, parse_duration};
 use crate::validate;
 

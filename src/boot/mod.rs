@@ -405,13 +405,12 @@ fn start_broker(
     session_dir: &SessionDir,
     resolved: &Resolved,
 ) -> Result<(workspace::Broker, workspace::BrokerServer), SessionDirError> {
-    let broker = workspace::Broker::new(
-        b.api.clone(),
-        resolved.remote.clone(),
-        b.redactor.clone(),
-    );
+    let broker = workspace::Broker::new(b.api.clone(), resolved.remote.clone(), b.redactor.clone());
     let seeded = broker.seed_read(&resolved.read_token, resolved.read_token_at);
-    tracing::debug!(seeded, "credential broker seeded with the boot's read token");
+    tracing::debug!(
+        seeded,
+        "credential broker seeded with the boot's read token"
+    );
     let socket = session_dir.credential_socket_path();
     let server = broker
         .serve(&socket, broker_peers(), b.config.timings.request_timeout)

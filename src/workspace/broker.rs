@@ -183,7 +183,9 @@ impl Broker {
         let Some(entry) = cacheable(token, issued_at).filter(|e| line_safe(&e.token)) else {
             return false;
         };
-        self.inner.redactor.add(&entry.token, SecretKind::Credential);
+        self.inner
+            .redactor
+            .add(&entry.token, SecretKind::Credential);
         *crate::sync::lock(&self.inner.read) = Some(entry);
         true
     }
@@ -230,7 +232,9 @@ impl Broker {
                 (None, None) => None,
             };
             if let Some((entry, source)) = found {
-                self.inner.redactor.add(&entry.token, SecretKind::Credential);
+                self.inner
+                    .redactor
+                    .add(&entry.token, SecretKind::Credential);
                 return Ok(Handed {
                     token: entry.token,
                     source,
@@ -419,7 +423,11 @@ impl Broker {
         let request = match tokio::time::timeout(read_timeout, read_request(&mut stream)).await {
             Ok(request) => request,
             Err(_) => {
-                tracing::warn!(uid, pid, "credential broker: no complete request in time; dropped");
+                tracing::warn!(
+                    uid,
+                    pid,
+                    "credential broker: no complete request in time; dropped"
+                );
                 return;
             }
         };
@@ -429,7 +437,11 @@ impl Broker {
         } else if let Some(request) = request {
             self.answer(&request, uid).await
         } else {
-            tracing::warn!(uid, pid, "credential broker: request too large or unreadable; refused");
+            tracing::warn!(
+                uid,
+                pid,
+                "credential broker: request too large or unreadable; refused"
+            );
             quit("the request is too large or unreadable")
         };
         let _ = tokio::time::timeout(read_timeout, async {
@@ -552,4 +564,148 @@ pub fn relay(
         }
     }
     Ok((Secret::new(answer), reason))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::ApiConfig;
+
+    const REMOTE: &str = "http://127.0.0.1:9/git/o/r.git";
+
+    /// A broker whose coordinator is unreachable (port 9): it can only
+    /// answer from what it was seeded with.
+    fn broker() -> (Broker, Redactor) {
+        crate::tls::install_crypto_provider();
+        let url = |p: &str| Url::parse(&format!("http://127.0.0.1:9/{p}")).unwrap();
+        let redactor = Redactor::new();
+        let api = Api::new(
+            ApiConfig {
+                api_base: url(""),
+                agent_token_url: url("t"),
+                boot_status_url: url("s"),
+                session_id: "s1".into(),
+                boot_secret: Secret::new("boot".into()),
+            },
+            crate::tls::http_client(None).unwrap(),
+            crate::timings::Timings::default().scaled(0.01),
+            redactor.clone(),
+        );
+        let broker = Broker::new(Arc::new(api), Url::parse(REMOTE).unwrap(), redactor.clone());
+        (broker, redactor)
+    }
+
+    fn token(value: &str, ttl: Option<Duration>) -> RepoToken {
+        RepoToken {
+            token: Secret::new(value.into()),
+            expires_at: ttl.map(|t| SystemTime::now() + t),
+            repo_full_name: Some("o/r".into()),
+            artifacts_remote: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_seed_serves_reads_only_while_cacheable_and_fresh() {
+        let (b, redactor) = broker();
+        let hour = Some(Duration::from_secs(3600));
+        assert!(!b.seed_read(&token("no-expiry-token", None), SystemTime::now()));
+        let artifacts = RepoToken {
+            artifacts_remote: Some("https://x/git/a/b.git".into()),
+            ..token("artifacts-token", hour)
+        };
+        assert!(!b.seed_read(&artifacts, SystemTime::now()));
+        assert!(b.seed_read(&token("seeded-token-1", hour), SystemTime::now()));
+        let handed = b.token(Access::Read).await.unwrap();
+        assert_eq!(handed.token.expose(), "seeded-token-1");
+        assert_eq!(handed.source, TokenSource::Seeded);
+        assert_eq!(redactor.redact("x seeded-token-1 y"), "x [REDACTED] y");
+        // Another token refused: the seed stays; the seed refused: gone.
+        b.erase(Some("other")).await;
+        assert!(b.token(Access::Read).await.is_ok());
+        b.erase(Some("seeded-token-1")).await;
+        // Nothing left, and the coordinator is unreachable.
+        let err = b.token(Access::Read).await.unwrap_err();
+        assert!(matches!(err, BrokerError::Mint(_)), "{err}");
+        assert!(!err.to_string().contains("boot"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn writes_never_use_the_read_seed() {
+        let (b, _) = broker();
+        assert!(b.seed_read(
+            &token("seeded-token-2", Some(Duration::from_secs(3600))),
+            SystemTime::now()
+        ));
+        assert!(b.token(Access::Write).await.is_err());
+    }
+
+    #[test]
+    fn the_transports_urls_are_checked_like_gits_requests() {
+        let (b, _) = broker();
+        assert!(b.is_session_remote(&Url::parse(REMOTE).unwrap()));
+        assert!(b.is_session_remote(&Url::parse("http://127.0.0.1:9/git/o/r").unwrap()));
+        for other in [
+            "http://127.0.0.1:10/git/o/r.git",
+            "http://127.0.0.2:9/git/o/r.git",
+            "https://127.0.0.1:9/git/o/r.git",
+            "http://127.0.0.1:9/git/o/other.git",
+        ] {
+            assert!(!b.is_session_remote(&Url::parse(other).unwrap()), "{other}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_socket_refuses_other_uids_other_remotes_and_floods() {
+        let (b, _) = broker();
+        assert!(b.seed_read(
+            &token("seeded-token-3", Some(Duration::from_secs(3600))),
+            SystemTime::now()
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("credential.sock");
+        let me = rustix::process::getuid().as_raw();
+        let ask = |path: PathBuf, request: String| {
+            tokio::task::spawn_blocking(move || {
+                let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+                let _ = s.write_all(request.as_bytes());
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                out
+            })
+        };
+        let other_host = "get\nprotocol=http\nhost=evil:9\npath=git/o/r.git\n\n".to_string();
+        {
+            let _server = b.serve(&path, vec![me], Duration::from_secs(5)).unwrap();
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o666);
+            assert_eq!(ask(path.clone(), other_host.clone()).await.unwrap(), "");
+            let flood = format!("get\n{}\n", "k=v\n".repeat(MAX_REQUEST_BYTES));
+            let out = ask(path.clone(), flood).await.unwrap();
+            assert!(!out.contains("password="), "{out}");
+            // An erase of another remote does nothing either.
+            let erase = other_host.replacen("get", "erase", 1);
+            assert_eq!(ask(path.clone(), erase).await.unwrap(), "");
+        }
+        // Dropped: the socket is gone.
+        assert!(!path.exists());
+        let _server = b
+            .serve(&path, vec![me.wrapping_add(1)], Duration::from_secs(5))
+            .unwrap();
+        let out = ask(path.clone(), other_host).await.unwrap();
+        assert!(out.starts_with("quit=1\n"), "{out}");
+        assert!(out.contains(&format!("does not admit uid {me}")), "{out}");
+    }
+
+    #[test]
+    fn relay_names_a_socket_it_cannot_reach() {
+        let err = relay(
+            Path::new("/nonexistent/credential.sock"),
+            "get",
+            &HashMap::new(),
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert!(err.contains("/nonexistent/credential.sock"), "{err}");
+        assert!(err.contains("has the session ended"), "{err}");
+    }
 }

@@ -414,7 +414,11 @@ fn relay_to_broker(
     }
     let Some(socket) = &context.credential_socket else {
         if action == "get" {
-            quit(out, err, "the boot context names no credential broker socket");
+            quit(
+                out,
+                err,
+                "the boot context names no credential broker socket",
+            );
         }
         return;
     };

@@ -591,13 +591,13 @@ fn broker_fill(
     if !broker.is_session_remote(url) {
         return Ok(None);
     }
-    let handed = http
-        .runtime
-        .block_on(broker.token(access))
-        .map_err(|e| TransportError::NoCredential {
-            url: url.to_string(),
-            detail: format!(": {e}"),
-        })?;
+    let handed =
+        http.runtime
+            .block_on(broker.token(access))
+            .map_err(|e| TransportError::NoCredential {
+                url: url.to_string(),
+                detail: format!(": {e}"),
+            })?;
     tracing::debug!(
         url = %url,
         ?access,

@@ -75,7 +75,10 @@ if ls ../.orizu-session/*/boot-secret >/dev/null 2>&1; then echo found > "$AGENT
     let ready = sb.out().join("ready");
     let deadline = tokio::time::Instant::now() + WAIT;
     while !ready.exists() {
-        assert!(tokio::time::Instant::now() < deadline, "the agent never ran");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the agent never ran"
+        );
         seen.extend(listing(&session_dir));
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -176,7 +179,10 @@ git rev-parse HEAD > "$AGENT_OUT/head"
     // runner's uid), logged without its value.
     let answered = log_lines(&output, "credential broker answered");
     assert!(!answered.is_empty(), "{output}");
-    assert!(answered.iter().all(|l| l.contains("\"source\"")), "{answered:?}");
+    assert!(
+        answered.iter().all(|l| l.contains("\"source\"")),
+        "{answered:?}"
+    );
     assert_no_secret("runner output", &output, &sb.secrets(&[]));
 }
 
@@ -209,8 +215,14 @@ printf 'protocol=%s\nhost=%s\npath=%s\n' "$proto" "$host" "$path" > "$AGENT_OUT/
     let path_line = good.lines().find(|l| l.starts_with("path=")).unwrap();
     let forged = [
         ("other host", good.replace(host_line, "host=evil.example")),
-        ("other repository", good.replace(path_line, "path=o/other.git")),
-        ("a longer path", good.replace(path_line, &format!("{path_line}/x"))),
+        (
+            "other repository",
+            good.replace(path_line, "path=o/other.git"),
+        ),
+        (
+            "a longer path",
+            good.replace(path_line, &format!("{path_line}/x")),
+        ),
         ("no protocol", good.replace("protocol=http\n", "")),
     ];
     for (what, request) in &forged {
@@ -312,7 +324,12 @@ printf "protocol=$proto\nhost=$host\npath=$path\n\n" | sh -c "$helper get" > "$A
         }
     }
     assert!(candidates.len() > 20, "{} candidates", candidates.len());
-    assert_eq!(minted, 0, "a candidate of {} minted a bearer", candidates.len());
+    assert_eq!(
+        minted,
+        0,
+        "a candidate of {} minted a bearer",
+        candidates.len()
+    );
     std::fs::write(sb.out().join("go"), "").unwrap();
     sb.end_after_seal("run-1", child).await;
 }
@@ -399,7 +416,10 @@ git rev-parse HEAD > "$AGENT_OUT/head"
         String::from_utf8_lossy(&remote.stdout).trim(),
         sb.read_out("head").trim()
     );
-    assert!(log_lines(&output, "credential broker").is_empty(), "{output}");
+    assert!(
+        log_lines(&output, "credential broker").is_empty(),
+        "{output}"
+    );
     assert!(!sb.session_dir().exists());
 }
 
