@@ -51,20 +51,30 @@ unsafe fn scrub_initial_environment() {
 }
 
 fn take_boot_secret() -> (BTreeMap<OsString, OsString>, Option<Secret>) {
-    let env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
-    let secret = env
-        .get(&OsString::from(BOOT_SECRET_VAR))
-        .map(|v| Secret::new(v.to_string_lossy().into_owned()));
+    let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    let secret = env.remove(&OsString::from(BOOT_SECRET_VAR)).map(secret_of);
     // SAFETY: single-threaded: nothing else runs yet (see `main`).
     unsafe {
         scrub_initial_environment();
         std::env::remove_var(BOOT_SECRET_VAR);
     }
-    let env = env
-        .into_iter()
-        .filter(|(k, _)| k != BOOT_SECRET_VAR)
-        .collect();
     (env, secret)
+}
+
+/// The boot secret as a [`Secret`], in the same buffer (valid UTF-8) or
+/// with the copied bytes zeroized, so no copy outlives the `Secret`, which
+/// zeroizes on drop (broker mode keeps it only in memory, PROTOCOL.md 3).
+fn secret_of(value: OsString) -> Secret {
+    use std::os::unix::ffi::OsStringExt;
+    match String::from_utf8(value.into_vec()) {
+        Ok(text) => Secret::new(text),
+        Err(e) => {
+            let mut bytes = e.into_bytes();
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            zeroize::Zeroize::zeroize(&mut bytes);
+            Secret::new(text)
+        }
+    }
 }
 
 /// Marks every file descriptor above stderr close-on-exec, so that nothing

@@ -14,6 +14,7 @@ use crate::client::ApiConfig;
 use crate::logging::LogFormat;
 use crate::process::cgroup::CgroupMode;
 use crate::secret::Secret;
+use crate::session_dir::CredentialMode;
 use crate::timings::{Timings, parse_duration};
 use crate::validate;
 
@@ -101,6 +102,9 @@ pub struct BootConfig {
     pub agent_api: AgentApiMode,
     /// `--agent-api-allow`: the routes the proxy forwards.
     pub agent_api_allow: Allowlist,
+    /// `--credential-mode`: the credential broker (default) or the
+    /// file-based helper (PROTOCOL.md section 3).
+    pub credential_mode: CredentialMode,
 }
 
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
@@ -254,6 +258,7 @@ pub fn load(
         harvest_max_file_size,
         agent_api: args.agent_api,
         agent_api_allow,
+        credential_mode: args.credential_mode,
     })
 }
 
@@ -482,6 +487,20 @@ pub struct RunArgs {
         value_name = "ROUTE[,ROUTE]"
     )]
     pub agent_api_allow: Vec<String>,
+    /// Where git's credential helper gets repo tokens (PROTOCOL.md section
+    /// 3): `broker`, the runner's credential broker over a Unix socket in
+    /// the session directory (the boot secret stays in the runner's memory;
+    /// `boot-secret` is never written), or `file`, the helper reads
+    /// `boot-secret` and mints tokens itself (for sandboxes that cannot
+    /// pass a Unix socket between the agent and the runner).
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_CREDENTIAL_MODE",
+        hide_env_values = true,
+        value_enum,
+        default_value = "broker"
+    )]
+    pub credential_mode: CredentialMode,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,

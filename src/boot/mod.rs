@@ -21,7 +21,7 @@ use crate::agent_api::{AgentApi, AgentApiMode, ApiProxy};
 use crate::client::{Api, Policy, RepoToken};
 use crate::process::supervisor::Supervision;
 use crate::redact::Redactor;
-use crate::session_dir::{self, BootContext, SessionDir, SessionDirError};
+use crate::session_dir::{self, BootContext, CredentialMode, SessionDir, SessionDirError};
 use crate::signals::{self, Stop, unless_stopped};
 use crate::status::{Phase, StatusFile};
 use crate::turn::{self, SealState, TurnContext, TurnEnd, TurnFatal, TurnInput};
@@ -178,6 +178,9 @@ struct Cleanup {
     status: StatusFile,
     heartbeat: tokio::task::JoinHandle<()>,
     session_dir: Option<Arc<SessionDir>>,
+    /// Broker mode: the credential broker's socket, served until the
+    /// session directory goes.
+    broker: Option<workspace::BrokerServer>,
 }
 
 impl Cleanup {
@@ -194,6 +197,7 @@ impl Cleanup {
             status,
             heartbeat,
             session_dir: None,
+            broker: None,
         }
     }
 
@@ -209,6 +213,9 @@ impl Cleanup {
     }
 
     fn remove_session_dir(&mut self) {
+        // The broker stops first: no token is handed out once the session
+        // directory goes.
+        self.broker.take();
         if let Some(dir) = self.session_dir.take() {
             if let Err(e) = dir.remove_bearer() {
                 tracing::error!(error = %e, "cannot remove the bearer file");
@@ -254,7 +261,7 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     let mut done = HashSet::new();
     let first = first_turn(b, &resolved.session, &done).await?;
     // Step 5: session files, credential helper, clone.
-    let workspace = prepare_workspace(b, &session_dir, &resolved).await?;
+    let workspace = prepare_workspace(b, &session_dir, &resolved, cleanup).await?;
     // Step 6: drain turns.
     let ctx = turn_context(b, session_dir, resolved, workspace)?;
     Ok(drain(&ctx, first, &mut done, &mut b.stop, &b.status).await)
@@ -338,11 +345,22 @@ async fn prepare_workspace(
     b: &mut Boot<'_>,
     session_dir: &SessionDir,
     resolved: &Resolved,
+    cleanup: &mut Cleanup,
 ) -> Step<Workspace> {
     b.status.phase(Phase::Cloning, None, None);
     write_session_files(b.config, session_dir, &resolved.remote)?;
-    b.redactor
-        .add_source(issued_tokens_source(session_dir.issued_tokens_path()));
+    let broker = match b.config.credential_mode {
+        CredentialMode::File => {
+            b.redactor
+                .add_source(issued_tokens_source(session_dir.issued_tokens_path()));
+            None
+        }
+        CredentialMode::Broker => {
+            let (broker, server) = start_broker(b, session_dir, resolved)?;
+            cleanup.broker = Some(server);
+            Some(broker)
+        }
+    };
     let harvester = harvester(
         b.config,
         b.http.clone(),
@@ -350,6 +368,7 @@ async fn prepare_workspace(
         &resolved.remote,
         &resolved.session.repo_branch,
         &b.redactor,
+        broker,
     )?;
     let clone =
         clone_repo(b.config, &harvester).instrument(tracing::info_span!("step", step = "clone"));
@@ -371,6 +390,33 @@ async fn prepare_workspace(
         harvester,
         recovered_at_boot,
     })
+}
+
+/// The uids the credential broker admits (`SO_PEERCRED`): the runner's own.
+/// An agent run as another user adds its uid here.
+fn broker_peers() -> Vec<u32> {
+    vec![rustix::process::getuid().as_raw()]
+}
+
+/// Broker mode (PROTOCOL.md 3): the credential broker, seeded with the
+/// boot's own read token (step 3) so the clone mints nothing, serving its
+/// socket in the session directory.
+fn start_broker(
+    b: &Boot<'_>,
+    session_dir: &SessionDir,
+    resolved: &Resolved,
+) -> Result<(workspace::Broker, workspace::BrokerServer), SessionDirError> {
+    let broker = workspace::Broker::new(b.api.clone(), resolved.remote.clone(), b.redactor.clone());
+    let seeded = broker.seed_read(&resolved.read_token, resolved.read_token_at);
+    tracing::debug!(
+        seeded,
+        "credential broker seeded with the boot's read token"
+    );
+    let socket = session_dir.credential_socket_path();
+    let server = broker
+        .serve(&socket, broker_peers(), b.config.timings.request_timeout)
+        .map_err(|e| SessionDirError::io("serve the credential broker on", &socket, e))?;
+    Ok((broker, server))
 }
 
 /// What every turn of the drain (step 6) shares; starts the agent API
@@ -521,6 +567,10 @@ struct Resolved {
     bundle: environment::AppliedBundle,
     session: Session,
     remote: Url,
+    /// The read repo token of step 3 and when it was asked for: the broker's
+    /// seed.
+    read_token: RepoToken,
+    read_token_at: std::time::SystemTime,
 }
 
 async fn resolve(
@@ -529,6 +579,7 @@ async fn resolve(
     redactor: &Redactor,
 ) -> Result<Resolved, BootError> {
     let policy = Policy::BOOT_FETCH;
+    let read_token_at = std::time::SystemTime::now();
     let (bundle, session, token) = tokio::join!(
         api.env_bundle(),
         api.session(policy, false),
@@ -543,11 +594,14 @@ async fn resolve(
     if let Some(w) = &config.workspace_id {
         session.workspace_id = w.clone();
     }
-    let remote = remote_url(config, &token?)?;
+    let read_token = token?;
+    let remote = remote_url(config, &read_token)?;
     Ok(Resolved {
         bundle,
         session,
         remote,
+        read_token,
+        read_token_at,
     })
 }
 
@@ -569,14 +623,20 @@ fn write_session_files(
     dir: &SessionDir,
     remote: &Url,
 ) -> Result<(), SessionDirError> {
-    dir.write_boot_secret(&config.api.boot_secret)?;
-    dir.create_credential_cache()?;
+    let mode = config.credential_mode;
+    // Broker mode writes no secret file: the boot secret stays in memory.
+    if mode == CredentialMode::File {
+        dir.write_boot_secret(&config.api.boot_secret)?;
+        dir.create_credential_cache()?;
+    }
     let context = BootContext {
         api_base_url: config.api.api_base.to_string(),
         agent_token_url: config.api.agent_token_url.to_string(),
         session_id: config.api.session_id.clone(),
         remote_url: remote.to_string(),
-        boot_secret_path: dir.boot_secret_path(),
+        credential_mode: mode,
+        credential_socket: (mode == CredentialMode::Broker).then(|| dir.credential_socket_path()),
+        boot_secret_path: (mode == CredentialMode::File).then(|| dir.boot_secret_path()),
         credential_cache_path: dir.credential_cache_path(),
         issued_tokens_path: dir.issued_tokens_path(),
         credential_lock_path: dir.credential_lock_path(),
@@ -596,6 +656,7 @@ fn harvester(
     remote: &Url,
     branch: &str,
     redactor: &Redactor,
+    broker: Option<workspace::Broker>,
 ) -> Result<Harvester, WorkspaceError> {
     let credential_helper =
         workspace::clone::current_exe_helper_command(&session_dir.context_path())?;
@@ -610,6 +671,7 @@ fn harvester(
             request_timeout: config.timings.request_timeout,
             redactor: redactor.clone(),
             stall: config.timings.git_stall,
+            broker,
         },
         time_scale: config.timings.scale,
         max_file_size: config.harvest_max_file_size,

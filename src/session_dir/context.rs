@@ -1,6 +1,7 @@
 //! `boot-context.json` (PROTOCOL.md section 3): what the git credential
-//! helper needs to mint repository tokens, and no secret value. The boot
-//! secret itself is in the `boot-secret` file it names.
+//! helper needs, and no secret value: in broker mode where the credential
+//! broker's socket is; in file mode what it needs to mint repository tokens
+//! itself (the boot secret is then in the `boot-secret` file it names).
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +9,26 @@ use serde::{Deserialize, Serialize};
 
 use super::{SessionDirError, write_secret_file};
 use crate::timings::Timings;
+
+/// How `hosted-boot credential` gets repo tokens (`--credential-mode`,
+/// PROTOCOL.md section 3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CredentialMode {
+    /// The helper asks the runner's credential broker over its Unix socket;
+    /// `boot-secret` is never written (the default).
+    #[default]
+    Broker,
+    /// The helper reads `boot-secret` and mints tokens itself, sharing them
+    /// through `repo-credential-cache` (for sandboxes that cannot pass a
+    /// socket).
+    File,
+}
+
+fn file_mode() -> CredentialMode {
+    // A context without the field was written before the broker existed.
+    CredentialMode::File
+}
 
 /// The credential helper's context. Written by the boot (0600, atomic), read
 /// by every `hosted-boot credential` process. JSON, `camelCase`.
@@ -23,8 +44,16 @@ pub struct BootContext {
     /// The clone URL of the session's repository (no credential in it): the
     /// helper answers only for this remote.
     pub remote_url: String,
-    /// Absolute path of the `boot-secret` file.
-    pub boot_secret_path: PathBuf,
+    /// Broker or file (see [`CredentialMode`]).
+    #[serde(default = "file_mode")]
+    pub credential_mode: CredentialMode,
+    /// Broker mode: absolute path of the broker's socket (`credential.sock`).
+    #[serde(default)]
+    pub credential_socket: Option<PathBuf>,
+    /// File mode: absolute path of the `boot-secret` file (`None` in broker
+    /// mode, where no such file exists).
+    #[serde(default)]
+    pub boot_secret_path: Option<PathBuf>,
     /// Absolute path of the `repo-credential-cache` file.
     pub credential_cache_path: PathBuf,
     /// Absolute path of the `repo-tokens-issued` file: every token the
@@ -96,7 +125,9 @@ mod tests {
             agent_token_url: "http://127.0.0.1:1/t".into(),
             session_id: "s1".into(),
             remote_url: "http://127.0.0.1:1/git/o/r.git".into(),
-            boot_secret_path: "/x/boot-secret".into(),
+            credential_mode: CredentialMode::File,
+            credential_socket: None,
+            boot_secret_path: Some("/x/boot-secret".into()),
             credential_cache_path: "/x/repo-credential-cache".into(),
             issued_tokens_path: "/x/repo-tokens-issued".into(),
             credential_lock_path: "/x/repo-credential-lock".into(),
@@ -121,6 +152,15 @@ mod tests {
             assert!(value.get(key).is_some(), "{key} missing");
         }
         assert_eq!(BootContext::read(&path).unwrap(), ctx);
+        assert_eq!(value["credentialMode"], "file");
+        // A context of an older runner (no mode) is file mode.
+        let mut old = value.clone();
+        old.as_object_mut().unwrap().remove("credentialMode");
+        std::fs::write(&path, serde_json::to_vec(&old).unwrap()).unwrap();
+        assert_eq!(
+            BootContext::read(&path).unwrap().credential_mode,
+            CredentialMode::File
+        );
         assert_eq!(
             ctx.timings().request_timeout,
             std::time::Duration::from_secs(5)

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 pub mod context;
 
-pub use context::BootContext;
+pub use context::{BootContext, CredentialMode};
 
 use crate::secret::Secret;
 
@@ -71,6 +71,9 @@ pub const ISSUED_TOKENS_FILE: &str = "repo-tokens-issued";
 /// The file credential helpers `flock` around reading, minting and
 /// writing the cache (PROTOCOL.md section 3).
 pub const CREDENTIAL_LOCK_FILE: &str = "repo-credential-lock";
+/// The credential broker's Unix socket in the session directory (broker
+/// mode, PROTOCOL.md section 3).
+pub const CREDENTIAL_SOCKET_FILE: &str = "credential.sock";
 /// The turn's prompt in the run directory.
 pub const TASK_FILE: &str = "task.txt";
 
@@ -211,7 +214,13 @@ impl SessionDir {
         self.path.join(CREDENTIAL_LOCK_FILE)
     }
 
-    /// Writes the boot secret (0600, atomic) for the credential helper.
+    /// `…/credential.sock`: the credential broker's socket.
+    pub fn credential_socket_path(&self) -> PathBuf {
+        self.path.join(CREDENTIAL_SOCKET_FILE)
+    }
+
+    /// Writes the boot secret (0600, atomic) for the credential helper of
+    /// file mode; never called in broker mode.
     ///
     /// Errors: [`SessionDirError::Io`].
     pub fn write_boot_secret(&self, secret: &Secret) -> Result<(), SessionDirError> {

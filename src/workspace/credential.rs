@@ -29,6 +29,12 @@
 //! The boot secret comes from the `boot-secret` file named by the context,
 //! never from the environment (every hosted-boot process removes
 //! `ORIZU_BOOT_SECRET` from its environment at start, in `main`).
+//!
+//! All of the above is file mode. In broker mode (the context's
+//! `credentialMode`, the default) the helper relays git's request to the
+//! runner's credential broker over its socket ([`super::broker`]) and prints
+//! its answer; it reads no secret file, mints nothing, and when the broker
+//! cannot be reached prints `quit=1` and the reason on stderr.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -43,7 +49,7 @@ use super::transport::GIT_USER;
 use crate::client::{Api, ApiConfig, RepoToken};
 use crate::redact::Redactor;
 use crate::secret::Secret;
-use crate::session_dir::{BootContext, write_secret_file};
+use crate::session_dir::{BootContext, CredentialMode, write_secret_file};
 use crate::wire::Access;
 
 /// A cached token is answered only while it is valid for longer than this,
@@ -128,6 +134,13 @@ pub fn credential_helper_with_io(
     mut err: impl Write,
 ) -> i32 {
     let attributes = read_attributes(input);
+    if let Ok(context) = BootContext::read(context_path)
+        && context.credential_mode == CredentialMode::Broker
+    {
+        relay_to_broker(&context, action, &attributes, &mut out, &mut err);
+        let _ = out.flush();
+        return 0;
+    }
     match action {
         "get" => get(context_path, &attributes, &mut out, &mut err),
         "erase" => erase(context_path, &attributes, &mut err),
@@ -141,7 +154,7 @@ pub fn credential_helper_with_io(
 
 /// Reads `key=value` lines up to a blank line or EOF. Later values win;
 /// `key[]` (multi-valued) keys are kept by their last value, unused here.
-fn read_attributes(mut input: impl BufRead) -> HashMap<String, String> {
+pub(super) fn read_attributes(mut input: impl BufRead) -> HashMap<String, String> {
     let mut attributes = HashMap::new();
     let mut line = Vec::new();
     loop {
@@ -388,6 +401,49 @@ fn quit(out: &mut impl Write, err: &mut impl Write, reason: &str) {
     let _ = writeln!(err, "hosted-boot credential: {reason}");
 }
 
+/// Broker mode: git's request to the broker, its answer to git.
+fn relay_to_broker(
+    context: &BootContext,
+    action: &str,
+    attributes: &HashMap<String, String>,
+    out: &mut impl Write,
+    err: &mut impl Write,
+) {
+    if !matches!(action, "get" | "erase") {
+        return;
+    }
+    let Some(socket) = &context.credential_socket else {
+        if action == "get" {
+            quit(
+                out,
+                err,
+                "the boot context names no credential broker socket",
+            );
+        }
+        return;
+    };
+    // The broker mints with at most 3 attempts of two calls: as long as the
+    // file helper waits for another helper's lock.
+    let wait = context
+        .timings()
+        .request_timeout
+        .saturating_mul(LOCK_WAIT_REQUEST_TIMEOUTS);
+    match super::broker::relay(socket, action, attributes, wait) {
+        Ok((answer, reason)) => {
+            if action == "get" {
+                let _ = out.write_all(answer.expose().as_bytes());
+            }
+            if let Some(reason) = reason {
+                let _ = writeln!(err, "hosted-boot credential: {reason}");
+            }
+        }
+        Err(reason) if action == "get" => quit(out, err, &reason),
+        Err(reason) => {
+            let _ = writeln!(err, "hosted-boot credential: {reason}");
+        }
+    }
+}
+
 fn get(
     context_path: &Path,
     attributes: &HashMap<String, String>,
@@ -480,17 +536,20 @@ fn cached_or_minted(context: &BootContext, err: &mut impl Write) -> Result<Secre
 /// with the credential helper's retry policy (3 attempts, PROTOCOL.md 2).
 /// The error text is redacted (boot secret, bearer).
 fn mint(context: &BootContext) -> Result<RepoToken, String> {
-    let boot_secret = std::fs::read_to_string(&context.boot_secret_path).map_err(|e| {
+    let Some(boot_secret_path) = &context.boot_secret_path else {
+        return Err("the boot context names no boot secret file".to_string());
+    };
+    let boot_secret = std::fs::read_to_string(boot_secret_path).map_err(|e| {
         format!(
             "cannot read the boot secret file {}: {e}",
-            context.boot_secret_path.display()
+            boot_secret_path.display()
         )
     })?;
     let boot_secret = Secret::new(boot_secret.trim_end_matches(['\n', '\r']).to_string());
     if boot_secret.expose().is_empty() {
         return Err(format!(
             "the boot secret file {} is empty",
-            context.boot_secret_path.display()
+            boot_secret_path.display()
         ));
     }
     let mut api_base = context.api_base_url.clone();

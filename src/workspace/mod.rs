@@ -6,6 +6,8 @@
 //!   trust roots), with credentials from the repository's helper.
 //! - [`clone`]: `repo/`: clone the session branch or reuse an existing clone.
 //! - [`credential`]: `hosted-boot credential get|store|erase`.
+//! - [`broker`]: the credential broker (broker mode): repo tokens for the
+//!   transport in process and for the helper over a Unix socket.
 //! - [`harvest`]: commit and push the agent's work after a turn and at boot
 //!   (4.5); the [`Harvester`] that the steps below share.
 //! - [`sync`]: bring `repo/` to the remote's session branch before a turn
@@ -22,6 +24,7 @@
 //! - [`local_branch`]: the local session branch saved, then moved to the
 //!   remote's tip.
 
+pub mod broker;
 pub mod clone;
 mod commit;
 pub mod credential;
@@ -40,6 +43,7 @@ use std::path::{Path, PathBuf};
 use crate::session_dir::SessionDirError;
 use crate::wire::ErrorCode;
 
+pub use broker::{Broker, BrokerServer};
 pub use clone::{
     PreparedRepo, RepoSpec, credential_helper_command, current_exe_helper_command, prepare_repo,
     prepare_repo_async,

@@ -304,6 +304,7 @@ mod tests {
                 request_timeout: std::time::Duration::from_secs(10),
                 redactor: crate::redact::Redactor::new(),
                 stall: std::time::Duration::from_secs(30),
+                broker: None,
             },
             time_scale: 1.0,
             max_file_size: None,

@@ -10,7 +10,9 @@
 //! followed (the client has none; a 3xx is an error).
 //!
 //! Authentication: Basic with user `x-access-token` and the password from
-//! the repository's configured credential helper (PROTOCOL.md 2.5, 3).
+//! the credential broker in process when the [`HttpContext`] has one
+//! (broker mode: no helper process, no socket), else from the repository's
+//! configured credential helper (PROTOCOL.md 2.5, 3).
 //! libgit2's credential callback is bypassed by custom subtransports, so the
 //! helper is run here: preemptively before the first request (no wasted
 //! `401`); on a `401` the helper's `erase` runs (dropping a cached rejected
@@ -74,6 +76,10 @@ pub struct HttpContext {
     /// request timeouts, which the harvest cuts to what is left of its
     /// bound) fails the transfer, as a transport failure.
     pub stall: Duration,
+    /// Broker mode: the runner's credential broker, asked in process
+    /// instead of running the credential helpers (a `read` token for a
+    /// fetch, a `write` token for a push; a `401` erases the refused one).
+    pub broker: Option<super::Broker>,
 }
 
 /// The credential helpers to run, resolved like git does from the
@@ -518,8 +524,14 @@ impl Shared {
         Ok(entry)
     }
 
-    /// The current password, running the helper's `get` when there is none.
-    fn password(&self, entry: &RemoteEntry, url: &reqwest::Url) -> Result<Secret, TransportError> {
+    /// The current password, running the helper's `get` (or asking the
+    /// broker for `access`) when there is none.
+    fn password(
+        &self,
+        entry: &RemoteEntry,
+        url: &reqwest::Url,
+        access: crate::wire::Access,
+    ) -> Result<Secret, TransportError> {
         let mut auth = crate::sync::lock(&self.auth);
         if let Some(p) = &auth.password {
             return Ok(p.clone());
@@ -530,7 +542,11 @@ impl Shared {
             });
         }
         auth.attempts += 1;
-        match entry.helpers.fill(url, helper_deadline(&entry.http))? {
+        let filled = match &entry.http.broker {
+            Some(broker) => broker_fill(broker, &entry.http, url, access)?,
+            None => entry.helpers.fill(url, helper_deadline(&entry.http))?,
+        };
+        match filled {
             Some(p) => {
                 entry.http.redactor.add(&p, SecretKind::Credential);
                 auth.password = Some(p.clone());
@@ -547,14 +563,48 @@ impl Shared {
     /// Returns whether another attempt is allowed.
     fn rejected(&self, entry: &RemoteEntry, url: &reqwest::Url, password: &Secret) -> bool {
         let mut auth = crate::sync::lock(&self.auth);
-        entry
-            .helpers
-            .reject(url, password, helper_deadline(&entry.http));
+        match &entry.http.broker {
+            Some(broker) => entry
+                .http
+                .runtime
+                .block_on(broker.erase(Some(password.expose()))),
+            None => entry
+                .helpers
+                .reject(url, password, helper_deadline(&entry.http)),
+        }
         if auth.password.as_ref() == Some(password) {
             auth.password = None;
         }
         auth.attempts < MAX_CREDENTIAL_ATTEMPTS
     }
+}
+
+/// A token from the broker for the session's remote (`None` for any other
+/// URL, as a helper that knows nothing of it). Runs on the thread libgit2
+/// calls us on (see the module's threading note).
+fn broker_fill(
+    broker: &super::Broker,
+    http: &HttpContext,
+    url: &reqwest::Url,
+    access: crate::wire::Access,
+) -> Result<Option<Secret>, TransportError> {
+    if !broker.is_session_remote(url) {
+        return Ok(None);
+    }
+    let handed =
+        http.runtime
+            .block_on(broker.token(access))
+            .map_err(|e| TransportError::NoCredential {
+                url: url.to_string(),
+                detail: format!(": {e}"),
+            })?;
+    tracing::debug!(
+        url = %url,
+        ?access,
+        source = ?handed.source,
+        "credential broker gave the runner's transport a repo token"
+    );
+    Ok(Some(handed.token))
 }
 
 /// How long a helper may take: its own calls are bounded (3 attempts of at
@@ -680,7 +730,14 @@ impl HttpStream {
                 reason: e.to_string(),
             })?;
         loop {
-            let password = self.shared.password(&self.entry, &remote_url)?;
+            // git's receive-pack (a push) needs write access; everything
+            // else reads.
+            let access = if self.service == "git-receive-pack" {
+                crate::wire::Access::Write
+            } else {
+                crate::wire::Access::Read
+            };
+            let password = self.shared.password(&self.entry, &remote_url, access)?;
             let request = self.build(&password);
             let timeout = self.entry.http.request_timeout;
             let sent = self

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Fault, Route, Snapshot};
 use hosted_boot::secret::Secret;
-use hosted_boot::session_dir::{BootContext, SessionDir};
+use hosted_boot::session_dir::{BootContext, CredentialMode, SessionDir};
 use hosted_boot::wire::{HarvestResult, PushErrorCode};
 use hosted_boot::workspace::{
     HarvestJob, Harvester, HttpContext, RepoSpec, credential_helper_command, prepare_repo_async,
@@ -539,7 +539,9 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
             agent_token_url: coord.agent_token_url(),
             session_id: coord.session_id(),
             remote_url: coord.clone_url(),
-            boot_secret_path: session.boot_secret_path(),
+            credential_mode: CredentialMode::File,
+            credential_socket: None,
+            boot_secret_path: Some(session.boot_secret_path()),
             credential_cache_path: session.credential_cache_path(),
             issued_tokens_path: session.issued_tokens_path(),
             credential_lock_path: session.credential_lock_path(),
@@ -559,6 +561,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         request_timeout: Duration::from_secs(10),
         redactor: hosted_boot::redact::Redactor::new(),
         stall: Duration::from_secs(30),
+        broker: None,
     };
     let prepared = prepare_repo_async(RepoSpec {
         root: root.path().to_path_buf(),

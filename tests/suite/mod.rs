@@ -2,6 +2,7 @@ mod agent_api;
 mod agents;
 mod architecture;
 mod boot;
+mod broker;
 mod check;
 mod coordinator;
 mod events;

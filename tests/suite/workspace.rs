@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Fault, Route};
 use hosted_boot::secret::Secret;
-use hosted_boot::session_dir::{BootContext, SessionDir};
+use hosted_boot::session_dir::{BootContext, CredentialMode, SessionDir};
 use hosted_boot::wire::ErrorCode;
 use hosted_boot::workspace::{
     HttpContext, PreparedRepo, RepoSpec, WorkspaceError, credential_helper_command,
@@ -47,7 +47,9 @@ fn env_with(opts: CoordinatorOptions) -> Env {
             agent_token_url: coord.agent_token_url(),
             session_id: coord.session_id(),
             remote_url: coord.clone_url(),
-            boot_secret_path: session.boot_secret_path(),
+            credential_mode: CredentialMode::File,
+            credential_socket: None,
+            boot_secret_path: Some(session.boot_secret_path()),
             credential_cache_path: session.credential_cache_path(),
             issued_tokens_path: session.issued_tokens_path(),
             credential_lock_path: session.credential_lock_path(),
@@ -62,6 +64,7 @@ fn env_with(opts: CoordinatorOptions) -> Env {
         request_timeout: Duration::from_secs(10),
         redactor: hosted_boot::redact::Redactor::new(),
         stall: Duration::from_secs(30),
+        broker: None,
     };
     Env {
         coord,
