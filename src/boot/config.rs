@@ -96,6 +96,12 @@ pub struct BootConfig {
     /// `--harvest-max-file-size` in bytes: files larger are left out of the
     /// harvest (PROTOCOL.md 4.5); `None`: no limit (`0`).
     pub harvest_max_file_size: Option<u64>,
+    /// `--agent-user` resolved (uid, gid, supplementary groups, home): every
+    /// process of the agent runs as it, `repo/` belongs to it, and the
+    /// session files it may read are its (PROTOCOL.md 3, "The agent as
+    /// another user"); `None`: the agent runs as the runner's user. The same
+    /// value is in `agent.user`.
+    pub agent_user: Option<crate::agent_user::AgentUser>,
 }
 
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
@@ -189,8 +195,16 @@ pub fn load(
             ));
         }
     };
+    let agent_user = match args.agent_user.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(spec) => Some(
+            crate::agent_user::AgentUser::resolve(spec, rustix::process::geteuid().as_raw())
+                .map_err(|e| ConfigError(e.to_string()))?,
+        ),
+    };
     let mut agent = agent(args, &get)?;
     agent.opencode_port = opencode_port;
+    agent.user = agent_user.clone();
     if time_scale != 1.0 {
         agent.timings = agent.timings.scaled(time_scale);
     }
@@ -245,6 +259,7 @@ pub fn load(
         base_env,
         turn_cgroup: args.turn_cgroup,
         harvest_max_file_size,
+        agent_user,
     })
 }
 
@@ -330,6 +345,7 @@ fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentCo
             idle_timeout,
             ..AgentTimings::default()
         },
+        user: None,
     })
 }
 
@@ -448,6 +464,12 @@ pub struct RunArgs {
         default_value = "100MiB"
     )]
     pub harvest_max_file_size: String,
+    /// Run the agent as this user (a name or a uid): its processes get the
+    /// user's uid, gid, supplementary groups and home; `repo/` belongs to
+    /// it; the session directory stays the runner's (PROTOCOL.md 3). Needs a
+    /// runner running as root.
+    #[arg(long, env = "HOSTED_BOOT_AGENT_USER", hide_env_values = true)]
+    pub agent_user: Option<String>,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,
@@ -631,6 +653,21 @@ mod tests {
             err.contains("claude, codex, codex-exec, opencode, opencode-run, command"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_agent_user_is_resolved_or_refused_by_name() {
+        let a = RunArgs {
+            agent_user: Some("no-such-user-hb".into()),
+            ..args()
+        };
+        let err = load(&env(&base()), &a, secret(), "/".into())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("\"no-such-user-hb\""), "{err}");
+        let c = load(&env(&base()), &args(), secret(), "/".into()).unwrap();
+        assert!(c.agent_user.is_none() && c.agent.user.is_none());
     }
 
     #[test]

@@ -263,10 +263,14 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
 /// else (creating ours removes it), so no stale bearer or secret outlives
 /// it.
 fn create_session_dir(config: &BootConfig) -> Step<Arc<SessionDir>> {
-    Ok(Arc::new(SessionDir::create(
-        &config.root,
-        &config.api.session_id,
-    )?))
+    let dir = SessionDir::create(&config.root, &config.api.session_id)?;
+    let dir = match &config.agent_user {
+        // The file credential mode (today's only one): the agent's git runs
+        // the helper, which reads `boot-secret`, as the agent user.
+        Some(user) => dir.for_agent_user(user, true)?,
+        None => dir,
+    };
+    Ok(Arc::new(dir))
 }
 
 /// The end of step 3 and step 4: selects the first turn (2.4), delivers
@@ -339,6 +343,17 @@ async fn prepare_workspace(
     resolved: &Resolved,
 ) -> Step<Workspace> {
     b.status.phase(Phase::Cloning, None, None);
+    if b.config.agent_user.is_some() {
+        // repo/ belongs to the agent user; libgit2 would refuse the runner
+        // (root) a repository another user owns. The runner opens no other
+        // repository and runs none of its hooks or filters (ARCHITECTURE.md,
+        // "The harvest trusts nothing in repo/.git/config").
+        // SAFETY: set before any git work of this boot, while no other
+        // thread uses libgit2.
+        if let Err(e) = unsafe { git2::opts::set_verify_owner_validation(false) } {
+            tracing::warn!(error = %e.message(), "cannot turn libgit2's owner check off; the runner's git work in the agent user's repo/ may be refused");
+        }
+    }
     write_session_files(b.config, session_dir, &resolved.remote)?;
     b.redactor
         .add_source(issued_tokens_source(session_dir.issued_tokens_path()));
@@ -581,6 +596,7 @@ fn harvester(
         },
         time_scale: config.timings.scale,
         max_file_size: config.harvest_max_file_size,
+        owner: config.agent_user.clone(),
     })
 }
 
@@ -597,6 +613,9 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
     };
     let branch = harvester.branch.as_str();
     let prepared = workspace::prepare_repo_async(spec).await?;
+    // Nothing else works in repo/ yet: the agent's git finds it its own.
+    let owner = harvester.clone();
+    let _ = tokio::task::spawn_blocking(move || owner.give_repo_to_owner()).await;
     tracing::info!(head = %prepared.remote_head, reused = prepared.reused, branch, "repository ready");
     Ok(prepared.reused)
 }

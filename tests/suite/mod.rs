@@ -1,3 +1,4 @@
+mod agent_user;
 mod agents;
 mod architecture;
 mod boot;
