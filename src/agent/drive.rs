@@ -759,13 +759,7 @@ pub async fn runner_event(
     });
     if config.kind != AgentKind::Command {
         let env = agent_env(config, base_env, session, None, &[]);
-        let version = session
-            .version(cli_version(
-                config,
-                env,
-                cwd,
-            ))
-            .await;
+        let version = session.version(cli_version(config, env, cwd)).await;
         data["cliVersion"] = json!(version);
     }
     data

@@ -344,8 +344,11 @@ impl SessionDir {
         match self.owner_of(CONTEXT_FILE) {
             // Written before the agent ever runs: the change of owner
             // after the rename is not seen.
-            Some((uid, gid)) => std::os::unix::fs::lchown(self.context_path(), Some(uid), Some(gid))
-                .map_err(|e| SessionDirError::io("give to the agent user", &self.context_path(), e)),
+            Some((uid, gid)) => {
+                std::os::unix::fs::lchown(self.context_path(), Some(uid), Some(gid)).map_err(|e| {
+                    SessionDirError::io("give to the agent user", &self.context_path(), e)
+                })
+            }
             None => Ok(()),
         }
     }

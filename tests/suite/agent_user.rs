@@ -26,7 +26,9 @@ impl TestUser {
     /// Creates a user with a fresh home, or says why it cannot.
     pub fn create() -> Result<TestUser, String> {
         if !rustix::process::getuid().is_root() {
-            return Err("creating a user and running the agent as it need root; CI runs as root".into());
+            return Err(
+                "creating a user and running the agent as it need root; CI runs as root".into(),
+            );
         }
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
@@ -37,7 +39,14 @@ impl TestUser {
         );
         let home = PathBuf::from(format!("/tmp/{name}-home"));
         let out = std::process::Command::new("useradd")
-            .args(["--system", "--user-group", "--create-home", "--shell", "/bin/sh", "--home-dir"])
+            .args([
+                "--system",
+                "--user-group",
+                "--create-home",
+                "--shell",
+                "/bin/sh",
+                "--home-dir",
+            ])
             .arg(&home)
             .arg(&name)
             .output()
@@ -48,7 +57,9 @@ impl TestUser {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
-        let uid = std::fs::metadata(&home).map(|m| m.uid()).map_err(|e| e.to_string())?;
+        let uid = std::fs::metadata(&home)
+            .map(|m| m.uid())
+            .map_err(|e| e.to_string())?;
         Ok(TestUser { name, uid, home })
     }
 }
@@ -162,11 +173,27 @@ async fn the_agent_runs_as_the_agent_user_and_commits_after_every_harvest() {
     for run in ["run-1", second.as_str(), third.as_str()] {
         let read = |name: &str| sb.read_out(&format!("{run}/{name}"));
         assert_eq!(read("uid").trim(), user.uid.to_string(), "{run}: {output}");
-        assert_eq!(read("home").trim(), user.home.display().to_string(), "{run}");
+        assert_eq!(
+            read("home").trim(),
+            user.home.display().to_string(),
+            "{run}"
+        );
         assert_eq!(pairs(&read("access")), expected, "{run}");
-        assert_eq!(read("not-mine").trim(), "", "{run}: repo/ entries not the agent's");
-        assert!(read("commit").ends_with("commit=0\n"), "{run}: {}", read("commit"));
-        assert!(read("push").ends_with("push=0\n"), "{run}: {}", read("push"));
+        assert_eq!(
+            read("not-mine").trim(),
+            "",
+            "{run}: repo/ entries not the agent's"
+        );
+        assert!(
+            read("commit").ends_with("commit=0\n"),
+            "{run}: {}",
+            read("commit")
+        );
+        assert!(
+            read("push").ends_with("push=0\n"),
+            "{run}: {}",
+            read("push")
+        );
         let finish = snap.run(run).unwrap().finish.as_ref().unwrap();
         let result = serde_json::to_value(&finish.result).unwrap();
         assert_eq!(result["pushed"], serde_json::json!(true), "{run}: {result}");
@@ -203,5 +230,8 @@ async fn an_agent_user_that_does_not_exist_is_a_configuration_error() {
         output.contains("no-such-user-hbt") && output.contains(&expected),
         "{output}"
     );
-    assert!(sb.coordinator.snapshot().requests.is_empty(), "a request was made");
+    assert!(
+        sb.coordinator.snapshot().requests.is_empty(),
+        "a request was made"
+    );
 }

@@ -63,13 +63,20 @@ echo "commit=$?" >> "$AGENT_OUT/commit"
         .unwrap();
     let (snap, output) = sb.end_after_seal("run-1", child).await;
     assert_eq!(sb.read_out("uid").trim(), user.uid.to_string(), "{output}");
-    assert!(sb.read_out("commit").ends_with("commit=0\n"), "{}", sb.read_out("commit"));
+    assert!(
+        sb.read_out("commit").ends_with("commit=0\n"),
+        "{}",
+        sb.read_out("commit")
+    );
     let finish = snap.run("run-1").unwrap().finish.as_ref().unwrap();
     let result = serde_json::to_value(&finish.result).unwrap();
     assert_eq!(result["pushed"], serde_json::json!(true), "{result}");
     assert_eq!(result["commits"], serde_json::json!(1), "{result}");
     use std::os::unix::fs::MetadataExt;
-    assert_eq!(std::fs::metadata(sb.root().join("repo")).unwrap().uid(), user.uid);
+    assert_eq!(
+        std::fs::metadata(sb.root().join("repo")).unwrap().uid(),
+        user.uid
+    );
     assert_eq!(std::fs::metadata(sb.root()).unwrap().uid(), 0);
 }
 
