@@ -238,3 +238,47 @@ fn a_working_directory_the_runner_cannot_read_is_named_as_such() {
         assert!(!text.contains("boot-secret-value"), "{subcommand}: {text}");
     }
 }
+
+/// The image's `HOSTED_BOOT_AGENT_USER=agent` under `runAsNonRoot` without
+/// the override image/README.md shows: the runner refuses, naming its uid
+/// and what to do, and makes no request.
+#[test]
+fn the_image_default_as_a_non_root_uid_is_refused_with_what_to_do() {
+    let mut cmd = match as_agent_user() {
+        Ok(c) => c,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("hosted-boot");
+    std::fs::copy(env!("CARGO_BIN_EXE_hosted-boot"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = cmd
+        .arg(&bin)
+        .arg("run")
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOSTED_BOOT_AGENT_USER", "agent")
+        .env("HOSTED_BOOT_AGENT", "command")
+        .env("HOSTED_BOOT_AGENT_COMMAND", "true")
+        .env("HOSTED_BOOT_ROOT", dir.path())
+        .env("ORIZU_API_BASE_URL", "http://127.0.0.1:9/")
+        .env("ORIZU_AGENT_TOKEN_URL", "http://127.0.0.1:9/agent-token")
+        .env("ORIZU_SESSION_ID", "s1")
+        .env("ORIZU_BOOT_SECRET", "boot-secret-value")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains(&format!("runs as uid {AGENT_UID}"))
+            && text.contains("unset HOSTED_BOOT_AGENT_USER (or set it empty)"),
+        "{text}"
+    );
+    assert!(!text.contains("boot-secret-value"), "{text}");
+    assert!(!dir.path().join(".orizu-session").exists());
+}
