@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
 # The sandbox image: hosted-boot as the entrypoint, git, CA certificates,
-# an unprivileged `agent` user. Agent CLIs are not baked in: add them with
-# the AGENT_NPM_PACKAGES build argument or a derived image (image/README.md).
+# an unprivileged `agent` user. The runner runs as root and every process of
+# the agent as `agent` (HOSTED_BOOT_AGENT_USER); image/README.md shows the
+# non-root variant. Agent CLIs are not baked in: add them with the
+# AGENT_NPM_PACKAGES build argument or a derived image (image/README.md).
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm
@@ -42,15 +44,19 @@ RUN apt-get update \
     fi \
  && rm -rf /var/lib/apt/lists/*
 
+# /workspace is the runner's (root, 0755); the runner gives repo/ to
+# `agent` and keeps the session directory to itself (0711).
 RUN useradd --uid 1000 --user-group --create-home --shell /bin/bash agent \
- && mkdir /workspace \
- && chown agent:agent /workspace
+ && install -d -m 0755 -o root -g root /workspace
 COPY image/gitconfig /etc/gitconfig
 COPY --from=build /usr/local/bin/hosted-boot /usr/local/bin/hosted-boot
 
-ENV HOSTED_BOOT_ROOT=/workspace
+ENV HOSTED_BOOT_ROOT=/workspace \
+    HOSTED_BOOT_AGENT_USER=agent
 WORKDIR /workspace
-USER agent
+# No USER: the runner stays root so that the agent, as `agent`, can read
+# neither the runner's files nor its memory; for runAsNonRoot (runner and
+# agent one uid, HOSTED_BOOT_AGENT_USER empty) see image/README.md.
 STOPSIGNAL SIGTERM
 # Unhealthy when the runner is gone or stuck (its status file not rewritten
 # for 2 min); a coordinator outage alone is not unhealthy.

@@ -4,7 +4,6 @@
 #   docker build -f image/agent-cli.Dockerfile -t hosted-boot-claude .
 ARG BASE=hosted-boot:latest
 FROM ${BASE}
-USER root
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008,DL3016
 RUN apt-get update \
@@ -12,5 +11,6 @@ RUN apt-get update \
  && npm install --global --no-fund --no-audit @anthropic-ai/claude-code \
  && npm cache clean --force \
  && rm -rf /var/lib/apt/lists/*
-USER agent
+# The runner stays root; the agent runs as `agent` (HOSTED_BOOT_AGENT_USER
+# of the base image).
 ENV HOSTED_BOOT_AGENT=claude

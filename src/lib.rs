@@ -44,6 +44,7 @@ pub mod wire;
 pub mod session_dir;
 
 // Foundations.
+pub mod agent_user;
 pub mod secret;
 pub(crate) mod signals;
 pub(crate) mod status_line;

@@ -321,12 +321,19 @@ fn agent_env(
     launch_env: &[(String, crate::secret::Secret)],
 ) -> Vec<(OsString, OsString)> {
     let mut env: BTreeMap<OsString, OsString> = base.iter().cloned().collect();
+    if let Some(user) = &config.user {
+        // The runner's HOME is root's; `--agent-env HOME=…` still wins
+        // (applied last, by `for_agent`).
+        env.insert("HOME".into(), user.home.clone().into_os_string());
+        env.insert("USER".into(), user.name.clone().into());
+        env.insert("LOGNAME".into(), user.name.clone().into());
+    }
     let placeholder = env::for_agent(
         config.kind,
         &mut env,
         &config.env,
         session.model.as_deref(),
-        runner_is_root(),
+        runner_is_root() && config.user.is_none(),
     );
     if let Some(var) = placeholder {
         tracing::info!(
@@ -498,6 +505,7 @@ fn spawn_spec(
             StdinMode::Channel => Vec::new(),
         },
         stdin_feed,
+        user: config.user.clone(),
     }
 }
 
@@ -751,30 +759,25 @@ pub async fn runner_event(
     });
     if config.kind != AgentKind::Command {
         let env = agent_env(config, base_env, session, None, &[]);
-        let version = session
-            .version(cli_version(
-                &config.program,
-                &config.args,
-                env,
-                cwd,
-                config.timings.version_timeout,
-            ))
-            .await;
+        let version = session.version(cli_version(config, env, cwd)).await;
         data["cliVersion"] = json!(version);
     }
     data
 }
 
 /// `<program> --version`'s first line (at most 200 characters), bounded.
+/// Run as the agent user when there is one (it is the agent's program).
 async fn cli_version(
-    program: &str,
-    prefix: &[String],
+    config: &AgentConfig,
     env: Vec<(OsString, OsString)>,
     cwd: &std::path::Path,
-    bound: Duration,
 ) -> Option<String> {
+    let (program, bound) = (config.program.as_str(), config.timings.version_timeout);
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(prefix)
+    if let Some(user) = &config.user {
+        user.apply(&mut cmd);
+    }
+    cmd.args(&config.args)
         .arg("--version")
         .current_dir(cwd)
         .env_clear()

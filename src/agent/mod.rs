@@ -167,6 +167,9 @@ pub struct AgentConfig {
     pub opencode_port: Option<u16>,
     /// Watchdogs and continuation delays.
     pub timings: AgentTimings,
+    /// `--agent-user`: the user every process of the agent runs as (the
+    /// runner is root); `None`: the runner's own user.
+    pub user: Option<crate::agent_user::AgentUser>,
 }
 
 impl AgentConfig {
@@ -181,6 +184,7 @@ impl AgentConfig {
             env: Vec::new(),
             opencode_port: None,
             timings: AgentTimings::default(),
+            user: None,
         }
     }
 

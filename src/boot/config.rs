@@ -105,6 +105,12 @@ pub struct BootConfig {
     /// `--credential-mode`: the credential broker (default) or the
     /// file-based helper (PROTOCOL.md section 3).
     pub credential_mode: CredentialMode,
+    /// `--agent-user` resolved (uid, gid, supplementary groups, home): every
+    /// process of the agent runs as it, `repo/` belongs to it, and the
+    /// session files it may read are its (PROTOCOL.md 3, "The agent as
+    /// another user"); `None`: the agent runs as the runner's user. The same
+    /// value is in `agent.user`.
+    pub agent_user: Option<crate::agent_user::AgentUser>,
 }
 
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
@@ -198,8 +204,16 @@ pub fn load(
             ));
         }
     };
+    let agent_user = match args.agent_user.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(spec) => Some(
+            crate::agent_user::AgentUser::resolve(spec, rustix::process::geteuid().as_raw())
+                .map_err(|e| ConfigError(e.to_string()))?,
+        ),
+    };
     let mut agent = agent(args, &get)?;
     agent.opencode_port = opencode_port;
+    agent.user = agent_user.clone();
     if time_scale != 1.0 {
         agent.timings = agent.timings.scaled(time_scale);
     }
@@ -259,6 +273,7 @@ pub fn load(
         agent_api: args.agent_api,
         agent_api_allow,
         credential_mode: args.credential_mode,
+        agent_user,
     })
 }
 
@@ -344,6 +359,7 @@ fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentCo
             idle_timeout,
             ..AgentTimings::default()
         },
+        user: None,
     })
 }
 
@@ -501,6 +517,12 @@ pub struct RunArgs {
         default_value = "broker"
     )]
     pub credential_mode: CredentialMode,
+    /// Run the agent as this user (a name or a uid): its processes get the
+    /// user's uid, gid, supplementary groups and home; `repo/` belongs to
+    /// it; the session directory stays the runner's (PROTOCOL.md 3). Needs a
+    /// runner running as root.
+    #[arg(long, env = "HOSTED_BOOT_AGENT_USER", hide_env_values = true)]
+    pub agent_user: Option<String>,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,
@@ -711,6 +733,18 @@ mod tests {
                 "{err}"
             );
         }
+    fn an_agent_user_is_resolved_or_refused_by_name() {
+        let a = RunArgs {
+            agent_user: Some("no-such-user-hb".into()),
+            ..args()
+        };
+        let err = load(&env(&base()), &a, secret(), "/".into())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("\"no-such-user-hb\""), "{err}");
+        let c = load(&env(&base()), &args(), secret(), "/".into()).unwrap();
+        assert!(c.agent_user.is_none() && c.agent.user.is_none());
     }
 
     #[test]

@@ -271,10 +271,15 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
 /// else (creating ours removes it), so no stale bearer or secret outlives
 /// it.
 fn create_session_dir(config: &BootConfig) -> Step<Arc<SessionDir>> {
-    Ok(Arc::new(SessionDir::create(
-        &config.root,
-        &config.api.session_id,
-    )?))
+    let dir = SessionDir::create(&config.root, &config.api.session_id)?;
+    let dir = match &config.agent_user {
+        // In file mode the agent's git runs the helper, which reads
+        // `boot-secret`, as the agent user; in broker mode the secret's
+        // files stay the runner's.
+        Some(user) => dir.for_agent_user(user, config.credential_mode == CredentialMode::File)?,
+        None => dir,
+    };
+    Ok(Arc::new(dir))
 }
 
 /// The end of step 3 and step 4: selects the first turn (2.4), delivers
@@ -348,6 +353,17 @@ async fn prepare_workspace(
     cleanup: &mut Cleanup,
 ) -> Step<Workspace> {
     b.status.phase(Phase::Cloning, None, None);
+    if b.config.agent_user.is_some() {
+        // repo/ belongs to the agent user; libgit2 would refuse the runner
+        // (root) a repository another user owns. The runner opens no other
+        // repository and runs none of its hooks or filters (ARCHITECTURE.md,
+        // "The harvest trusts nothing in repo/.git/config").
+        // SAFETY: set before any git work of this boot, while no other
+        // thread uses libgit2.
+        if let Err(e) = unsafe { git2::opts::set_verify_owner_validation(false) } {
+            tracing::warn!(error = %e.message(), "cannot turn libgit2's owner check off; the runner's git work in the agent user's repo/ may be refused");
+        }
+    }
     write_session_files(b.config, session_dir, &resolved.remote)?;
     let broker = match b.config.credential_mode {
         CredentialMode::File => {
@@ -392,10 +408,13 @@ async fn prepare_workspace(
     })
 }
 
-/// The uids the credential broker admits (`SO_PEERCRED`): the runner's own.
-/// An agent run as another user adds its uid here.
-fn broker_peers() -> Vec<u32> {
-    vec![rustix::process::getuid().as_raw()]
+/// The uids the credential broker admits (`SO_PEERCRED`): the runner's own
+/// (its transport and the helpers it starts) and, with `--agent-user`, the
+/// agent user's (the agent's git runs the helper as that user).
+fn broker_peers(config: &BootConfig) -> Vec<u32> {
+    let mut peers = vec![rustix::process::getuid().as_raw()];
+    peers.extend(config.agent_user.as_ref().map(|u| u.uid));
+    peers
 }
 
 /// Broker mode (PROTOCOL.md 3): the credential broker, seeded with the
@@ -414,7 +433,7 @@ fn start_broker(
     );
     let socket = session_dir.credential_socket_path();
     let server = broker
-        .serve(&socket, broker_peers(), b.config.timings.request_timeout)
+        .serve(&socket, broker_peers(b.config), b.config.timings.request_timeout)
         .map_err(|e| SessionDirError::io("serve the credential broker on", &socket, e))?;
     Ok((broker, server))
 }
@@ -675,6 +694,7 @@ fn harvester(
         },
         time_scale: config.timings.scale,
         max_file_size: config.harvest_max_file_size,
+        owner: config.agent_user.clone(),
     })
 }
 
@@ -691,6 +711,9 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
     };
     let branch = harvester.branch.as_str();
     let prepared = workspace::prepare_repo_async(spec).await?;
+    // Nothing else works in repo/ yet: the agent's git finds it its own.
+    let owner = harvester.clone();
+    let _ = tokio::task::spawn_blocking(move || owner.give_repo_to_owner()).await;
     tracing::info!(head = %prepared.remote_head, reused = prepared.reused, branch, "repository ready");
     Ok(prepared.reused)
 }

@@ -78,6 +78,10 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
             " (removed at exit; --keep keeps it)"
         }
     );
+    println!(
+        "  agent user   the runner's own (uid {}): the same-user mode, in which the runner stays non-dumpable (the image runs the agent as `agent` with HOSTED_BOOT_AGENT_USER)",
+        rustix::process::geteuid().as_raw()
+    );
     println!("  (contract durations scaled x{DEMO_TIME_SCALE} so the demo takes seconds)");
     println!();
 
@@ -98,6 +102,9 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         .env("HOSTED_BOOT_TEST_TIME_SCALE", DEMO_TIME_SCALE)
         .env("HOSTED_BOOT_LOG_FORMAT", "text")
         .env_remove("HOSTED_BOOT_LOG")
+        // The demo's sandbox is a temporary directory of the developer's:
+        // the agent runs as the runner's user, even when that is root.
+        .env_remove("HOSTED_BOOT_AGENT_USER")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

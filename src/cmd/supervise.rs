@@ -110,6 +110,7 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
             env: env.clone(),
             stdin: Vec::new(),
             stdin_feed: None,
+            user: None,
         };
         let on_line = move |stream, line: crate::process::lines::Line| {
             let stream = match stream {

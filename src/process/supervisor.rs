@@ -119,6 +119,10 @@ pub struct SpawnSpec {
     /// After `stdin`, every message of this channel is written in order;
     /// stdin is closed when the channel closes (an agent protocol on stdin).
     pub stdin_feed: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
+    /// `--agent-user`: the user the agent's leader becomes just before its
+    /// exec (after its guard was forked, which stays the runner's), so every
+    /// process of the turn runs as it; `None`: the runner's own user.
+    pub user: Option<crate::agent_user::AgentUser>,
 }
 
 impl std::fmt::Debug for SpawnSpec {
@@ -131,6 +135,7 @@ impl std::fmt::Debug for SpawnSpec {
             .field("env_names", &env_names)
             .field("stdin_bytes", &self.stdin.len())
             .field("stdin_feed", &self.stdin_feed.is_some())
+            .field("user", &self.user.as_ref().map(|u| u.uid))
             .finish()
     }
 }
@@ -296,10 +301,12 @@ fn command(
     let parent = rustix::process::getpid();
     let procs_fd = cgroup.map(|c| c.procs_fd().as_raw_fd());
     let no_signals = crate::process::reaper::signal_set(&[]);
+    let become_user = spec.user.as_ref().map(|u| u.become_in_child());
     // SAFETY: only async-signal-safe calls (sigprocmask, prctl, getppid,
-    // setsid, fork, waitpid, write) run between fork and exec; nothing
-    // allocates or takes a lock. `procs_fd` stays open (owned by the
-    // caller's cgroup) until the spawn returned; `launch` is owned by the
+    // setsid, fork, waitpid, write, setgroups, setgid, setuid as raw
+    // system calls) run between fork and exec; nothing allocates or takes
+    // a lock. `procs_fd` stays open (owned by the caller's cgroup) until
+    // the spawn returned; `launch` and `become_user` are owned by the
     // closure.
     unsafe {
         command.pre_exec(move || {
@@ -323,6 +330,17 @@ fn command(
             }
             if let Some(fd) = procs_fd {
                 cgroup::join_from_child(BorrowedFd::borrow_raw(fd));
+            }
+            // Last, so that the guard (forked above) stays the runner's:
+            // it can write `cgroup.kill` and the agent cannot kill it.
+            if let Some(user) = &become_user {
+                user.now()?;
+                // A change of uid clears the parent-death signal: set it
+                // again as the agent user, and check the parent again.
+                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+                if rustix::process::getppid() != Some(parent) {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
             }
             Ok(())
         });
@@ -703,6 +721,7 @@ mod tests {
             env: vec![("ACME_API_KEY".into(), "connector-secret-value".into())],
             stdin: b"the prompt".to_vec(),
             stdin_feed: None,
+            user: None,
         };
         let shown = format!("{spec:?} {spec:#?}");
         assert!(shown.contains("ACME_API_KEY"), "{shown}");

@@ -4,7 +4,7 @@
 
 use std::fs::{self, DirBuilder, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub mod context;
@@ -84,7 +84,29 @@ pub const TASK_FILE: &str = "task.txt";
 ///
 /// Errors: [`SessionDirError::Io`] naming the path (the contents are never in
 /// an error).
+///
+/// A file it replaces that belongs to another user (the agent user's,
+/// PROTOCOL.md 3 "The agent as another user") keeps that owner when the
+/// writer may give it (root): the new file is that user's before it is
+/// renamed into place.
 pub fn write_secret_file(path: &Path, contents: &[u8]) -> Result<(), SessionDirError> {
+    let replaced = fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_file())
+        .map(|m| (m.uid(), m.gid()))
+        .filter(|(uid, _)| *uid != rustix::process::geteuid().as_raw());
+    write_file_owned(path, contents, replaced)
+}
+
+/// [`write_secret_file`], the new file given to `owner` (uid, gid) before
+/// it is renamed into place, so that it is never seen with another owner.
+///
+/// Errors: as [`write_secret_file`]; the owner cannot be given.
+pub fn write_file_owned(
+    path: &Path,
+    contents: &[u8],
+    owner: Option<(u32, u32)>,
+) -> Result<(), SessionDirError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -101,6 +123,9 @@ pub fn write_secret_file(path: &Path, contents: &[u8]) -> Result<(), SessionDirE
     // tempfile creates 0600; make sure whatever the platform did.
     let write = |file: &mut File| -> io::Result<()> {
         file.set_permissions(fs::Permissions::from_mode(0o600))?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::fchown(&*file, Some(uid), Some(gid))?;
+        }
         file.write_all(contents)?;
         if !contents.ends_with(b"\n") {
             file.write_all(b"\n")?;
@@ -166,6 +191,30 @@ fn absolute(root: &Path) -> Result<PathBuf, SessionDirError> {
 pub struct SessionDir {
     parent: PathBuf,
     path: PathBuf,
+    /// `--agent-user`: the files the agent reads during a turn are its.
+    agent: Option<AgentFiles>,
+}
+
+/// Which session files belong to the agent user (PROTOCOL.md 3, "The agent
+/// as another user"), and to whom.
+#[derive(Clone, Copy, Debug)]
+struct AgentFiles {
+    uid: u32,
+    gid: u32,
+    /// The file credential helper's files too (`boot-secret` among them):
+    /// the agent's git runs that helper as the agent user.
+    credential_files: bool,
+}
+
+/// Mode of the session and run directories (and their parents) when the
+/// agent is another user: it may reach a file it is given by its path, and
+/// list nothing.
+pub const TRAVERSE_ONLY: u32 = 0o711;
+
+/// Sets `mode` on the directory `path`.
+fn set_dir_mode(path: &Path, mode: u32) -> Result<(), SessionDirError> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| SessionDirError::io("set the mode of", path, e))
 }
 
 impl SessionDir {
@@ -181,7 +230,57 @@ impl SessionDir {
         remove_any(&path)?;
         create_private_dir(&parent)?;
         create_private_dir(&path)?;
-        Ok(SessionDir { parent, path })
+        Ok(SessionDir {
+            parent,
+            path,
+            agent: None,
+        })
+    }
+
+    /// For an agent that runs as another user (`--agent-user`, PROTOCOL.md
+    /// 3): the directory and its parent become [`TRAVERSE_ONLY`] (0711: the
+    /// agent reaches what it is given by path, lists nothing); the bearer
+    /// file and `boot-context.json` are the agent user's (0600) when
+    /// written, and so, with `credential_files` (the file credential mode,
+    /// whose helper the agent's git runs as the agent user), are
+    /// `boot-secret`, `repo-credential-cache`, `repo-tokens-issued` and
+    /// `repo-credential-lock`. Every other file stays the runner's, 0600.
+    /// Call it before the files are written.
+    ///
+    /// Errors: a mode cannot be set.
+    pub fn for_agent_user(
+        mut self,
+        user: &crate::agent_user::AgentUser,
+        credential_files: bool,
+    ) -> Result<SessionDir, SessionDirError> {
+        set_dir_mode(&self.parent, TRAVERSE_ONLY)?;
+        set_dir_mode(&self.path, TRAVERSE_ONLY)?;
+        self.agent = Some(AgentFiles {
+            uid: user.uid,
+            gid: user.gid,
+            credential_files,
+        });
+        Ok(self)
+    }
+
+    /// The owner the file `name` is written with: the agent user's for the
+    /// files [`SessionDir::for_agent_user`] names, else the runner's.
+    fn owner_of(&self, name: &str) -> Option<(u32, u32)> {
+        let agent = self.agent?;
+        let credential = [
+            BOOT_SECRET_FILE,
+            CREDENTIAL_CACHE_FILE,
+            ISSUED_TOKENS_FILE,
+            CREDENTIAL_LOCK_FILE,
+        ];
+        let shared = name == BEARER_FILE
+            || name == CONTEXT_FILE
+            || (agent.credential_files && credential.contains(&name));
+        shared.then_some((agent.uid, agent.gid))
+    }
+
+    fn write(&self, name: &str, contents: &[u8]) -> Result<(), SessionDirError> {
+        write_file_owned(&self.path.join(name), contents, self.owner_of(name))
     }
 
     /// `…/boot-secret`.
@@ -224,14 +323,14 @@ impl SessionDir {
     ///
     /// Errors: [`SessionDirError::Io`].
     pub fn write_boot_secret(&self, secret: &Secret) -> Result<(), SessionDirError> {
-        write_secret_file(&self.boot_secret_path(), secret.expose().as_bytes())
+        self.write(BOOT_SECRET_FILE, secret.expose().as_bytes())
     }
 
     /// Writes (or rotates in place, atomically) the bearer file (0600).
     ///
     /// Errors: [`SessionDirError::Io`].
     pub fn write_bearer(&self, bearer: &Secret) -> Result<(), SessionDirError> {
-        write_secret_file(&self.bearer_path(), bearer.expose().as_bytes())
+        self.write(BEARER_FILE, bearer.expose().as_bytes())
     }
 
     /// Removes the bearer file; absent is fine (idempotent).
@@ -250,7 +349,17 @@ impl SessionDir {
     /// Errors: [`SessionDirError::Io`], or [`SessionDirError::Context`] if it
     /// cannot be serialized.
     pub fn write_context(&self, context: &BootContext) -> Result<(), SessionDirError> {
-        context.write(&self.context_path())
+        context.write(&self.context_path())?;
+        match self.owner_of(CONTEXT_FILE) {
+            // Written before the agent ever runs: the change of owner
+            // after the rename is not seen.
+            Some((uid, gid)) => {
+                std::os::unix::fs::lchown(self.context_path(), Some(uid), Some(gid)).map_err(|e| {
+                    SessionDirError::io("give to the agent user", &self.context_path(), e)
+                })
+            }
+            None => Ok(()),
+        }
     }
 
     /// Creates the credential helper's files empty (0600, atomic; each holds
@@ -260,9 +369,9 @@ impl SessionDir {
     ///
     /// Errors: [`SessionDirError::Io`].
     pub fn create_credential_cache(&self) -> Result<(), SessionDirError> {
-        write_secret_file(&self.credential_cache_path(), b"")?;
-        write_secret_file(&self.issued_tokens_path(), b"")?;
-        write_secret_file(&self.credential_lock_path(), b"")
+        self.write(CREDENTIAL_CACHE_FILE, b"")?;
+        self.write(ISSUED_TOKENS_FILE, b"")?;
+        self.write(CREDENTIAL_LOCK_FILE, b"")
     }
 
     /// Removes the session directory and everything in it, then the
@@ -310,12 +419,23 @@ impl RunDir {
     }
 
     /// Writes the turn's prompt to `task.txt` (0600, atomic, trailing
-    /// newline) and returns its path.
+    /// newline) and returns its path. With `agent` (`--agent-user`,
+    /// PROTOCOL.md 3) the file is that user's, and the run directory and
+    /// its parent [`TRAVERSE_ONLY`] (the spool beside it stays the
+    /// runner's).
     ///
     /// Errors: [`SessionDirError::Io`].
-    pub fn write_task(&self, prompt: &str) -> Result<PathBuf, SessionDirError> {
+    pub fn write_task(
+        &self,
+        prompt: &str,
+        agent: Option<&crate::agent_user::AgentUser>,
+    ) -> Result<PathBuf, SessionDirError> {
         let path = self.task_path();
-        write_secret_file(&path, prompt.as_bytes())?;
+        if agent.is_some() {
+            set_dir_mode(&self.parent, TRAVERSE_ONLY)?;
+            set_dir_mode(&self.path, TRAVERSE_ONLY)?;
+        }
+        write_file_owned(&path, prompt.as_bytes(), agent.map(|a| (a.uid, a.gid)))?;
         Ok(path)
     }
 
@@ -429,7 +549,7 @@ mod tests {
     fn run_dir_task() {
         let root = tempfile::tempdir().unwrap();
         let r = RunDir::create(root.path(), "run-1").unwrap();
-        let task = r.write_task("do it").unwrap();
+        let task = r.write_task("do it", None).unwrap();
         assert_eq!(task, root.path().join(".orizu-run/run-1/task.txt"));
         assert_eq!(fs::read_to_string(&task).unwrap(), "do it\n");
         assert_eq!(mode(&task), 0o600);

@@ -275,7 +275,7 @@ impl<'a> Turn<'a> {
         let api = &self.ctx.api;
         let task_path = self
             .run_dir
-            .write_task(prompt)
+            .write_task(prompt, self.ctx.agent.user.as_ref())
             .map_err(|e| Early::Failed(e.to_string()))?;
         let fresh = match api.bearer() {
             Some(b) if !b.expires_within(self.timings.idle_refresh_lead) => Some(Ok(b)),

@@ -282,8 +282,38 @@ fn write_cache(
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
-    write_secret_file(path, &json)?;
+    write_cache_file(path, &json)?;
     Ok(true)
+}
+
+/// Writes the cache file, atomically when the helper may create a file in
+/// its directory; otherwise (a helper run as the agent user, whose session
+/// directory is the runner's: PROTOCOL.md 3, "The agent as another user")
+/// in place, under the helpers' lock: a reader that went on without the
+/// lock and reads a torn entry sees no cached token and mints its own.
+fn write_cache_file(path: &Path, contents: &[u8]) -> Result<(), super::WorkspaceError> {
+    use crate::session_dir::SessionDirError;
+    match write_secret_file(path, contents) {
+        Err(SessionDirError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            let in_place = || -> std::io::Result<()> {
+                let mut file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(path)?;
+                let mut bytes = contents.to_vec();
+                if !bytes.ends_with(b"\n") {
+                    bytes.push(b'\n');
+                }
+                file.write_all(&bytes)?;
+                file.sync_all()
+            };
+            in_place().map_err(|e| SessionDirError::io("write in place", path, e).into())
+        }
+        other => other.map_err(Into::into),
+    }
 }
 
 /// Appends `token` to `repo-tokens-issued` (one line, one `write` on an
@@ -617,7 +647,7 @@ fn erase(context_path: &Path, attributes: &HashMap<String, String>, err: &mut im
     {
         return;
     }
-    if let Err(e) = write_secret_file(&context.credential_cache_path, b"") {
+    if let Err(e) = write_cache_file(&context.credential_cache_path, b"") {
         let _ = writeln!(
             err,
             "hosted-boot credential: cannot clear the token cache: {e}"

@@ -57,8 +57,21 @@ pub const RECOVERED_AT_BOOT: &str = "recovered-at-boot";
 /// harvest, or the next turn's start point, touches the repository.
 static REPO_LOCK: Mutex<()> = Mutex::new(());
 
-pub(super) fn lock_repo() -> MutexGuard<'static, ()> {
-    REPO_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+/// The runner's hold on `repo/` ([`Harvester::lock_repo`]): while it
+/// lives, no other git work of the runner touches the repository; when it
+/// is dropped, with the lock still held, whatever that work created or
+/// rewrote (objects, refs, the index, checked-out files) is given back to
+/// the agent user, if there is one, so that the agent's own git can still
+/// commit, fetch and push (PROTOCOL.md 3, "The agent as another user").
+pub(super) struct RepoHold<'a> {
+    _lock: MutexGuard<'static, ()>,
+    harvester: &'a Harvester,
+}
+
+impl Drop for RepoHold<'_> {
+    fn drop(&mut self) {
+        self.harvester.give_repo_to_owner();
+    }
 }
 
 /// What every harvest of a boot shares: where `repo/` is and how to reach
@@ -84,6 +97,11 @@ pub struct Harvester {
     /// Files larger than this many bytes are left out of what the harvest
     /// commits and pushes (`--harvest-max-file-size`, 4.5); `None`: no limit.
     pub max_file_size: Option<u64>,
+    /// `--agent-user`: who `repo/` belongs to. After the clone and after
+    /// each git operation of the runner in `repo/`, every entry the user does
+    /// not own is given to it (`lchown`, no link followed); `None`: nothing
+    /// changes owner.
+    pub owner: Option<crate::agent_user::AgentUser>,
 }
 
 /// One harvest.
@@ -107,15 +125,40 @@ pub(super) fn message(e: &git2::Error) -> String {
 }
 
 impl Harvester {
+    /// Takes the runner's hold on `repo/` (see [`RepoHold`]).
+    pub(super) fn lock_repo(&self) -> RepoHold<'_> {
+        RepoHold {
+            _lock: REPO_LOCK.lock().unwrap_or_else(|p| p.into_inner()),
+            harvester: self,
+        }
+    }
+
+    /// Gives `repo/` to [`Harvester::owner`], when there is one: after the
+    /// clone (the boot calls it) and at the end of each [`RepoHold`]. A
+    /// failure is logged: the agent's git may then be refused, the runner's
+    /// work is done.
+    pub fn give_repo_to_owner(&self) {
+        let Some(owner) = &self.owner else { return };
+        match owner.give_tree(&self.repo_dir) {
+            Ok(0) => {}
+            Ok(changed) => {
+                tracing::debug!(changed, user = %owner.name, "repo/ given back to the agent user")
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.repo_dir.display(), user = %owner.name, error = %e, "cannot give repo/ to the agent user")
+            }
+        }
+    }
+
     /// Whether `repo/` holds work that may not be on the remote: uncommitted
     /// changes, or a `HEAD` other than the last known remote session branch.
     /// Local only (no request); `true` when it cannot tell.
     pub async fn has_local_work(&self) -> bool {
-        let dir = self.repo_dir.clone();
-        let branch = self.branch.clone();
+        let this = self.clone();
         tokio::task::spawn_blocking(move || {
-            let _guard = lock_repo();
-            let Ok(repo) = Repository::open(&dir) else {
+            let (dir, branch) = (&this.repo_dir, &this.branch);
+            let _guard = this.lock_repo();
+            let Ok(repo) = Repository::open(dir) else {
                 return true;
             };
             let dirty = repo
@@ -198,7 +241,7 @@ impl Harvester {
         deadline: Instant,
         progress: &Mutex<HarvestResult>,
     ) -> HarvestResult {
-        let _guard = lock_repo();
+        let _guard = self.lock_repo();
         let mut r = empty_result(&job.name, &self.branch);
         let publish = |r: &HarvestResult| {
             *progress.lock().unwrap_or_else(|p| p.into_inner()) = r.clone();

@@ -308,6 +308,7 @@ mod tests {
             },
             time_scale: 1.0,
             max_file_size: None,
+            owner: None,
         };
         (harvester, runtime)
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use git2::{Oid, Repository};
 
-use super::harvest::{Harvester, lock_repo, message};
+use super::harvest::{Harvester, message};
 use super::local_branch::{bring_local_to, save_local_branch};
 use super::recovery::{keep_discarded, recovery_name};
 use super::remote::{RemoteError, fetch, push};
@@ -49,7 +49,7 @@ impl Harvester {
     // may end it with its own `kept_local` warning, over one `repo`, one fetch
     // and one report.
     pub fn sync_blocking(&self, run_id: &str, deadline: Instant) -> WorkspaceSync {
-        let _guard = lock_repo();
+        let _guard = self.lock_repo();
         let url = self.remote_url.as_str();
         let branch = self.branch.as_str();
         let mut s = empty_sync(branch);

@@ -97,7 +97,19 @@ async fn proc_shows_the_runner_non_dumpable() {
     for p in [sb.dir.path(), &sb.root(), &sb.out()] {
         std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
     }
-    let script = sb.script(WAITING_AGENT);
+    // The agent, of the runner's uid, tries the runner's environment and
+    // memory (its parent), and its own as the control.
+    let script = sb.script(&format!(
+        r#"
+for who in $PPID $$; do
+  for f in environ mem; do
+    if [ $who = $$ ]; then name=self-$f; else name=runner-$f; fi
+    head -c 1 /proc/$who/$f > /dev/null 2> "$AGENT_OUT/$name.err"
+    echo $? > "$AGENT_OUT/$name"
+  done
+done
+{WAITING_AGENT}"#
+    ));
     let setpriv = [
         "setpriv",
         "--reuid=65534",
@@ -119,6 +131,20 @@ async fn proc_shows_the_runner_non_dumpable() {
     };
     assert_eq!(owner(agent), 65534, "the control: a dumpable process");
     assert_eq!(owner(runner), 0, "the runner is dumpable");
+    // A same-uid agent reads neither the runner's environment nor its
+    // memory (PROTOCOL.md 3); its own environment it reads (its memory at
+    // offset 0 is unmapped: EIO, not a permission error).
+    for f in ["environ", "mem"] {
+        assert_eq!(sb.read_out(&format!("runner-{f}")).trim(), "1", "{f}");
+        let err = sb.read_out(&format!("runner-{f}.err"));
+        assert!(err.contains("Permission denied"), "{f}: {err}");
+    }
+    assert_eq!(sb.read_out("self-environ").trim(), "0");
+    assert!(
+        !sb.read_out("self-mem.err").contains("Permission denied"),
+        "{}",
+        sb.read_out("self-mem.err")
+    );
 
     std::fs::write(sb.out().join("go"), "").unwrap();
     sb.wait_sealed("run-1").await;

@@ -585,6 +585,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         http,
         time_scale: 1.0,
         max_file_size: None,
+        owner: None,
     };
     let started = std::time::Instant::now();
     let result = harvester

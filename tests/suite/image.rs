@@ -1,8 +1,11 @@
 //! What the container image's runtime stage does, run directly (no Docker
-//! engine runs on these machines): the binary, as the unprivileged `agent`
-//! uid 1000, with `HOSTED_BOOT_ROOT` pointing at a fresh directory,
-//! completes the demo scenario against the reference coordinator; started
-//! from a working directory it cannot read, it says so.
+//! engine runs on these machines): by default the runner as root and the
+//! agent as the `agent` user (`HOSTED_BOOT_AGENT_USER`; a user made for the
+//! test stands in for it), on a root-owned `HOSTED_BOOT_ROOT`; in the
+//! non-root variant (image/README.md) the binary, as the unprivileged uid
+//! 1000, with `HOSTED_BOOT_ROOT` pointing at a fresh directory, completes
+//! the demo scenario against the reference coordinator; started from a
+//! working directory it cannot read, it says so.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -10,6 +13,75 @@ use std::time::Duration;
 
 const AGENT_UID: u32 = 1000;
 
+/// The runtime stage of the Dockerfile (from `AS runtime` on).
+fn runtime_stage() -> String {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile")).unwrap();
+    let (_, runtime) = text.split_once(" AS runtime").unwrap();
+    runtime.to_string()
+}
+
+#[tokio::test]
+async fn the_image_default_runs_the_runner_as_root_and_the_agent_as_the_agent_user() {
+    // What the image sets: the agent user by its environment, no USER (the
+    // runner is root).
+    let stage = runtime_stage();
+    assert!(stage.contains("HOSTED_BOOT_AGENT_USER=agent"), "{stage}");
+    assert!(
+        !stage.lines().any(|l| l.trim_start().starts_with("USER ")),
+        "the runtime stage drops root: {stage}"
+    );
+    let user = match super::agent_user::TestUser::create() {
+        Ok(u) => u,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let sb = super::support::Sandbox::start(Default::default()).await;
+    std::fs::set_permissions(sb.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // /workspace: root's, 0755.
+    std::fs::set_permissions(sb.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(sb.out(), Some(user.uid), Some(user.uid)).unwrap();
+    let script = sb.script(
+        r#"
+id -u > "$AGENT_OUT/uid"
+echo image > IMAGE.md
+git add IMAGE.md && git commit -q -m "from the agent user" > "$AGENT_OUT/commit" 2>&1
+echo "commit=$?" >> "$AGENT_OUT/commit"
+"#,
+    );
+    let child = sb
+        .wrapped_command(&["env"], "run", &script)
+        .current_dir(sb.root())
+        .env("HOSTED_BOOT_AGENT_USER", &user.name)
+        .env(
+            "GIT_CONFIG_SYSTEM",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("image/gitconfig"),
+        )
+        .spawn()
+        .unwrap();
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    assert_eq!(sb.read_out("uid").trim(), user.uid.to_string(), "{output}");
+    assert!(
+        sb.read_out("commit").ends_with("commit=0\n"),
+        "{}",
+        sb.read_out("commit")
+    );
+    let finish = snap.run("run-1").unwrap().finish.as_ref().unwrap();
+    let result = serde_json::to_value(&finish.result).unwrap();
+    assert_eq!(result["pushed"], serde_json::json!(true), "{result}");
+    assert_eq!(result["commits"], serde_json::json!(1), "{result}");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(sb.root().join("repo")).unwrap().uid(),
+        user.uid
+    );
+    assert_eq!(std::fs::metadata(sb.root()).unwrap().uid(), 0);
+}
+
+/// The non-root variant (image/README.md: `runAsNonRoot`, runner and
+/// agent one uid, `HOSTED_BOOT_AGENT_USER` empty).
 #[test]
 fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
     if !rustix::process::getuid().is_root() {
@@ -73,6 +145,10 @@ fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("run-3  interrupted"), "{text}");
     assert!(text.contains("runner exited with exit status: 0"), "{text}");
+    assert!(
+        text.contains(&format!("agent user   the runner's own (uid {AGENT_UID})")),
+        "{text}"
+    );
     use std::os::unix::fs::MetadataExt;
     let repo = std::fs::metadata(workspace.join("repo")).unwrap();
     assert_eq!(
@@ -161,4 +237,48 @@ fn a_working_directory_the_runner_cannot_read_is_named_as_such() {
         assert!(!text.contains("session branch"), "{subcommand}: {text}");
         assert!(!text.contains("boot-secret-value"), "{subcommand}: {text}");
     }
+}
+
+/// The image's `HOSTED_BOOT_AGENT_USER=agent` under `runAsNonRoot` without
+/// the override image/README.md shows: the runner refuses, naming its uid
+/// and what to do, and makes no request.
+#[test]
+fn the_image_default_as_a_non_root_uid_is_refused_with_what_to_do() {
+    let mut cmd = match as_agent_user() {
+        Ok(c) => c,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("hosted-boot");
+    std::fs::copy(env!("CARGO_BIN_EXE_hosted-boot"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = cmd
+        .arg(&bin)
+        .arg("run")
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOSTED_BOOT_AGENT_USER", "agent")
+        .env("HOSTED_BOOT_AGENT", "command")
+        .env("HOSTED_BOOT_AGENT_COMMAND", "true")
+        .env("HOSTED_BOOT_ROOT", dir.path())
+        .env("ORIZU_API_BASE_URL", "http://127.0.0.1:9/")
+        .env("ORIZU_AGENT_TOKEN_URL", "http://127.0.0.1:9/agent-token")
+        .env("ORIZU_SESSION_ID", "s1")
+        .env("ORIZU_BOOT_SECRET", "boot-secret-value")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains(&format!("runs as uid {AGENT_UID}"))
+            && text.contains("unset HOSTED_BOOT_AGENT_USER (or set it empty)"),
+        "{text}"
+    );
+    assert!(!text.contains("boot-secret-value"), "{text}");
+    assert!(!dir.path().join(".orizu-session").exists());
 }

@@ -1,4 +1,5 @@
 mod agent_api;
+mod agent_user;
 mod agents;
 mod architecture;
 mod boot;

@@ -1,0 +1,313 @@
+//! The agent user (`--agent-user`, PROTOCOL.md section 3, "The agent as
+//! another user"): who every process of the agent runs as when the runner
+//! is root, resolved once from the user database; how a child becomes that
+//! user between fork and exec; and how what the runner wrote in `repo/` is
+//! given back to it (`lchown`, never following a symbolic link).
+
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::process::{Gid, Uid};
+
+/// The user the agent runs as: its uid, primary gid, supplementary groups
+/// (`getgrouplist`, the primary one included) and home, as the user
+/// database (`/etc/passwd`, NSS) gave them when the runner started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentUser {
+    /// The login name.
+    pub name: String,
+    /// The uid every process of the agent runs as.
+    pub uid: u32,
+    /// The primary gid.
+    pub gid: u32,
+    /// The supplementary groups (the primary gid among them).
+    pub groups: Vec<u32>,
+    /// The home directory (the agent's `HOME` unless set explicitly).
+    pub home: PathBuf,
+}
+
+/// Why `--agent-user` cannot be used. The message names the value and what
+/// to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct AgentUserError(pub String);
+
+impl AgentUser {
+    /// Resolves `spec`, a login name or a numeric uid, for a runner running
+    /// as `runner_uid` (only root can run processes as another user).
+    ///
+    /// Errors: the runner is not root (naming its uid and what to do), the
+    /// user does not exist, or the user database cannot be read.
+    pub fn resolve(spec: &str, runner_uid: u32) -> Result<AgentUser, AgentUserError> {
+        let spec = spec.trim();
+        if runner_uid != 0 {
+            return Err(AgentUserError(format!(
+                "HOSTED_BOOT_AGENT_USER {spec:?} needs a runner running as root, and this one runs as uid {runner_uid}; run it as root (the image's default), or unset HOSTED_BOOT_AGENT_USER (or set it empty) to run the agent as uid {runner_uid} itself"
+            )));
+        }
+        let lookup = match spec.parse::<u32>() {
+            Ok(uid) if spec.bytes().all(|b| b.is_ascii_digit()) => {
+                nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            }
+            _ => nix::unistd::User::from_name(spec),
+        };
+        let user = lookup
+            .map_err(|e| {
+                AgentUserError(format!(
+                    "cannot look up the agent user {spec:?} in the user database: {e}"
+                ))
+            })?
+            .ok_or_else(|| {
+                AgentUserError(format!(
+                    "the agent user {spec:?} does not exist (no such name or uid in /etc/passwd); create it (useradd --create-home {spec}) or name an existing one"
+                ))
+            })?;
+        if user.uid.is_root() {
+            return Err(AgentUserError(format!(
+                "the agent user {spec:?} is root (uid 0); name an unprivileged user, or unset HOSTED_BOOT_AGENT_USER"
+            )));
+        }
+        let groups = CString::new(user.name.as_bytes())
+            .ok()
+            .and_then(|name| nix::unistd::getgrouplist(&name, user.gid).ok())
+            .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+            .unwrap_or_else(|| vec![user.gid.as_raw()]);
+        Ok(AgentUser {
+            name: user.name,
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            groups,
+            home: user.dir,
+        })
+    }
+
+    /// What a child needs to become this user between fork and exec,
+    /// allocated beforehand ([`Become::now`] allocates nothing).
+    pub fn become_in_child(&self) -> Become {
+        Become {
+            uid: Uid::from_raw(self.uid),
+            gid: Gid::from_raw(self.gid),
+            groups: self.groups.iter().map(|g| Gid::from_raw(*g)).collect(),
+        }
+    }
+
+    /// Sets `command` to start as this user (its groups, gid, uid, in that
+    /// order, just before exec). For the helpers the runner starts for the
+    /// agent (the CLI's `--version`); the agent itself drops in the
+    /// supervisor's own `pre_exec`, after its guard was forked.
+    pub fn apply(&self, command: &mut tokio::process::Command) {
+        let become_user = self.become_in_child();
+        // SAFETY: `Become::now` makes three raw system calls and allocates
+        // nothing.
+        unsafe {
+            command.pre_exec(move || become_user.now());
+        }
+    }
+
+    /// `lchown`s `path` to this user (not following a symbolic link).
+    ///
+    /// Errors: the OS error.
+    pub fn chown(&self, path: &Path) -> io::Result<()> {
+        std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid))
+    }
+
+    /// Gives every entry under the directory `dir` (and `dir` itself) that
+    /// this user does not own to it: each directory is opened with
+    /// `O_NOFOLLOW` relative to its parent's descriptor and each entry
+    /// `fchownat`ed with `AT_SYMLINK_NOFOLLOW`, so a symbolic link (or a
+    /// directory swapped for one meanwhile) never leads the walk out of
+    /// `dir`. A regular file with more than one link is left alone (a hard
+    /// link to a file elsewhere must not change that file's owner).
+    /// Returns how many entries changed owner.
+    ///
+    /// Errors: `dir` cannot be opened; errors below it are counted in the
+    /// log, not returned (the walk goes on).
+    pub fn give_tree(&self, dir: &Path) -> io::Result<usize> {
+        let top = rustix::fs::open(
+            dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let mut walk = Walk {
+            uid: Uid::from_raw(self.uid),
+            gid: Gid::from_raw(self.gid),
+            changed: 0,
+            failed: 0,
+        };
+        let st = rustix::fs::fstat(&top)?;
+        if st.st_uid != self.uid || st.st_gid != self.gid {
+            rustix::fs::fchown(&top, Some(walk.uid), Some(walk.gid))?;
+            walk.changed += 1;
+        }
+        walk.dir(top, 0);
+        if walk.failed > 0 {
+            tracing::warn!(path = %dir.display(), failed = walk.failed, user = %self.name, "some entries could not be given to the agent user");
+        }
+        Ok(walk.changed)
+    }
+}
+
+/// Deepest directory level [`AgentUser::give_tree`] descends to (one open
+/// descriptor per level).
+const MAX_DEPTH: usize = 256;
+
+struct Walk {
+    uid: Uid,
+    gid: Gid,
+    changed: usize,
+    failed: usize,
+}
+
+impl Walk {
+    fn dir(&mut self, dir: OwnedFd, depth: usize) {
+        let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
+            self.failed += 1;
+            return;
+        };
+        for entry in entries {
+            let Ok(entry) = entry else {
+                self.failed += 1;
+                break;
+            };
+            let name = entry.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            self.entry(&dir, name, depth);
+        }
+    }
+
+    fn entry(&mut self, dir: &OwnedFd, name: &CStr, depth: usize) {
+        let Ok(st) = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            self.failed += 1;
+            return;
+        };
+        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+        let linked = kind == rustix::fs::FileType::RegularFile && st.st_nlink > 1;
+        if (st.st_uid != self.uid.as_raw() || st.st_gid != self.gid.as_raw()) && !linked {
+            match rustix::fs::chownat(
+                dir,
+                name,
+                Some(self.uid),
+                Some(self.gid),
+                AtFlags::SYMLINK_NOFOLLOW,
+            ) {
+                Ok(()) => self.changed += 1,
+                Err(_) => self.failed += 1,
+            }
+        } else if linked && st.st_uid != self.uid.as_raw() {
+            tracing::warn!(name = %OsStr::from_bytes(name.to_bytes()).to_string_lossy(), "a file with several hard links in repo/ is not the agent user's; left as it is");
+        }
+        if kind == rustix::fs::FileType::Directory && depth < MAX_DEPTH {
+            match rustix::fs::openat(
+                dir,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(sub) => self.dir(sub, depth + 1),
+                Err(_) => self.failed += 1,
+            }
+        }
+    }
+}
+
+/// The credentials a child takes on just before exec (see
+/// [`AgentUser::become_in_child`]).
+#[derive(Clone, Debug)]
+pub struct Become {
+    uid: Uid,
+    gid: Gid,
+    groups: Vec<Gid>,
+}
+
+impl Become {
+    /// Sets the calling thread's supplementary groups, gid and uid (real,
+    /// effective and saved: the child of a root runner keeps no way back).
+    /// Raw system calls, not libc's process-wide `setuid` (which signals
+    /// every thread): only for a child between fork and exec, which has one
+    /// thread. Async-signal-safe; allocates nothing.
+    ///
+    /// Errors: the OS refused a call (the exec must then not happen).
+    pub fn now(&self) -> io::Result<()> {
+        rustix::thread::set_thread_groups(&self.groups)?;
+        rustix::thread::set_thread_gid(self.gid)?;
+        rustix::thread::set_thread_uid(self.uid)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runner_that_is_not_root_is_refused_with_its_uid() {
+        let e = AgentUser::resolve("agent", 1000).unwrap_err().to_string();
+        assert!(
+            e.contains("uid 1000") && e.contains("root") && e.contains("HOSTED_BOOT_AGENT_USER"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_user_is_named() {
+        let e = AgentUser::resolve("no-such-user-hb", 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"no-such-user-hb\" does not exist"), "{e}");
+        let e = AgentUser::resolve("root", 0).unwrap_err().to_string();
+        assert!(e.contains("is root"), "{e}");
+    }
+
+    #[test]
+    fn a_name_and_its_uid_resolve_alike() {
+        // `nobody` (65534) exists on Debian and in the CI image.
+        let Ok(by_name) = AgentUser::resolve("nobody", 0) else {
+            eprintln!("SKIPPED: no `nobody` user here");
+            return;
+        };
+        let by_uid = AgentUser::resolve(&by_name.uid.to_string(), 0).unwrap();
+        assert_eq!(by_name, by_uid);
+        assert!(by_name.groups.contains(&by_name.gid));
+    }
+
+    #[test]
+    fn the_walk_gives_entries_without_following_links() {
+        if !rustix::process::getuid().is_root() {
+            eprintln!("SKIPPED: chown needs root");
+            return;
+        }
+        let Ok(user) = AgentUser::resolve("nobody", 0) else {
+            eprintln!("SKIPPED: no `nobody` user here");
+            return;
+        };
+        use std::os::unix::fs::MetadataExt;
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("kept");
+        std::fs::write(&secret, "x").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/b/f"), "x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).unwrap();
+        std::fs::hard_link(&secret, dir.path().join("hard")).unwrap();
+        let changed = user.give_tree(dir.path()).unwrap();
+        assert_eq!(changed, 5, "the dir, a, a/b, a/b/f, the link itself");
+        for p in ["", "a", "a/b", "a/b/f"] {
+            assert_eq!(
+                std::fs::metadata(dir.path().join(p)).unwrap().uid(),
+                user.uid,
+                "{p}"
+            );
+        }
+        let link = std::fs::symlink_metadata(dir.path().join("link")).unwrap();
+        assert_eq!(link.uid(), user.uid);
+        assert_eq!(std::fs::metadata(outside.path()).unwrap().uid(), 0);
+        assert_eq!(std::fs::metadata(&secret).unwrap().uid(), 0, "hard link");
+        assert_eq!(user.give_tree(dir.path()).unwrap(), 0, "idempotent");
+    }
+}
