@@ -696,6 +696,41 @@ mod tests {
         assert!(out.contains(&format!("does not admit uid {me}")), "{out}");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stuck_client_neither_holds_the_broker_nor_stays_connected() {
+        let (b, _) = broker();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("credential.sock");
+        let me = rustix::process::getuid().as_raw();
+        let _server = b
+            .serve(&path, vec![me], Duration::from_millis(200))
+            .unwrap();
+        let stuck_path = path.clone();
+        let stuck = tokio::task::spawn_blocking(move || {
+            let mut s = std::os::unix::net::UnixStream::connect(&stuck_path).unwrap();
+            // Half a request, never finished.
+            s.write_all(b"get\nprotocol=http\n").unwrap();
+            let started = std::time::Instant::now();
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out);
+            (started.elapsed(), out)
+        });
+        // Served meanwhile.
+        let other = tokio::task::spawn_blocking(move || {
+            let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+            s.write_all(b"get\nprotocol=http\nhost=evil:9\npath=git/o/r.git\n\n")
+                .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        });
+        assert_eq!(other.await.unwrap(), "");
+        let (waited, out) = stuck.await.unwrap();
+        assert!(out.is_empty());
+        assert!(waited >= Duration::from_millis(150), "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+    }
+
     #[test]
     fn relay_names_a_socket_it_cannot_reach() {
         let err = relay(

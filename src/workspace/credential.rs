@@ -833,6 +833,41 @@ mod tests {
     }
 
     #[test]
+    fn broker_mode_without_a_broker_quits_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let context_path = dir.path().join("boot-context.json");
+        let socket = dir.path().join("credential.sock");
+        BootContext {
+            api_base_url: "http://127.0.0.1:9/".into(),
+            agent_token_url: "http://127.0.0.1:9/t".into(),
+            session_id: "s1".into(),
+            remote_url: "http://127.0.0.1:9/git/o/r.git".into(),
+            credential_mode: CredentialMode::Broker,
+            credential_socket: Some(socket.clone()),
+            boot_secret_path: None,
+            credential_cache_path: dir.path().join("cache"),
+            issued_tokens_path: dir.path().join("issued"),
+            credential_lock_path: dir.path().join("lock"),
+            ca_file: None,
+            insecure_http: false,
+            time_scale: 0.01,
+        }
+        .write(&context_path)
+        .unwrap();
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let request = "protocol=http\nhost=127.0.0.1:9\npath=git/o/r.git\n\n";
+        credential_helper_with_io("get", &context_path, request.as_bytes(), &mut out, &mut err);
+        assert_eq!(String::from_utf8(out).unwrap(), "quit=1\n");
+        let err = String::from_utf8(err).unwrap();
+        assert!(err.contains("cannot reach the credential broker"), "{err}");
+        assert!(err.contains(&socket.display().to_string()), "{err}");
+        // No file-mode fallback: nothing was created beside the context.
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
     fn store_and_unknown_actions_do_nothing() {
         for action in ["store", "frobnicate"] {
             let mut out = Vec::new();
