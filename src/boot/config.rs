@@ -733,6 +733,9 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
     fn an_agent_user_is_resolved_or_refused_by_name() {
         let a = RunArgs {
             agent_user: Some("no-such-user-hb".into()),

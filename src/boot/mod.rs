@@ -433,7 +433,11 @@ fn start_broker(
     );
     let socket = session_dir.credential_socket_path();
     let server = broker
-        .serve(&socket, broker_peers(b.config), b.config.timings.request_timeout)
+        .serve(
+            &socket,
+            broker_peers(b.config),
+            b.config.timings.request_timeout,
+        )
         .map_err(|e| SessionDirError::io("serve the credential broker on", &socket, e))?;
     Ok((broker, server))
 }
