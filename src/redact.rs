@@ -821,13 +821,19 @@ mod tests {
             assert!(r.contains(input.as_bytes()), "{input}");
             assert_ne!(r.redact(input), *input, "{input}");
             for step in [1, 7, SCAN_READ] {
-                let mut t = Trickle { data: input.as_bytes(), step };
+                let mut t = Trickle {
+                    data: input.as_bytes(),
+                    step,
+                };
                 assert!(r.contains_read(&mut t).unwrap(), "{input}, {step} a read");
             }
         }
         for clean in ["acme-connector-value-4", "nothing here", ""] {
             assert!(!r.contains(clean.as_bytes()), "{clean}");
-            let mut t = Trickle { data: clean.as_bytes(), step: 3 };
+            let mut t = Trickle {
+                data: clean.as_bytes(),
+                step: 3,
+            };
             assert!(!r.contains_read(&mut t).unwrap(), "{clean}");
         }
         assert!(!Redactor::new().contains(value.as_bytes()));
@@ -835,7 +841,10 @@ mod tests {
         let mut big = vec![b'a'; SCAN_READ - 5];
         big.extend_from_slice(value.as_bytes());
         big.extend(std::iter::repeat_n(b'b', SCAN_READ));
-        let mut t = Trickle { data: &big, step: SCAN_READ };
+        let mut t = Trickle {
+            data: &big,
+            step: SCAN_READ,
+        };
         assert!(r.contains_read(&mut t).unwrap());
     }
 

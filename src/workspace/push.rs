@@ -102,13 +102,15 @@ impl Harvester {
         match tip {
             // Everything in HEAD is on the remote already.
             Some(tip) if contains(tip, head) => {}
-            Some(tip) if contains(head, tip) => match push(repo, url, &session_ref, gate, &remote.heads) {
-                Ok(()) => on_session = true,
-                Err(Failure::RefRejected(text)) => {
-                    tracing::warn!(error = %text, "harvest: the session branch refused the push; using a recovery branch");
+            Some(tip) if contains(head, tip) => {
+                match push(repo, url, &session_ref, gate, &remote.heads) {
+                    Ok(()) => on_session = true,
+                    Err(Failure::RefRejected(text)) => {
+                        tracing::warn!(error = %text, "harvest: the session branch refused the push; using a recovery branch");
+                    }
+                    Err(other) => return Err(other),
                 }
-                Err(other) => return Err(other),
-            },
+            }
             // The remote moved on (or lost the session branch): recovery.
             _ => {}
         }
@@ -145,7 +147,13 @@ impl Harvester {
                 })?;
             let there = remote.heads.get(&format!("refs/heads/{name}"));
             if there != Some(&head) {
-                push(repo, url, &format!("refs/heads/{name}"), gate, &remote.heads)?;
+                push(
+                    repo,
+                    url,
+                    &format!("refs/heads/{name}"),
+                    gate,
+                    &remote.heads,
+                )?;
             }
             tracing::warn!(recovery_branch = %name, head = %head, "harvest: the session branch moved on; the work went to a recovery branch");
             r.recovery_branch = Some(name);
@@ -160,15 +168,7 @@ impl Harvester {
         // committed on it, then moved HEAD away): pushed before it moves.
         let mut seen = vec![head];
         seen.extend(known);
-        let saving = save_local_branch(
-            repo,
-            url,
-            branch,
-            &job.name,
-            &remote.heads,
-            &seen,
-            gate,
-        );
+        let saving = save_local_branch(repo, url, branch, &job.name, &remote.heads, &seen, gate);
         match saving {
             Ok(Saved::Pushed(name)) => r.local_branch_recovery = Some(name),
             Ok(Saved::Blocked { paths, kept }) => {

@@ -128,9 +128,9 @@ impl Harvester {
             };
             match op() {
                 Ok(value) => Attempt::Done(Ok(value)),
-                Err(Failure::Verdict(text) | Failure::RefRejected(text) | Failure::Blocked(text)) => {
-                    Attempt::Done(Err(RemoteError::Refused(text)))
-                }
+                Err(
+                    Failure::Verdict(text) | Failure::RefRejected(text) | Failure::Blocked(text),
+                ) => Attempt::Done(Err(RemoteError::Refused(text))),
                 Err(Failure::Local(text)) => Attempt::Done(Err(RemoteError::Local(text))),
                 Err(Failure::Transport(text)) => Attempt::Retry {
                     error: text,

@@ -178,11 +178,10 @@ impl<'a> PushGate<'a> {
             self.redactor.contains(odb.read(blob)?.data())
         } else {
             match odb.reader(blob) {
-                Ok((mut reader, _, _)) => {
-                    self.redactor.contains_read(&mut reader).map_err(|e| {
-                        git2::Error::from_str(&format!("cannot read blob {blob}: {e}"))
-                    })?
-                }
+                Ok((mut reader, _, _)) => self
+                    .redactor
+                    .contains_read(&mut reader)
+                    .map_err(|e| git2::Error::from_str(&format!("cannot read blob {blob}: {e}")))?,
                 Err(_) => self.redactor.contains(odb.read(blob)?.data()),
             }
         };
@@ -207,7 +206,10 @@ pub(super) enum Refusal {
 /// The blobs (regular files, executables, symbolic links) `commit` adds or
 /// changes against each of its parents, with their paths; for a merge, only
 /// those new against every parent.
-fn added_blobs(repo: &Repository, commit: &git2::Commit<'_>) -> Result<Vec<(Vec<u8>, Oid)>, git2::Error> {
+fn added_blobs(
+    repo: &Repository,
+    commit: &git2::Commit<'_>,
+) -> Result<Vec<(Vec<u8>, Oid)>, git2::Error> {
     let tree = commit.tree()?;
     let parents: Vec<Option<git2::Tree<'_>>> = if commit.parent_count() == 0 {
         vec![None]
@@ -231,7 +233,10 @@ fn added_blobs(repo: &Repository, commit: &git2::Commit<'_>) -> Result<Vec<(Vec<
             let file = delta.new_file();
             if !matches!(
                 file.mode(),
-                FileMode::Blob | FileMode::BlobExecutable | FileMode::BlobGroupWritable | FileMode::Link
+                FileMode::Blob
+                    | FileMode::BlobExecutable
+                    | FileMode::BlobGroupWritable
+                    | FileMode::Link
             ) {
                 continue;
             }
@@ -380,13 +385,22 @@ mod tests {
         }
         let base = match &parent {
             Some(p) => p.tree().unwrap(),
-            None => repo.find_tree(repo.treebuilder(None).unwrap().write().unwrap()).unwrap(),
+            None => repo
+                .find_tree(repo.treebuilder(None).unwrap().write().unwrap())
+                .unwrap(),
         };
         let tree = repo
             .find_tree(update.create_updated(repo, &base).unwrap())
             .unwrap();
-        repo.commit(Some("HEAD"), &sig, &sig, "c", &tree, &parent.iter().collect::<Vec<_>>())
-            .unwrap()
+        repo.commit(
+            Some("HEAD"),
+            &sig,
+            &sig,
+            "c",
+            &tree,
+            &parent.iter().collect::<Vec<_>>(),
+        )
+        .unwrap()
     }
 
     fn redactor() -> Redactor {
@@ -399,10 +413,18 @@ mod tests {
     fn history_is_scanned_and_the_held_back_tree_is_the_remotes_for_those_paths() {
         let dir = tempfile::tempdir().unwrap();
         let repo = Repository::init(dir.path()).unwrap();
-        let base = commit(&repo, &[("README.md", b"hello\n"), ("conf.env", b"x=1\n")], &[]);
+        let base = commit(
+            &repo,
+            &[("README.md", b"hello\n"), ("conf.env", b"x=1\n")],
+            &[],
+        );
         let mut heads = HashMap::new();
         heads.insert("refs/heads/main".to_string(), base);
-        commit(&repo, &[("conf.env", format!("x={VALUE}\n").as_bytes())], &[]);
+        commit(
+            &repo,
+            &[("conf.env", format!("x={VALUE}\n").as_bytes())],
+            &[],
+        );
         commit(&repo, &[("gone.txt", VALUE.as_bytes())], &[]);
         commit(&repo, &[("ok.md", b"fine\n")], &["gone.txt"]);
         let head = commit(&repo, &[(&format!("dir/{VALUE}.txt"), b"named\n")], &[]);
@@ -458,7 +480,14 @@ mod tests {
         let parent = repo.find_commit(base).unwrap();
         let tree = parent.tree().unwrap();
         let said = repo
-            .commit(Some("HEAD"), &sig, &sig, &format!("token {VALUE}"), &tree, &[&parent])
+            .commit(
+                Some("HEAD"),
+                &sig,
+                &sig,
+                &format!("token {VALUE}"),
+                &tree,
+                &[&parent],
+            )
             .unwrap();
         let r = redactor();
         let gate = PushGate::new("main", &r);

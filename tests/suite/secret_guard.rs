@@ -35,7 +35,10 @@ fn git_in(dir: &Path, args: &[&str]) -> String {
 fn tip(sb: &Sandbox) -> String {
     git_in(
         &sb.coordinator.bare_repo(),
-        &["rev-parse", &format!("refs/heads/{}", sb.coordinator.branch())],
+        &[
+            "rev-parse",
+            &format!("refs/heads/{}", sb.coordinator.branch()),
+        ],
     )
 }
 
@@ -80,7 +83,11 @@ fn assert_remote_clean(sb: &Sandbox, secrets: &[String]) {
         .output()
         .unwrap();
     assert!(out.status.success());
-    assert!(out.stdout.len() > 100, "no objects read from {}", bare.display());
+    assert!(
+        out.stdout.len() > 100,
+        "no objects read from {}",
+        bare.display()
+    );
     for (i, form) in forms(secrets).iter().enumerate() {
         assert!(
             !out.stdout.windows(form.len()).any(|w| w == form.as_slice()),
@@ -151,8 +158,14 @@ async fn a_connector_value_the_agent_committed_is_never_pushed_and_the_rest_is()
                "blockedPaths": ["leak.env", "notes/tmp.txt"],
                "blockedRef": "refs/hosted-boot/blocked/run-1"})
     );
-    assert_eq!(events_of(&snap, "run-1", "hosted_boot.harvest"), vec![result]);
-    let message = git_in(&sb.coordinator.bare_repo(), &["log", "-1", "--format=%B", &head]);
+    assert_eq!(
+        events_of(&snap, "run-1", "hosted_boot.harvest"),
+        vec![result]
+    );
+    let message = git_in(
+        &sb.coordinator.bare_repo(),
+        &["log", "-1", "--format=%B", &head],
+    );
     assert!(
         message.starts_with("run-1: the agent's work without what holds a secret"),
         "{message}"
@@ -167,10 +180,13 @@ async fn a_connector_value_the_agent_committed_is_never_pushed_and_the_rest_is()
     );
     assert_eq!(status_in_repo(&sb), "?? leak.env");
     assert_eq!(
-        git_in(&repo, &["log", "--format=%s", "refs/hosted-boot/blocked/run-1"])
-            .lines()
-            .take(4)
-            .collect::<Vec<_>>(),
+        git_in(
+            &repo,
+            &["log", "--format=%s", "refs/hosted-boot/blocked/run-1"]
+        )
+        .lines()
+        .take(4)
+        .collect::<Vec<_>>(),
         vec![
             "run-1: work the agent left uncommitted",
             "agent: innocent",
@@ -205,7 +221,7 @@ async fn a_connector_value_the_agent_committed_is_never_pushed_and_the_rest_is()
 
 #[tokio::test]
 async fn a_repo_token_a_base64_form_a_packed_object_and_a_secret_across_a_large_blob_are_held_back()
- {
+{
     let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
     // The repo token: asked of the credential helper, as any git command of
     // the agent's would. The base64 form at an alignment of 2 (`user:`). A
@@ -273,7 +289,10 @@ async fn sigterm_mid_turn_holds_the_secret_back_and_pushes_the_rest() {
     let result = result_of(&snap, "run-1");
     assert_eq!(result["blockedPaths"], json!(["leak.env"]), "{result}");
     assert_eq!(result["headSha"], json!(head), "{result}");
-    assert_eq!(events_of(&snap, "run-1", "hosted_boot.harvest"), vec![result]);
+    assert_eq!(
+        events_of(&snap, "run-1", "hosted_boot.harvest"),
+        vec![result]
+    );
     assert!(sb.root().join("repo/leak.env").exists());
     assert_remote_clean(&sb, &sb.secrets(&[CONNECTOR.1]));
 }
