@@ -51,6 +51,9 @@ pub const REDACTED: &str = "[REDACTED]";
 /// shortest base64 fragment matched.
 pub const MIN_REDACTED_LEN: usize = 6;
 
+/// Bytes [`Redactor::contains_read`] reads at a time.
+pub const SCAN_READ: usize = 1 << 20;
+
 /// How a value entered the redactor, which decides the length floor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SecretKind {
@@ -392,6 +395,45 @@ impl Redactor {
         }
     }
 
+    /// Whether `input` holds a known secret in any form [`Redactor::redact_bytes`]
+    /// would replace (raw, the literal forms, the decoded view): the same
+    /// matcher, so what this finds is exactly what redaction would replace.
+    /// Polls the sources first. Says nothing of which secret it found.
+    pub fn contains(&self, input: &[u8]) -> bool {
+        self.refresh();
+        match self.current() {
+            (_, Some(m)) => m.may_match(input),
+            (_, None) => false,
+        }
+    }
+
+    /// [`Redactor::contains`] over everything `reader` yields, read in pieces
+    /// of [`SCAN_READ`] bytes through the [`StreamRedactor`], so a secret cut
+    /// by a read boundary is found and memory stays bounded whatever the
+    /// input's length. Stops reading at the first secret.
+    ///
+    /// Errors: the reader's.
+    pub fn contains_read(&self, reader: &mut impl std::io::Read) -> std::io::Result<bool> {
+        let mut stream = self.stream();
+        let mut buf = vec![0u8; SCAN_READ];
+        let mut out = Vec::new();
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            stream.push(&buf[..n], &mut out);
+            out.clear();
+            if stream.found {
+                return Ok(true);
+            }
+        }
+        stream.finish(&mut out);
+        Ok(stream.found)
+    }
+
     /// Replaces every secret in the string leaves (and keys) of `value`. Does
     /// not poll the sources (it runs once per event; the caller refreshes once
     /// per batch).
@@ -415,6 +457,7 @@ impl Redactor {
             open: None,
             matches: Vec::new(),
             decoded: decoded::Scratch::default(),
+            found: false,
         }
     }
 }
@@ -611,6 +654,9 @@ pub struct StreamRedactor {
     open: Option<u64>,
     matches: Vec<(usize, usize)>,
     decoded: decoded::Scratch,
+    /// Whether a redaction was written since the stream began (kept across
+    /// [`StreamRedactor::finish`]; [`Redactor::contains_read`] reads it).
+    found: bool,
 }
 
 impl StreamRedactor {
@@ -677,6 +723,7 @@ impl StreamRedactor {
                 {
                     // Overlaps or touches the redaction already written.
                     let end = end.max(e);
+                    self.found = true;
                     self.open = Some(end);
                     self.emitted = self.emitted.max(end);
                     continue;
@@ -690,6 +737,7 @@ impl StreamRedactor {
                 // held-back bytes before `emitted` are all inside `open`.)
                 self.plain(s, out);
                 out.extend_from_slice(REDACTED.as_bytes());
+                self.found = true;
                 self.open = Some(e);
                 self.emitted = e;
             }
@@ -740,6 +788,64 @@ mod tests {
         s.push(&input[at..], &mut out);
         s.finish(&mut out);
         out
+    }
+
+    /// Yields its input `step` bytes a read.
+    struct Trickle<'a> {
+        data: &'a [u8],
+        step: usize,
+    }
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.step.min(buf.len()).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn contains_finds_what_redaction_replaces_in_every_form_and_across_reads() {
+        let value = "acme-connector-value-42";
+        let r = r(&[value]);
+        let b64 = &base64::engine::general_purpose::STANDARD;
+        let inputs = [
+            format!("key={value}\n"),
+            b64.encode(format!("user:{value}")),
+            b64.encode(value),
+            r"\u0061cme-connector-value-42".to_string(),
+            "acme%2Dconnector-value-42".to_string(),
+        ];
+        for input in &inputs {
+            assert!(r.contains(input.as_bytes()), "{input}");
+            assert_ne!(r.redact(input), *input, "{input}");
+            for step in [1, 7, SCAN_READ] {
+                let mut t = Trickle {
+                    data: input.as_bytes(),
+                    step,
+                };
+                assert!(r.contains_read(&mut t).unwrap(), "{input}, {step} a read");
+            }
+        }
+        for clean in ["acme-connector-value-4", "nothing here", ""] {
+            assert!(!r.contains(clean.as_bytes()), "{clean}");
+            let mut t = Trickle {
+                data: clean.as_bytes(),
+                step: 3,
+            };
+            assert!(!r.contains_read(&mut t).unwrap(), "{clean}");
+        }
+        assert!(!Redactor::new().contains(value.as_bytes()));
+        // Split across the boundary of two reads of a large input.
+        let mut big = vec![b'a'; SCAN_READ - 5];
+        big.extend_from_slice(value.as_bytes());
+        big.extend(std::iter::repeat_n(b'b', SCAN_READ));
+        let mut t = Trickle {
+            data: &big,
+            step: SCAN_READ,
+        };
+        assert!(r.contains_read(&mut t).unwrap());
     }
 
     #[test]

@@ -733,6 +733,8 @@ mod tests {
                 oversized_ref: Some(secret.into()),
                 local_branch_recovery: Some(secret.into()),
                 discarded_ref: Some(secret.into()),
+                blocked_paths: vec![format!("dir/{secret}.env")],
+                blocked_ref: Some(secret.into()),
             }),
         };
         let sent = redacted_finish(&redactor, &body);

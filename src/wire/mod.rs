@@ -604,6 +604,19 @@ pub struct HarvestResult {
     /// PROTOCOL.md 4.5); they are not pushed back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discarded_ref: Option<String>,
+    /// Paths held back because what the agent committed there (in any
+    /// commit of the push, a file deleted again included) holds a secret
+    /// the runner knows (PROTOCOL.md 4.5, "Secrets in the agent's work");
+    /// never the value (a path that spells one is redacted). They stay in
+    /// the work tree, uncommitted, and are named again by every harvest that
+    /// holds them back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_paths: Vec<String>,
+    /// When the agent's commits were held back: the local ref in `repo/`
+    /// that keeps them (`refs/hosted-boot/blocked/<name>`), never pushed;
+    /// `headSha` is then one commit of the same work without those paths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_ref: Option<String>,
 }
 
 /// `finish.result.skippedFiles[]` (4.5): a file left out of the harvest.
@@ -678,6 +691,15 @@ pub struct WorkspaceSync {
     /// `<branch>-recovered-before-<runId>-branch` (PROTOCOL.md 4.5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_branch_recovery: Option<String>,
+    /// Paths of the local work held back before its push because they hold
+    /// a secret (PROTOCOL.md 4.5, "Secrets in the agent's work"), as in
+    /// `finish.result.blockedPaths`; never the value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_paths: Vec<String>,
+    /// The local ref that keeps the held-back commits
+    /// (`refs/hosted-boot/blocked/before-<runId>`), never pushed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_ref: Option<String>,
     /// Why the workspace was not moved (`outcome` `kept_local`), or what
     /// went wrong on the way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -699,6 +721,8 @@ impl Default for WorkspaceSync {
             discarded_commits: Vec::new(),
             discarded_count: None,
             local_branch_recovery: None,
+            blocked_paths: Vec::new(),
+            blocked_ref: None,
             warning: None,
         }
     }

@@ -10,7 +10,11 @@
 //!    commits of the agent that hold such files are replaced by one commit
 //!    without them before the push (the originals kept on
 //!    `refs/hosted-boot/oversized/<name>`; [`super::size_limit`]);
-//! 2. the session branch is fetched; `HEAD` is pushed to it when that is a
+//! 2. the session branch is fetched; when the commits to push hold a secret
+//!    the runner knows (in any commit, not only the last), they are replaced
+//!    by one commit without the paths that hold it, the agent's commits kept
+//!    on `refs/hosted-boot/blocked/<name>` and the files left in the work
+//!    tree ([`super::secret_guard`], which every push passes); `HEAD` is pushed to it when that is a
 //!    fast-forward, otherwise to `<branch>-recovered-<runId>`
 //!    (`<branch>-recovered-at-boot` at boot), never forced
 //!    ([`super::push`], names from [`super::recovery`]);
@@ -45,6 +49,7 @@ use git2::Repository;
 
 use super::commit::{commit_uncommitted, status_options};
 use super::remote::RemoteError;
+use super::secret_guard::PushGate;
 use super::transport::HttpContext;
 use crate::client::retry::Policy;
 use crate::wire::{HarvestResult, PushError, PushErrorCode, RunOutcome};
@@ -312,8 +317,9 @@ impl Harvester {
                 repo.refname_to_id(&format!("refs/remotes/origin/{}", self.branch))
                     .ok()
             });
+        let gate = PushGate::new(&self.branch, &self.http.redactor);
         let attempt = || {
-            let result = self.push_once(&repo, &mut head, known, job, &mut r);
+            let result = self.push_once(&repo, &mut head, known, job, &mut r, &gate);
             if result.is_err() {
                 publish(&r);
             }

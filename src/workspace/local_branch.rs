@@ -6,15 +6,30 @@ use std::collections::HashMap;
 
 use git2::{Oid, Repository};
 
-use super::recovery::{recovery_name, recovery_suffix};
+use super::recovery::{keep_ref, recovery_name, recovery_suffix};
 use super::remote::{Failure, push_ref};
+use super::secret_guard::{BLOCKED_PREFIX, PushGate};
+
+/// What [`save_local_branch`] did with the local session branch's own
+/// commits.
+#[derive(Debug)]
+pub(super) enum Saved {
+    /// Nothing needed saving.
+    Nothing,
+    /// Pushed to this recovery branch.
+    Pushed(String),
+    /// They hold a secret: kept on the local ref `kept`, not pushed; `paths`
+    /// (redacted) are what holds it.
+    Blocked { paths: Vec<String>, kept: String },
+}
 
 /// Saves the local session branch before it is moved (PROTOCOL.md 4.5 step
 /// 3: never drop a commit that was not pushed somewhere). When its tip is on
 /// no remote branch (`heads`, those known here) and not in `seen` (commits
 /// on the remote by now, or the tip the runner last saw there), it is pushed,
-/// never forced, to `<branch>-recovered-<name>-branch` (`-2`, … when taken).
-/// Returns that branch, `None` when nothing needed saving.
+/// never forced, to `<branch>-recovered-<name>-branch` (`-2`, … when taken),
+/// unless they hold a secret: then they are kept on
+/// `refs/hosted-boot/blocked/<name>-branch`, never pushed.
 pub(super) fn save_local_branch(
     repo: &Repository,
     url: &str,
@@ -22,10 +37,11 @@ pub(super) fn save_local_branch(
     name: &str,
     heads: &HashMap<String, Oid>,
     seen: &[Oid],
-) -> Result<Option<String>, Failure> {
+    gate: &PushGate<'_>,
+) -> Result<Saved, Failure> {
     let local_ref = format!("refs/heads/{branch}");
     let Ok(local) = repo.refname_to_id(&local_ref) else {
-        return Ok(None);
+        return Ok(Saved::Nothing);
     };
     let contains = |a: Oid, b: Oid| a == b || repo.graph_descendant_of(a, b).unwrap_or(false);
     let held = heads
@@ -33,9 +49,19 @@ pub(super) fn save_local_branch(
         .chain(seen)
         .any(|t| repo.find_commit(*t).is_ok() && contains(*t, local));
     if held {
-        return Ok(None);
+        return Ok(Saved::Nothing);
     }
     let suffix = format!("{}-branch", recovery_suffix(name));
+    let found = gate
+        .scan(repo, local, heads)
+        .map_err(|e| Failure::Local(super::harvest::message(&e)))?;
+    if found.any() {
+        let kept = keep_ref(repo, BLOCKED_PREFIX, &suffix, local)
+            .map_err(|e| Failure::Local(super::harvest::message(&e)))?;
+        let paths = found.report(gate.redactor());
+        tracing::warn!(kept = %kept, paths = ?paths, "the local session branch's own commits hold a secret; kept locally, not pushed");
+        return Ok(Saved::Blocked { paths, kept });
+    }
     let recovery = recovery_name(repo, branch, &suffix, heads, local).ok_or_else(|| {
         Failure::Verdict(format!(
             "no free recovery branch name for {branch}-recovered-{suffix}"
@@ -43,10 +69,10 @@ pub(super) fn save_local_branch(
     })?;
     let target = format!("refs/heads/{recovery}");
     if heads.get(&target) != Some(&local) {
-        push_ref(repo, url, &local_ref, &target)?;
+        push_ref(repo, url, &local_ref, &target, gate, heads)?;
     }
     tracing::warn!(recovery_branch = %recovery, commit = %local, "the local session branch held commits on no remote branch; pushed them to a recovery branch before moving it");
-    Ok(Some(recovery))
+    Ok(Saved::Pushed(recovery))
 }
 
 /// Checks out `tip` and points the local session branch, its

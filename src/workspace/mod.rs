@@ -15,6 +15,9 @@
 //! - [`commit`]: the harvest's commit of what the agent left uncommitted.
 //! - [`size_limit`]: files over `--harvest-max-file-size` left out of what
 //!   the harvest commits and pushes.
+//! - [`secret_guard`]: the check every push passes (the push policy, no
+//!   secret in the commits it brings) and the hold-back of the agent's
+//!   commits that hold one.
 //! - [`push`]: one attempt of the harvest's push, to the session branch or a
 //!   recovery branch.
 //! - [`remote`]: fetch and push through the boot's transport, transport
@@ -34,6 +37,7 @@ pub mod lock;
 mod push;
 mod recovery;
 mod remote;
+mod secret_guard;
 mod size_limit;
 mod sync;
 pub mod transport;

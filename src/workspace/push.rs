@@ -1,6 +1,7 @@
 //! One attempt of the harvest's push (PROTOCOL.md 4.5 steps 2 and 3): fetch
 //! the session branch, leave files over the size limit out of the agent's
-//! commits, count the turn's changes, push `HEAD` to the session branch when
+//! commits, hold back the agent's commits when they hold a secret
+//! ([`super::secret_guard`]), count the turn's changes, push `HEAD` to the session branch when
 //! that is a fast-forward or else to a recovery branch (at boot, commits a
 //! force push dropped are kept locally instead), then bring the local
 //! session branch to the remote's.
@@ -8,9 +9,10 @@
 use git2::{Oid, Repository};
 
 use super::harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT, message};
-use super::local_branch::{bring_local_to, save_local_branch};
+use super::local_branch::{Saved, bring_local_to, save_local_branch};
 use super::recovery::{keep_discarded, recovery_name, recovery_suffix};
 use super::remote::{Failure, fetch, push};
+use super::secret_guard::{PushGate, hold_back};
 use super::size_limit::{leave_out_oversized, oversized_blobs};
 use crate::wire::HarvestResult;
 
@@ -29,6 +31,7 @@ impl Harvester {
         known: Option<Oid>,
         job: &HarvestJob,
         r: &mut HarvestResult,
+        gate: &PushGate<'_>,
     ) -> Result<(), Failure> {
         let url = self.remote_url.as_str();
         let branch = self.branch.as_str();
@@ -43,6 +46,33 @@ impl Harvester {
                 *head_at = leave_out_oversized(repo, *head_at, &remote, &found, job, max, r)
                     .map_err(|e| Failure::Local(message(&e)))?;
             }
+        }
+        // A secret in what the agent committed (anywhere in the range, a
+        // file deleted again included): the agent's commits are held back,
+        // the rest of the work goes (PROTOCOL.md 4.5).
+        let found = gate
+            .scan(repo, *head_at, &remote.heads)
+            .map_err(|e| Failure::Local(message(&e)))?;
+        if found.any() {
+            let (new, kept) = hold_back(
+                repo,
+                *head_at,
+                remote.session_tip,
+                &found,
+                &job.name,
+                gate.redactor(),
+            )
+            .map_err(|e| Failure::Local(message(&e)))?;
+            *head_at = new;
+            for path in found.report(gate.redactor()) {
+                if !r.blocked_paths.contains(&path) {
+                    r.blocked_paths.push(path);
+                }
+            }
+            r.blocked_ref = Some(kept);
+            // The harvest's own commit, if any, is folded into the new head.
+            r.harvest_commit = None;
+            r.head_sha = Some(new.to_string());
         }
         let head = *head_at;
 
@@ -72,13 +102,15 @@ impl Harvester {
         match tip {
             // Everything in HEAD is on the remote already.
             Some(tip) if contains(tip, head) => {}
-            Some(tip) if contains(head, tip) => match push(repo, url, &session_ref) {
-                Ok(()) => on_session = true,
-                Err(Failure::RefRejected(text)) => {
-                    tracing::warn!(error = %text, "harvest: the session branch refused the push; using a recovery branch");
+            Some(tip) if contains(head, tip) => {
+                match push(repo, url, &session_ref, gate, &remote.heads) {
+                    Ok(()) => on_session = true,
+                    Err(Failure::RefRejected(text)) => {
+                        tracing::warn!(error = %text, "harvest: the session branch refused the push; using a recovery branch");
+                    }
+                    Err(other) => return Err(other),
                 }
-                Err(other) => return Err(other),
-            },
+            }
             // The remote moved on (or lost the session branch): recovery.
             _ => {}
         }
@@ -115,7 +147,13 @@ impl Harvester {
                 })?;
             let there = remote.heads.get(&format!("refs/heads/{name}"));
             if there != Some(&head) {
-                push(repo, url, &format!("refs/heads/{name}"))?;
+                push(
+                    repo,
+                    url,
+                    &format!("refs/heads/{name}"),
+                    gate,
+                    &remote.heads,
+                )?;
             }
             tracing::warn!(recovery_branch = %name, head = %head, "harvest: the session branch moved on; the work went to a recovery branch");
             r.recovery_branch = Some(name);
@@ -130,17 +168,24 @@ impl Harvester {
         // committed on it, then moved HEAD away): pushed before it moves.
         let mut seen = vec![head];
         seen.extend(known);
-        match save_local_branch(repo, url, branch, &job.name, &remote.heads, &seen) {
-            Ok(saved) => {
-                if saved.is_some() {
-                    r.local_branch_recovery = saved;
+        let saving = save_local_branch(repo, url, branch, &job.name, &remote.heads, &seen, gate);
+        match saving {
+            Ok(Saved::Pushed(name)) => r.local_branch_recovery = Some(name),
+            Ok(Saved::Blocked { paths, kept }) => {
+                for path in paths {
+                    if !r.blocked_paths.contains(&path) {
+                        r.blocked_paths.push(path);
+                    }
                 }
+                r.blocked_ref.get_or_insert(kept);
             }
+            Ok(Saved::Nothing) => {}
             Err(
                 Failure::Transport(text)
                 | Failure::RefRejected(text)
                 | Failure::Verdict(text)
-                | Failure::Local(text),
+                | Failure::Local(text)
+                | Failure::Blocked(text),
             ) => {
                 // HEAD is on the remote; the branch stays where it is (its
                 // commits kept on it) and the next harvest tries again.

@@ -14,6 +14,7 @@ use git2::{
 };
 
 use super::harvest::{Harvester, message};
+use super::secret_guard::{PushGate, Refusal};
 use super::transport::{CredentialHelpers, HttpContext, register_remote};
 use crate::client::retry::{self, Attempt, GaveUp, Pace, Policy};
 
@@ -32,6 +33,9 @@ pub(super) enum Failure {
     Verdict(String),
     /// Local git work failed (`repo/` could not be read or written).
     Local(String),
+    /// The push gate refused it (a secret in what it would bring, or a
+    /// target outside the push policy): a verdict, never retried.
+    Blocked(String),
 }
 
 /// Why [`Harvester::with_remote`] gave up.
@@ -124,9 +128,9 @@ impl Harvester {
             };
             match op() {
                 Ok(value) => Attempt::Done(Ok(value)),
-                Err(Failure::Verdict(text) | Failure::RefRejected(text)) => {
-                    Attempt::Done(Err(RemoteError::Refused(text)))
-                }
+                Err(
+                    Failure::Verdict(text) | Failure::RefRejected(text) | Failure::Blocked(text),
+                ) => Attempt::Done(Err(RemoteError::Refused(text))),
                 Err(Failure::Local(text)) => Attempt::Done(Err(RemoteError::Local(text))),
                 Err(Failure::Transport(text)) => Attempt::Retry {
                     error: text,
@@ -196,19 +200,49 @@ pub(super) fn fetch(repo: &Repository, url: &str, branch: &str) -> Result<Remote
     Ok(RemoteState { session_tip, heads })
 }
 
-/// Pushes `HEAD` to `target` (a full ref name), never forced.
-pub(super) fn push(repo: &Repository, url: &str, target: &str) -> Result<(), Failure> {
-    push_ref(repo, url, "HEAD", target)
+/// Pushes `HEAD` to `target` (a full ref name), never forced, through
+/// `gate` ([`push_ref`]).
+pub(super) fn push(
+    repo: &Repository,
+    url: &str,
+    target: &str,
+    gate: &PushGate<'_>,
+    heads: &HashMap<String, Oid>,
+) -> Result<(), Failure> {
+    push_ref(repo, url, "HEAD", target, gate, heads)
 }
 
 /// Pushes the local ref `source` (`HEAD`, a full ref name) to `target` (a
-/// full ref name), never forced.
+/// full ref name), never forced. The one function of the runner that
+/// pushes: `gate` checks the push first (the push policy, and no secret in
+/// the commits from `source` back to the remote's branches `heads`,
+/// PROTOCOL.md 4.5); what it refuses is [`Failure::Blocked`].
 pub(super) fn push_ref(
     repo: &Repository,
     url: &str,
     source: &str,
     target: &str,
+    gate: &PushGate<'_>,
+    heads: &HashMap<String, Oid>,
 ) -> Result<(), Failure> {
+    let commit = repo
+        .revparse_single(source)
+        .and_then(|o| o.peel_to_commit())
+        .map_err(|e| Failure::Local(message(&e)))?;
+    match gate.check(repo, commit.id(), target, heads) {
+        Ok(()) => {}
+        Err(Refusal::Policy(text)) => return Err(Failure::Blocked(text)),
+        Err(Refusal::Secret(what)) => {
+            tracing::error!(target, what = %what, "push refused: what it would bring holds a secret");
+            return Err(Failure::Blocked(format!(
+                "the push to {target} was held back: it would bring a secret ({what})"
+            )));
+        }
+        Err(Refusal::Unreadable(text)) => return Err(Failure::Local(text)),
+    }
+    // Pushed by id: what was checked is what goes.
+    let source = commit.id().to_string();
+    let source = source.as_str();
     let mut remote = repo.remote_anonymous(url).map_err(classify)?;
     let refused: RefCell<Vec<String>> = RefCell::new(Vec::new());
     // What the server says on the side band ("remote: …"): a hook's reason

@@ -1,17 +1,19 @@
 //! The workspace sync before a turn (PROTOCOL.md 4.1 step 3, 4.5 "Before a
 //! turn"): fetch the session branch and move `repo/` to its tip, so that the
 //! turn starts from what the user pushed meanwhile. Local work the remote
-//! lacks is pushed first (never forced); commits a force push dropped are
-//! kept on a local ref, never pushed back.
+//! lacks is pushed first (never forced), held back when it holds a secret
+//! ([`super::secret_guard`]); commits a force push dropped are kept on a
+//! local ref, never pushed back.
 
 use std::time::{Duration, Instant};
 
 use git2::{Oid, Repository};
 
 use super::harvest::{Harvester, message};
-use super::local_branch::{bring_local_to, save_local_branch};
+use super::local_branch::{Saved, bring_local_to, save_local_branch};
 use super::recovery::{keep_discarded, recovery_name};
 use super::remote::{RemoteError, fetch, push};
+use super::secret_guard::{PushGate, hold_back};
 use crate::client::retry::Policy;
 use crate::wire::{SyncOutcome, SyncWarning, SyncWarningCode, WorkspaceSync, truncate_reason};
 
@@ -117,8 +119,39 @@ impl Harvester {
         s.remote_sha = Some(tip.to_string());
 
         let contains = |a: Oid, b: Oid| a == b || repo.graph_descendant_of(a, b).unwrap_or(false);
-        let on_remote = remote.heads.values().any(|t| contains(*t, head));
+        let gate = PushGate::new(branch, &self.http.redactor);
+        let mut head = head;
+        let mut on_remote = remote.heads.values().any(|t| contains(*t, head));
         let known_pushed = known.is_some_and(|k| contains(k, head));
+        if !on_remote && !known_pushed {
+            // Local work about to be pushed that holds a secret: held back
+            // as the harvest does, the files left in the work tree.
+            let name = format!("before-{run_id}");
+            let held = gate.scan(&repo, head, &remote.heads).and_then(|found| {
+                if !found.any() {
+                    return Ok(None);
+                }
+                let (new, kept) =
+                    hold_back(&repo, head, Some(tip), &found, &name, gate.redactor())?;
+                Ok(Some((new, kept, found.report(gate.redactor()))))
+            });
+            match held {
+                Ok(None) => {}
+                Ok(Some((new, kept, paths))) => {
+                    head = new;
+                    s.blocked_paths = paths;
+                    s.blocked_ref = Some(kept);
+                    on_remote = remote.heads.values().any(|t| contains(*t, head));
+                }
+                Err(e) => {
+                    let text = format!(
+                        "cannot look through the local work for secrets before pushing it: {}; the turn starts from the local HEAD",
+                        message(&e)
+                    );
+                    return warn(s, SyncWarningCode::PushFailed, text);
+                }
+            }
+        }
         let mut target = tip;
         let mut pushed = false;
         if !on_remote && !known_pushed {
@@ -130,7 +163,7 @@ impl Harvester {
                     deadline,
                     "workspace sync push",
                     Policy::WORKSPACE_SYNC,
-                    || push(&repo, url, &session_ref),
+                    || push(&repo, url, &session_ref, &gate, &remote.heads),
                 ) {
                     let text = format!(
                         "{}; the turn starts from the local HEAD",
@@ -155,7 +188,7 @@ impl Harvester {
                         deadline,
                         "workspace sync push",
                         Policy::WORKSPACE_SYNC,
-                        || push(&repo, url, &recovery_ref),
+                        || push(&repo, url, &recovery_ref, &gate, &remote.heads),
                     )
                 {
                     let text = format!(
@@ -205,10 +238,20 @@ impl Harvester {
                     &format!("before-{run_id}"),
                     &remote.heads,
                     &seen,
+                    &gate,
                 )
             },
         ) {
-            Ok(saved) => s.local_branch_recovery = saved,
+            Ok(Saved::Pushed(name)) => s.local_branch_recovery = Some(name),
+            Ok(Saved::Blocked { paths, kept }) => {
+                for path in paths {
+                    if !s.blocked_paths.contains(&path) {
+                        s.blocked_paths.push(path);
+                    }
+                }
+                s.blocked_ref.get_or_insert(kept);
+            }
+            Ok(Saved::Nothing) => {}
             Err(e) => {
                 let text = format!(
                     "{}; the turn starts from the local HEAD",

@@ -12,6 +12,7 @@ mod harvest;
 mod image;
 mod layers;
 mod processes;
+mod secret_guard;
 mod secrets;
 mod status;
 mod supervisor;
