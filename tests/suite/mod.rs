@@ -8,6 +8,7 @@ mod hardening;
 mod harvest;
 mod image;
 mod layers;
+mod openapi;
 mod processes;
 mod secrets;
 mod status;
