@@ -229,10 +229,7 @@ async fn exercise(
         }
     })
     .await;
-    let (milestone, mut exit) = match waited {
-        Ok(r) => r,
-        Err(_) => (None, None),
-    };
+    let (milestone, mut exit) = waited.unwrap_or_default();
     let mut stopped_by_us = false;
     if exit.is_none() {
         // The graceful stop of 4.4 (between turns: nothing posted).
@@ -411,7 +408,7 @@ pub fn judge(
     out.push(check(
         format!("events: a small batch (<= {SMALL_BATCH}) accepted"),
         "2.6",
-        sizes(&|n| n >= 1 && n <= SMALL_BATCH),
+        sizes(&|n| (1..=SMALL_BATCH).contains(&n)),
     ));
     out.push(check(
         "events: a resend at or below the cursor is ignored",
