@@ -221,8 +221,11 @@ async fn exercise(
                         continue;
                     }
                     let m = *milestones.borrow();
-                    if m != Milestone::None {
-                        return (Some(m), None);
+                    match m {
+                        Milestone::Ready | Milestone::BetweenTurns => return (Some(m), None),
+                        // Stopped only once the runner waits between turns (4.2),
+                        // so that the stop is the between-turns one of 4.4.
+                        Milestone::TurnCompleted | Milestone::None => {}
                     }
                 }
             }

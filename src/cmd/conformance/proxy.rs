@@ -89,6 +89,9 @@ pub enum Milestone {
     Ready,
     /// `turn_completed` was acknowledged: the turn is sealed.
     TurnCompleted,
+    /// After `turn_completed`, a session read of the wait between turns
+    /// (4.2) was answered: a stop now is the between-turns stop of 4.4.
+    BetweenTurns,
 }
 
 struct Shared {
@@ -381,6 +384,14 @@ async fn after_answer(sh: &Shared, ex: &Exchange, headers: &HeaderMap, body: &By
             }
             _ => {}
         }
+    }
+    let watch = headers.contains_key(crate::wire::DURING_TURN_HEADER.0);
+    if ex.route == Route::Session
+        && ok
+        && !watch
+        && *sh.milestone.borrow() == Milestone::TurnCompleted
+    {
+        let _ = sh.milestone.send(Milestone::BetweenTurns);
     }
     if !ok || !matches!(ex.route, Route::Events | Route::Cursor) {
         return;
