@@ -14,7 +14,7 @@ use clap::Parser;
 use hosted_boot::boot::config::RunArgs;
 use hosted_boot::boot::config::{self, BOOT_SECRET_VAR};
 use hosted_boot::cli::{Cli, Command};
-use hosted_boot::cmd::{check, demo, supervise};
+use hosted_boot::cmd::{check, conformance, demo, supervise};
 use hosted_boot::process::{guard, reaper};
 use hosted_boot::secret::Secret;
 use hosted_boot::{boot, coordinator, logging, redact::Redactor, status, tls, workspace};
@@ -178,6 +178,10 @@ fn main() -> ExitCode {
         Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
         Some(Command::DemoAgent) => demo::agent_main(),
         Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),
+        Some(Command::Conformance(args)) => {
+            with_runtime(|| conformance::run(env, args, boot_secret))
+        }
+        Some(Command::ConformanceAgent) => conformance::agent_main(),
         Some(Command::TurnGuard(args)) => guard::main(args.session, args.cgroup),
     };
     exit_code(code)

@@ -1,7 +1,8 @@
 //! The subcommands other than `run` (whose runtime is [`crate::boot`]):
-//! `check`, `supervise` and `demo`. Each takes its parsed arguments and
+//! `check`, `supervise`, `demo` and `conformance`. Each takes its parsed arguments and
 //! returns an exit code.
 
 pub mod check;
+pub mod conformance;
 pub mod demo;
 pub mod supervise;

@@ -233,6 +233,13 @@ fn fault_response(f: &Fault) -> Response {
     {
         resp.headers_mut().insert(header::RETRY_AFTER, v);
     }
+    if let Some(v) = f
+        .location
+        .as_deref()
+        .and_then(|v| HeaderValue::from_str(v).ok())
+    {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
     resp
 }
 

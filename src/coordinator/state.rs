@@ -173,6 +173,10 @@ pub struct Fault {
     /// HTTP date, verbatim).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<String>,
+    /// Value of a `Location` header on the replacing answer (verbatim; with
+    /// a `3xx` status, a redirect).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
     /// Handle the request normally first, then replace or drop the answer.
     #[serde(default, skip_serializing_if = "is_false")]
     pub after: bool,
@@ -196,6 +200,7 @@ impl Fault {
             delay_ms: None,
             body: None,
             retry_after: None,
+            location: None,
             after: false,
             pad_bytes: None,
             stall_ms: None,
@@ -273,6 +278,16 @@ impl Fault {
         self
     }
 
+    /// Answers `status` with a `Location: <location>` header instead of the
+    /// normal answer, once (with a `3xx`, a redirect).
+    pub fn redirect(route: Route, status: u16, location: impl Into<String>) -> Self {
+        Fault {
+            status: Some(status),
+            location: Some(location.into()),
+            ..Fault::new(route)
+        }
+    }
+
     /// Handles the request normally first, then replaces or drops its answer.
     pub fn after_handling(mut self) -> Self {
         self.after = true;
@@ -316,6 +331,9 @@ impl Fault {
         }
         if self.after && self.route == Route::Git {
             return Err("after is not supported on the git route".into());
+        }
+        if self.location.is_some() && self.status.is_none() {
+            return Err("location needs a status".into());
         }
         if self.after && !self.reset && !self.replaces() {
             return Err("after needs reset, status or body".into());
@@ -971,5 +989,16 @@ mod tests {
             serde_json::from_value(json!({"route": "session", "padBytes": 9, "stallMs": 3}))
                 .unwrap();
         assert_eq!((f.pad_bytes, f.stall_ms), (Some(9), Some(3)));
+        let f: Fault = serde_json::from_value(
+            json!({"route": "env-bundle", "status": 307, "location": "http://elsewhere/"}),
+        )
+        .unwrap();
+        assert_eq!(
+            f,
+            Fault::redirect(Route::EnvBundle, 307, "http://elsewhere/")
+        );
+        assert!(f.validate().is_ok());
+        let no_status = Fault { status: None, ..f };
+        assert!(no_status.validate().is_err());
     }
 }

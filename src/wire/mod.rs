@@ -362,95 +362,89 @@ impl RunOutcome {
     }
 }
 
-/// `finish.error.code` (2.6), and the code a `failed` reason starts with
-/// (2.2). Frozen: the inside may change, these may not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
+/// Writes [`ErrorCode`], its wire names ([`ErrorCode::as_str`]) and
+/// [`ErrorCode::ALL`] from one list, so that a code added here is in `ALL`
+/// (and so in the OpenAPI document's check, `tests/suite/openapi.rs`) too.
+macro_rules! error_codes {
+    ($( $(#[doc = $doc:literal])* $variant:ident => $wire:literal, )*) => {
+        /// `finish.error.code` (2.6), and the code a `failed` reason starts with
+        /// (2.2). Frozen: the inside may change, these may not.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum ErrorCode {
+            $( $(#[doc = $doc])* $variant, )*
+        }
+
+        impl ErrorCode {
+            /// Every code, in declaration order.
+            pub const ALL: &[ErrorCode] = &[$(ErrorCode::$variant),*];
+
+            /// The code as it is on the wire (`provider_rate_limited`, …).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $wire,)*
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
     /// Provider quota exhausted.
-    ProviderQuotaExhausted,
+    ProviderQuotaExhausted => "provider_quota_exhausted",
     /// Provider rate limit (the only retryable code).
-    ProviderRateLimited,
+    ProviderRateLimited => "provider_rate_limited",
     /// A 429 with no evidence of either.
-    ProviderLimitUnknown,
+    ProviderLimitUnknown => "provider_limit_unknown",
     /// Provider overloaded.
-    ProviderOverloaded,
+    ProviderOverloaded => "provider_overloaded",
     /// Provider 5xx.
-    ProviderServerError,
+    ProviderServerError => "provider_server_error",
     /// Provider authentication.
-    ProviderAuth,
+    ProviderAuth => "provider_auth",
     /// Context window exceeded.
-    ContextWindowExceeded,
+    ContextWindowExceeded => "context_window_exceeded",
     /// Invalid request.
-    InvalidRequest,
+    InvalidRequest => "invalid_request",
     /// Agent session resume failed.
-    ResumeFailed,
+    ResumeFailed => "resume_failed",
     /// Watchdog: no output.
-    AgentHung,
+    AgentHung => "agent_hung",
     /// Per-turn time cap reached.
-    AgentTimeout,
+    AgentTimeout => "agent_timeout",
     /// The agent exited non-zero.
-    AgentCrashed,
+    AgentCrashed => "agent_crashed",
     /// The agent could not be started.
-    AgentSpawnFailed,
+    AgentSpawnFailed => "agent_spawn_failed",
     /// Events could not be delivered.
-    EventsUndelivered,
+    EventsUndelivered => "events_undelivered",
     /// The runner itself failed the turn.
-    RunnerError,
+    RunnerError => "runner_error",
     /// The session answer is over its size cap (2, 2.2): only ever the code
     /// of a `failed` boot-status reason, since the run it carries was never
     /// read and so is never sealed.
-    SessionTooLarge,
+    SessionTooLarge => "session_too_large",
     // The codes below start a `failed` reason (2.2) and are never in a
     // `finish`: they end a boot before its first turn.
     /// The env bundle sets a reserved or invalid name (2.3).
-    ReservedConnectorEnv,
+    ReservedConnectorEnv => "reserved_connector_env",
     /// `pendingTurn` breaks its shape at boot (2.4).
-    HostedPendingTurnInvalid,
+    HostedPendingTurnInvalid => "hosted_pending_turn_invalid",
     /// The session branch does not exist on the remote (3, 4 step 5).
-    SessionBranchMissing,
+    SessionBranchMissing => "session_branch_missing",
     /// `repo/` exists but is not a clone of the session's remote (3).
-    RepoConflict,
+    RepoConflict => "repo_conflict",
     /// The clone failed: refused, or every attempt of the clone row failed
     /// (2, 4 step 5).
-    CloneFailed,
+    CloneFailed => "clone_failed",
     /// A file under the root (session directory, `repo/`) could not be
     /// read or written (3).
-    WorkspaceIo,
+    WorkspaceIo => "workspace_io",
     /// A value the coordinator sent failed its check (5).
-    InvalidValue,
+    InvalidValue => "invalid_value",
 }
 
 impl ErrorCode {
-    /// The code as it is on the wire (`provider_rate_limited`, …).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::ProviderQuotaExhausted => "provider_quota_exhausted",
-            ErrorCode::ProviderRateLimited => "provider_rate_limited",
-            ErrorCode::ProviderLimitUnknown => "provider_limit_unknown",
-            ErrorCode::ProviderOverloaded => "provider_overloaded",
-            ErrorCode::ProviderServerError => "provider_server_error",
-            ErrorCode::ProviderAuth => "provider_auth",
-            ErrorCode::ContextWindowExceeded => "context_window_exceeded",
-            ErrorCode::InvalidRequest => "invalid_request",
-            ErrorCode::ResumeFailed => "resume_failed",
-            ErrorCode::AgentHung => "agent_hung",
-            ErrorCode::AgentTimeout => "agent_timeout",
-            ErrorCode::AgentCrashed => "agent_crashed",
-            ErrorCode::AgentSpawnFailed => "agent_spawn_failed",
-            ErrorCode::EventsUndelivered => "events_undelivered",
-            ErrorCode::RunnerError => "runner_error",
-            ErrorCode::SessionTooLarge => "session_too_large",
-            ErrorCode::ReservedConnectorEnv => "reserved_connector_env",
-            ErrorCode::HostedPendingTurnInvalid => "hosted_pending_turn_invalid",
-            ErrorCode::SessionBranchMissing => "session_branch_missing",
-            ErrorCode::RepoConflict => "repo_conflict",
-            ErrorCode::CloneFailed => "clone_failed",
-            ErrorCode::WorkspaceIo => "workspace_io",
-            ErrorCode::InvalidValue => "invalid_value",
-        }
-    }
-
     /// `finish.error.retryable` for this code (2.6): only
     /// `provider_rate_limited` is.
     pub const fn retryable(self) -> bool {
@@ -798,32 +792,7 @@ mod tests {
     /// `provider_rate_limited` is retryable (2.6's closed list).
     #[test]
     fn error_codes_spell_as_on_the_wire() {
-        let all = [
-            ErrorCode::ProviderQuotaExhausted,
-            ErrorCode::ProviderRateLimited,
-            ErrorCode::ProviderLimitUnknown,
-            ErrorCode::ProviderOverloaded,
-            ErrorCode::ProviderServerError,
-            ErrorCode::ProviderAuth,
-            ErrorCode::ContextWindowExceeded,
-            ErrorCode::InvalidRequest,
-            ErrorCode::ResumeFailed,
-            ErrorCode::AgentHung,
-            ErrorCode::AgentTimeout,
-            ErrorCode::AgentCrashed,
-            ErrorCode::AgentSpawnFailed,
-            ErrorCode::EventsUndelivered,
-            ErrorCode::RunnerError,
-            ErrorCode::SessionTooLarge,
-            ErrorCode::ReservedConnectorEnv,
-            ErrorCode::HostedPendingTurnInvalid,
-            ErrorCode::SessionBranchMissing,
-            ErrorCode::RepoConflict,
-            ErrorCode::CloneFailed,
-            ErrorCode::WorkspaceIo,
-            ErrorCode::InvalidValue,
-        ];
-        for code in all {
+        for &code in ErrorCode::ALL {
             assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));
             assert_eq!(code.retryable(), code == ErrorCode::ProviderRateLimited);
         }

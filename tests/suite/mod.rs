@@ -11,6 +11,7 @@ mod hardening;
 mod harvest;
 mod image;
 mod layers;
+mod openapi;
 mod processes;
 mod secret_guard;
 mod secrets;
