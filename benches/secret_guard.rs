@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use hosted_boot::coordinator::{Coordinator, CoordinatorOptions};
 use hosted_boot::redact::{Redactor, SecretKind};
 use hosted_boot::secret::Secret;
-use hosted_boot::session_dir::{BootContext, SessionDir};
+use hosted_boot::session_dir::{BootContext, CredentialMode, SessionDir};
 use hosted_boot::workspace::{
     HarvestJob, Harvester, HttpContext, RepoSpec, credential_helper_command, prepare_repo_async,
 };
@@ -114,7 +114,9 @@ async fn harvest_once(with_secrets: bool) -> Duration {
             agent_token_url: coord.agent_token_url(),
             session_id: coord.session_id(),
             remote_url: coord.clone_url(),
-            boot_secret_path: session.boot_secret_path(),
+            credential_mode: CredentialMode::File,
+            credential_socket: None,
+            boot_secret_path: Some(session.boot_secret_path()),
             credential_cache_path: session.credential_cache_path(),
             issued_tokens_path: session.issued_tokens_path(),
             credential_lock_path: session.credential_lock_path(),
@@ -135,6 +137,7 @@ async fn harvest_once(with_secrets: bool) -> Duration {
         request_timeout: Duration::from_secs(120),
         redactor,
         stall: Duration::from_secs(120),
+        broker: None,
     };
     let prepared = prepare_repo_async(RepoSpec {
         root: root.path().to_path_buf(),
@@ -160,6 +163,7 @@ async fn harvest_once(with_secrets: bool) -> Duration {
         http,
         time_scale: 1.0,
         max_file_size: None,
+        owner: None,
     };
     let started = Instant::now();
     let result = harvester

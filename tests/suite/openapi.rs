@@ -238,6 +238,8 @@ fn openapi_validates_the_runners_wire_types() {
             oversized_ref: Some("refs/hosted-boot/oversized/run-1".into()),
             local_branch_recovery: Some("x".into()),
             discarded_ref: Some("refs/hosted-boot/discarded/run-1".into()),
+            blocked_paths: vec!["config/.env".into()],
+            blocked_ref: Some("refs/hosted-boot/blocked/run-1".into()),
         }),
     };
     request(Route::Finish, serde_json::to_value(full).unwrap());
