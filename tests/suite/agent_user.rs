@@ -87,8 +87,14 @@ async fn sandbox_for(user: &TestUser) -> Sandbox {
 /// that the binary run is the world-executable copy in the sandbox (the
 /// agent's git runs it as the credential helper).
 fn runner_as(sb: &Sandbox, script: &Path, user: &str) -> Child {
+    runner_in_mode(sb, script, user, "broker")
+}
+
+/// [`runner_as`] with `--credential-mode` `mode` (`broker` or `file`).
+fn runner_in_mode(sb: &Sandbox, script: &Path, user: &str, mode: &str) -> Child {
     sb.wrapped_command(&["env"], "run", script)
         .env("HOSTED_BOOT_AGENT_USER", user)
+        .env("HOSTED_BOOT_CREDENTIAL_MODE", mode)
         .spawn()
         .unwrap()
 }
@@ -132,6 +138,33 @@ fn pairs(text: &str) -> BTreeMap<String, String> {
 
 #[tokio::test]
 async fn the_agent_runs_as_the_agent_user_and_commits_after_every_harvest() {
+    // Broker mode (the default): the agent reads its bearer file (the
+    // proxy token), its task and the helper's context; the boot secret and
+    // the file helper's files do not exist.
+    agent_user_turns("broker", &[]).await;
+}
+
+#[tokio::test]
+async fn in_file_mode_the_agent_user_reads_the_helpers_files_and_commits_after_every_harvest() {
+    // The file credential mode (PROTOCOL.md 3): the agent's git runs the
+    // helper as the agent user, so boot-secret and the helper's files are
+    // the agent's to read; file mode hands the agent the boot secret.
+    agent_user_turns(
+        "file",
+        &[
+            "boot-secret",
+            "repo-credential-cache",
+            "repo-tokens-issued",
+            "repo-credential-lock",
+        ],
+    )
+    .await;
+}
+
+/// Three turns as a throwaway agent user in credential mode `mode`; the
+/// agent can read exactly its bearer file, its task, the helper's context
+/// and `readable` of the session directory.
+async fn agent_user_turns(mode: &str, readable: &[&str]) {
     let user = match TestUser::create() {
         Ok(u) => u,
         Err(reason) => {
@@ -141,7 +174,7 @@ async fn the_agent_runs_as_the_agent_user_and_commits_after_every_harvest() {
     };
     let sb = sandbox_for(&user).await;
     let script = sb.script(AGENT);
-    let child = runner_as(&sb, &script, &user.name);
+    let child = runner_in_mode(&sb, &script, &user.name, mode);
     sb.wait_sealed("run-1").await;
     let second = sb.coordinator.queue_turn("second", None);
     sb.wait_sealed(&second).await;
@@ -151,25 +184,28 @@ async fn the_agent_runs_as_the_agent_user_and_commits_after_every_harvest() {
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(0), "{output}");
 
-    // Readable by the agent user (PROTOCOL.md 3, the file credential mode):
-    // its bearer, its task, the helper's context and the helper's files,
-    // boot-secret among them. Nothing else; no listing, no writing.
-    let expected: BTreeMap<String, String> = [
+    // Readable by the agent user (PROTOCOL.md 3): its bearer file, its
+    // task, the helper's context, and `readable`. Nothing else; no listing,
+    // no writing.
+    let mut expected: BTreeMap<String, String> = [
         ("ls-session", "2"),
         ("ls-run", "2"),
         ("write-session", "1"),
-        ("boot-secret", "0"),
+        ("boot-secret", "1"),
         ("bearer", "0"),
         ("boot-context.json", "0"),
-        ("repo-credential-cache", "0"),
-        ("repo-tokens-issued", "0"),
-        ("repo-credential-lock", "0"),
+        ("repo-credential-cache", "1"),
+        ("repo-tokens-issued", "1"),
+        ("repo-credential-lock", "1"),
         ("task.txt", "0"),
         ("events.ndjson", "1"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
+    for name in readable {
+        expected.insert(name.to_string(), "0".to_string());
+    }
     for run in ["run-1", second.as_str(), third.as_str()] {
         let read = |name: &str| sb.read_out(&format!("{run}/{name}"));
         assert_eq!(read("uid").trim(), user.uid.to_string(), "{run}: {output}");
