@@ -29,6 +29,29 @@ impl Stop {
     pub fn exit_code(self) -> Option<i32> {
         self.signal().map(|n| 128 + n)
     }
+
+    /// The requested stop's signal by name (`SIGTERM`), `none` when running.
+    pub fn signal_name(self) -> String {
+        self.signal().map_or_else(|| "none".to_string(), signal_name)
+    }
+}
+
+/// A signal number by its name: `SIGTERM`, `SIGINT`, `SIGKILL`, …, or
+/// `signal N` for one without a common name.
+pub fn signal_name(n: i32) -> String {
+    let name = match n {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("signal {n}"),
+    };
+    name.to_string()
 }
 
 /// Starts listening for SIGTERM and SIGINT. SIGHUP is ignored (a container

@@ -428,6 +428,7 @@ impl TurnProcesses {
         };
         let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
         tracing::info!(pgid = pid, program = %spec.program, cgroup = cgroup.is_some(), "agent started in a session of its own (no controlling terminal)");
+        crate::status::agent_pid(u32::try_from(pid).ok());
         let guard_pid = match guard {
             Some(Ok(started)) => Some(started.pid),
             Some(Err(reason)) => {
