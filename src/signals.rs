@@ -80,8 +80,8 @@ pub fn listen() -> Result<watch::Receiver<Stop>, String> {
                 Stop::Graceful(first) | Stop::Immediate(first) => Stop::Immediate(first),
             };
             match next {
-                Stop::Graceful(_) => tracing::warn!(signal = n, "stop signal: stopping gracefully"),
-                _ => tracing::warn!(signal = n, "second stop signal: stopping at once"),
+                Stop::Graceful(_) => tracing::warn!(signal = %signal_name(n), "stop signal: stopping gracefully"),
+                _ => tracing::warn!(signal = %signal_name(n), "second stop signal: stopping at once"),
             }
             tx.send_replace(next);
         }

@@ -299,7 +299,7 @@ async fn first_turn(
         .await
         .map_err(Ending::Stopped)?;
     if !active {
-        tracing::info!(status = ?session.status, "the session is no longer active");
+        tracing::info!(status = session.status.as_deref().unwrap_or("active"), "the session is no longer active");
         return Err(Ending::Clean);
     }
     match selected {

@@ -290,7 +290,7 @@ fn print_timeline(c: &Coordinator, snapshot: &Snapshot) {
             .finish
             .as_ref()
             .and_then(|f| f.error.as_ref())
-            .map(|e| format!(" [{:?}]", e.code))
+            .map(|e| format!(" [{}]", e.code.as_str()))
             .unwrap_or_default();
         println!(
             "  {}  {:<11} {} events ({}){error}",

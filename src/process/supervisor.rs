@@ -173,6 +173,9 @@ pub struct Exit {
     pub status: Option<ExitStatus>,
     /// Whether the runner signalled the group (an interrupt or a kill).
     pub signalled: bool,
+    /// Whether the runner sent SIGKILL to the group before the leader
+    /// exited (the grace period ran out, or a second stop signal).
+    pub killed: bool,
     /// The process group id the turn used (also its session id: the
     /// leader's pid).
     pub pgid: i32,
@@ -387,6 +390,7 @@ struct TurnProcesses {
 /// How the wait for the leader ended.
 struct Waited {
     signalled: bool,
+    killed: bool,
     timed_out: bool,
     guard_died: Option<i32>,
 }
@@ -464,6 +468,7 @@ impl TurnProcesses {
         tokio::pin!(exited);
         let mut waited = Waited {
             signalled: false,
+            killed: false,
             timed_out: false,
             guard_died: None,
         };
@@ -497,6 +502,7 @@ impl TurnProcesses {
                     }
                     Some(Control::Kill) => {
                         waited.signalled = true;
+                        waited.killed = true;
                         guard_armed = false;
                         signal_group(pid, Signal::KILL);
                     }
@@ -505,6 +511,7 @@ impl TurnProcesses {
                 },
                 _ = kill_sleep => {
                     tracing::warn!(pgid = pid, "agent still running after the grace period; SIGKILL to its process group");
+                    waited.killed = true;
                     guard_armed = false;
                     signal_group(pid, Signal::KILL);
                     kill_at = None;
@@ -545,6 +552,7 @@ impl TurnProcesses {
         Exit {
             status,
             signalled: waited.signalled,
+            killed: waited.killed,
             pgid: pid,
             timed_out: waited.timed_out,
             swept: report.killed,
