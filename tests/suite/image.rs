@@ -72,7 +72,10 @@ fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
     );
     assert!(out.status.success(), "{text}");
     assert!(text.contains("run-3  interrupted"), "{text}");
-    assert!(text.contains("runner exited with exit status: 0"), "{text}");
+    assert!(
+        text.contains("runner exited with code 0 (the session ended; complete was posted)"),
+        "{text}"
+    );
     use std::os::unix::fs::MetadataExt;
     let repo = std::fs::metadata(workspace.join("repo")).unwrap();
     assert_eq!(
