@@ -32,7 +32,8 @@ impl Stop {
 
     /// The requested stop's signal by name (`SIGTERM`), `none` when running.
     pub fn signal_name(self) -> String {
-        self.signal().map_or_else(|| "none".to_string(), signal_name)
+        self.signal()
+            .map_or_else(|| "none".to_string(), signal_name)
     }
 }
 
@@ -80,8 +81,12 @@ pub fn listen() -> Result<watch::Receiver<Stop>, String> {
                 Stop::Graceful(first) | Stop::Immediate(first) => Stop::Immediate(first),
             };
             match next {
-                Stop::Graceful(_) => tracing::warn!(signal = %signal_name(n), "stop signal: stopping gracefully"),
-                _ => tracing::warn!(signal = %signal_name(n), "second stop signal: stopping at once"),
+                Stop::Graceful(_) => {
+                    tracing::warn!(signal = %signal_name(n), "stop signal: stopping gracefully")
+                }
+                _ => {
+                    tracing::warn!(signal = %signal_name(n), "second stop signal: stopping at once")
+                }
             }
             tx.send_replace(next);
         }

@@ -514,7 +514,9 @@ mod tests {
         assert_eq!(status.exit_code, Some(1));
         let lines = describe(&status, Duration::from_secs(2), true);
         assert!(
-            lines[0].starts_with("phase        exited with code 1: turn_failed run-1: agent_crashed, for 0 s (since "),
+            lines[0].starts_with(
+                "phase        exited with code 1: turn_failed run-1: agent_crashed, for 0 s (since "
+            ),
             "{lines:?}"
         );
         assert_eq!(command(root.path(), true), 1);

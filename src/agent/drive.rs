@@ -625,7 +625,11 @@ impl Process<'_> {
             Note::Activity => self.watchdog.activity(),
             Note::Abort(e) => {
                 if self.abort.is_none() && !self.flags.interrupted() {
-                    tracing::warn!(code = e.code.as_str(), "giving up on the turn: {}", e.message);
+                    tracing::warn!(
+                        code = e.code.as_str(),
+                        "giving up on the turn: {}",
+                        e.message
+                    );
                     self.abort = Some(e);
                     self.watchdog.interrupt();
                 }

@@ -299,7 +299,10 @@ async fn first_turn(
         .await
         .map_err(Ending::Stopped)?;
     if !active {
-        tracing::info!(status = session.status.as_deref().unwrap_or("active"), "the session is no longer active");
+        tracing::info!(
+            status = session.status.as_deref().unwrap_or("active"),
+            "the session is no longer active"
+        );
         return Err(Ending::Clean);
     }
     match selected {
@@ -661,11 +664,7 @@ async fn report(api: &Api, root: &Path, ending: Ending) -> (i32, String) {
             let run_id = fatal.fatal.run_id.clone();
             let why = fatal.fatal.reason.clone();
             let reported = report_fatal_turn(api, root, *fatal).await;
-            let how = if reported {
-                "reported"
-            } else {
-                "NOT reported"
-            };
+            let how = if reported { "reported" } else { "NOT reported" };
             (1, format!("turn {run_id} failed ({how}): {why}"))
         }
     }

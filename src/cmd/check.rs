@@ -78,7 +78,10 @@ pub async fn run(
     }
     let failed = lines.iter().filter(|l| l.failure.is_some()).count();
     if failed == 0 {
-        println!("all {} checks passed: `hosted-boot run` can boot", lines.len());
+        println!(
+            "all {} checks passed: `hosted-boot run` can boot",
+            lines.len()
+        );
         0
     } else {
         println!(
@@ -266,7 +269,10 @@ fn root_line(root: &Path) -> CheckLine {
         Err(e) => {
             return CheckLine::fail(
                 "root",
-                format!("the root {} cannot be read by uid {uid} ({e})", root.display()),
+                format!(
+                    "the root {} cannot be read by uid {uid} ({e})",
+                    root.display()
+                ),
                 hint,
             );
         }

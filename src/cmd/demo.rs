@@ -112,7 +112,10 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
     let mut child = runner.spawn().context("cannot start the runner")?;
 
     let style = Style::detect();
-    println!("{}", style.bold("timeline (live, as the coordinator sees each request)"));
+    println!(
+        "{}",
+        style.bold("timeline (live, as the coordinator sees each request)")
+    );
     let actions: Actions = Mutex::new(Vec::new());
     let mut timeline = Timeline::new(style, &log_path);
     let done = std::sync::atomic::AtomicBool::new(false);
@@ -156,7 +159,10 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         .chain([DEMO_CONNECTOR.1.to_string()])
         .collect();
     let received = serde_json::to_string(&(&snapshot.runs, &snapshot.requests)).unwrap_or_default();
-    let leaked = secrets.iter().filter(|s| received.contains(s.as_str())).count();
+    let leaked = secrets
+        .iter()
+        .filter(|s| received.contains(s.as_str()))
+        .count();
     println!(
         "secrets in what the coordinator received: {}",
         if leaked > 0 {
@@ -165,10 +171,7 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
             style.green("none")
         }
     );
-    println!(
-        "{}",
-        summary(&snapshot, leaked, started.elapsed(), &style)
-    );
+    println!("{}", summary(&snapshot, leaked, started.elapsed(), &style));
     coordinator.shutdown().await;
     if args.keep {
         let kept = workdir.keep();
@@ -427,7 +430,12 @@ async fn drive(c: &Coordinator, actions: &Actions) -> anyhow::Result<()> {
     })
     .await
     .context("turn 3 did not start")?;
-    act(actions, c, format!("interrupted {third}"), Some(third.clone()));
+    act(
+        actions,
+        c,
+        format!("interrupted {third}"),
+        Some(third.clone()),
+    );
     c.interrupt(Some(&third))
         .context("cannot interrupt turn 3")?;
     c.wait_for(STEP_TIMEOUT, |s| {

@@ -156,7 +156,11 @@ async fn request_log(c: &Coordinator) {
                 break;
             }
             printed += 1;
-            let who = if r.route == super::Route::Dev { "dev   " } else { "runner" };
+            let who = if r.route == super::Route::Dev {
+                "dev   "
+            } else {
+                "runner"
+            };
             let path = r.path.split('?').next().unwrap_or("");
             let answer = r
                 .response_status

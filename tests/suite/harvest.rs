@@ -708,9 +708,9 @@ async fn the_demo_streams_its_timeline_before_the_session_ends() {
         "the first timeline line came after the runner exited:\n{text}"
     );
     assert!(
-        text.lines().any(|l| l.starts_with(
-            "summary 3 turns (2 succeeded, 1 interrupted), 3 commits pushed, "
-        ) && l.contains(" events, 0 secrets found in what the coordinator received, ")),
+        text.lines().any(|l| l
+            .starts_with("summary 3 turns (2 succeeded, 1 interrupted), 3 commits pushed, ")
+            && l.contains(" events, 0 secrets found in what the coordinator received, ")),
         "{text}"
     );
     assert!(text.contains("(turn took "), "{text}");

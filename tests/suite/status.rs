@@ -89,7 +89,10 @@ async fn status_follows_the_runner_and_check_reports_its_health() {
     );
     let (code, out) = status(&sb, false);
     assert_eq!(code, 0);
-    assert!(out.starts_with("phase        exited with code 0: "), "{out}");
+    assert!(
+        out.starts_with("phase        exited with code 0: "),
+        "{out}"
+    );
 }
 
 #[tokio::test]
