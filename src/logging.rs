@@ -51,7 +51,7 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
     let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
         .buffered_lines_limit(16 * 1024)
-        .finish(io::stderr());
+        .finish(crate::status_line::LogWriter);
     let writer = RedactingMakeWriter { redactor, stderr };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -115,7 +115,8 @@ impl Drop for RedactingWriter {
         }
         let text = String::from_utf8_lossy(&self.buffer);
         let redacted = self.redactor.redact(&text);
-        crate::status_line::erase();
+        // The writer thread writes it through the status line's lock
+        // (crate::status_line::LogWriter), never glued to the line.
         let _ = self.stderr.write_all(redacted.as_bytes());
     }
 }

@@ -29,6 +29,30 @@ impl Stop {
     pub fn exit_code(self) -> Option<i32> {
         self.signal().map(|n| 128 + n)
     }
+
+    /// The requested stop's signal by name (`SIGTERM`), `none` when running.
+    pub fn signal_name(self) -> String {
+        self.signal()
+            .map_or_else(|| "none".to_string(), signal_name)
+    }
+}
+
+/// A signal number by its name: `SIGTERM`, `SIGINT`, `SIGKILL`, …, or
+/// `signal N` for one without a common name.
+pub fn signal_name(n: i32) -> String {
+    let name = match n {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("signal {n}"),
+    };
+    name.to_string()
 }
 
 /// Starts listening for SIGTERM and SIGINT. SIGHUP is ignored (a container
@@ -57,8 +81,12 @@ pub fn listen() -> Result<watch::Receiver<Stop>, String> {
                 Stop::Graceful(first) | Stop::Immediate(first) => Stop::Immediate(first),
             };
             match next {
-                Stop::Graceful(_) => tracing::warn!(signal = n, "stop signal: stopping gracefully"),
-                _ => tracing::warn!(signal = n, "second stop signal: stopping at once"),
+                Stop::Graceful(_) => {
+                    tracing::warn!(signal = %signal_name(n), "stop signal: stopping gracefully")
+                }
+                _ => {
+                    tracing::warn!(signal = %signal_name(n), "second stop signal: stopping at once")
+                }
             }
             tx.send_replace(next);
         }

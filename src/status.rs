@@ -5,6 +5,8 @@
 //! coordinator contacts; a heartbeat rewrites it at least every 30 s, so a
 //! stale file means a stuck or dead runner, never a coordinator outage.
 //! `hosted-boot status` prints it; `--check` is the container HEALTHCHECK.
+//! On every exit path the runner writes a final phase `exited` with its exit
+//! code and the reason; `status --check` reports that as unhealthy.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -22,6 +24,8 @@ pub fn path(root: &Path) -> PathBuf {
 pub const STALE_AFTER: Duration = Duration::from_secs(120);
 /// The heartbeat's period (30 s).
 pub const HEARTBEAT: Duration = Duration::from_secs(30);
+/// How often the heartbeat looks for a change not yet written (1 s).
+pub const TICK: Duration = Duration::from_secs(1);
 const CONTACT_WRITE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What the runner is doing.
@@ -38,6 +42,45 @@ pub enum Phase {
     Turn,
     /// Exiting (reporting, removing files).
     Stopping,
+    /// The runner exited: `exitCode` and `reason` say how (the last write).
+    Exited,
+}
+
+impl Phase {
+    /// The phase as the file spells it (`booting`, `turn`, `exited`, …).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Phase::Booting => "booting",
+            Phase::Cloning => "cloning",
+            Phase::Idle => "idle",
+            Phase::Turn => "turn",
+            Phase::Stopping => "stopping",
+            Phase::Exited => "exited",
+        }
+    }
+}
+
+/// The step of the running turn (PROTOCOL.md 4.1), for people.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStep {
+    /// Step 4: the agent runs.
+    Agent,
+    /// Step 6: the harvest commits and pushes the agent's work.
+    Harvest,
+    /// Step 6: the run's events are flushed, the run sealed.
+    Flush,
+}
+
+impl TurnStep {
+    /// `agent`, `harvest`, `flush`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnStep::Agent => "agent",
+            TurnStep::Harvest => "harvest",
+            TurnStep::Flush => "flush",
+        }
+    }
 }
 
 /// The file's content (JSON, camelCase).
@@ -64,6 +107,62 @@ pub struct Status {
     pub runner_version: String,
     /// The runner's process id.
     pub pid: u32,
+    /// The step of the running turn (phase `turn` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_step: Option<TurnStep>,
+    /// The agent's process id (its process group's id) while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_pid: Option<u32>,
+    /// The type of the last event spooled for the coordinator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_event: Option<String>,
+    /// When the last event was spooled (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_event_at: Option<String>,
+    /// Phase `exited`: the runner's exit code (0, 1, 128+N).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Phase `exited`: why, in one line (the failure's reason, the signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The runner's status file, once [`StatusFile::create`] ran: the turn's
+/// steps below the boot (the supervisor, the event spool) report to it
+/// without carrying a handle.
+static CURRENT: std::sync::OnceLock<StatusFile> = std::sync::OnceLock::new();
+
+/// Records the agent's pid (`None`: it exited). Written at once.
+pub fn agent_pid(pid: Option<u32>) {
+    if let Some(f) = CURRENT.get() {
+        f.update(true, |s| s.agent_pid = pid);
+    }
+}
+
+/// Records the step of the running turn; also shown on the status line.
+pub fn turn_step(step: TurnStep) {
+    crate::status_line::step(step.as_str());
+    if let Some(f) = CURRENT.get() {
+        f.update(true, |s| s.turn_step = Some(step));
+    }
+}
+
+/// Records that events were spooled, the last of type `kind`; `line` is
+/// the agent's last output line (redacted) for the status line.
+pub fn event(kind: &str, line: Option<&str>) {
+    crate::status_line::event(line);
+    if let Some(f) = CURRENT.get() {
+        f.update(false, |s| {
+            s.last_event = Some(kind.to_string());
+            s.last_event_at = Some(now());
+        });
+    }
+}
+
+/// Records how many events of the turn the coordinator accepted, for the
+/// status line.
+pub fn events_sent(accepted: u64) {
+    crate::status_line::events_sent(accepted);
 }
 
 fn now() -> String {
@@ -81,6 +180,9 @@ struct Inner {
     path: PathBuf,
     status: Status,
     last_write: Option<Instant>,
+    /// A change not yet written (contacts and events are written at most
+    /// once a second; the heartbeat writes what is left).
+    dirty: bool,
     warned: bool,
 }
 
@@ -102,12 +204,20 @@ impl StatusFile {
                     updated_at: stamp,
                     runner_version: env!("CARGO_PKG_VERSION").to_string(),
                     pid: std::process::id(),
+                    turn_step: None,
+                    agent_pid: None,
+                    last_event: None,
+                    last_event_at: None,
+                    exit_code: None,
+                    reason: None,
                 },
                 last_write: None,
+                dirty: false,
                 warned: false,
             })),
         };
         file.update(true, |_| {});
+        let _ = CURRENT.set(file.clone());
         file
     }
 
@@ -118,8 +228,10 @@ impl StatusFile {
             .last_write
             .is_none_or(|t| t.elapsed() >= CONTACT_WRITE_INTERVAL);
         if !(force || due) {
+            inner.dirty = true;
             return;
         }
+        inner.dirty = false;
         inner.status.updated_at = now();
         inner.last_write = Some(Instant::now());
         if let Err(e) = write(&inner.path, &inner.status)
@@ -138,14 +250,33 @@ impl StatusFile {
             (Phase::Idle, _) => crate::status_line::set("waiting for a turn"),
             (Phase::Turn, Some(run)) => crate::status_line::set(format!("turn {run} running")),
             (Phase::Turn, None) => crate::status_line::set("turn running"),
-            (Phase::Stopping, _) => crate::status_line::clear(),
+            (Phase::Stopping | Phase::Exited, _) => crate::status_line::clear(),
         }
         self.update(true, |s| {
             s.phase = phase;
             s.run_id = run_id.map(str::to_string);
             s.turn_ordinal = ordinal;
+            s.turn_step = None;
+            s.agent_pid = None;
             s.since = now();
         });
+    }
+
+    /// The final write: phase `exited` with the exit `code` and `reason`.
+    pub fn exited(&self, code: i32, reason: &str) {
+        self.update(true, |s| {
+            s.phase = Phase::Exited;
+            s.exit_code = Some(code);
+            s.reason = Some(reason.to_string());
+            s.turn_step = None;
+            s.agent_pid = None;
+            s.since = now();
+        });
+    }
+
+    /// Whether the final phase was written.
+    pub fn has_exited(&self) -> bool {
+        crate::sync::lock(&self.inner).status.phase == Phase::Exited
     }
 
     /// Records a request to the coordinator and, if `ok`, its success.
@@ -159,9 +290,16 @@ impl StatusFile {
         });
     }
 
-    /// Rewrites the file (the heartbeat).
-    pub fn touch(&self) {
-        self.update(true, |_| {});
+    /// The heartbeat's tick, every [`TICK`]: writes a change not yet
+    /// written, and rewrites the file at least every [`HEARTBEAT`].
+    pub fn tick(&self) {
+        let due = {
+            let inner = crate::sync::lock(&self.inner);
+            inner.dirty || inner.last_write.is_none_or(|t| t.elapsed() >= HEARTBEAT)
+        };
+        if due {
+            self.update(true, |_| {});
+        }
     }
 }
 
@@ -211,43 +349,134 @@ pub fn command(root: &Path, check: bool) -> i32 {
         .is_some_and(|p| {
             rustix::process::test_kill_process(p).is_ok() || status.pid == std::process::id()
         });
-    let run = match (&status.run_id, status.turn_ordinal) {
-        (Some(r), Some(o)) => format!(" {r} (turn {o})"),
-        (Some(r), None) => format!(" {r}"),
-        _ => String::new(),
-    };
-    println!(
-        "{:?}{run} since {}; session {}; runner {} pid {}",
-        status.phase, status.since, status.session_id, status.runner_version, status.pid
-    );
-    println!(
-        "coordinator: last attempt {}, last success {}",
-        status
-            .last_coordinator_attempt
-            .as_deref()
-            .unwrap_or("never"),
-        status
-            .last_coordinator_success
-            .as_deref()
-            .unwrap_or("never")
-    );
-    println!("file written {} s ago", age.as_secs());
+    for line in describe(&status, age, alive) {
+        println!("{line}");
+    }
     if !check {
         return 0;
     }
+    if status.phase == Phase::Exited {
+        println!(
+            "unhealthy: the runner exited with code {}: {}",
+            status
+                .exit_code
+                .map_or_else(|| "unknown".to_string(), |c| c.to_string()),
+            status.reason.as_deref().unwrap_or("no reason recorded")
+        );
+        return 1;
+    }
     if !alive {
-        println!("unhealthy: the runner (pid {}) is gone", status.pid);
+        println!(
+            "unhealthy: the runner (pid {}) is gone without writing its exit",
+            status.pid
+        );
         return 1;
     }
     if age > STALE_AFTER {
         println!(
-            "unhealthy: the status file was not rewritten for {} s",
-            age.as_secs()
+            "unhealthy: the status file was not rewritten for {}",
+            format_age(age)
         );
         return 1;
     }
     println!("healthy");
     0
+}
+
+/// `12 s`, `3 min 05 s`, `2 h 03 min`: an age for people.
+pub fn format_age(d: Duration) -> String {
+    let s = d.as_secs();
+    if d == Duration::MAX {
+        "an unknown time".to_string()
+    } else if s < 60 {
+        format!("{s} s")
+    } else if s < 3600 {
+        format!("{} min {:02} s", s / 60, s % 60)
+    } else {
+        format!("{} h {:02} min", s / 3600, (s % 3600) / 60)
+    }
+}
+
+/// `T (12 s ago)`: an RFC 3339 stamp of the file with its age.
+fn stamp_with_age(stamp: &str) -> String {
+    match humantime::parse_rfc3339(stamp)
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+    {
+        Some(age) => format!("{} ago ({stamp})", format_age(age)),
+        None => stamp.to_string(),
+    }
+}
+
+fn since_age(stamp: &str) -> String {
+    match humantime::parse_rfc3339(stamp)
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+    {
+        Some(age) => format!("for {} (since {stamp})", format_age(age)),
+        None => format!("since {stamp}"),
+    }
+}
+
+/// The lines `hosted-boot status` prints, `kubectl describe` style: the
+/// phase with its age first, then one `name: value` line per fact.
+fn describe(status: &Status, file_age: Duration, alive: bool) -> Vec<String> {
+    let mut phase = status.phase.as_str().to_string();
+    match (&status.run_id, status.turn_ordinal) {
+        (Some(r), Some(o)) => phase.push_str(&format!(" {r} (turn {o})")),
+        (Some(r), None) => phase.push_str(&format!(" {r}")),
+        _ => {}
+    }
+    if let Some(step) = status.turn_step {
+        phase.push_str(&format!(", step {}", step.as_str()));
+    }
+    if status.phase == Phase::Exited {
+        if let Some(code) = status.exit_code {
+            phase.push_str(&format!(" with code {code}"));
+        }
+        if let Some(reason) = &status.reason {
+            phase.push_str(&format!(": {reason}"));
+        }
+    }
+    let never = || "never".to_string();
+    let mut lines = vec![
+        format!("phase        {phase}, {}", since_age(&status.since)),
+        format!("session      {}", status.session_id),
+        format!(
+            "runner       hosted-boot {}, pid {} ({})",
+            status.runner_version,
+            status.pid,
+            if alive { "running" } else { "not running" }
+        ),
+    ];
+    if let Some(pid) = status.agent_pid {
+        lines.push(format!("agent        pid {pid} (its process group)"));
+    }
+    if let Some(kind) = &status.last_event {
+        let at = status
+            .last_event_at
+            .as_deref()
+            .map(|t| format!(", {}", stamp_with_age(t)))
+            .unwrap_or_default();
+        lines.push(format!("last event   {kind}{at}"));
+    }
+    lines.push(format!(
+        "coordinator  last attempt {}; last success {}",
+        status
+            .last_coordinator_attempt
+            .as_deref()
+            .map_or_else(never, stamp_with_age),
+        status
+            .last_coordinator_success
+            .as_deref()
+            .map_or_else(never, stamp_with_age)
+    ));
+    lines.push(format!(
+        "file         written {} ago ({})",
+        format_age(file_age),
+        status.updated_at
+    ));
+    lines
 }
 
 #[cfg(test)]
@@ -263,6 +492,33 @@ mod tests {
         let mut status = file.inner.lock().unwrap().status.clone();
         status.pid = u32::MAX;
         write(&path(root.path()), &status).unwrap();
+        assert_eq!(command(root.path(), true), 1);
+    }
+
+    #[test]
+    fn ages_read_as_people_say_them() {
+        assert_eq!(format_age(Duration::from_millis(12_400)), "12 s");
+        assert_eq!(format_age(Duration::from_secs(185)), "3 min 05 s");
+        assert_eq!(format_age(Duration::from_secs(7380)), "2 h 03 min");
+    }
+
+    #[test]
+    fn the_exited_phase_is_unhealthy_with_its_code_and_reason() {
+        let root = tempfile::tempdir().unwrap();
+        let file = StatusFile::create(root.path(), "s1");
+        assert_eq!(command(root.path(), true), 0, "a live runner is healthy");
+        file.exited(1, "turn_failed run-1: agent_crashed");
+        let status: Status =
+            serde_json::from_slice(&std::fs::read(path(root.path())).unwrap()).unwrap();
+        assert_eq!(status.phase, Phase::Exited);
+        assert_eq!(status.exit_code, Some(1));
+        let lines = describe(&status, Duration::from_secs(2), true);
+        assert!(
+            lines[0].starts_with(
+                "phase        exited with code 1: turn_failed run-1: agent_crashed, for 0 s (since "
+            ),
+            "{lines:?}"
+        );
         assert_eq!(command(root.path(), true), 1);
     }
 }

@@ -177,7 +177,7 @@ pub async fn run(
         );
         tracing::warn!(
             attempt = continuations,
-            ?delay,
+            delay = %humantime::format_duration(delay),
             "provider overloaded and the turn had no effect; continuing it in the same agent session"
         );
         if !wait_unless_stopped(delay, requests, stop, &mut flags).await {
@@ -403,6 +403,7 @@ async fn run_once(
         notes: wired.notes,
         abort: None,
         flags,
+        interrupt_at: None,
     };
     let exit = match process.watch(supervised, requests, stop).await {
         Ok(exit) => exit,
@@ -550,6 +551,8 @@ struct Process<'a> {
     /// The adapter's reason to give up, first one kept.
     abort: Option<AgentError>,
     flags: &'a mut Flags,
+    /// When the first interrupt or stop was requested.
+    interrupt_at: Option<Instant>,
 }
 
 impl Process<'_> {
@@ -599,6 +602,7 @@ impl Process<'_> {
         match request {
             RunRequest::Interrupt => {
                 self.flags.interrupt_requested = true;
+                self.interrupt_at.get_or_insert_with(Instant::now);
                 tracing::info!("interrupt requested; asking the agent to stop");
                 self.watchdog.interrupt();
             }
@@ -606,6 +610,9 @@ impl Process<'_> {
     }
 
     fn on_stop(&mut self, stop: Stop) {
+        if stop != Stop::Running {
+            self.interrupt_at.get_or_insert_with(Instant::now);
+        }
         match stop {
             Stop::Graceful(_) => {
                 self.flags.stopped_by = Some(stop);
@@ -626,7 +633,11 @@ impl Process<'_> {
             Note::Activity => self.watchdog.activity(),
             Note::Abort(e) => {
                 if self.abort.is_none() && !self.flags.interrupted() {
-                    tracing::warn!(code = ?e.code, "giving up on the turn: {}", e.message);
+                    tracing::warn!(
+                        code = e.code.as_str(),
+                        "giving up on the turn: {}",
+                        e.message
+                    );
                     self.abort = Some(e);
                     self.watchdog.interrupt();
                 }
@@ -643,6 +654,22 @@ impl Process<'_> {
         exit_rule: ExitRule,
         stderr_tail: String,
     ) -> Once {
+        if let Some(at) = self.interrupt_at {
+            let how = if exit.killed {
+                "SIGKILL to its process group (still running at the end of the grace period)"
+            } else if exit.signalled {
+                "SIGINT to its process group"
+            } else if self.watchdog.protocol_sent() {
+                "the CLI's protocol interrupt"
+            } else {
+                "exiting by itself"
+            };
+            tracing::info!(
+                stopped_by = how,
+                latency_ms = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "the agent stopped after the interrupt: {how}"
+            );
+        }
         while let Ok(note) = self.notes.try_recv() {
             match note {
                 Note::SessionId(id) => record_session(self.input, self.resume, id),
@@ -817,6 +844,7 @@ mod tests {
             exit: Exit {
                 status: Some(std::process::ExitStatus::from_raw(code << 8)),
                 signalled: false,
+                killed: false,
                 pgid: 1,
                 timed_out: false,
                 swept: 0,

@@ -131,6 +131,11 @@ impl Watchdog {
         self.escalate(self.stop_grace);
     }
 
+    /// Whether the CLI's protocol interrupt was sent.
+    pub(super) fn protocol_sent(&self) -> bool {
+        self.protocol_sent
+    }
+
     /// SIGKILL to the process group now (the second stop signal).
     pub(super) fn kill(&self) {
         let _ = self.control.send(Control::Kill);
@@ -190,7 +195,7 @@ impl Watchdog {
                     && Instant::now() >= last + t
                     && self.hung.is_none()
                 {
-                    tracing::warn!(idle = ?t, "no output from the agent; interrupting it (agent_hung)");
+                    tracing::warn!(idle = %humantime::format_duration(t), "no output from the agent; interrupting it (agent_hung)");
                     self.hung = Some(t);
                     self.interrupt();
                 }
@@ -198,7 +203,7 @@ impl Watchdog {
             Alarm::Signal => {
                 if let Some((_, grace)) = self.signal_at.take() {
                     tracing::info!(
-                        ?grace,
+                        grace = %humantime::format_duration(grace),
                         "the agent is still running after its protocol interrupt; SIGINT to its process group"
                     );
                     self.signalled = true;

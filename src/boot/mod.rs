@@ -189,8 +189,8 @@ impl Cleanup {
         let beating = status.clone();
         let heartbeat = tokio::spawn(async move {
             loop {
-                tokio::time::sleep(crate::status::HEARTBEAT).await;
-                beating.touch();
+                tokio::time::sleep(crate::status::TICK).await;
+                beating.tick();
             }
         });
         Cleanup {
@@ -206,9 +206,10 @@ impl Cleanup {
     async fn finish(mut self, api: &Api, root: &Path, ending: Ending) -> i32 {
         self.status.phase(Phase::Stopping, None, None);
         self.heartbeat.abort();
-        let code = report(api, root, ending).await;
+        let (code, reason) = report(api, root, ending).await;
         self.remove_session_dir();
-        tracing::info!(exit_code = code, "boot finished");
+        self.status.exited(code, &reason);
+        tracing::info!(exit_code = code, reason = %reason, "boot finished");
         code
     }
 
@@ -230,6 +231,11 @@ impl Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         self.heartbeat.abort();
+        if !self.status.has_exited() {
+            // A panic: the exit code is the panic's (101), the report none.
+            self.status
+                .exited(101, "the runner panicked before reporting its ending");
+        }
         self.remove_session_dir();
     }
 }
@@ -306,7 +312,10 @@ async fn first_turn(
         .await
         .map_err(Ending::Stopped)?;
     if !active {
-        tracing::info!(status = ?session.status, "the session is no longer active");
+        tracing::info!(
+            status = session.status.as_deref().unwrap_or("active"),
+            "the session is no longer active"
+        );
         return Err(Ending::Clean);
     }
     match selected {
@@ -734,40 +743,58 @@ fn issued_tokens_source(path: PathBuf) -> crate::redact::SecretSource {
 }
 
 /// Step 7: reports the ending and returns the exit code.
-async fn report(api: &Api, root: &Path, ending: Ending) -> i32 {
+/// Step 7's report; returns the exit code and the reason the status file
+/// records for it.
+async fn report(api: &Api, root: &Path, ending: Ending) -> (i32, String) {
     match ending {
         Ending::Clean => {
             tracing::info!("session ended; posting complete");
-            if let Err(e) = api.post_status(BootStatus::Complete, None, None).await {
-                tracing::warn!(error = %e, "complete was not delivered (best-effort)");
+            match api.post_status(BootStatus::Complete, None, None).await {
+                Ok(()) => (0, "the session ended; complete was posted".to_string()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "complete was not delivered (best-effort)");
+                    (
+                        0,
+                        format!("the session ended; complete was not delivered ({e})"),
+                    )
+                }
             }
-            0
         }
         Ending::Stopped(stop) => {
-            tracing::warn!(signal = ?stop.signal(), "stopped by signal");
-            stop.exit_code().unwrap_or(1)
+            tracing::warn!(signal = %stop.signal_name(), "stopped by signal");
+            (
+                stop.exit_code().unwrap_or(1),
+                format!("stopped by {}", stop.signal_name()),
+            )
         }
         Ending::BeforeDrain(e) | Ending::Unreadable(e) => {
             let reason = e.reason();
             tracing::error!(reason = %reason, "boot failed");
-            if let Err(e) = api
+            match api
                 .post_status(BootStatus::Failed, None, Some(&reason))
                 .await
             {
-                tracing::warn!(error = %e, "failed status was not delivered (best-effort)");
+                Ok(()) => (1, format!("failed (reported): {reason}")),
+                Err(e) => {
+                    tracing::warn!(error = %e, "failed status was not delivered (best-effort); exit 1 all the same");
+                    (1, format!("failed (NOT reported: {e}): {reason}"))
+                }
             }
-            1
         }
         Ending::InDrain(fatal) => {
-            report_fatal_turn(api, root, *fatal).await;
-            1
+            let run_id = fatal.fatal.run_id.clone();
+            let why = fatal.fatal.reason.clone();
+            let reported = report_fatal_turn(api, root, *fatal).await;
+            let how = if reported { "reported" } else { "NOT reported" };
+            (1, format!("turn {run_id} failed ({how}): {why}"))
         }
     }
 }
 
 /// Step 7 once the drain began: seals the run `failed` (`runner_error`)
-/// unless it is sealed, then posts `turn_failed` for it.
-async fn report_fatal_turn(api: &Api, root: &Path, fatal: FatalInDrain) {
+/// unless it is sealed, then posts `turn_failed` for it; returns whether
+/// `turn_failed` was acknowledged.
+async fn report_fatal_turn(api: &Api, root: &Path, fatal: FatalInDrain) -> bool {
     let FatalInDrain {
         fatal:
             TurnFatal {
@@ -809,11 +836,15 @@ async fn report_fatal_turn(api: &Api, root: &Path, fatal: FatalInDrain) {
     if sealed {
         remove_run_dir_if_delivered(root, &run_id, events_delivered);
     }
-    if let Err(e) = api
+    match api
         .post_status(BootStatus::TurnFailed, Some(&run_id), Some(&reason))
         .await
     {
-        tracing::error!(run_id = %run_id, error = %e, "turn_failed was not acknowledged");
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(run_id = %run_id, error = %e, "turn_failed was not acknowledged; exit 1 all the same");
+            false
+        }
     }
 }
 

@@ -2,8 +2,10 @@
 //! environment it validates the contract (section 1), reaches the agent-token
 //! route, the session and the env bundle (reading only: no repo token is
 //! minted and no status is posted), and checks that `git` and the agent
-//! program are present and runnable. It prints one line per check with a
-//! hint for each failure, never a secret, and exits 0 only when all pass.
+//! program are present and runnable, that the root is a directory this user
+//! can write (what `run` needs: PROTOCOL.md 3) and that the CA file, when
+//! set, is usable. It prints one line per check with a hint for each
+//! failure, never a secret, and exits 0 only when all pass.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -76,10 +78,16 @@ pub async fn run(
     }
     let failed = lines.iter().filter(|l| l.failure.is_some()).count();
     if failed == 0 {
-        println!("all {} checks passed", lines.len());
+        println!(
+            "all {} checks passed: `hosted-boot run` can boot",
+            lines.len()
+        );
         0
     } else {
-        println!("{failed} of {} checks failed", lines.len());
+        println!(
+            "{failed} of {} checks failed: `hosted-boot run` would fail",
+            lines.len()
+        );
         1
     }
 }
@@ -112,6 +120,17 @@ async fn checks(
             config.api.session_id, config.api.api_base
         ),
     )];
+    lines.push(root_line(&config.root));
+    if let Some(ca) = &config.ca_file {
+        lines.push(match crate::tls::http_client(Some(ca)) {
+            Ok(_) => CheckLine::pass("ca file", format!("{} is a usable PEM file", ca.display())),
+            Err(e) => CheckLine::fail(
+                "ca file",
+                format!("{e:#}"),
+                "HOSTED_BOOT_CA_FILE (--ca-file) must name a PEM file of CA certificates",
+            ),
+        });
+    }
     lines.extend(coordinator_lines(&config, redactor).await);
     lines.push(tool_line("git", Path::new("git"), env));
     lines.push(tool_line(
@@ -127,9 +146,9 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
         Ok(h) => h,
         Err(e) => {
             return vec![CheckLine::fail(
-                "tls",
-                format!("{e:#}"),
-                "check HOSTED_BOOT_CA_FILE",
+                "agent token",
+                format!("skipped: no TLS client ({e:#})"),
+                "fix the CA file first",
             )];
         }
     };
@@ -141,7 +160,13 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
     match api.pull_bearer(Policy::ONCE).await {
         Ok(b) => lines.push(CheckLine::pass(
             "agent token",
-            format!("bearer received ({:?})", b.lifetime),
+            match b.lifetime {
+                crate::client::bearer::Lifetime::Known(d) => format!(
+                    "bearer received, expires in {}",
+                    crate::status::format_age(d)
+                ),
+                _ => "bearer received (no expiry given)".to_string(),
+            },
         )),
         Err(e) => {
             let hint = match e.verdict_status() {
@@ -160,7 +185,10 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
     match api.session(Policy::ONCE, false).await {
         Ok(s) => {
             let branch = crate::validate::git_branch("repoBranch", &s.repo_branch);
-            let pending = s.pending_turn();
+            // What `run` would run first (2.4): the pending turn, else the
+            // initial task while its run is open.
+            let pending = crate::boot::idle::select_turn(&s, true, &Default::default())
+                .map_err(|e| e.to_string());
             match (branch, pending) {
                 (Err(e), _) => lines.push(CheckLine::fail(
                     "session",
@@ -175,11 +203,11 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
                 (Ok(()), Ok(p)) => lines.push(CheckLine::pass(
                     "session",
                     format!(
-                        "status {}, branch {}, {} runs, pending turn: {}",
+                        "status {}, branch {}, {} runs, first turn: {}",
                         s.status.as_deref().unwrap_or("active"),
                         s.repo_branch,
                         s.runs.len(),
-                        p.map_or("none".to_string(), |t| t.run_id)
+                        first_turn(&s, p.as_ref())
                     ),
                 )),
             }
@@ -216,6 +244,66 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
     lines
 }
 
+/// The turn `run` would start with, in words.
+fn first_turn(s: &crate::wire::Session, turn: Option<&crate::turn::TurnInput>) -> String {
+    let pending = s.pending_turn().ok().flatten();
+    match turn {
+        _ if !s.is_active() => "none (the session has ended: the runner would exit 0)".into(),
+        None => "none yet (the runner would post ready and wait for one)".into(),
+        Some(t) if pending.is_some_and(|p| p.run_id == t.run_id) => format!(
+            "{} (pending turn {}, runs at once)",
+            t.run_id,
+            t.ordinal.map_or_else(|| "?".to_string(), |o| o.to_string())
+        ),
+        Some(t) => format!("{} (the initial task, runs at once)", t.run_id),
+    }
+}
+
+/// The root (PROTOCOL.md 3): `run` locks it and writes `.hosted-boot/`,
+/// `.orizu-session/`, `.orizu-run/` and `repo/` in it, so it must be an
+/// existing directory this user can write.
+fn root_line(root: &Path) -> CheckLine {
+    let uid = rustix::process::getuid().as_raw();
+    let hint = "set HOSTED_BOOT_ROOT (--root) to a directory this user can write (the image uses /workspace)";
+    match std::fs::metadata(root) {
+        Err(e) => {
+            return CheckLine::fail(
+                "root",
+                format!(
+                    "the root {} cannot be read by uid {uid} ({e})",
+                    root.display()
+                ),
+                hint,
+            );
+        }
+        Ok(m) if !m.is_dir() => {
+            return CheckLine::fail(
+                "root",
+                format!("the root {} is a file, not a directory", root.display()),
+                hint,
+            );
+        }
+        Ok(_) => {}
+    }
+    match tempfile::Builder::new()
+        .prefix(".hosted-boot-check-")
+        .tempfile_in(root)
+    {
+        Ok(_) => CheckLine::pass(
+            "root",
+            format!("{} is a directory uid {uid} can write", root.display()),
+        ),
+        Err(e) => CheckLine::fail(
+            "root",
+            format!(
+                "the root {} is not writable by uid {uid} ({e})",
+                root.display()
+            ),
+            hint,
+        ),
+    }
+}
+
 /// Finds `program` the way `execvp` would, with the environment's `PATH`.
 fn find_program(program: &Path, env: &BTreeMap<OsString, OsString>) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
@@ -231,6 +319,18 @@ fn find_program(program: &Path, env: &BTreeMap<OsString, OsString>) -> Option<Pa
     std::env::split_paths(path)
         .map(|dir| dir.join(program))
         .find(|p| executable(p))
+}
+
+/// The interpreter a `#!` line names, if `program` starts with one.
+fn interpreter(program: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
+    let head = head.get(..n)?;
+    let rest = head.strip_prefix(b"#!")?;
+    let line = rest.split(|b| *b == b'\n').next()?;
+    let text = String::from_utf8_lossy(line);
+    text.split_whitespace().next().map(PathBuf::from)
 }
 
 fn tool_line(name: &'static str, program: &Path, env: &BTreeMap<OsString, OsString>) -> CheckLine {
@@ -258,8 +358,20 @@ fn tool_line(name: &'static str, program: &Path, env: &BTreeMap<OsString, OsStri
             ),
         }
     } else {
-        // The agent is not started here (it would begin working); being an
-        // executable file is what `run` needs to spawn it.
-        CheckLine::pass(name, format!("{} is executable", found.display()))
+        // The agent is not started here (it would begin working); an
+        // executable file whose `#!` interpreter exists is what `run` needs
+        // to spawn it.
+        match interpreter(&found) {
+            Some(interp) if !interp.is_file() => CheckLine::fail(
+                name,
+                format!(
+                    "{} is a script whose interpreter {} does not exist",
+                    found.display(),
+                    interp.display()
+                ),
+                "install the interpreter in the image, or fix the script's #! line",
+            ),
+            _ => CheckLine::pass(name, format!("{} is executable", found.display())),
+        }
     }
 }

@@ -5,12 +5,18 @@
 //! commits and pushes a file through the credential helper, a follow-up
 //! turn leaves a file uncommitted, a third turn is interrupted mid-work),
 //! ends the session, and prints a readable timeline with the runner's
-//! harvest of each turn (PROTOCOL.md 4.5). No network beyond loopback.
+//! harvest of each turn (PROTOCOL.md 4.5), live, as the coordinator sees
+//! each request: each turn's duration, the interrupt's latency, then a
+//! summary counted from the coordinator's record. Colour on a terminal
+//! (unless `NO_COLOR` is set), plain text otherwise. No network beyond
+//! loopback.
 
-use std::io::{Read, Write};
+use std::collections::HashMap;
+use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
 use std::process::{Command as StdCommand, Stdio};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use serde_json::json;
@@ -40,6 +46,7 @@ pub async fn run(args: DemoArgs) -> i32 {
 }
 
 async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
     // The coordinator's git and the runner start in the working directory.
     crate::boot::config::working_dir()?;
     let workdir = tempfile::Builder::new()
@@ -111,8 +118,32 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         .kill_on_drop(true);
     let mut child = runner.spawn().context("cannot start the runner")?;
 
-    let outcome = drive(&coordinator).await;
-    let status = match tokio::time::timeout(STEP_TIMEOUT, child.wait()).await {
+    let style = Style::detect();
+    println!(
+        "{}",
+        style.bold("timeline (live, as the coordinator sees each request)")
+    );
+    let actions: Actions = Mutex::new(Vec::new());
+    let mut timeline = Timeline::new(style, &log_path);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let run_and_wait = async {
+        let outcome = drive(&coordinator, &actions).await;
+        let status = tokio::time::timeout(STEP_TIMEOUT, child.wait()).await;
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        (outcome, status)
+    };
+    let stream = async {
+        loop {
+            let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+            timeline.print_new(&coordinator.requests(), &actions);
+            if finished {
+                break;
+            }
+            coordinator.changed(Duration::from_millis(250)).await;
+        }
+    };
+    let ((outcome, status), ()) = tokio::join!(run_and_wait, stream);
+    let status = match status {
         Ok(s) => s?,
         Err(_) => {
             let _ = child.kill().await;
@@ -120,52 +151,298 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         }
     };
     let snapshot = coordinator.snapshot();
-    print_timeline(&coordinator, &snapshot);
+    timeline.print_new(&snapshot.requests, &actions);
+    println!(
+        "  ({} agent-token pulls in all, runner and credential helper)",
+        timeline.token_pulls
+    );
     println!();
-    println!("runner exited with {status}");
-    let leaked = coordinator
+    print_turns(&coordinator, &snapshot, &style);
+    println!();
+    println!("runner {}", exit_in_words(status, &root));
+    let secrets: Vec<String> = coordinator
         .issued_secrets()
         .into_iter()
         .chain([DEMO_CONNECTOR.1.to_string()])
-        .any(|s| {
-            serde_json::to_string(&snapshot.runs)
-                .unwrap_or_default()
-                .contains(&s)
-        });
+        .collect();
+    let received = serde_json::to_string(&(&snapshot.runs, &snapshot.requests)).unwrap_or_default();
+    let leaked = secrets
+        .iter()
+        .filter(|s| received.contains(s.as_str()))
+        .count();
     println!(
-        "secrets in the events the coordinator received: {}",
-        if leaked { "FOUND (bug)" } else { "none" }
+        "secrets in what the coordinator received: {}",
+        if leaked > 0 {
+            style.red(&format!("{leaked} FOUND (bug)"))
+        } else {
+            style.green("none")
+        }
     );
+    println!("{}", summary(&snapshot, leaked, started.elapsed(), &style));
     coordinator.shutdown().await;
     if args.keep {
         let kept = workdir.keep();
         println!("kept {}", kept.display());
     }
     outcome?;
-    if !status.success() || leaked {
+    if !status.success() || leaked > 0 {
         bail!("the runner did not end the session cleanly");
     }
     Ok(())
 }
 
-async fn drive(c: &Coordinator) -> anyhow::Result<()> {
+/// The runner's exit in words: its code and the reason its status file
+/// gives (PROTOCOL.md section 3), or the signal that killed it.
+fn exit_in_words(status: std::process::ExitStatus, root: &Path) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let reason = std::fs::read(crate::status::path(root))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<crate::status::Status>(&b).ok())
+        .and_then(|s| s.reason)
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}{reason}"),
+        (None, Some(n)) => format!("was killed by {}", crate::signals::signal_name(n)),
+        _ => "ended in an unknown way".to_string(),
+    }
+}
+
+/// The closing line, counted from the coordinator's record.
+fn summary(snapshot: &Snapshot, leaked: usize, wall: Duration, style: &Style) -> String {
+    let mut outcomes: Vec<(String, usize)> = Vec::new();
+    for run in &snapshot.runs {
+        match outcomes.iter_mut().find(|(s, _)| *s == run.status) {
+            Some((_, n)) => *n += 1,
+            None => outcomes.push((run.status.clone(), 1)),
+        }
+    }
+    let outcomes: Vec<String> = outcomes.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    let pushed: u64 = snapshot
+        .requests
+        .iter()
+        .filter(|r| r.route == Route::Finish && r.body["result"]["pushed"] == true)
+        .map(|r| r.body["result"]["commits"].as_u64().unwrap_or(0))
+        .sum();
+    let events: usize = snapshot.runs.iter().map(|r| r.events.len()).sum();
+    format!(
+        "{} {} turns ({}), {pushed} commits pushed, {events} events, {leaked} secrets found in what the coordinator received, {:.1} s",
+        style.bold("summary"),
+        snapshot.runs.len(),
+        outcomes.join(", "),
+        wall.as_secs_f64()
+    )
+}
+
+/// Colour on a terminal, unless `NO_COLOR` is set (no-color.org); plain
+/// text otherwise.
+#[derive(Clone, Copy)]
+struct Style {
+    color: bool,
+}
+
+impl Style {
+    fn detect() -> Style {
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Style {
+            color: !no_color && std::io::stdout().is_terminal(),
+        }
+    }
+
+    fn paint(&self, code: &str, text: &str) -> String {
+        if self.color {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_string()
+        }
+    }
+
+    fn bold(&self, t: &str) -> String {
+        self.paint("1", t)
+    }
+    fn dim(&self, t: &str) -> String {
+        self.paint("2", t)
+    }
+    fn green(&self, t: &str) -> String {
+        self.paint("32", t)
+    }
+    fn yellow(&self, t: &str) -> String {
+        self.paint("33", t)
+    }
+    fn red(&self, t: &str) -> String {
+        self.paint("31", t)
+    }
+    fn cyan(&self, t: &str) -> String {
+        self.paint("36", t)
+    }
+
+    fn outcome(&self, status: &str) -> String {
+        match status {
+            "succeeded" => self.green(status),
+            "interrupted" => self.yellow(status),
+            "failed" => self.red(status),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// What the demo did as the user (queued a turn, set the interrupt flag),
+/// at the coordinator's clock.
+struct Action {
+    at_ms: u64,
+    text: String,
+    /// For an interrupt: the run and the wall-clock time of the flag.
+    interrupt: Option<(String, SystemTime)>,
+}
+
+type Actions = Mutex<Vec<Action>>;
+
+fn act(actions: &Actions, c: &Coordinator, text: String, interrupt: Option<String>) {
+    crate::sync::lock(actions).push(Action {
+        at_ms: c.elapsed_ms(),
+        text,
+        interrupt: interrupt.map(|r| (r, SystemTime::now())),
+    });
+}
+
+/// The live timeline: prints each request of the record once, in order.
+struct Timeline<'a> {
+    style: Style,
+    log: &'a Path,
+    printed: usize,
+    actions_printed: usize,
+    run_started: HashMap<String, u64>,
+    token_pulls: usize,
+}
+
+impl<'a> Timeline<'a> {
+    fn new(style: Style, log: &'a Path) -> Self {
+        Timeline {
+            style,
+            log,
+            printed: 0,
+            actions_printed: 0,
+            run_started: HashMap::new(),
+            token_pulls: 0,
+        }
+    }
+
+    fn line(&self, at_ms: u64, text: &str) {
+        let at = self.style.dim(&format!("{:>7.2}s", at_ms as f64 / 1000.0));
+        println!("  {at}  {text}");
+        let _ = std::io::stdout().flush();
+    }
+
+    fn print_new(&mut self, requests: &[RecordedRequest], actions: &Actions) {
+        for r in requests.iter().skip(self.printed) {
+            self.print_actions(actions, Some(r.at_ms));
+            self.print_one(r, actions);
+        }
+        self.printed = self.printed.max(requests.len());
+        self.print_actions(actions, None);
+    }
+
+    /// The user's actions not yet printed, up to `until` (all: `None`).
+    fn print_actions(&mut self, actions: &Actions, until: Option<u64>) {
+        let lines: Vec<(u64, String)> = crate::sync::lock(actions)
+            .iter()
+            .skip(self.actions_printed)
+            .take_while(|a| until.is_none_or(|u| a.at_ms <= u))
+            .map(|a| (a.at_ms, a.text.clone()))
+            .collect();
+        self.actions_printed += lines.len();
+        for (at, text) in lines {
+            self.line(at, &self.style.cyan(&format!("user        {text}")));
+        }
+    }
+
+    fn print_one(&mut self, r: &RecordedRequest, actions: &Actions) {
+        match r.route {
+            Route::AgentToken => self.token_pulls += 1,
+            Route::RunStarted => {
+                self.run_started.insert(run_of(&r.path), r.at_ms);
+            }
+            _ => {}
+        }
+        if let Some(line) = harvest_line(r) {
+            self.line(r.at_ms, &line);
+        }
+        let Some(mut line) = describe(r, &self.style) else {
+            return;
+        };
+        if r.route == Route::Finish {
+            let run = run_of(&r.path);
+            if let Some(start) = self.run_started.get(&run) {
+                let took = r.at_ms.saturating_sub(*start) as f64 / 1000.0;
+                line.push_str(&self.style.dim(&format!("  (turn took {took:.2}s")));
+                let flag = crate::sync::lock(actions)
+                    .iter()
+                    .find_map(|a| a.interrupt.clone().filter(|(r, _)| *r == run));
+                if let Some((_, wall)) = flag {
+                    line.push_str(&self.style.dim(&format!("; {}", self.latency(wall))));
+                }
+                line.push_str(&self.style.dim(")"));
+            }
+        }
+        self.line(r.at_ms, &line);
+    }
+
+    /// From the interrupt flag to the agent's stop, as the runner's log
+    /// says it stopped (the interrupt line of `agent::drive`).
+    fn latency(&self, flag: SystemTime) -> String {
+        const MARK: &str = "the agent stopped after the interrupt: ";
+        let text = std::fs::read_to_string(self.log).unwrap_or_default();
+        let Some(line) = text.lines().rev().find(|l| l.contains(MARK)) else {
+            return "the runner's log does not say when the agent stopped".to_string();
+        };
+        let how = line
+            .split_once(MARK)
+            .map(|(_, rest)| rest.split(" stopped_by=").next().unwrap_or(rest))
+            .unwrap_or("");
+        let stamp = line.split_whitespace().next().unwrap_or("");
+        match humantime::parse_rfc3339_weak(stamp)
+            .ok()
+            .and_then(|t| t.duration_since(flag).ok())
+        {
+            Some(d) => format!(
+                "interrupt flag to agent stopped: {} ms, by {how}",
+                d.as_millis()
+            ),
+            None => format!("agent stopped by {how}"),
+        }
+    }
+}
+
+fn run_of(path: &str) -> String {
+    path.split('/').nth(4).unwrap_or("?").to_string()
+}
+
+async fn drive(c: &Coordinator, actions: &Actions) -> anyhow::Result<()> {
     let sealed =
         |id: &'static str| move |s: &Snapshot| s.run(id).is_some_and(|r| r.finish.is_some());
     c.wait_for(STEP_TIMEOUT, sealed("run-1"))
         .await
         .context("turn 1 was not sealed")?;
     let second = c.queue_turn("Summarise the repository in NOTES.md.", None);
+    act(actions, c, format!("queued a turn ({second})"), None);
     c.wait_for(STEP_TIMEOUT, |s| {
         s.run(&second).is_some_and(|r| r.finish.is_some())
     })
     .await
     .context("turn 2 was not sealed")?;
     let third = c.queue_turn(&format!("Run the {SLOW_MARKER} and report."), None);
+    act(actions, c, format!("queued a turn ({third})"), None);
     c.wait_for(STEP_TIMEOUT, |s| {
         s.run(&third).is_some_and(|r| r.events.len() >= 3)
     })
     .await
     .context("turn 3 did not start")?;
+    act(
+        actions,
+        c,
+        format!("interrupted {third}"),
+        Some(third.clone()),
+    );
     c.interrupt(Some(&third))
         .context("cannot interrupt turn 3")?;
     c.wait_for(STEP_TIMEOUT, |s| {
@@ -174,13 +451,14 @@ async fn drive(c: &Coordinator) -> anyhow::Result<()> {
     .await
     .context("turn 3 was not sealed")?;
     c.end_session();
+    act(actions, c, "ended the session".to_string(), None);
     c.wait_for(STEP_TIMEOUT, |s| s.status_names().contains(&"complete"))
         .await
         .context("the runner did not post complete")?;
     Ok(())
 }
 
-fn describe(r: &RecordedRequest) -> Option<String> {
+fn describe(r: &RecordedRequest, style: &Style) -> Option<String> {
     let body = &r.body;
     let run = |path: &str| path.split('/').nth(4).unwrap_or("?").to_string();
     match r.route {
@@ -205,7 +483,7 @@ fn describe(r: &RecordedRequest) -> Option<String> {
             Some(format!(
                 "finish      {} {}{error}",
                 run(&r.path),
-                body["status"].as_str().unwrap_or("?")
+                style.outcome(body["status"].as_str().unwrap_or("?"))
             ))
         }
         Route::Git if r.method == "POST" && r.path.contains("git-receive-pack") => {
@@ -214,7 +492,7 @@ fn describe(r: &RecordedRequest) -> Option<String> {
         Route::Git if r.method == "GET" && r.path.contains("service=git-upload-pack") => {
             Some("git fetch   through the credential helper".to_string())
         }
-        Route::Dev if r.path.contains("/turns") => Some("user        queued a turn".to_string()),
+        Route::Dev if r.path.contains("/turns") => Some(style.cyan("user        queued a turn")),
         _ => None,
     }
 }
@@ -274,35 +552,20 @@ fn harvest_line(r: &RecordedRequest) -> Option<String> {
     Some(line)
 }
 
-fn print_timeline(c: &Coordinator, snapshot: &Snapshot) {
-    println!("timeline (as the coordinator saw it)");
-    let mut token_pulls = 0;
-    for r in &snapshot.requests {
-        if r.route == Route::AgentToken {
-            token_pulls += 1;
-        }
-        if let Some(line) = harvest_line(r) {
-            println!("  {:>7.2}s  {line}", r.at_ms as f64 / 1000.0);
-        }
-        if let Some(line) = describe(r) {
-            println!("  {:>7.2}s  {line}", r.at_ms as f64 / 1000.0);
-        }
-    }
-    println!("  ({token_pulls} agent-token pulls in all, runner and credential helper)");
-    println!();
-    println!("turns");
+fn print_turns(c: &Coordinator, snapshot: &Snapshot, style: &Style) {
+    println!("{}", style.bold("turns"));
     for run in &snapshot.runs {
         let types: Vec<&str> = run.events.iter().map(|e| e.kind.as_str()).collect();
         let error = run
             .finish
             .as_ref()
             .and_then(|f| f.error.as_ref())
-            .map(|e| format!(" [{:?}]", e.code))
+            .map(|e| format!(" [{}]", e.code.as_str()))
             .unwrap_or_default();
         println!(
-            "  {}  {:<11} {} events ({}){error}",
+            "  {}  {} {} events ({}){error}",
             run.id,
-            run.status,
+            style.outcome(&format!("{:<11}", run.status)),
             run.events.len(),
             summarize_types(&types)
         );

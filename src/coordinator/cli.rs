@@ -70,6 +70,9 @@ pub struct CoordinatorArgs {
     /// turn.
     #[arg(long)]
     pub start_idle: bool,
+    /// Do not print each request as a line as it arrives (on stderr).
+    #[arg(long)]
+    pub no_request_log: bool,
     /// Where to put the bare repository; a temporary directory (removed at
     /// exit) when absent.
     #[arg(long, value_name = "DIR")]
@@ -124,10 +127,63 @@ pub async fn run_cli(args: CoordinatorArgs) -> anyhow::Result<()> {
     crate::boot::config::working_dir()?;
     let coordinator = Coordinator::start(args.options()).await?;
     println!("{}", coordinator.startup_text());
-    wait_for_stop().await;
+    if let Err(e) = std::fs::create_dir_all(sandbox_root(&coordinator)) {
+        eprintln!("hosted-boot coordinator: cannot create the sample sandbox root: {e}");
+    }
+    if args.no_request_log {
+        wait_for_stop().await;
+    } else {
+        tokio::select! {
+            () = wait_for_stop() => {}
+            () = request_log(&coordinator) => {}
+        }
+    }
     eprintln!("hosted-boot coordinator: stopping");
     coordinator.shutdown().await;
     Ok(())
+}
+
+/// Prints each request as one line on stderr as it arrives: when, who
+/// (`runner` for the sandbox's calls, `dev` for the dev API), method, path
+/// without its query, the answer.
+async fn request_log(c: &Coordinator) {
+    let mut printed = 0;
+    loop {
+        let requests = c.requests();
+        // A request is printed once answered (or dropped by a fault).
+        for r in requests.iter().skip(printed) {
+            if r.response_status.is_none() && r.fault.is_none() {
+                break;
+            }
+            printed += 1;
+            let who = if r.route == super::Route::Dev {
+                "dev   "
+            } else {
+                "runner"
+            };
+            let path = r.path.split('?').next().unwrap_or("");
+            let answer = r
+                .response_status
+                .map_or_else(|| "dropped".to_string(), |s| s.to_string());
+            eprintln!(
+                "{:>9.3}s  {who}  {:<4} {path}  {answer}  ({})",
+                r.at_ms as f64 / 1000.0,
+                r.method,
+                r.route.as_str()
+            );
+        }
+        c.changed(Duration::from_millis(250)).await;
+    }
+}
+
+/// The sandbox root the printed `env` line uses: a directory of its own,
+/// not the working directory (which may be a checkout).
+fn sandbox_root(c: &Coordinator) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "hosted-boot-sandbox-{}-{}",
+        c.session_id(),
+        c.local_addr().port()
+    ))
 }
 
 async fn wait_for_stop() {
@@ -186,10 +242,18 @@ pub(crate) fn startup_text(c: &Coordinator) -> String {
             "dev token (dev API, Authorization: Bearer): {t}\n"
         ));
     }
-    out.push_str("\nA sandbox's environment (add the runner's agent settings):\n\n");
+    let exe = std::env::current_exe()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "hosted-boot".to_string());
+    let exe = crate::text::shell_word(&exe);
+    let root = crate::text::shell_word(&sandbox_root(c).to_string_lossy());
+    out.push_str(
+        "\nA sandbox, runnable as pasted (the built-in demo agent; for a real CLI set\nHOSTED_BOOT_AGENT=claude, codex or opencode and drop HOSTED_BOOT_AGENT_COMMAND).\nThe initial task runs at once as run-1; a turn queued during it waits until it is sealed:\n\n",
+    );
     out.push_str(&format!(
-        "  env {} hosted-boot run\n\n",
-        assignments.join(" ")
+        "  mkdir -p {root} && env {} HOSTED_BOOT_ROOT={root} HOSTED_BOOT_AGENT=command HOSTED_BOOT_AGENT_COMMAND={} {exe} run\n\n",
+        assignments.join(" "),
+        crate::text::shell_word(&format!("{exe} demo-agent")),
     ));
     out.push_str(&format!(
         "  docker run --rm {network}{} \"$IMAGE\"\n",

@@ -451,6 +451,18 @@ impl Coordinator {
         self.shared.lock().run(run_id).cloned()
     }
 
+    /// Milliseconds since the coordinator started (the clock of
+    /// [`RecordedRequest::at_ms`]).
+    pub fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.shared.lock().started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Waits at most `timeout` for the next change of the state (a request,
+    /// a control call), for a live view of the record.
+    pub async fn changed(&self, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, self.shared.changed.notified()).await;
+    }
+
     /// A consistent copy of the whole state.
     pub fn snapshot(&self) -> Snapshot {
         self.shared.snapshot()

@@ -580,6 +580,7 @@ fn advance(
         return;
     }
     st.accepted = accepted;
+    crate::status::events_sent(accepted);
     if let Some(&(_, after)) = events.iter().rev().find(|(seq, _)| *seq <= accepted) {
         st.pos = after;
     }

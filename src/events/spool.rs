@@ -203,8 +203,11 @@ impl Spool {
         } = &mut *w;
         scratch.clear();
         let mut seq = *last_seq;
+        let mut last: Option<(&str, Option<&str>)> = None;
         for (kind, data) in events {
             seq += 1;
+            // Redacted already: what the status line may show.
+            last = Some((kind, data["text"].as_str().or(last.and_then(|l| l.1))));
             let event = EventRef {
                 seq,
                 kind,
@@ -228,6 +231,9 @@ impl Spool {
                 self.last_seq.store(seq, Ordering::SeqCst);
                 drop(w);
                 self.appended.notify_one();
+                if let Some((kind, line)) = last {
+                    crate::status::event(kind, line);
+                }
                 Some(seq)
             }
             Err(e) => {

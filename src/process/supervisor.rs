@@ -178,6 +178,9 @@ pub struct Exit {
     pub status: Option<ExitStatus>,
     /// Whether the runner signalled the group (an interrupt or a kill).
     pub signalled: bool,
+    /// Whether the runner sent SIGKILL to the group before the leader
+    /// exited (the grace period ran out, or a second stop signal).
+    pub killed: bool,
     /// The process group id the turn used (also its session id: the
     /// leader's pid).
     pub pgid: i32,
@@ -405,6 +408,7 @@ struct TurnProcesses {
 /// How the wait for the leader ended.
 struct Waited {
     signalled: bool,
+    killed: bool,
     timed_out: bool,
     guard_died: Option<i32>,
 }
@@ -446,6 +450,7 @@ impl TurnProcesses {
         };
         let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
         tracing::info!(pgid = pid, program = %spec.program, cgroup = cgroup.is_some(), "agent started in a session of its own (no controlling terminal)");
+        crate::status::agent_pid(u32::try_from(pid).ok());
         let guard_pid = match guard {
             Some(Ok(started)) => Some(started.pid),
             Some(Err(reason)) => {
@@ -481,6 +486,7 @@ impl TurnProcesses {
         tokio::pin!(exited);
         let mut waited = Waited {
             signalled: false,
+            killed: false,
             timed_out: false,
             guard_died: None,
         };
@@ -514,6 +520,7 @@ impl TurnProcesses {
                     }
                     Some(Control::Kill) => {
                         waited.signalled = true;
+                        waited.killed = true;
                         guard_armed = false;
                         signal_group(pid, Signal::KILL);
                     }
@@ -522,6 +529,7 @@ impl TurnProcesses {
                 },
                 _ = kill_sleep => {
                     tracing::warn!(pgid = pid, "agent still running after the grace period; SIGKILL to its process group");
+                    waited.killed = true;
                     guard_armed = false;
                     signal_group(pid, Signal::KILL);
                     kill_at = None;
@@ -562,6 +570,7 @@ impl TurnProcesses {
         Exit {
             status,
             signalled: waited.signalled,
+            killed: waited.killed,
             pgid: pid,
             timed_out: waited.timed_out,
             swept: report.killed,

@@ -221,7 +221,9 @@ impl<'a> Turn<'a> {
         let events = self.open_events().await?;
         let start = self.before_agent(&events).await;
         // 4. The agent (agent::drive: adapter, watchdogs, interrupts).
+        crate::status::turn_step(crate::status::TurnStep::Agent);
         let (outcome, stopped_by) = self.run_agent(input, task_path, &events).await;
+        crate::status::agent_pid(None);
         // 5. Stop the watch and the rotation, remove the bearer file.
         self.release().await;
         tracing::info!(
@@ -230,8 +232,10 @@ impl<'a> Turn<'a> {
             "turn outcome"
         );
         // 6. Harvest, flush events, finish, turn_completed.
+        crate::status::turn_step(crate::status::TurnStep::Harvest);
         let harvested = self.harvest(outcome.status, start, events).await;
         let stopping = stopped_by.is_some() || self.budget.stopping();
+        crate::status::turn_step(crate::status::TurnStep::Flush);
         let report = self.flush(stopping).await.ok_or(Early::Stopped)?;
         self.seal(&outcome, harvested, &report).await?;
         self.complete().await?;

@@ -55,6 +55,15 @@ pub enum LockError {
         /// The holder's pid, as it wrote it (`None` when unreadable).
         pid: Option<u32>,
     },
+    /// The root is a file (or something else that is not a directory).
+    #[error(
+        "the root {} is a file, not a directory: set HOSTED_BOOT_ROOT (--root) to a directory this user can write",
+        root.display()
+    )]
+    NotADirectory {
+        /// The root.
+        root: PathBuf,
+    },
     /// The lock file could not be created, opened, locked or written.
     #[error("cannot {action} the root's lock file {}: {source}; check that the root exists and this user can write to it", path.display())]
     Io {
@@ -97,6 +106,11 @@ impl RootLock {
                 source,
             }
         };
+        if std::fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
+            return Err(LockError::NotADirectory {
+                root: root.to_path_buf(),
+            });
+        }
         let dir = rustix::fs::open(
             root,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,

@@ -21,6 +21,7 @@ async fn a_good_environment_passes_and_only_reads() {
     assert_eq!(code, 0, "{out}");
     for name in [
         "environment",
+        "root",
         "agent token",
         "session",
         "env bundle",
@@ -32,7 +33,18 @@ async fn a_good_environment_passes_and_only_reads() {
             "{name}: {out}"
         );
     }
-    assert!(out.contains("all 6 checks passed"), "{out}");
+    assert!(
+        out.contains("all 7 checks passed: `hosted-boot run` can boot"),
+        "{out}"
+    );
+    // The bearer's lifetime in words, not Rust's debug text.
+    assert!(out.contains("bearer received, expires in "), "{out}");
+    assert!(!out.contains("Known("), "{out}");
+    // The initial task is what `run` would run first, not "none".
+    assert!(
+        out.contains("first turn: run-1 (the initial task, runs at once)"),
+        "{out}"
+    );
     let routes: Vec<Route> = sb.coordinator.requests().iter().map(|r| r.route).collect();
     let mut sorted = routes.clone();
     sorted.sort_by_key(|r| r.as_str());
@@ -65,7 +77,10 @@ async fn each_kind_of_failure_is_named_with_a_hint() {
         out.contains("FAIL  agent program") && out.contains("/nonexistent/agent"),
         "{out}"
     );
-    assert!(out.contains("2 of 6 checks failed"), "{out}");
+    assert!(
+        out.contains("2 of 7 checks failed: `hosted-boot run` would fail"),
+        "{out}"
+    );
 
     // A refused boot secret: the coordinator checks are marked, with a hint.
     sb.coordinator
@@ -113,5 +128,94 @@ async fn each_kind_of_failure_is_named_with_a_hint() {
             .requests()
             .iter()
             .any(|r| matches!(r.route, Route::RepoToken | Route::BootStatus))
+    );
+}
+
+#[tokio::test]
+async fn a_root_that_is_a_file_is_named_as_such() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let file = sb.dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let (code, out) = check(&sb, |c| {
+        c.env("HOSTED_BOOT_ROOT", &file);
+    })
+    .await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("FAIL  root ")
+            && l.ends_with(&format!(
+                "the root {} is a file, not a directory",
+                file.display()
+            ))),
+        "{out}"
+    );
+    assert!(out.contains("hint: set HOSTED_BOOT_ROOT"), "{out}");
+    assert!(!out.contains("Not a directory"), "{out}");
+    // `run` says the same, before touching anything.
+    let mut run = sb.runner(&sb.script("true"));
+    run.env("HOSTED_BOOT_ROOT", &file);
+    let (status, output) = finish(run.spawn().unwrap()).await;
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert!(
+        output.contains(&format!(
+            "the root {} is a file, not a directory",
+            file.display()
+        )),
+        "{output}"
+    );
+}
+
+#[tokio::test]
+async fn a_root_this_user_cannot_write_fails_the_check() {
+    if !rustix::process::getuid().is_root() || !std::path::Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("SKIPPED: needs root and setpriv to run the check as uid 65534");
+        return;
+    }
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(sb.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir_all(sb.root()).unwrap();
+    // Owned by root, 0755: uid 65534 can read it, not write it.
+    std::fs::set_permissions(sb.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let setpriv = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+    ];
+    let script = sb.script("true");
+    let mut cmd = sb.wrapped_command(&setpriv, "check", &script);
+    cmd.env("HOSTED_BOOT_AGENT_COMMAND", "/bin/true");
+    let (status, out) = finish(cmd.spawn().unwrap()).await;
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("FAIL  root ")
+            && l.contains(&format!(
+                "the root {} is not writable by uid 65534",
+                sb.root().display()
+            ))),
+        "{out}"
+    );
+    assert!(!out.contains("checks passed"), "{out}");
+    assert!(out.contains("1 of 7 checks failed"), "{out}");
+}
+
+#[tokio::test]
+async fn an_agent_script_whose_interpreter_is_missing_is_not_runnable() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    use std::os::unix::fs::PermissionsExt;
+    let agent = sb.dir.path().join("agent");
+    std::fs::write(&agent, "#!/nonexistent/python9 -u\nprint('hi')\n").unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, out) = check(&sb, |c| {
+        c.env("HOSTED_BOOT_AGENT_COMMAND", &agent);
+    })
+    .await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL  agent program")
+            && out.contains("whose interpreter /nonexistent/python9 does not exist"),
+        "{out}"
     );
 }

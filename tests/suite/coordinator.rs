@@ -1036,3 +1036,92 @@ async fn a_source_repository_is_served() {
     assert!(c.bare_repo().starts_with(tmp.path().join("work")));
     assert_eq!(bare_rev(&c, "refs/heads/feature/x"), Some(head));
 }
+
+/// `hosted-boot coordinator` prints an `env` line that runs as pasted (the
+/// binary's real path, a root of its own, the built-in demo agent): run by
+/// `sh` exactly as printed, it boots, runs the initial task as run-1 and
+/// exits 0 when the session ends. Each request is logged as a line, the
+/// runner's apart from the dev API's.
+#[tokio::test]
+async fn the_printed_env_line_runs_as_pasted() {
+    use tokio::io::AsyncBufReadExt;
+    let work = tempfile::tempdir().unwrap();
+    let mut coord = tokio::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+        .args(["coordinator", "--listen", "127.0.0.1:0"])
+        .current_dir(work.path())
+        .env("TMPDIR", work.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(coord.stdout.take().unwrap()).lines();
+    let (mut base, mut env_line) = (None, None);
+    while env_line.is_none() {
+        let line = tokio::time::timeout(WAIT, stdout.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the coordinator ended");
+        if let Some(url) = line.strip_prefix("hosted-boot coordinator: session s1 on ") {
+            base = Some(url.to_string());
+        }
+        if line.starts_with("  mkdir -p ") {
+            env_line = Some(line.trim().to_string());
+        }
+    }
+    let (base, env_line) = (base.unwrap(), env_line.unwrap());
+    assert!(
+        env_line.contains(&format!("{} run", env!("CARGO_BIN_EXE_hosted-boot"))),
+        "{env_line}"
+    );
+    let mut runner = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&env_line)
+        .current_dir(work.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = client();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let state: Value = http
+            .get(format!("{base}dev/state"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let sealed = state["runs"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["id"] == "run-1"))
+            .is_some_and(|r| r["status"] == "succeeded");
+        if sealed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "run-1 was not sealed: {state}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    http.post(format!("{base}dev/end")).send().await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(60), runner.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let _ = coord.start_kill();
+    let out = coord.wait_with_output().await.unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("  runner  GET  /api/cli/sessions/s1/agent-token  200")),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("  dev     POST /dev/end  ")),
+        "{log}"
+    );
+}

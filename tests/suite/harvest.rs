@@ -665,6 +665,66 @@ async fn the_demo_timeline_shows_a_harvest_line_for_each_turn() {
     );
 }
 
+/// The demo streams its timeline as the coordinator sees each request: its
+/// first timeline line is printed while the runner still runs (its status
+/// file not yet at the final phase), not all at once at the end. It closes
+/// with a summary counted from the coordinator's record, plain text when
+/// stdout is not a terminal.
+#[tokio::test]
+async fn the_demo_streams_its_timeline_before_the_session_ends() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("sandbox");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+        .arg("demo")
+        .env("HOSTED_BOOT_ROOT", &root)
+        .env_remove("HOSTED_BOOT_LOG")
+        .env_remove("NO_COLOR")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut text = String::new();
+    let mut phase_at_first_line = None;
+    let read_all = async {
+        let mut in_timeline = false;
+        while let Some(line) = lines.next_line().await.unwrap() {
+            text.push_str(&line);
+            text.push('\n');
+            if line.starts_with("timeline") {
+                in_timeline = true;
+            } else if in_timeline && phase_at_first_line.is_none() {
+                let status = std::fs::read(root.join(".hosted-boot/status.json")).unwrap();
+                let json: serde_json::Value = serde_json::from_slice(&status).unwrap();
+                phase_at_first_line = Some(json["phase"].as_str().unwrap_or("").to_string());
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), read_all)
+        .await
+        .expect("the demo did not finish");
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "{text}");
+    let phase = phase_at_first_line.unwrap_or_else(|| panic!("no timeline line:\n{text}"));
+    assert_ne!(
+        phase, "exited",
+        "the first timeline line came after the runner exited:\n{text}"
+    );
+    assert!(
+        text.lines().any(|l| l
+            .starts_with("summary 3 turns (2 succeeded, 1 interrupted), 3 commits pushed, ")
+            && l.contains(" events, 0 secrets found in what the coordinator received, ")),
+        "{text}"
+    );
+    assert!(text.contains("(turn took "), "{text}");
+    assert!(
+        text.contains("; interrupt flag to agent stopped: ") && text.contains(" ms, by SIGINT"),
+        "{text}"
+    );
+    assert!(!text.contains('\x1b'), "no colour off a terminal:\n{text}");
+}
+
 #[tokio::test]
 async fn a_failed_turn_gets_its_work_pushed_before_the_seal() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;

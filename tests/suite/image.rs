@@ -144,7 +144,10 @@ fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
     );
     assert!(out.status.success(), "{text}");
     assert!(text.contains("run-3  interrupted"), "{text}");
-    assert!(text.contains("runner exited with exit status: 0"), "{text}");
+    assert!(
+        text.contains("runner exited with code 0 (the session ended; complete was posted)"),
+        "{text}"
+    );
     assert!(
         text.contains(&format!("agent user   the runner's own (uid {AGENT_UID})")),
         "{text}"

@@ -36,9 +36,24 @@ async fn status_follows_the_runner_and_check_reports_its_health() {
         })
         .await
         .unwrap();
-    let (code, out) = status(&sb, true);
+    // Events are written at most once a second: the heartbeat's tick
+    // writes the last one.
+    let deadline = std::time::Instant::now() + WAIT;
+    let (code, out) = loop {
+        let (code, out) = status(&sb, true);
+        if out.contains("\nlast event   message, ") || std::time::Instant::now() > deadline {
+            break (code, out);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
     assert_eq!(code, 0, "{out}");
-    assert!(out.starts_with("Turn run-1 (turn 1)"), "{out}");
+    assert!(
+        out.starts_with("phase        turn run-1 (turn 1), step agent, for "),
+        "{out}"
+    );
+    assert!(out.contains("\nagent        pid "), "{out}");
+    assert!(out.contains("\nlast event   message, "), "{out}");
+    assert!(out.contains(" ago ("), "ages beside timestamps: {out}");
     assert!(out.contains("healthy"), "{out}");
 
     std::fs::write(sb.out().join("go"), "").unwrap();
@@ -52,13 +67,44 @@ async fn status_follows_the_runner_and_check_reports_its_health() {
     assert_eq!(mode, 0o644);
     let text = std::fs::read_to_string(&file).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(json["phase"], "stopping");
+    // The final phase, written on the way out (the issue: it said
+    // `stopping` for ever).
+    assert_eq!(json["phase"], "exited", "{json}");
+    assert_eq!(json["exitCode"], 0, "{json}");
+    assert_eq!(
+        json["reason"], "the session ended; complete was posted",
+        "{json}"
+    );
+    assert!(json.get("agentPid").is_none(), "{json}");
     assert_eq!(json["sessionId"], "s1");
     assert!(json["lastCoordinatorSuccess"].is_string(), "{json}");
     assert_no_secret("status file", &text, &sb.secrets(&[]));
     let (code, out) = status(&sb, true);
-    assert_eq!(code, 1, "the runner is gone: {out}");
-    assert!(out.contains("is gone"), "{out}");
-    let (code, _) = status(&sb, false);
+    assert_eq!(code, 1, "the runner exited: {out}");
+    assert!(
+        out.contains(
+            "unhealthy: the runner exited with code 0: the session ended; complete was posted"
+        ),
+        "{out}"
+    );
+    let (code, out) = status(&sb, false);
     assert_eq!(code, 0);
+    assert!(
+        out.starts_with("phase        exited with code 0: "),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_boot_leaves_its_exit_and_reason_in_the_status_file() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script("exit 3");
+    let (exit, output) = finish(sb.spawn(&script)).await;
+    assert_eq!(exit.code(), Some(1), "{output}");
+    let (code, out) = status(&sb, true);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("unhealthy: the runner exited with code 1: turn run-1 failed (reported): "),
+        "{out}"
+    );
 }
