@@ -9,6 +9,7 @@ mod harvest;
 mod image;
 mod layers;
 mod processes;
+mod real_clis;
 mod secrets;
 mod status;
 mod supervisor;
