@@ -256,6 +256,12 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     let workspace = prepare_workspace(b, &session_dir, &resolved).await?;
     // Step 6: drain turns.
     let ctx = turn_context(b, session_dir, resolved, workspace);
+    crate::agent::drive::start_version_probe(
+        &ctx.agent,
+        &ctx.agent_session,
+        &ctx.agent_env,
+        &ctx.repo_dir,
+    );
     Ok(drain(&ctx, first, &mut done, &mut b.stop, &b.status).await)
 }
 
@@ -400,6 +406,7 @@ fn turn_context(
             cap_grace: timings.interrupt_grace,
             cgroup: config.turn_cgroup,
             guard_exe: Some(PathBuf::from("/proc/self/exe")),
+            stop_signal: rustix::process::Signal::INT,
         },
         agent_session: Arc::new(crate::agent::AgentSession::new(
             client_info,
