@@ -599,7 +599,7 @@ async fn overload_continuation(agent: &'static str) {
         );
         return;
     }
-    let Some(case) = Case::start(agent, "write:one.txt fail:529").await else {
+    let Some(case) = Case::start(agent, "fail:529 write:one.txt").await else {
         return;
     };
     let (body, snap, output) = failed_turn(&case).await;
@@ -713,7 +713,7 @@ async fn real_opencode_sigterm_mid_turn() {
 /// after its continuations, each a single request.
 #[tokio::test]
 async fn real_claude_keeps_the_images_settings_and_a_529_is_an_overload() {
-    let Some(case) = Case::start("claude", "write:one.txt fail:529").await else {
+    let Some(case) = Case::start("claude", "fail:529 write:one.txt").await else {
         return;
     };
     let (body, snap, output) = failed_turn(&case).await;
