@@ -148,7 +148,10 @@ pub fn from_text(text: &str, resuming: bool) -> Option<ErrorCode> {
     if any(&t, OVERLOADED) || has(529) {
         return Some(ErrorCode::ProviderOverloaded);
     }
-    if any(&t, RATE_LIMIT) {
+    // "429 Too Many Requests" is the status and its reason phrase (Codex's
+    // "exceeded retry limit, last status: 429 Too Many Requests", in both
+    // of its modes), not evidence of a throttle (PROTOCOL.md section 7).
+    if any(&t.replace("429 too many requests", "429"), RATE_LIMIT) {
         return Some(ErrorCode::ProviderRateLimited);
     }
     if has(429) {
@@ -298,6 +301,11 @@ mod tests {
             // A bare 429 is never a plain rate limit.
             ("429", Some(ProviderLimitUnknown)),
             ("API Error: 429", Some(ProviderLimitUnknown)),
+            // Codex's text for a 429 (codex exec has nothing else).
+            (
+                "exceeded retry limit, last status: 429 Too Many Requests, request id: r1",
+                Some(ProviderLimitUnknown),
+            ),
             (
                 "This request would exceed your account's rate limit. Please try again later.",
                 Some(ProviderRateLimited),

@@ -85,6 +85,7 @@ impl Adapter for ClaudeAdapter {
             protocol_interrupt: true,
             server: false,
             exit_rule: ExitRule::NeedsTerminal,
+            stop_signal: rustix::process::Signal::INT,
         }
     }
 
@@ -375,6 +376,12 @@ fn classify_result(spec: &TurnSpec, state: &State, obj: &Map<String, Value>) -> 
         .or(state.retry_status.filter(|_| text_code.is_none()));
     match state.assistant_error.as_deref() {
         Some("authentication_failed") => return err(ErrorCode::ProviderAuth),
+        // Claude Code 2.1.197 marks a 529 (its retries exhausted) as
+        // `server_error` too; the status (or its api_retry notices) says
+        // it is an overload, which gets the overload continuation.
+        Some("server_error") if status == Some(529) => {
+            return err(ErrorCode::ProviderOverloaded);
+        }
         Some("server_error") => return err(ErrorCode::ProviderServerError),
         Some("model_not_found") => return err(ErrorCode::InvalidRequest),
         Some("invalid_request") => return err(from_http_status(400, &text)),
@@ -486,6 +493,16 @@ mod tests {
         assert_eq!(e.code, ErrorCode::ProviderLimitUnknown);
         assert_eq!(
             classify(State::default(), api_error(529, "Overloaded")).code,
+            ErrorCode::ProviderOverloaded
+        );
+        // What Claude Code 2.1.197 prints on a 529: an assistant message
+        // marked server_error, then the result with the status.
+        let marked = State {
+            assistant_error: Some("server_error".into()),
+            ..State::default()
+        };
+        assert_eq!(
+            classify(marked, api_error(529, "API Error: 529 Overloaded")).code,
             ErrorCode::ProviderOverloaded
         );
         assert_eq!(

@@ -62,6 +62,7 @@ impl Adapter for CodexAdapter {
             protocol_interrupt: true,
             server: false,
             exit_rule: ExitRule::NeedsTerminal,
+            stop_signal: rustix::process::Signal::INT,
         }
     }
 
@@ -271,7 +272,9 @@ fn start_thread(spec: &TurnSpec, io: &AdapterIo) {
         Some(id) => io.send_json(&jsonrpc::request(
             THREAD,
             "thread/resume",
-            common(json!({"threadId": id})),
+            // The thread's earlier turns are not needed (only its id), and
+            // codex 0.171.0's deprecation notice asks for this.
+            common(json!({"threadId": id, "excludeTurns": true})),
         )),
         None => {
             let mut p = common(json!({}));
@@ -351,6 +354,15 @@ fn notification(state: &mut State, io: &mut AdapterIo, method: &str, params: &Va
                 state.effects = Effects::Some;
             }
         }
+        // After `thread/resume`, codex 0.171.0 replays the previous turn's
+        // notice (with that turn's id) before `turn/started`: only this
+        // turn's notices count (PROTOCOL.md 7: usage is never cumulative).
+        "thread/tokenUsage/updated"
+            if state.turn_id.is_none()
+                || params
+                    .get("turnId")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| Some(t) != state.turn_id.as_deref()) => {}
         "thread/tokenUsage/updated" => {
             let usage = params.get("tokenUsage");
             let total = usage.and_then(|u| u.get("total")).map(breakdown);

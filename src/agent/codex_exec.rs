@@ -14,8 +14,9 @@
 //! Errors carry only a message (`codexErrorInfo` is lost), so they are
 //! classified from text. `turn.completed.usage` is the thread's running
 //! total: the turn's own usage is the difference from the total this boot
-//! last saw for that thread; for a thread resumed from an earlier boot the
-//! token counts are left out (the baseline is unknown).
+//! last saw for that thread; for a thread resumed from an earlier boot, or
+//! after a turn that printed no total (interrupted), the token counts are
+//! left out (the baseline is unknown).
 
 use std::sync::Arc;
 
@@ -99,6 +100,7 @@ impl Adapter for CodexExecAdapter {
             protocol_interrupt: false,
             server: false,
             exit_rule: ExitRule::NeedsTerminal,
+            stop_signal: rustix::process::Signal::INT,
         }
     }
 
@@ -161,6 +163,11 @@ async fn run(spec: TurnSpec, session: Arc<AgentSession>, mut io: AdapterIo) -> O
         if let Some(own) = own {
             usage.add(&own);
         }
+    } else {
+        // No total (an interrupted turn prints no `turn.completed`): this
+        // turn reports no tokens, and the next one's total would include
+        // them, so the next one's are left out too.
+        session.forget_cumulative();
     }
     let resuming = spec.resume.is_some();
     let failure = if state.terminal.is_none() {

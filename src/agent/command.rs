@@ -88,6 +88,7 @@ impl Adapter for CommandAdapter {
             protocol_interrupt: false,
             server: false,
             exit_rule: ExitRule::Command,
+            stop_signal: rustix::process::Signal::INT,
         }
     }
 

@@ -394,7 +394,11 @@ async fn run_once(
     let redactor = input.redactor.clone();
     let lines = wired.lines;
     let output = move |stream| ChannelSink::new(stream, &redactor, observe.clone(), lines.clone());
-    let supervised = supervisor::run(spawn, control_rx, &input.supervision, output);
+    let supervision = supervisor::Supervision {
+        stop_signal: launch.stop_signal,
+        ..input.supervision.clone()
+    };
+    let supervised = supervisor::run(spawn, control_rx, &supervision, output);
 
     let mut process = Process {
         input,
@@ -768,6 +772,27 @@ fn verdict(config: &AgentConfig, once: &Once, flags: &Flags, resuming: bool) -> 
     };
     let code = classify::from_text(&once.stderr_tail, resuming).unwrap_or(ErrorCode::AgentCrashed);
     TurnOutcome::failed(code, message)
+}
+
+/// Starts `<program> --version` in the background, once per boot, as soon
+/// as the workspace is ready: the first run's `hosted_boot.runner` event
+/// ([`runner_event`]) then awaits a probe that has been running since, not
+/// a new one (`--version` takes seconds on a loaded machine: opencode's
+/// ~0.6 s idle, several seconds under load).
+pub fn start_version_probe(
+    config: &AgentConfig,
+    session: &std::sync::Arc<AgentSession>,
+    base_env: &[(OsString, OsString)],
+    cwd: &std::path::Path,
+) {
+    if config.kind == AgentKind::Command {
+        return;
+    }
+    let env = agent_env(config, base_env, session, None, &[]);
+    let (config, session, cwd) = (config.clone(), session.clone(), cwd.to_path_buf());
+    tokio::spawn(async move {
+        session.version(cli_version(&config, env, &cwd)).await;
+    });
 }
 
 /// The payload of the `hosted_boot.runner` event that opens every run:

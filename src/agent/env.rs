@@ -6,7 +6,7 @@
 //!
 //! | agent | strips | sets |
 //! |---|---|---|
-//! | `claude` | `CLAUDECODE`, `CLAUDE_CODE_*` (but `CLAUDE_CODE_OAUTH_TOKEN` and names the env bundle set) | `IS_SANDBOX=1` when the runner is root (Claude refuses bypass mode as root otherwise) |
+//! | `claude` | [`CLAUDE_PARENT_MARKERS`] (unless the env bundle sets them); every other `CLAUDE_CODE_*` passes (an image configures Claude Code with them) | `IS_SANDBOX=1` when the runner is root (Claude refuses bypass mode as root otherwise) |
 //! | `codex`, `codex-exec` | `CODEX_SANDBOX`, `CODEX_SANDBOX_NETWORK_DISABLED` (set by Codex for its own tools) | |
 //! | `opencode`, `opencode-run` | `OPENCODE_SERVER_USERNAME`, `OPENCODE_SERVER_PASSWORD` (serve mode sets its own) | `OPENCODE_PERMISSION` allowing edits, shell and fetches, `OPENCODE_DISABLE_AUTOUPDATE=1`, unless already set |
 //!
@@ -30,6 +30,32 @@ pub const PLACEHOLDER_KEY: &str = "HOSTED_BOOT_PROVIDER_PLACEHOLDER_KEY";
 
 /// opencode permissions for an unattended turn in a sandbox.
 pub const OPENCODE_PERMISSION: &str = r#"{"edit":"allow","bash":"allow","webfetch":"allow"}"#;
+
+/// What a parent Claude Code session leaves in its children's environment
+/// (set by Claude Code 2.1.197 for its tools and subagents), stripped for
+/// `claude`: a runner started from inside a Claude session would otherwise
+/// hand them on.
+/// - `CLAUDECODE`: "running inside Claude Code"; a nested CLI changes
+///   behaviour (and refuses some modes) on it.
+/// - `CLAUDE_CODE_ENTRYPOINT`: the parent's entrypoint (`cli`, `sdk-ts`…);
+///   the child would report itself as the parent's kind of client.
+/// - `CLAUDE_CODE_SESSION_ID`, `CLAUDE_CODE_SESSION_KIND`: the parent's
+///   session, which the child would take as its own context.
+/// - `CLAUDE_CODE_SESSION_ACCESS_TOKEN`: the parent's session credential,
+///   never the agent's to use.
+/// - `CLAUDE_CODE_AGENT`, `CLAUDE_CODE_COORDINATOR_MODE`: the parent's
+///   subagent and coordinator roles.
+/// - `CLAUDE_CODE_SSE_PORT`: the parent's IDE connection port.
+pub const CLAUDE_PARENT_MARKERS: &[&str] = &[
+    "CLAUDECODE",
+    "CLAUDE_CODE_ENTRYPOINT",
+    "CLAUDE_CODE_SESSION_ID",
+    "CLAUDE_CODE_SESSION_KIND",
+    "CLAUDE_CODE_SESSION_ACCESS_TOKEN",
+    "CLAUDE_CODE_AGENT",
+    "CLAUDE_CODE_COORDINATOR_MODE",
+    "CLAUDE_CODE_SSE_PORT",
+];
 
 type Env = BTreeMap<OsString, OsString>;
 
@@ -61,8 +87,7 @@ pub fn hygiene(kind: AgentKind, env: &mut Env, runner_is_root: bool) {
                 .collect();
             env.retain(|k, _| {
                 let Some(k) = k.to_str() else { return true };
-                let inherited = k == "CLAUDECODE" || k.starts_with("CLAUDE_CODE_");
-                !inherited || k == "CLAUDE_CODE_OAUTH_TOKEN" || bundle.iter().any(|b| b == k)
+                !CLAUDE_PARENT_MARKERS.contains(&k) || bundle.iter().any(|b| b == k)
             });
             if runner_is_root {
                 set(env, "IS_SANDBOX", "1");
@@ -170,6 +195,8 @@ mod tests {
             ("CLAUDECODE", "1"),
             ("CLAUDE_CODE_ENTRYPOINT", "cli"),
             ("CLAUDE_CODE_SSE_PORT", "1234"),
+            ("CLAUDE_CODE_SESSION_ID", "parent"),
+            ("CLAUDE_CODE_MAX_RETRIES", "2"),
             ("CLAUDE_CODE_OAUTH_TOKEN", "tok"),
             ("CLAUDE_CODE_USE_BEDROCK", "1"),
             ("ORIZU_INJECTED_ENV_VARS", "CLAUDE_CODE_USE_BEDROCK"),
@@ -180,6 +207,7 @@ mod tests {
         assert_eq!(
             names(&e),
             vec![
+                "CLAUDE_CODE_MAX_RETRIES",
                 "CLAUDE_CODE_OAUTH_TOKEN",
                 "CLAUDE_CODE_USE_BEDROCK",
                 "HOME",

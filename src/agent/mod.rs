@@ -110,7 +110,8 @@ pub struct AgentTimings {
     pub server_settle: Duration,
     /// Waits before the first and the second overload continuation (5 s, 15 s).
     pub overload_delays: [Duration; 2],
-    /// Bound on `<cli> --version` for the `hosted_boot.runner` event (5 s).
+    /// Bound on `<cli> --version` for the `hosted_boot.runner` event (30 s;
+    /// started at boot, see [`drive::start_version_probe`]).
     pub version_timeout: Duration,
     /// Bound on a server-mode CLI becoming healthy (60 s).
     pub server_ready: Duration,
@@ -123,7 +124,7 @@ impl Default for AgentTimings {
             terminal_grace: Duration::from_secs(10),
             server_settle: Duration::from_millis(500),
             overload_delays: [Duration::from_secs(5), Duration::from_secs(15)],
-            version_timeout: Duration::from_secs(5),
+            version_timeout: Duration::from_secs(30),
             server_ready: Duration::from_secs(60),
         }
     }
@@ -247,6 +248,13 @@ impl AgentSession {
     /// Records the running total of `thread`.
     pub fn set_cumulative(&self, thread: String, total: Usage) {
         *crate::sync::lock(&self.cumulative) = Some((thread, total));
+    }
+
+    /// Forgets the running total: a turn ended without one (an
+    /// interrupted `codex exec` prints no `turn.completed`), so the next
+    /// total includes tokens no turn reported, and is left out.
+    pub fn forget_cumulative(&self) {
+        *crate::sync::lock(&self.cumulative) = None;
     }
 
     /// The CLI's version, computed once by `probe`.
@@ -425,6 +433,10 @@ pub struct Launch {
     pub server: bool,
     /// How the exit counts without a terminal event.
     pub exit_rule: ExitRule,
+    /// The first stop signal to the process group (PROTOCOL.md 4.1, 4.4):
+    /// SIGINT, but SIGTERM for opencode, whose `serve` does not exit on
+    /// SIGINT and whose `run` ignores one while a tool runs (1.18.33).
+    pub stop_signal: rustix::process::Signal,
 }
 
 /// A request from the runner ([`drive`]) to an adapter.

@@ -105,6 +105,7 @@ impl Adapter for OpenCodeAdapter {
             protocol_interrupt: true,
             server: true,
             exit_rule: ExitRule::NeedsTerminal,
+            stop_signal: rustix::process::Signal::TERM,
         }
     }
 

@@ -69,6 +69,7 @@ impl Adapter for OpenCodeRunAdapter {
             protocol_interrupt: false,
             server: false,
             exit_rule: ExitRule::ZeroSucceeds,
+            stop_signal: rustix::process::Signal::TERM,
         }
     }
 

@@ -204,7 +204,7 @@ impl Watchdog {
                 if let Some((_, grace)) = self.signal_at.take() {
                     tracing::info!(
                         grace = %humantime::format_duration(grace),
-                        "the agent is still running after its protocol interrupt; SIGINT to its process group"
+                        "the agent is still running after its protocol interrupt; its stop signal (SIGINT, or SIGTERM for opencode) to its process group"
                     );
                     self.signalled = true;
                     let _ = self.control.send(Control::Interrupt { grace });
@@ -250,6 +250,7 @@ mod tests {
             protocol_interrupt: protocol,
             server,
             exit_rule: ExitRule::NeedsTerminal,
+            stop_signal: rustix::process::Signal::INT,
         };
         let agent = AgentTimings {
             idle_timeout: Some(2 * SEC),

@@ -270,6 +270,12 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     let workspace = prepare_workspace(b, &session_dir, &resolved, cleanup).await?;
     // Step 6: drain turns.
     let ctx = turn_context(b, session_dir, resolved, workspace)?;
+    crate::agent::drive::start_version_probe(
+        &ctx.agent,
+        &ctx.agent_session,
+        &ctx.agent_env,
+        &ctx.repo_dir,
+    );
     Ok(drain(&ctx, first, &mut done, &mut b.stop, &b.status).await)
 }
 
@@ -483,6 +489,7 @@ fn turn_context(
             cap_grace: timings.interrupt_grace,
             cgroup: config.turn_cgroup,
             guard_exe: Some(PathBuf::from("/proc/self/exe")),
+            stop_signal: rustix::process::Signal::INT,
         },
         agent_session: Arc::new(crate::agent::AgentSession::new(
             client_info,

@@ -100,6 +100,7 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
         cap_grace: args.grace,
         cgroup: args.turn_cgroup,
         guard_exe: Some(PathBuf::from("/proc/self/exe")),
+        stop_signal: rustix::process::Signal::INT,
     };
     let mut code = 0;
     for n in 1..=args.times {

@@ -72,6 +72,10 @@ pub struct Supervision {
     /// The `hosted-boot` binary that runs the turn's guard (`turn-guard`);
     /// none: no guard (the leader still has `PR_SET_PDEATHSIG`).
     pub guard_exe: Option<PathBuf>,
+    /// The first stop signal to the group (an interrupt, the time cap):
+    /// SIGINT, or SIGTERM for a CLI that does not stop on SIGINT (opencode;
+    /// PROTOCOL.md sections 4.1 and 4.4). SIGKILL follows after the grace.
+    pub stop_signal: Signal,
 }
 
 impl Supervision {
@@ -153,9 +157,10 @@ pub struct SpawnError {
 /// A request to the running supervisor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Control {
-    /// SIGINT to the group now, SIGKILL after `grace`.
+    /// The stop signal ([`Supervision::stop_signal`]) to the group now,
+    /// SIGKILL after `grace`.
     Interrupt {
-        /// SIGINT → SIGKILL.
+        /// Stop signal → SIGKILL.
         grace: Duration,
     },
     /// SIGKILL to the group now.
@@ -514,7 +519,7 @@ impl TurnProcesses {
                 msg = control.recv(), if control_open => match msg {
                     Some(Control::Interrupt { grace }) => {
                         waited.signalled = true;
-                        signal_group(pid, Signal::INT);
+                        signal_group(pid, supervision.stop_signal);
                         let at = Instant::now() + grace;
                         kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
                     }
@@ -540,7 +545,7 @@ impl TurnProcesses {
                         tracing::warn!(pgid = pid, "the turn's time cap is reached; interrupting the agent");
                         waited.signalled = true;
                         waited.timed_out = true;
-                        signal_group(pid, Signal::INT);
+                        signal_group(pid, supervision.stop_signal);
                         kill_at = Some(Instant::now() + supervision.cap_grace);
                     }
                 }

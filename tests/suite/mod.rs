@@ -13,6 +13,7 @@ mod image;
 mod layers;
 mod openapi;
 mod processes;
+mod real_clis;
 mod secret_guard;
 mod secrets;
 mod status;
