@@ -730,9 +730,10 @@ async fn startup_text_has_the_env_docker_and_curl_lines() {
     let text = c.startup_text();
     let base = c.base_url().to_string();
     assert!(text.contains(&base));
+    // `mkdir -p <root> && env … run` (the line runs as pasted).
     let env_line = text
         .lines()
-        .find(|l| l.trim_start().starts_with("env "))
+        .find(|l| l.trim_start().starts_with("mkdir -p ") && l.contains(" && env "))
         .unwrap();
     let docker_line = text
         .lines()
