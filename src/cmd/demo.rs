@@ -152,9 +152,10 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
     };
     let snapshot = coordinator.snapshot();
     timeline.print_new(&snapshot.requests, &actions);
+    let pulls = timeline.token_pulls;
     println!(
-        "  ({} agent-token pulls in all, runner and credential helper)",
-        timeline.token_pulls
+        "  ({pulls} agent-token {} in all: the runner's, the credential broker mints through it)",
+        if pulls == 1 { "pull" } else { "pulls" }
     );
     println!();
     print_turns(&coordinator, &snapshot, &style);
