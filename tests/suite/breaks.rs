@@ -21,7 +21,9 @@ fn remote_objects(sb: &Sandbox) -> Vec<u8> {
 }
 
 fn holds(haystack: &[u8], needle: &str) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle.as_bytes())
+    haystack
+        .windows(needle.len())
+        .any(|w| w == needle.as_bytes())
 }
 
 fn git_in(dir: &Path, args: &[&str]) -> String {
@@ -58,8 +60,8 @@ fi
         &sb.coordinator.bare_repo(),
         &["ls-tree", &format!("refs/heads/{branch}")],
     );
-    let finish = serde_json::to_value(&snap.run("run-1").unwrap().finish.as_ref().unwrap().result)
-        .unwrap();
+    let finish =
+        serde_json::to_value(&snap.run("run-1").unwrap().finish.as_ref().unwrap().result).unwrap();
     assert!(
         !holds(&remote_objects(&sb), CONNECTOR.1),
         "the remote holds the connector value (in a gitlink's name): tree {tree}; finish {finish}"
@@ -88,8 +90,11 @@ async fn break_core_worktree_in_the_agents_git_config_makes_the_root_harvest_com
     let private = sb.dir.path().join("root-only");
     std::fs::create_dir(&private).unwrap();
     std::fs::write(private.join("secret.txt"), "root-only-content-7731\n").unwrap();
-    std::fs::set_permissions(private.join("secret.txt"), std::fs::Permissions::from_mode(0o600))
-        .unwrap();
+    std::fs::set_permissions(
+        private.join("secret.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
     let script = sb.script(&format!(
         r#"
@@ -120,5 +125,50 @@ fi
     assert!(
         !holds(&remote_objects(&sb), "root-only-content-7731"),
         "the runner pushed a root-only file"
+    );
+}
+
+/// `--agent-user`: "symbolic links planted in repo/.git": the runner's git
+/// runs as root there, and libgit2 appends to a reflog with
+/// `open(O_APPEND)`, following a symbolic link. The agent points
+/// `repo/.git/logs/HEAD` at a file only root may write; the harvest's commit
+/// appends its reflog line to it.
+#[tokio::test]
+async fn break_a_reflog_symlinked_by_the_agent_makes_the_root_harvest_append_to_a_root_only_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let user = match super::agent_user::TestUser::create() {
+        Ok(u) => u,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let sb = super::agent_user::sandbox_for(&user).await;
+    let private = sb.dir.path().join("root-only");
+    std::fs::create_dir(&private).unwrap();
+    let victim = private.join("victim");
+    std::fs::write(&victim, "original\n").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let script = sb.script(&format!(
+        r#"
+o="$AGENT_OUT/$ORIZU_RUN_ID"; mkdir -p "$o"
+echo hi >> "{victim}" 2>/dev/null; echo "direct=$?" > "$o/direct"
+mkdir -p .git/logs/refs/heads
+rm -f .git/logs/HEAD && ln -s "{victim}" .git/logs/HEAD
+echo work > WORK.md
+"#,
+        victim = victim.display()
+    ));
+    let child = super::agent_user::runner_as(&sb, &script, &user.name);
+    let (_snap, _) = sb.end_after_seal("run-1", child).await;
+    assert!(
+        !sb.read_out("run-1/direct").contains("direct=0"),
+        "the agent user could write the file itself: the test proves nothing"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "original\n",
+        "the runner (root) wrote to a file the agent pointed repo/.git/logs/HEAD at"
     );
 }
