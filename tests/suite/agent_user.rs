@@ -75,7 +75,7 @@ impl Drop for TestUser {
 
 /// A sandbox the agent user can work in: the test's directory traversable,
 /// `$AGENT_OUT` its own.
-async fn sandbox_for(user: &TestUser) -> Sandbox {
+pub(super) async fn sandbox_for(user: &TestUser) -> Sandbox {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     std::fs::set_permissions(sb.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(sb.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -86,7 +86,7 @@ async fn sandbox_for(user: &TestUser) -> Sandbox {
 /// The runner (root) on `script`, the agent as `user`. Through `env`, so
 /// that the binary run is the world-executable copy in the sandbox (the
 /// agent's git runs it as the credential helper).
-fn runner_as(sb: &Sandbox, script: &Path, user: &str) -> Child {
+pub(super) fn runner_as(sb: &Sandbox, script: &Path, user: &str) -> Child {
     runner_in_mode(sb, script, user, "broker")
 }
 

@@ -3,6 +3,7 @@ mod agent_user;
 mod agents;
 mod architecture;
 mod boot;
+mod breaks;
 mod broker;
 mod check;
 mod coordinator;

