@@ -146,6 +146,7 @@ async fn harvest_once(with_secrets: bool) -> Duration {
         credential_helper: helper.clone(),
         http: http.clone(),
         retry: hosted_boot::client::Policy::ONCE,
+        owner: None,
     })
     .await
     .unwrap();

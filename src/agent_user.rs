@@ -85,6 +85,30 @@ impl AgentUser {
         })
     }
 
+    /// Makes the calling thread act as this user for file access (its groups,
+    /// effective gid and effective uid; the real and saved ids stay root's,
+    /// so [`ActingAs`]'s drop can come back) until the returned guard is
+    /// dropped. For the runner's own git work in `repo/`, which the agent
+    /// owns and can fill with anything (a `core.worktree` pointing at a
+    /// root-only directory, a reflog symlinked to a root-only file): as the
+    /// agent user, libgit2 can read and write only what the agent could.
+    /// Raw per-thread system calls (libc's would change every thread); use
+    /// it on the thread that runs the git work, and keep that work on it.
+    ///
+    /// Errors: the OS refused a call; the thread is then as it was.
+    pub fn act_as(&self) -> io::Result<ActingAs> {
+        let before = ActingAs {
+            groups: rustix::process::getgroups()?,
+            gid: rustix::process::getegid(),
+        };
+        let target = self.become_in_child();
+        rustix::thread::set_thread_groups(&target.groups)?;
+        // From here on, dropping `before` restores what was changed.
+        rustix::thread::set_thread_res_gid(None, Some(target.gid), None)?;
+        rustix::thread::set_thread_res_uid(None, Some(target.uid), None)?;
+        Ok(before)
+    }
+
     /// What a child needs to become this user between fork and exec,
     /// allocated beforehand ([`Become::now`] allocates nothing).
     pub fn become_in_child(&self) -> Become {
@@ -238,6 +262,28 @@ impl Become {
         rustix::thread::set_thread_gid(self.gid)?;
         rustix::thread::set_thread_uid(self.uid)?;
         Ok(())
+    }
+}
+
+/// The calling thread acting as the agent user ([`AgentUser::act_as`]);
+/// dropping it makes the thread root again (effective uid first, which the
+/// gid and group changes need), with the groups and gid it had.
+#[must_use = "the thread acts as the agent user only while this lives"]
+pub struct ActingAs {
+    groups: Vec<Gid>,
+    gid: Gid,
+}
+
+impl Drop for ActingAs {
+    fn drop(&mut self) {
+        let restored = rustix::thread::set_thread_res_uid(None, Some(Uid::ROOT), None)
+            .and_then(|()| rustix::thread::set_thread_res_gid(None, Some(self.gid), None))
+            .and_then(|()| rustix::thread::set_thread_groups(&self.groups));
+        if let Err(e) = restored {
+            // The thread keeps less privilege than it should: later work on
+            // it may be refused, never granted more.
+            tracing::error!(error = %e, "cannot make the git thread root again after acting as the agent user");
+        }
     }
 }
 

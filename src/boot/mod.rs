@@ -728,6 +728,7 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
         credential_helper: harvester.credential_helper.clone(),
         http: harvester.http.clone(),
         retry: Policy::CLONE.scaled(config.timings.scale),
+        owner: config.agent_user.clone(),
     };
     let branch = harvester.branch.as_str();
     let prepared = workspace::prepare_repo_async(spec).await?;

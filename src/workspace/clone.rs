@@ -57,6 +57,10 @@ pub struct RepoSpec {
     /// Attempts and backoff of [`prepare_repo_async`] ([`Policy::CLONE`],
     /// scaled by the boot's timings; [`prepare_repo`] makes one attempt).
     pub retry: Policy,
+    /// The agent user (`--agent-user`): a `repo/` it owns (an earlier
+    /// boot's) is reused acting as that user, never as root, since the
+    /// agent may have planted anything in its `.git` (PROTOCOL.md 3).
+    pub owner: Option<crate::agent_user::AgentUser>,
 }
 
 /// The result of [`prepare_repo`].
@@ -188,6 +192,8 @@ fn attempt(spec: &RepoSpec) -> Result<PreparedRepo, AttemptFailure> {
     let url = spec.remote_url.as_str();
 
     let existed = path.exists();
+    // Dropped at the end of this attempt, after every git call on `repo`.
+    let _acting = act_as_owner_of(spec.owner.as_ref(), &path)?;
     let (repo, reused) = open_or_init(&path, url)?;
     let mut registration = None;
     let result = finish_repo(spec, &repo, reused, &mut registration);
@@ -361,6 +367,27 @@ where
                 last: Box::new(last),
             })
         }
+    }
+}
+
+/// Acts as `owner` on this thread when it owns `path` (a `repo/` the agent
+/// has had in its hands); a fresh clone, or one the agent never owned, is
+/// made as the runner.
+///
+/// Errors: the thread cannot act as the agent user (the reuse is refused
+/// rather than done as root).
+fn act_as_owner_of(
+    owner: Option<&crate::agent_user::AgentUser>,
+    path: &Path,
+) -> Result<Option<crate::agent_user::ActingAs>, WorkspaceError> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(owner) = owner else { return Ok(None) };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.uid() == owner.uid => owner
+            .act_as()
+            .map(Some)
+            .map_err(|e| WorkspaceError::io("act as the agent user to reuse", path, e)),
+        _ => Ok(None),
     }
 }
 

@@ -68,13 +68,32 @@ static REPO_LOCK: Mutex<()> = Mutex::new(());
 /// rewrote (objects, refs, the index, checked-out files) is given back to
 /// the agent user, if there is one, so that the agent's own git can still
 /// commit, fetch and push (PROTOCOL.md 3, "The agent as another user").
+///
+/// With an agent user, the thread that holds it acts as that user
+/// ([`AgentUser::act_as`](crate::agent_user::AgentUser::act_as)) until it
+/// is dropped: the repository is the agent's, and so is everything in its
+/// configuration and `.git` (a `core.worktree`, a symlinked reflog), which
+/// the runner's git must not follow as root (PROTOCOL.md 3). Run the git
+/// work on the thread that took the hold.
 pub(super) struct RepoHold<'a> {
     _lock: MutexGuard<'static, ()>,
     harvester: &'a Harvester,
+    acting: Option<crate::agent_user::ActingAs>,
+    refused: Option<String>,
+}
+
+impl RepoHold<'_> {
+    /// Why the thread could not act as the agent user, when it could not:
+    /// the caller must then leave `repo/` alone (fail closed), naming this.
+    pub(super) fn refused(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
 }
 
 impl Drop for RepoHold<'_> {
     fn drop(&mut self) {
+        // Root again before the give-back, which needs CAP_CHOWN.
+        drop(self.acting.take());
         self.harvester.give_repo_to_owner();
     }
 }
@@ -132,9 +151,23 @@ pub(super) fn message(e: &git2::Error) -> String {
 impl Harvester {
     /// Takes the runner's hold on `repo/` (see [`RepoHold`]).
     pub(super) fn lock_repo(&self) -> RepoHold<'_> {
+        let lock = REPO_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let (acting, refused) = match self.owner.as_ref().map(|o| (o, o.act_as())) {
+            None => (None, None),
+            Some((_, Ok(acting))) => (Some(acting), None),
+            Some((owner, Err(e))) => (
+                None,
+                Some(format!(
+                    "cannot act as the agent user {} for the runner's git work in repo/ ({e}); repo/ is left as it is",
+                    owner.name
+                )),
+            ),
+        };
         RepoHold {
-            _lock: REPO_LOCK.lock().unwrap_or_else(|p| p.into_inner()),
+            _lock: lock,
             harvester: self,
+            acting,
+            refused,
         }
     }
 
@@ -162,7 +195,10 @@ impl Harvester {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
             let (dir, branch) = (&this.repo_dir, &this.branch);
-            let _guard = this.lock_repo();
+            let hold = this.lock_repo();
+            if hold.refused().is_some() {
+                return true;
+            }
             let Ok(repo) = Repository::open(dir) else {
                 return true;
             };
@@ -246,7 +282,7 @@ impl Harvester {
         deadline: Instant,
         progress: &Mutex<HarvestResult>,
     ) -> HarvestResult {
-        let _guard = self.lock_repo();
+        let hold = self.lock_repo();
         let mut r = empty_result(&job.name, &self.branch);
         let publish = |r: &HarvestResult| {
             *progress.lock().unwrap_or_else(|p| p.into_inner()) = r.clone();
@@ -259,6 +295,9 @@ impl Harvester {
             });
             r
         };
+        if let Some(why) = hold.refused() {
+            return fail(r, PushErrorCode::HarvestFailed, why.to_string());
+        }
         let repo = match Repository::open(&self.repo_dir) {
             Ok(repo) => repo,
             Err(e) => {

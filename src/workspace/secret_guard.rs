@@ -159,7 +159,11 @@ impl<'a> PushGate<'a> {
                 if found.paths.contains(&path) {
                     continue;
                 }
-                if self.redactor.contains(&path) || self.blob_holds(&odb, blob)? {
+                let holds = match blob {
+                    Some(blob) => self.blob_holds(&odb, blob)?,
+                    None => false,
+                };
+                if self.redactor.contains(&path) || holds {
                     found.paths.insert(path);
                 }
             }
@@ -203,13 +207,18 @@ pub(super) enum Refusal {
     Unreadable(String),
 }
 
-/// The blobs (regular files, executables, symbolic links) `commit` adds or
-/// changes against each of its parents, with their paths; for a merge, only
-/// those new against every parent.
+/// An entry a commit adds: its path, and its blob when it is one.
+type AddedEntry = (Vec<u8>, Option<Oid>);
+
+/// The entries `commit` adds or changes against each of its parents, with
+/// their paths; for a merge, only those new against every parent. A blob
+/// (regular file, executable, symbolic link) comes with its id, to be read;
+/// any other entry (a submodule's gitlink, whose commit is not here) with
+/// `None`: only its path can hold a secret, and it is checked all the same.
 fn added_blobs(
     repo: &Repository,
     commit: &git2::Commit<'_>,
-) -> Result<Vec<(Vec<u8>, Oid)>, git2::Error> {
+) -> Result<Vec<AddedEntry>, git2::Error> {
     let tree = commit.tree()?;
     let parents: Vec<Option<git2::Tree<'_>>> = if commit.parent_count() == 0 {
         vec![None]
@@ -219,7 +228,7 @@ fn added_blobs(
             .map(|p| p.tree().map(Some))
             .collect::<Result<_, _>>()?
     };
-    let mut common: Option<HashSet<(Vec<u8>, Oid)>> = None;
+    let mut common: Option<HashSet<AddedEntry>> = None;
     for parent in &parents {
         let diff = repo.diff_tree_to_tree(parent.as_ref(), Some(&tree), None)?;
         let mut added = HashSet::new();
@@ -231,17 +240,16 @@ fn added_blobs(
                 continue;
             }
             let file = delta.new_file();
-            if !matches!(
+            let blob = matches!(
                 file.mode(),
                 FileMode::Blob
                     | FileMode::BlobExecutable
                     | FileMode::BlobGroupWritable
                     | FileMode::Link
-            ) {
-                continue;
-            }
+            )
+            .then(|| file.id());
             if let Some(path) = file.path_bytes() {
-                added.insert((path.to_vec(), file.id()));
+                added.insert((path.to_vec(), blob));
             }
         }
         common = Some(match common {

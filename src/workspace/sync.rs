@@ -51,7 +51,7 @@ impl Harvester {
     // may end it with its own `kept_local` warning, over one `repo`, one fetch
     // and one report.
     pub fn sync_blocking(&self, run_id: &str, deadline: Instant) -> WorkspaceSync {
-        let _guard = self.lock_repo();
+        let hold = self.lock_repo();
         let url = self.remote_url.as_str();
         let branch = self.branch.as_str();
         let mut s = empty_sync(branch);
@@ -63,6 +63,9 @@ impl Harvester {
             });
             s
         };
+        if let Some(why) = hold.refused() {
+            return warn(s, SyncWarningCode::RepoUnreadable, why.to_string());
+        }
         let repo = match Repository::open(&self.repo_dir) {
             Ok(repo) => repo,
             Err(e) => {

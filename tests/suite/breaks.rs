@@ -1,6 +1,6 @@
-//! Breaks found by the least-privilege review (branch review/lp): each test
-//! asserts a promise of SECURITY.md / PROTOCOL.md that the real binary does
-//! not keep today. They fail until the fix lands.
+//! Attacks on the least-privilege promises (SECURITY.md, PROTOCOL.md 3 and
+//! 4.5) found by the review of issue 13 (branch review/lp): each failed
+//! against the merged tree before its fix.
 
 use std::path::Path;
 
@@ -37,12 +37,12 @@ fn git_in(dir: &Path, args: &[&str]) -> String {
 }
 
 /// PROTOCOL 4.5 / SECURITY.md "The harvest's secret guard": no push of a
-/// path that holds a secret. The guard checks the names of regular files,
-/// executables and symbolic links only (`added_blobs` skips every other
-/// mode), so a submodule gitlink whose *name* is a connector value goes to
-/// the remote in the tree object.
+/// path that holds a secret. The guard once checked the names of regular
+/// files, executables and symbolic links only, so a submodule gitlink whose
+/// *name* is a connector value went to the remote in the tree object; every
+/// entry's path is checked now, whatever its mode.
 #[tokio::test]
-async fn break_a_gitlink_named_with_a_connector_value_is_pushed() {
+async fn a_gitlink_named_with_a_connector_value_is_held_back() {
     let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
     let script = sb.script(
         r#"
@@ -68,16 +68,15 @@ fi
     );
 }
 
-/// SECURITY.md, `--agent-user`: "the agent cannot read the runner's files";
-/// the runner's git runs as root in `repo/`. libgit2 honours
+/// SECURITY.md, `--agent-user`: "the agent cannot read the runner's files".
+/// The runner's git once ran as root in `repo/`, and libgit2 honours
 /// `core.worktree` from `repo/.git/config`, which the agent user owns: the
 /// agent points it at a directory only root can read, the harvest (root)
 /// commits that directory's files, gives the objects in `repo/.git` to the
-/// agent and pushes them. The agent reads a root-only file, and the remote
-/// gets it.
+/// agent and pushes them: the agent read a root-only file, and the remote
+/// got it. The harvest now acts as the agent user, and cannot read it.
 #[tokio::test]
-async fn break_core_worktree_in_the_agents_git_config_makes_the_root_harvest_commit_root_only_files()
- {
+async fn core_worktree_in_the_agents_git_config_gets_the_harvest_no_root_only_file() {
     use std::os::unix::fs::PermissionsExt;
     let user = match super::agent_user::TestUser::create() {
         Ok(u) => u,
@@ -104,7 +103,7 @@ if [ "$ORIZU_RUN_ID" = run-1 ]; then
   git config core.worktree {dir}
 else
   git config --unset core.worktree
-  git show HEAD:secret.txt > "$o/got" 2>&1
+  git show HEAD:secret.txt > "$o/got" 2>&1 || true
 fi
 "#,
         dir = private.display()
@@ -128,13 +127,12 @@ fi
     );
 }
 
-/// `--agent-user`: "symbolic links planted in repo/.git": the runner's git
-/// runs as root there, and libgit2 appends to a reflog with
-/// `open(O_APPEND)`, following a symbolic link. The agent points
-/// `repo/.git/logs/HEAD` at a file only root may write; the harvest's commit
-/// appends its reflog line to it.
+/// `--agent-user`: "symbolic links planted in repo/.git". libgit2 appends
+/// to a reflog with `open(O_APPEND)`, following a symbolic link: the agent
+/// points `repo/.git/logs/HEAD` at a file only root may write, and a root
+/// harvest appended its reflog line to it. As the agent user it cannot.
 #[tokio::test]
-async fn break_a_reflog_symlinked_by_the_agent_makes_the_root_harvest_append_to_a_root_only_file() {
+async fn a_reflog_symlinked_by_the_agent_gets_the_harvest_no_root_write() {
     use std::os::unix::fs::PermissionsExt;
     let user = match super::agent_user::TestUser::create() {
         Ok(u) => u,
@@ -170,5 +168,65 @@ echo work > WORK.md
         std::fs::read_to_string(&victim).unwrap(),
         "original\n",
         "the runner (root) wrote to a file the agent pointed repo/.git/logs/HEAD at"
+    );
+}
+
+/// `--agent-user`, a restart: the runner reuses a `repo/` the agent had in
+/// its hands (PROTOCOL.md 3) and writes its configuration (origin, the
+/// credential helper). libgit2 writes a configuration file through a
+/// symbolic link, so an agent that pointed `repo/.git/config` at a file only
+/// root may write would have a restarted root runner write it. The reuse
+/// acts as the agent user: the file is left as it was (and the reuse, which
+/// the agent sabotaged, fails the boot rather than run as root).
+#[tokio::test]
+async fn a_restarted_runner_reuses_the_agents_repo_as_the_agent_user_not_as_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let user = match super::agent_user::TestUser::create() {
+        Ok(u) => u,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let sb = super::agent_user::sandbox_for(&user).await;
+    let private = sb.dir.path().join("root-only");
+    std::fs::create_dir(&private).unwrap();
+    let victim = private.join("config");
+    // A valid git configuration naming the session's remote, so that a
+    // root runner would take the repository for its clone and rewrite it.
+    let original = format!(
+        "[core]\n\trepositoryformatversion = 0\n\tbare = false\n[remote \"origin\"]\n\turl = {}\n",
+        sb.coordinator.clone_url()
+    );
+    std::fs::write(&victim, &original).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let script = sb.script(&format!(
+        r#"
+o="$AGENT_OUT/$ORIZU_RUN_ID"; mkdir -p "$o"
+cat "{victim}" > /dev/null 2>&1; echo "direct=$?" > "$o/direct"
+rm -f .git/config && ln -s "{victim}" .git/config
+echo $$ > "$AGENT_OUT/pgid"
+exec sleep 1000
+"#,
+        victim = victim.display()
+    ));
+    let mut first = super::agent_user::runner_as(&sb, &script, &user.name);
+    super::support::wait_for_file(&sb.out().join("pgid")).await;
+    // The sandbox dies mid-turn: the next runner reuses repo/.
+    first.kill().await.unwrap();
+    let _ = first.wait().await;
+    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
+    super::support::kill_group(pgid);
+    assert!(
+        sb.read_out("run-1/direct").contains("direct=1"),
+        "the agent user could read the file itself: the test proves nothing"
+    );
+    let second = super::agent_user::runner_as(&sb, &script, &user.name);
+    let (_status, output) = super::support::finish(second).await;
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        original,
+        "the restarted runner (root) wrote the file the agent pointed repo/.git/config at: {output}"
     );
 }

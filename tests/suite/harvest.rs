@@ -570,6 +570,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         credential_helper: helper.clone(),
         http: http.clone(),
         retry: hosted_boot::client::Policy::ONCE,
+        owner: None,
     })
     .await
     .unwrap();

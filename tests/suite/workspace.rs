@@ -88,6 +88,7 @@ impl Env {
             credential_helper: helper,
             http: self.http.clone(),
             retry: hosted_boot::client::Policy::ONCE,
+            owner: None,
         }
     }
 
