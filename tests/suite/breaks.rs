@@ -230,3 +230,58 @@ exec sleep 1000
         "the restarted runner (root) wrote the file the agent pointed repo/.git/config at: {output}"
     );
 }
+
+/// `--agent-user`: a FIFO the agent puts at `repo/.git/config` makes the
+/// harvest's `Repository::open` (as the agent user, which may open it)
+/// block in `open(2)` for good, on a blocking-pool thread that holds the
+/// runner's lock on `repo/` (`REPO_LOCK`) and acts as the agent user. The
+/// harvest's report comes at its bound, but every later git work of the
+/// runner waits for that lock: the next turn's sync never ends, so the next
+/// turn never starts nor seals. A hold must never wait on a file the agent
+/// planted without a bound (open `.git` files with `O_NONBLOCK`, refuse
+/// anything not a regular file or directory before libgit2 opens it).
+#[tokio::test]
+async fn a_fifo_at_the_agents_git_config_does_not_wedge_the_runners_git_work() {
+    let user = match super::agent_user::TestUser::create() {
+        Ok(u) => u,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let sb = super::agent_user::sandbox_for(&user).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  echo work > WORK.md
+  rm -f .git/config && mkfifo .git/config
+fi
+"#,
+    );
+    let child = super::agent_user::runner_as(&sb, &script, &user.name);
+    let first =
+        tokio::time::timeout(std::time::Duration::from_secs(30), sb.wait_sealed("run-1")).await;
+    assert!(first.is_ok(), "run-1 never sealed");
+    let second = sb.coordinator.queue_turn("second", None);
+    let snap =
+        tokio::time::timeout(std::time::Duration::from_secs(20), sb.wait_sealed(&second)).await;
+    let mut child = child;
+    if snap.is_err() {
+        // Wedged: it would not exit at the session's end either.
+        child.start_kill().unwrap();
+    }
+    sb.coordinator.end_session();
+    let (_status, output) = super::support::finish(child).await;
+    assert!(
+        snap.is_ok(),
+        "the second turn never sealed: the runner's git work waits for a harvest stuck opening the agent's FIFO: {}",
+        output
+            .lines()
+            .filter(|l| l.contains("harvest")
+                || l.contains("sync")
+                || l.contains("WARN")
+                || l.contains("ERROR"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
