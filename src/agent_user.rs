@@ -265,6 +265,40 @@ impl Become {
     }
 }
 
+/// The groups and gid the process started with, for [`reset_thread_identity`].
+static STARTING_IDENTITY: std::sync::OnceLock<(Vec<Gid>, Gid)> = std::sync::OnceLock::new();
+
+/// Records the calling thread's groups and effective gid as the ones every
+/// runtime thread must start with. Call it once, before the async runtime
+/// starts (`main`).
+pub fn remember_starting_identity() {
+    let groups = rustix::process::getgroups().unwrap_or_default();
+    let _ = STARTING_IDENTITY.set((groups, rustix::process::getegid()));
+}
+
+/// Makes a new thread root again if it was born acting as the agent user:
+/// a thread inherits its creator's credentials, and a thread that acts as
+/// the agent user ([`AgentUser::act_as`]) may make tokio start one (a DNS
+/// lookup of the git transport calls `spawn_blocking`), which would then
+/// serve later blocking work with the agent's identity. For the runtime's
+/// `on_thread_start`. Does nothing for a runner that is not root, or a
+/// thread that already is.
+pub fn reset_thread_identity() {
+    if !rustix::process::getuid().is_root() || rustix::process::geteuid().is_root() {
+        return;
+    }
+    let restored = rustix::thread::set_thread_res_uid(None, Some(Uid::ROOT), None).and_then(|()| {
+        match STARTING_IDENTITY.get() {
+            Some((groups, gid)) => rustix::thread::set_thread_res_gid(None, Some(*gid), None)
+                .and_then(|()| rustix::thread::set_thread_groups(groups)),
+            None => Ok(()),
+        }
+    });
+    if let Err(e) = restored {
+        tracing::error!(error = %e, "cannot make a new runtime thread root again");
+    }
+}
+
 /// The calling thread acting as the agent user ([`AgentUser::act_as`]);
 /// dropping it makes the thread root again (effective uid first, which the
 /// gid and group changes need), with the groups and gid it had.

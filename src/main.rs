@@ -225,8 +225,11 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = i32>,
 {
+    hosted_boot::agent_user::remember_starting_identity();
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // A thread born of one acting as the agent user starts as root.
+        .on_thread_start(hosted_boot::agent_user::reset_thread_identity)
         .build()
     {
         Ok(rt) => {

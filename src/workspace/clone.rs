@@ -194,6 +194,12 @@ fn attempt(spec: &RepoSpec) -> Result<PreparedRepo, AttemptFailure> {
     let existed = path.exists();
     // Dropped at the end of this attempt, after every git call on `repo`.
     let _acting = act_as_owner_of(spec.owner.as_ref(), &path)?;
+    // A reused repo/ is the agent's: nothing in its .git may block git.
+    super::harvest::special_file_in_git_dir(&path).map_err(|why| WorkspaceError::ForeignRepo {
+        path: path.clone(),
+        found: why,
+        expected: url.to_string(),
+    })?;
     let (repo, reused) = open_or_init(&path, url)?;
     let mut registration = None;
     let result = finish_repo(spec, &repo, reused, &mut registration);

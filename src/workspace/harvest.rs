@@ -41,7 +41,7 @@
 //! This module owns the [`Harvester`] (what every harvest and sync of a boot
 //! shares), the harvest's entry points and its report.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,74 @@ impl Drop for RepoHold<'_> {
         // Root again before the give-back, which needs CAP_CHOWN.
         drop(self.acting.take());
         self.harvester.give_repo_to_owner();
+    }
+}
+
+/// Refuses a `repo/.git` that holds anything but directories, regular files
+/// and symbolic links to them: libgit2 opens what it finds there without
+/// `O_NONBLOCK`, so a FIFO the agent left (at `config`, a ref, an object)
+/// would block the runner's git work in `open(2)` for good, with the lock on
+/// `repo/` held and no turn able to seal after it. A symbolic link is
+/// judged by what it points to (without descending into a linked
+/// directory); a `.git` that is not a directory is refused too.
+///
+/// Errors: the first such entry, named, with what to do.
+pub(super) fn special_file_in_git_dir(repo_dir: &Path) -> Result<(), String> {
+    let git = repo_dir.join(".git");
+    let refuse = |path: &Path, what: &str| {
+        format!(
+            "{} is {what}, not a regular file or directory: the runner does not open it (the agent may have left it there to block git); remove it from repo/.git",
+            path.display()
+        )
+    };
+    match std::fs::symlink_metadata(&git) {
+        Ok(m) if m.is_dir() => {}
+        // No repository yet (a fresh clone makes it): nothing to refuse.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Ok(_) => return Err(refuse(&git, "not a directory")),
+        Err(e) => return Err(format!("cannot read {}: {e}", git.display())),
+    }
+    let mut stack = vec![git];
+    while let Some(dir) = stack.pop() {
+        let entries =
+            std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+            let path = entry.path();
+            let kind = entry
+                .file_type()
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            if kind.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            // What a link points to; a dangling one opens nothing.
+            let target = if kind.is_symlink() {
+                match std::fs::metadata(&path) {
+                    Ok(m) => m.file_type(),
+                    Err(_) => continue,
+                }
+            } else {
+                kind
+            };
+            if !(target.is_file() || target.is_dir()) {
+                return Err(refuse(&path, special_kind(target)));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn special_kind(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else {
+        "a special file"
     }
 }
 
@@ -152,7 +220,7 @@ impl Harvester {
     /// Takes the runner's hold on `repo/` (see [`RepoHold`]).
     pub(super) fn lock_repo(&self) -> RepoHold<'_> {
         let lock = REPO_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-        let (acting, refused) = match self.owner.as_ref().map(|o| (o, o.act_as())) {
+        let (acting, mut refused) = match self.owner.as_ref().map(|o| (o, o.act_as())) {
             None => (None, None),
             Some((_, Ok(acting))) => (Some(acting), None),
             Some((owner, Err(e))) => (
@@ -163,6 +231,9 @@ impl Harvester {
                 )),
             ),
         };
+        if refused.is_none() {
+            refused = special_file_in_git_dir(&self.repo_dir).err();
+        }
         RepoHold {
             _lock: lock,
             harvester: self,

@@ -51,14 +51,20 @@ git add IMAGE.md && git commit -q -m "from the agent user" > "$AGENT_OUT/commit"
 echo "commit=$?" >> "$AGENT_OUT/commit"
 "#,
     );
+    // The image's /etc/gitconfig, where the agent user can read it (CI
+    // clones into a 0700 temporary directory, which the agent cannot enter).
+    let gitconfig = sb.dir.path().join("gitconfig");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("image/gitconfig"),
+        &gitconfig,
+    )
+    .unwrap();
+    std::fs::set_permissions(&gitconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
     let child = sb
         .wrapped_command(&["env"], "run", &script)
         .current_dir(sb.root())
         .env("HOSTED_BOOT_AGENT_USER", &user.name)
-        .env(
-            "GIT_CONFIG_SYSTEM",
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("image/gitconfig"),
-        )
+        .env("GIT_CONFIG_SYSTEM", &gitconfig)
         .spawn()
         .unwrap();
     let (snap, output) = sb.end_after_seal("run-1", child).await;
