@@ -13,6 +13,7 @@ mod harvest;
 mod image;
 mod layers;
 mod openapi;
+mod reliability_log;
 mod processes;
 mod real_clis;
 mod secret_guard;
