@@ -38,6 +38,7 @@ mod push;
 mod recovery;
 mod remote;
 mod secret_guard;
+mod setup_changes;
 mod size_limit;
 mod sync;
 pub mod transport;
@@ -57,6 +58,7 @@ pub use credential::{
     run_credential_helper,
 };
 pub use harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT};
+pub use setup_changes::SetupChanges;
 pub use lock::{LockError, RootLock};
 pub use transport::{CredentialHelpers, HttpContext, RemoteRegistration, register_remote};
 

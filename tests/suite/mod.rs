@@ -18,6 +18,7 @@ mod processes;
 mod real_clis;
 mod secret_guard;
 mod secrets;
+mod setup;
 mod status;
 mod supervisor;
 mod support;
