@@ -749,7 +749,7 @@ mod tests {
             (
                 "dev/nope",
                 "GET /dev/nope",
-                "turns, interrupt, end, faults, git, requests, state",
+                "turns, interrupt, end, faults, git, requests, state, setup",
             ),
         ];
         for (path, named, hint) in cases {

@@ -66,7 +66,7 @@ impl Harvester {
             let mut paths: Vec<String> = statuses
                 .iter()
                 .filter(|s| s.status() != Status::CURRENT && !s.status().is_ignored())
-                .filter_map(|s| s.path().map(str::to_string))
+                .filter_map(|s| s.path().ok().map(str::to_string))
                 .collect();
             paths.sort();
             paths.dedup();

@@ -111,7 +111,6 @@ echo "warning: $SETUP_KEY on stderr" >&2
 echo "agent key $AGENT_KEY"
 echo "set up" > "$AGENT_OUT/setup-ran"
 echo "Hello from setup" > src/greeting.txt
-echo "untracked" > setup-made.txt
 "#,
     );
     let agent = sb.script(
@@ -250,8 +249,8 @@ wait
 
 #[tokio::test]
 async fn the_setup_cache_skips_setup_on_a_restart_and_a_changed_input_runs_it_again() {
-    let sb = Sandbox::start(CoordinatorOptions::default()).await;
-    let setup = setup_script(&sb, r#"echo run >> "$AGENT_OUT/setup-count""#);
+    let sb = &Sandbox::start(CoordinatorOptions::default()).await;
+    let setup = setup_script(sb, r#"echo run >> "$AGENT_OUT/setup-count""#);
     let agent = sb.script(r#"echo '{"type":"message","text":"agent ran"}'"#);
     let inputs = [("HOSTED_BOOT_SETUP_INPUTS", "deps/*.lock,README.md")];
     let count = || sb.read_out("setup-count").lines().count();
@@ -358,4 +357,42 @@ async fn sigterm_during_setup_stops_it_and_seals_the_turn_interrupted() {
     let statuses: Vec<BootStatus> = sb.coordinator.statuses().iter().map(|s| s.status).collect();
     assert!(!statuses.contains(&BootStatus::TurnFailed), "{statuses:?}");
     assert!(!sb.session_dir().exists());
+}
+
+#[tokio::test]
+async fn setup_runs_as_the_agent_user_and_leaves_repo_the_agent_users() {
+    let user = match super::agent_user::TestUser::create() {
+        Ok(u) => u,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+    let sb = super::agent_user::sandbox_for(&user).await;
+    let setup = setup_script(
+        &sb,
+        r#"
+id -u > "$AGENT_OUT/setup-uid"
+echo "$HOME" > "$AGENT_OUT/setup-home"
+echo "changed by setup" > src/greeting.txt
+"#,
+    );
+    let agent = sb.script(
+        r#"
+find . -not -user "$(id -u)" > "$AGENT_OUT/not-mine" 2>&1
+cat src/greeting.txt > "$AGENT_OUT/agent-greeting"
+"#,
+    );
+    let child = sb
+        .wrapped_command(&["env"], "run", &agent)
+        .env("HOSTED_BOOT_AGENT_USER", &user.name)
+        .env("HOSTED_BOOT_SETUP_SCRIPT", &setup)
+        .spawn()
+        .unwrap();
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded", "{output}");
+    assert_eq!(sb.read_out("setup-uid").trim(), user.uid.to_string());
+    assert_eq!(sb.read_out("setup-home").trim(), user.home.to_str().unwrap());
+    assert_eq!(sb.read_out("agent-greeting"), "Hello, world!\n");
+    assert_eq!(sb.read_out("not-mine"), "", "the undo of setup's change left files that are not the agent user's");
 }
