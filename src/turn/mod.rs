@@ -445,7 +445,10 @@ impl<'a> Turn<'a> {
                 timings: &self.timings,
                 harvester: &ctx.harvester,
             };
-            match setup.before_first_agent(run, &mut request_rx, self.stop).await {
+            match setup
+                .before_first_agent(run, &mut request_rx, self.stop)
+                .await
+            {
                 setup::SetupEnd::Ready => {}
                 setup::SetupEnd::Failed(message) => {
                     let outcome = TurnOutcome::failed(ErrorCode::SetupFailed, message);

@@ -475,10 +475,9 @@ fn failure(exit: &Exit, timeout: Duration) -> Option<String> {
         Some(s) if s.success() => None,
         Some(s) => Some(match (s.code(), s.signal()) {
             (Some(code), _) => format!("exited with code {code}"),
-            (None, Some(signal)) => format!(
-                "was killed by {}",
-                crate::signals::signal_name(signal)
-            ),
+            (None, Some(signal)) => {
+                format!("was killed by {}", crate::signals::signal_name(signal))
+            }
             (None, None) => "ended abnormally".to_string(),
         }),
         None => Some("ended, but its exit status could not be read".to_string()),
@@ -502,7 +501,9 @@ fn with_tail(what: String, tail: &str) -> String {
     if tail.is_empty() {
         return format!("{what}; it printed nothing");
     }
-    let room = 780usize.saturating_sub(what.chars().count()).min(TAIL_CHARS);
+    let room = 780usize
+        .saturating_sub(what.chars().count())
+        .min(TAIL_CHARS);
     format!(
         "{what}; the end of its output: {}",
         crate::text::last(tail, room)

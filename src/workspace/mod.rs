@@ -58,8 +58,8 @@ pub use credential::{
     run_credential_helper,
 };
 pub use harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT};
-pub use setup_changes::SetupChanges;
 pub use lock::{LockError, RootLock};
+pub use setup_changes::SetupChanges;
 pub use transport::{CredentialHelpers, HttpContext, RemoteRegistration, register_remote};
 
 /// Why a workspace step failed. Messages name the value concerned (path,

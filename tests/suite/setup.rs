@@ -64,7 +64,13 @@ fn setup_output(events: &[Event]) -> Vec<String> {
     events
         .iter()
         .filter(|e| e.kind == "hosted_boot.setup_output")
-        .map(|e| format!("{}:{}", e.data["stream"].as_str().unwrap(), e.data["text"].as_str().unwrap()))
+        .map(|e| {
+            format!(
+                "{}:{}",
+                e.data["stream"].as_str().unwrap(),
+                e.data["text"].as_str().unwrap()
+            )
+        })
         .collect()
 }
 
@@ -74,7 +80,11 @@ fn error(sb: &Sandbox, run_id: &str) -> hosted_boot::wire::FinishError {
 }
 
 fn seq_of(events: &[Event], what: impl Fn(&Event) -> bool) -> u64 {
-    events.iter().find(|e| what(e)).map(|e| e.seq).unwrap_or(u64::MAX)
+    events
+        .iter()
+        .find(|e| what(e))
+        .map(|e| e.seq)
+        .unwrap_or(u64::MAX)
 }
 
 fn alive(pid: &str) -> bool {
@@ -89,8 +99,16 @@ fn alive(pid: &str) -> bool {
 fn remote_file(sb: &Sandbox, path: &str) -> String {
     let repo = git2::Repository::open_bare(sb.coordinator.bare_repo()).unwrap();
     let branch = format!("refs/heads/{}", sb.coordinator.branch());
-    let tree = repo.find_reference(&branch).unwrap().peel_to_tree().unwrap();
-    let blob = tree.get_path(Path::new(path)).unwrap().to_object(&repo).unwrap();
+    let tree = repo
+        .find_reference(&branch)
+        .unwrap()
+        .peel_to_tree()
+        .unwrap();
+    let blob = tree
+        .get_path(Path::new(path))
+        .unwrap()
+        .to_object(&repo)
+        .unwrap();
     String::from_utf8_lossy(blob.as_blob().unwrap().content()).into_owned()
 }
 
@@ -126,7 +144,11 @@ echo '{"type":"message","text":"agent ran"}'
     assert_eq!(snap.run("run-1").unwrap().status, "succeeded", "{output}");
     let repo = sb.root().join("repo");
     assert_eq!(sb.read_out("setup-cwd").trim(), repo.to_str().unwrap());
-    assert_eq!(sb.read_out("agent-saw").trim(), "set up", "setup ran before the agent");
+    assert_eq!(
+        sb.read_out("agent-saw").trim(),
+        "set up",
+        "setup ran before the agent"
+    );
 
     let events = events(&sb, "run-1");
     assert_eq!(setup_phases(&events), ["started", "succeeded"]);
@@ -152,8 +174,14 @@ echo '{"type":"message","text":"agent ran"}'
 
     // The setup-only connector is in no other environment.
     let agent_env = sb.read_out("agent-env");
-    assert!(agent_env.contains(AGENT_SECRET), "the agent's connector is there");
-    assert!(!agent_env.contains(SETUP_SECRET) && !agent_env.contains("SETUP_KEY"), "{agent_env}");
+    assert!(
+        agent_env.contains(AGENT_SECRET),
+        "the agent's connector is there"
+    );
+    assert!(
+        !agent_env.contains(SETUP_SECRET) && !agent_env.contains("SETUP_KEY"),
+        "{agent_env}"
+    );
 
     // Setup's change to a tracked file is undone before the agent starts and
     // never committed; what git does not track stays for the agent.
@@ -182,7 +210,10 @@ exit 3
     let child = runner_with_setup(&sb, &agent, &setup, &[]).spawn().unwrap();
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(1), "{output}");
-    assert!(!sb.out().join("agent-ran").exists(), "no agent after a failed setup");
+    assert!(
+        !sb.out().join("agent-ran").exists(),
+        "no agent after a failed setup"
+    );
     let run = sb.coordinator.run("run-1").unwrap();
     assert_eq!(run.status, "failed");
     let e = error(&sb, "run-1");
@@ -231,7 +262,9 @@ wait
     let e = error(&sb, "run-1");
     assert_eq!(serde_json::to_value(e.code).unwrap(), "setup_failed");
     assert!(
-        e.message.contains("did not end within --setup-timeout (1s)") && e.message.contains("downloading"),
+        e.message
+            .contains("did not end within --setup-timeout (1s)")
+            && e.message.contains("downloading"),
         "{}",
         e.message
     );
@@ -258,19 +291,23 @@ async fn the_setup_cache_skips_setup_on_a_restart_and_a_changed_input_runs_it_ag
     // Each runner runs one turn and is stopped between turns (exit 143, as
     // a sandbox that is restarted on the same root).
     let turn = |run_id: &'static str| {
-        let runner = runner_with_setup(&sb, &agent, &setup, &inputs).spawn().unwrap();
+        let runner = runner_with_setup(sb, &agent, &setup, &inputs)
+            .spawn()
+            .unwrap();
         async move {
             sb.wait_sealed(run_id).await;
             sb.coordinator
                 .wait_for(super::support::WAIT, |s| {
-                    s.statuses.last().is_some_and(|b| b.status == BootStatus::TurnCompleted)
+                    s.statuses
+                        .last()
+                        .is_some_and(|b| b.status == BootStatus::TurnCompleted)
                 })
                 .await
                 .unwrap();
             signal(runner.id().unwrap(), rustix::process::Signal::TERM);
             let (status, output) = finish(runner).await;
             assert_eq!(status.code(), Some(143), "{output}");
-            setup_phases(&events(&sb, run_id))
+            setup_phases(&events(sb, run_id))
         }
     };
     assert_eq!(turn("run-1").await, ["started", "succeeded"]);
@@ -299,13 +336,25 @@ async fn the_setup_cache_skips_setup_on_a_restart_and_a_changed_input_runs_it_ag
         inputs: None,
     }));
     sb.coordinator.queue_turn("last", None);
-    let runner = runner_with_setup(&sb, &agent, &setup, &inputs).spawn().unwrap();
+    let runner = runner_with_setup(sb, &agent, &setup, &inputs)
+        .spawn()
+        .unwrap();
     let (_, output) = sb.end_after_seal("run-4", runner).await;
-    let events = events(&sb, "run-4");
+    let events = events(sb, "run-4");
     assert_eq!(setup_phases(&events), ["started", "succeeded"]);
-    assert_eq!(events.iter().find(|e| e.kind == "hosted_boot.setup").unwrap().data["source"], "session");
+    assert_eq!(
+        events
+            .iter()
+            .find(|e| e.kind == "hosted_boot.setup")
+            .unwrap()
+            .data["source"],
+        "session"
+    );
     assert_eq!(sb.read_out("setup-count").lines().last(), Some("session"));
-    assert!(output.contains("the session's setup.script wins"), "{output}");
+    assert!(
+        output.contains("the session's setup.script wins"),
+        "{output}"
+    );
 }
 
 /// A setup that waits until stopped the first time, and ends at once after.
@@ -326,18 +375,32 @@ async fn an_interrupt_during_setup_stops_it_and_the_next_turn_runs_it_again() {
     let setup = setup_script(&sb, SLOW_ONCE);
     let agent = sb.script(r#"echo "$ORIZU_RUN_ID" >> "$AGENT_OUT/agent-ran""#);
     let child = runner_with_setup(&sb, &agent, &setup, &[]).spawn().unwrap();
-    sb.wait_event("run-1", "setup output", |e| e.data["text"] == "setting up").await;
+    sb.wait_event("run-1", "setup output", |e| e.data["text"] == "setting up")
+        .await;
     sb.coordinator.interrupt(Some("run-1")).unwrap();
     let snap = sb.wait_sealed("run-1").await;
     assert_eq!(snap.run("run-1").unwrap().status, "interrupted");
-    assert!(!alive(&sb.read_out("child")), "setup's child survived the interrupt");
-    assert_eq!(setup_phases(&events(&sb, "run-1")), ["started", "interrupted"]);
-    assert_eq!(sb.read_out("agent-ran"), "", "no agent in an interrupted setup's turn");
+    assert!(
+        !alive(&sb.read_out("child")),
+        "setup's child survived the interrupt"
+    );
+    assert_eq!(
+        setup_phases(&events(&sb, "run-1")),
+        ["started", "interrupted"]
+    );
+    assert_eq!(
+        sb.read_out("agent-ran"),
+        "",
+        "no agent in an interrupted setup's turn"
+    );
 
     let run_id = sb.coordinator.queue_turn("go on", None);
     let (snap, _) = sb.end_after_seal(&run_id, child).await;
     assert_eq!(snap.run(&run_id).unwrap().status, "succeeded");
-    assert_eq!(setup_phases(&events(&sb, &run_id)), ["started", "succeeded"]);
+    assert_eq!(
+        setup_phases(&events(&sb, &run_id)),
+        ["started", "succeeded"]
+    );
     assert_eq!(sb.read_out("agent-ran").trim(), run_id);
 }
 
@@ -347,12 +410,16 @@ async fn sigterm_during_setup_stops_it_and_seals_the_turn_interrupted() {
     let setup = setup_script(&sb, SLOW_ONCE);
     let agent = sb.script(r#"echo ran > "$AGENT_OUT/agent-ran""#);
     let child = runner_with_setup(&sb, &agent, &setup, &[]).spawn().unwrap();
-    sb.wait_event("run-1", "setup output", |e| e.data["text"] == "setting up").await;
+    sb.wait_event("run-1", "setup output", |e| e.data["text"] == "setting up")
+        .await;
     signal(child.id().unwrap(), rustix::process::Signal::TERM);
     let (status, output) = finish(child).await;
     assert_eq!(status.code(), Some(143), "{output}");
     assert_eq!(sb.coordinator.run("run-1").unwrap().status, "interrupted");
-    assert!(!alive(&sb.read_out("child")), "setup's child survived the stop");
+    assert!(
+        !alive(&sb.read_out("child")),
+        "setup's child survived the stop"
+    );
     assert!(!sb.out().join("agent-ran").exists());
     let statuses: Vec<BootStatus> = sb.coordinator.statuses().iter().map(|s| s.status).collect();
     assert!(!statuses.contains(&BootStatus::TurnFailed), "{statuses:?}");
@@ -392,7 +459,14 @@ cat src/greeting.txt > "$AGENT_OUT/agent-greeting"
     let (snap, output) = sb.end_after_seal("run-1", child).await;
     assert_eq!(snap.run("run-1").unwrap().status, "succeeded", "{output}");
     assert_eq!(sb.read_out("setup-uid").trim(), user.uid.to_string());
-    assert_eq!(sb.read_out("setup-home").trim(), user.home.to_str().unwrap());
+    assert_eq!(
+        sb.read_out("setup-home").trim(),
+        user.home.to_str().unwrap()
+    );
     assert_eq!(sb.read_out("agent-greeting"), "Hello, world!\n");
-    assert_eq!(sb.read_out("not-mine"), "", "the undo of setup's change left files that are not the agent user's");
+    assert_eq!(
+        sb.read_out("not-mine"),
+        "",
+        "the undo of setup's change left files that are not the agent user's"
+    );
 }
