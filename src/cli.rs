@@ -92,6 +92,11 @@ pub struct DemoArgs {
     /// [default: a directory inside the demo's temporary directory].
     #[arg(long, env = "HOSTED_BOOT_ROOT", hide_env_values = true)]
     pub root: Option<std::path::PathBuf>,
+    /// A shell command served as the session's `setup.script`: the runner
+    /// runs it in `repo/` before the first agent, its output among the first
+    /// turn's events (PROTOCOL.md 4.1, "Setup").
+    #[arg(long, value_name = "COMMAND")]
+    pub setup_script: Option<String>,
 }
 
 /// `hosted-boot status`.

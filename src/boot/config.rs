@@ -111,6 +111,9 @@ pub struct BootConfig {
     /// another user"); `None`: the agent runs as the runner's user. The same
     /// value is in `agent.user`.
     pub agent_user: Option<crate::agent_user::AgentUser>,
+    /// `--setup-script`, `--setup-inputs`, `--setup-timeout` (PROTOCOL.md
+    /// 4.1, "Setup"); the session's `setup` field wins over the first two.
+    pub setup: crate::turn::setup::SetupConfig,
 }
 
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
@@ -241,6 +244,7 @@ pub fn load(
         crate::tls::read_ca_file(path).map_err(|e| ConfigError(format!("{e:#}")))?;
     }
     let harvest_max_file_size = parse_max_file_size(&args.harvest_max_file_size)?;
+    let setup = setup_config(args, time_scale)?;
     let agent_api_allow =
         Allowlist::with_names(&args.agent_api_allow).map_err(|e| ConfigError(e.to_string()))?;
 
@@ -274,6 +278,49 @@ pub fn load(
         agent_api_allow,
         credential_mode: args.credential_mode,
         agent_user,
+        setup,
+    })
+}
+
+/// `--setup-script`, `--setup-inputs` and `--setup-timeout` (an empty
+/// timeout is the default, 10 min), the timeout scaled like every contract
+/// duration.
+///
+/// Errors: a timeout that is not a positive duration.
+fn setup_config(
+    args: &RunArgs,
+    time_scale: f64,
+) -> Result<crate::turn::setup::SetupConfig, ConfigError> {
+    let text = args.setup_timeout.trim();
+    let mut timeout = if text.is_empty() {
+        crate::turn::setup::DEFAULT_TIMEOUT
+    } else {
+        parse_duration(text).map_err(|e| ConfigError(format!("--setup-timeout: {e}")))?
+    };
+    if timeout.is_zero() {
+        return Err(ConfigError(
+            "--setup-timeout must be a positive duration (10m, 90s)".to_string(),
+        ));
+    }
+    if time_scale != 1.0 {
+        timeout = timeout.mul_f64(time_scale);
+    }
+    let script = args
+        .setup_script
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
+    let inputs = args
+        .setup_inputs
+        .iter()
+        .map(|g| g.trim().to_string())
+        .filter(|g| !g.is_empty())
+        .collect();
+    Ok(crate::turn::setup::SetupConfig {
+        script,
+        inputs,
+        timeout,
     })
 }
 
@@ -523,6 +570,33 @@ pub struct RunArgs {
     /// runner running as root.
     #[arg(long, env = "HOSTED_BOOT_AGENT_USER", hide_env_values = true)]
     pub agent_user: Option<String>,
+    /// The repository's setup, run once per sandbox in `repo/` (as the
+    /// agent user) before the first agent starts: a path to a program, or a
+    /// shell command (`sh -c`). The session's `setup.script` wins
+    /// (PROTOCOL.md 4.1, "Setup").
+    #[arg(long, env = "HOSTED_BOOT_SETUP_SCRIPT", hide_env_values = true)]
+    pub setup_script: Option<String>,
+    /// Globs of the files under `repo/` the setup depends on (lockfiles),
+    /// comma-separated or repeated: with the script and the machine's boot
+    /// id they make the setup cache's fingerprint. The session's
+    /// `setup.inputs` wins.
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_SETUP_INPUTS",
+        hide_env_values = true,
+        value_delimiter = ',',
+        value_name = "GLOB[,GLOB]"
+    )]
+    pub setup_inputs: Vec<String>,
+    /// Bound on the setup script: past it every process of the setup is
+    /// stopped and the first turn fails `setup_failed`.
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_SETUP_TIMEOUT",
+        hide_env_values = true,
+        default_value = "10m"
+    )]
+    pub setup_timeout: String,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,

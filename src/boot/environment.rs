@@ -40,12 +40,27 @@ pub fn refusal(name: &str) -> Option<&'static str> {
     None
 }
 
+/// What a connector's `scope` (2.3) says about who gets it: absent or
+/// `agent`, the agent (and so every process that inherits its environment);
+/// `setup`, the setup script alone. Anything else is refused.
+fn setup_scoped(scope: Option<&str>) -> Result<bool, &'static str> {
+    match scope {
+        None | Some("agent") => Ok(false),
+        Some("setup") => Ok(true),
+        Some(_) => Err("with an unknown scope (the scopes are agent and setup)"),
+    }
+}
+
 /// The applied env bundle: connectors checked, their values and the
 /// `redactVars` values added to the redactor.
 #[derive(Clone, Debug, Default)]
 pub struct AppliedBundle {
     /// `(name, value)` of each connector, in order.
     pub connectors: Vec<(String, Secret)>,
+    /// `(name, value)` of each connector of `"scope": "setup"`, in order:
+    /// in the setup script's environment only (PROTOCOL.md 2.3, 4.1
+    /// "Setup"), redacted for the whole boot all the same.
+    pub setup_only: Vec<(String, Secret)>,
     /// The value of `ORIZU_INJECTED_ENV_VARS`.
     pub injected: String,
 }
@@ -59,6 +74,7 @@ pub fn apply_bundle(
     redactor: &Redactor,
 ) -> Result<AppliedBundle, ReservedConnector> {
     let mut connectors = Vec::new();
+    let mut setup_only = Vec::new();
     for c in bundle.connectors {
         if let Some(why) = refusal(&c.env_var) {
             return Err(ReservedConnector {
@@ -66,11 +82,24 @@ pub fn apply_bundle(
                 why,
             });
         }
+        let for_setup = match setup_scoped(c.scope.as_deref()) {
+            Ok(s) => s,
+            Err(why) => {
+                return Err(ReservedConnector {
+                    name: c.env_var,
+                    why,
+                });
+            }
+        };
         let value = c.value;
         if !redactor.add(&value, SecretKind::Configured) && !value.expose().is_empty() {
             tracing::warn!(variable = %c.env_var, "connector value shorter than 6 bytes is not redacted");
         }
-        connectors.push((c.env_var, value));
+        if for_setup {
+            setup_only.push((c.env_var, value));
+        } else {
+            connectors.push((c.env_var, value));
+        }
     }
     for name in &bundle.redact_vars {
         let value = connectors
@@ -110,6 +139,7 @@ pub fn apply_bundle(
     }
     Ok(AppliedBundle {
         connectors,
+        setup_only,
         injected: names.join(","),
     })
 }
@@ -198,10 +228,12 @@ mod tests {
                 Connector {
                     env_var: "B".into(),
                     value: "value-b-long".into(),
+                    scope: None,
                 },
                 Connector {
                     env_var: "C".into(),
                     value: "value-c-long".into(),
+                    scope: None,
                 },
             ],
             redact_vars: vec!["SECRET_IN_ENV".into(), "C".into()],
@@ -213,11 +245,49 @@ mod tests {
     }
 
     #[test]
+    fn setup_scoped_connectors_are_kept_apart_and_redacted_and_unknown_scopes_refused() {
+        let connector = |name: &str, value: &str, scope: Option<&str>| Connector {
+            env_var: name.into(),
+            value: value.into(),
+            scope: scope.map(str::to_string),
+        };
+        let bundle = EnvBundle {
+            connectors: vec![
+                connector("A", "value-a-long", None),
+                connector("B", "value-b-long", Some("agent")),
+                connector("S", "value-s-long", Some("setup")),
+            ],
+            redact_vars: vec![],
+        };
+        let r = Redactor::new();
+        let applied = apply_bundle(bundle, &[], &r).unwrap();
+        let names = |v: &[(String, Secret)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&applied.connectors), ["A", "B"]);
+        assert_eq!(names(&applied.setup_only), ["S"]);
+        assert_eq!(applied.injected, "A,B");
+        assert_eq!(r.redact("value-s-long"), "[REDACTED]");
+        let bundle = EnvBundle {
+            connectors: vec![connector("T", "value-t-long", Some("Setup"))],
+            redact_vars: vec![],
+        };
+        let e = apply_bundle(bundle, &[], &Redactor::new()).unwrap_err();
+        let reason = ReservedConnector::CODE.reason(&e);
+        assert!(
+            reason.starts_with("reserved_connector_env: ")
+                && reason.contains("\"T\"")
+                && reason.contains("scope")
+                && !reason.contains("value-t-long"),
+            "{reason}"
+        );
+    }
+
+    #[test]
     fn the_error_names_the_variable_not_the_value() {
         let bundle = EnvBundle {
             connectors: vec![Connector {
                 env_var: "LD_PRELOAD".into(),
                 value: "/evil/secret.so".into(),
+                scope: None,
             }],
             redact_vars: vec![],
         };

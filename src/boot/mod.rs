@@ -497,6 +497,12 @@ fn turn_context(
         )),
         harvester: workspace.harvester,
         recovered_at_boot: std::sync::Mutex::new(workspace.recovered_at_boot),
+        setup: crate::turn::setup::Setup::plan(
+            &config.setup,
+            resolved.session.setup.as_ref(),
+            resolved.bundle.setup_only.clone(),
+            &config.root,
+        ),
     })
 }
 

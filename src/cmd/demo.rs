@@ -61,6 +61,13 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         workdir: Some(workdir.path().join("coordinator")),
         task: "Add a CONTRIBUTING.md that says how to run the project.".into(),
         connectors: vec![(DEMO_CONNECTOR.0.into(), DEMO_CONNECTOR.1.into())],
+        setup: args
+            .setup_script
+            .clone()
+            .map(|script| crate::wire::SessionSetup {
+                script: Some(script),
+                inputs: None,
+            }),
         ..CoordinatorOptions::default()
     })
     .await

@@ -51,6 +51,17 @@ pub struct CoordinatorArgs {
     /// A name for the env bundle's `redactVars` (repeatable).
     #[arg(long = "redact-var", value_name = "NAME")]
     pub redact_vars: Vec<String>,
+    /// A connector of the env bundle for the setup script only (`"scope":
+    /// "setup"`), `NAME=VALUE` (repeatable).
+    #[arg(long = "setup-connector", value_name = "NAME=VALUE", value_parser = parse_connector)]
+    pub setup_connectors: Vec<(String, String)>,
+    /// The session's `setup.script`: a shell command the runner runs in
+    /// `repo/` before the first agent (PROTOCOL.md 4.1, "Setup").
+    #[arg(long = "session-setup-script", value_name = "COMMAND")]
+    pub setup_script: Option<String>,
+    /// A glob of the session's `setup.inputs` (repeatable).
+    #[arg(long = "session-setup-input", value_name = "GLOB")]
+    pub setup_inputs: Vec<String>,
     /// Lifetime of each agent bearer (`10m`, `1h`, …).
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
     pub bearer_ttl: Duration,
@@ -91,6 +102,17 @@ fn parse_connector(text: &str) -> Result<(String, String), String> {
 }
 
 impl CoordinatorArgs {
+    /// The session's `setup` field: absent unless a script or an input is
+    /// given.
+    fn session_setup(&self) -> Option<crate::wire::SessionSetup> {
+        (self.setup_script.is_some() || !self.setup_inputs.is_empty()).then(|| {
+            crate::wire::SessionSetup {
+                script: self.setup_script.clone(),
+                inputs: (!self.setup_inputs.is_empty()).then(|| self.setup_inputs.clone()),
+            }
+        })
+    }
+
     /// The options these flags describe.
     pub fn options(&self) -> CoordinatorOptions {
         CoordinatorOptions {
@@ -107,6 +129,8 @@ impl CoordinatorArgs {
             start_idle: self.start_idle,
             connectors: self.connectors.clone(),
             redact_vars: self.redact_vars.clone(),
+            setup_connectors: self.setup_connectors.clone(),
+            setup: self.session_setup(),
             bearer_ttl: self.bearer_ttl,
             repo_token_ttl: self.repo_token_ttl,
             listen: self.listen,

@@ -28,6 +28,8 @@ pub(super) enum DevRoute {
     Requests,
     /// `GET state`: the session, statuses and runs.
     State,
+    /// `GET`, `POST setup`: the session's `setup` field (script, inputs).
+    Setup,
 }
 
 /// One row of [`DEV_TABLE`].
@@ -77,6 +79,11 @@ pub(super) const DEV_TABLE: &[DevSpec] = &[
         route: DevRoute::State,
         name: "state",
         methods: &["GET"],
+    },
+    DevSpec {
+        route: DevRoute::Setup,
+        name: "setup",
+        methods: &["GET", "POST"],
     },
 ];
 
@@ -195,5 +202,16 @@ pub(super) fn route(
         },
         DevRoute::Requests => Ok(ok(&sh.lock().requests)),
         DevRoute::State => Ok(ok(&sh.snapshot())),
+        DevRoute::Setup => setup_route(sh, method, body),
     }
+}
+
+/// `POST dev/setup` with a `session.setup` object (or `null` to remove
+/// it) sets what the session route serves from then on; `GET` reads it.
+fn setup_route(sh: &Shared, method: &Method, body: &[u8]) -> Reply {
+    if *method == Method::POST {
+        let setup: Option<crate::wire::SessionSetup> = parse(body)?;
+        sh.update(|st| st.setup = setup);
+    }
+    Ok(ok(&json!({"setup": sh.lock().setup})))
 }

@@ -98,6 +98,12 @@ pub struct CoordinatorOptions {
     pub connectors: Vec<(String, String)>,
     /// The env bundle's `redactVars`.
     pub redact_vars: Vec<String>,
+    /// Connectors (`NAME`, value) served with `"scope": "setup"`: for the
+    /// setup script only (PROTOCOL.md 2.3).
+    pub setup_connectors: Vec<(String, String)>,
+    /// The session's `setup` field (script, inputs) at start; changed later
+    /// with [`Coordinator::set_setup`] or `POST dev/setup`.
+    pub setup: Option<crate::wire::SessionSetup>,
     /// Lifetime of each agent bearer (2.1).
     pub bearer_ttl: Duration,
     /// Lifetime of each repo token (2.5).
@@ -139,6 +145,8 @@ impl Default for CoordinatorOptions {
             start_idle: false,
             connectors: Vec::new(),
             redact_vars: Vec::new(),
+            setup_connectors: Vec::new(),
+            setup: None,
             bearer_ttl: Duration::from_secs(3600),
             repo_token_ttl: Duration::from_secs(3600),
             repo_token_expires_at: true,
@@ -243,6 +251,7 @@ impl Coordinator {
                 },
                 connectors: opts.connectors.clone(),
                 redact_vars: opts.redact_vars.clone(),
+                setup_connectors: opts.setup_connectors.clone(),
                 bearer_ttl: opts.bearer_ttl,
                 repo_token_ttl: opts.repo_token_ttl,
                 repo_token_expires_at: opts.repo_token_expires_at,
@@ -254,6 +263,7 @@ impl Coordinator {
                 let mut s = state::State::new((!opts.start_idle).then_some(opts.task.as_str()));
                 s.agent_session_id = opts.agent_session_id.clone();
                 s.git_max_file_size = opts.git_max_file_size;
+                s.setup = opts.setup.clone();
                 s
             }),
             changed: tokio::sync::Notify::new(),
@@ -429,6 +439,12 @@ impl Coordinator {
     /// lifts the limit.
     pub fn set_git_max_file_size(&self, bytes: Option<u64>) {
         self.shared.update(|st| st.git_max_file_size = bytes);
+    }
+
+    /// Sets the session's `setup` field (`POST dev/setup`); `None` removes
+    /// it.
+    pub fn set_setup(&self, setup: Option<crate::wire::SessionSetup>) {
+        self.shared.update(|st| st.setup = setup);
     }
 
     /// Drops every fault not used up yet (`DELETE dev/faults`).

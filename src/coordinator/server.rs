@@ -41,6 +41,8 @@ pub(crate) struct Config {
     pub branch: String,
     pub client_info: ClientInfo,
     pub connectors: Vec<(String, String)>,
+    /// Connectors served with `"scope": "setup"`.
+    pub setup_connectors: Vec<(String, String)>,
     pub redact_vars: Vec<String>,
     pub bearer_ttl: Duration,
     pub repo_token_ttl: Duration,
@@ -601,7 +603,13 @@ fn env_bundle(sh: &Shared) -> Reply {
                 .map(|(k, v)| Connector {
                     env_var: k.clone(),
                     value: v.as_str().into(),
+                    scope: None,
                 })
+                .chain(cfg.setup_connectors.iter().map(|(k, v)| Connector {
+                    env_var: k.clone(),
+                    value: v.as_str().into(),
+                    scope: Some("setup".into()),
+                }))
                 .collect(),
             redact_vars: cfg.redact_vars.clone(),
         },
@@ -741,7 +749,7 @@ mod tests {
             (
                 "dev/nope",
                 "GET /dev/nope",
-                "turns, interrupt, end, faults, git, requests, state",
+                "turns, interrupt, end, faults, git, requests, state, setup",
             ),
         ];
         for (path, named, hint) in cases {

@@ -521,6 +521,8 @@ pub(crate) struct State {
     /// this many bytes, as GitHub refuses files over 100 MiB; `None`: no
     /// limit.
     pub git_max_file_size: Option<u64>,
+    /// The session's `setup` field (`POST dev/setup`); `None`: absent.
+    pub setup: Option<crate::wire::SessionSetup>,
     bearers: HashMap<String, Issued>,
     repo_tokens: HashMap<String, Issued>,
     /// Every token issued, in order.
@@ -570,6 +572,7 @@ impl State {
             requests: Vec::new(),
             faults: Vec::new(),
             git_max_file_size: None,
+            setup: None,
             bearers: HashMap::new(),
             repo_tokens: HashMap::new(),
             issued: Vec::new(),
@@ -671,6 +674,7 @@ impl State {
             interrupt_requested_run_id: self.interrupt_requested_run_id.clone(),
             agent_session_id: self.agent_session_id.clone(),
             project_id: None,
+            setup: self.setup.clone(),
         }
     }
 

@@ -210,6 +210,12 @@ pub enum RunnerEvent {
     /// session branch before the agent starts (4.1 step 3, 4.5 "Before a
     /// turn").
     WorkspaceSync,
+    /// `hosted_boot.setup`: the setup script started, succeeded, failed,
+    /// was interrupted, or was skipped by the setup cache (4.1 "Setup").
+    Setup,
+    /// `hosted_boot.setup_output`: a line of the setup script's output,
+    /// redacted like the agent's.
+    SetupOutput,
 }
 
 impl RunnerEvent {
@@ -222,6 +228,8 @@ impl RunnerEvent {
             RunnerEvent::SpawnFailed => "hosted_boot.spawn_failed",
             RunnerEvent::Harvest => "hosted_boot.harvest",
             RunnerEvent::WorkspaceSync => "hosted_boot.workspace_sync",
+            RunnerEvent::Setup => "hosted_boot.setup",
+            RunnerEvent::SetupOutput => "hosted_boot.setup_output",
         }
     }
 }
@@ -335,6 +343,8 @@ mod tests {
             RunnerEvent::OverloadContinuation,
             RunnerEvent::SpawnFailed,
             RunnerEvent::Harvest,
+            RunnerEvent::Setup,
+            RunnerEvent::SetupOutput,
         ] {
             assert!(is_reserved(kind.kind()), "{kind:?}");
         }

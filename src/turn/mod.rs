@@ -9,6 +9,7 @@
 //! skips what is left.
 
 pub mod rotation;
+pub mod setup;
 pub mod watch;
 pub mod workspace_steps;
 
@@ -30,7 +31,7 @@ use crate::process::supervisor::Supervision;
 use crate::session_dir::{RunDir, SessionDir, SessionDirError};
 use crate::signals::{Stop, StopBudget};
 use crate::timings::Timings;
-use crate::wire::{BootStatus, FinishBody, FinishError, HarvestResult, RunOutcome};
+use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult, RunOutcome};
 use crate::workspace::Harvester;
 use rotation::Rotation;
 
@@ -62,6 +63,9 @@ pub struct TurnContext {
     /// The harvest of a reused `repo/` at boot, reported as an event of the
     /// first turn (taken by it).
     pub recovered_at_boot: std::sync::Mutex<Option<HarvestResult>>,
+    /// The repository's setup, run before the first agent of the boot
+    /// (PROTOCOL.md 4.1, "Setup"); `None`: no setup script is set.
+    pub setup: Option<setup::Setup>,
 }
 
 /// The turn to run.
@@ -430,6 +434,36 @@ impl<'a> Turn<'a> {
                 let _ = tx.send(RunRequest::Interrupt);
             },
         ));
+        if let Some(setup) = &ctx.setup {
+            let run = setup::SetupRun {
+                repo_dir: &ctx.repo_dir,
+                user: ctx.agent.user.as_ref(),
+                env: &ctx.agent_env,
+                events,
+                redactor: ctx.api.redactor(),
+                supervision: &ctx.supervision,
+                timings: &self.timings,
+                harvester: &ctx.harvester,
+            };
+            match setup
+                .before_first_agent(run, &mut request_rx, self.stop)
+                .await
+            {
+                setup::SetupEnd::Ready => {}
+                setup::SetupEnd::Failed(message) => {
+                    let outcome = TurnOutcome::failed(ErrorCode::SetupFailed, message);
+                    return (outcome, None);
+                }
+                setup::SetupEnd::Interrupted => {
+                    let outcome = TurnOutcome {
+                        agent_session_id: ctx.agent_session.resume_id(),
+                        ..TurnOutcome::interrupted()
+                    };
+                    let stopped_by = self.budget.stopping().then(|| self.budget.current());
+                    return (outcome, stopped_by);
+                }
+            }
+        }
         let input = DriveInput {
             config: ctx.agent.clone(),
             session: ctx.agent_session.clone(),

@@ -140,6 +140,12 @@ pub struct Connector {
     /// The value (secret).
     #[serde(serialize_with = "crate::secret::serialize_exposed")]
     pub value: Secret,
+    /// Who gets the value (2.3, an extension of ours): absent or `agent`,
+    /// the agent (today's behaviour); `setup`, the setup script only. Kept
+    /// as text so that an unknown scope is refused naming the variable
+    /// (`reserved_connector_env`), not as a parse error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 /// 2.3 response.
@@ -190,6 +196,25 @@ pub struct Session {
     /// Project id, passed through.
     #[serde(default)]
     pub project_id: Option<String>,
+    /// The repository's setup (2.4, an extension of ours): absent, the
+    /// image's `--setup-script` and `--setup-inputs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<SessionSetup>,
+}
+
+/// `session.setup` (2.4, an extension of ours; PROTOCOL.md 4.1 "Setup").
+/// Each field, when present, wins over the image's flag.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSetup {
+    /// A shell command (`sh -c`) run in `repo/` before the first agent;
+    /// absent: `--setup-script`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+    /// Globs of the files under `repo/` setup depends on (its cache's
+    /// fingerprint); absent: `--setup-inputs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Vec<String>>,
 }
 
 impl Session {
@@ -420,6 +445,9 @@ error_codes! {
     EventsUndelivered => "events_undelivered",
     /// The runner itself failed the turn.
     RunnerError => "runner_error",
+    /// The setup script failed or outlived `--setup-timeout` (4.1 step 3,
+    /// "Setup"): the first turn fails, not retryable.
+    SetupFailed => "setup_failed",
     /// The session answer is over its size cap (2, 2.2): only ever the code
     /// of a `failed` boot-status reason, since the run it carries was never
     /// read and so is never sealed.

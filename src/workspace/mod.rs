@@ -38,6 +38,7 @@ mod push;
 mod recovery;
 mod remote;
 mod secret_guard;
+mod setup_changes;
 mod size_limit;
 mod sync;
 pub mod transport;
@@ -58,6 +59,7 @@ pub use credential::{
 };
 pub use harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT};
 pub use lock::{LockError, RootLock};
+pub use setup_changes::SetupChanges;
 pub use transport::{CredentialHelpers, HttpContext, RemoteRegistration, register_remote};
 
 /// Why a workspace step failed. Messages name the value concerned (path,
