@@ -156,6 +156,27 @@ impl Api {
         self.bearer.borrow().clone()
     }
 
+    /// The bearer to use now (PROTOCOL.md 2.1, "Clocks"): the current one,
+    /// or a fresh one pulled first (under the bearer-pull policy, see
+    /// [`Api::with_bearer_refresh`]) when none was pulled yet or the wall
+    /// clock jumped ahead of the monotonic clock since the pull (a sandbox
+    /// paused and restored: the bearer may have expired meanwhile).
+    ///
+    /// Errors: as [`Api::pull_bearer`].
+    pub async fn usable_bearer(&self) -> Result<Bearer, CallError> {
+        match self.bearer() {
+            Some(b) if !b.clock_jumped() => Ok(b),
+            Some(b) => {
+                tracing::warn!(
+                    jump_ms = u64::try_from(b.clock_jump().as_millis()).unwrap_or(u64::MAX),
+                    "the wall clock ran ahead of the monotonic clock since the bearer was pulled (a pause and restore); pulling a fresh bearer before using it"
+                );
+                self.pull_bearer(self.refresh).await
+            }
+            None => self.pull_bearer(self.refresh).await,
+        }
+    }
+
     /// Subscribes to bearer changes (the turn's rotation writes each new one
     /// to the bearer file).
     pub fn subscribe_bearer(&self) -> watch::Receiver<Option<Bearer>> {
@@ -262,10 +283,7 @@ impl Api {
         build: impl Fn(&Secret) -> RequestBuilder,
         accept: impl Fn(Reply) -> Result<T, String>,
     ) -> Result<T, CallError> {
-        let bearer = match self.bearer() {
-            Some(b) => b,
-            None => self.pull_bearer(self.refresh).await?,
-        };
+        let bearer = self.usable_bearer().await?;
         let first = self
             .send(call, policy, cap, || build(&bearer.token), &accept)
             .await;
