@@ -593,14 +593,21 @@ pub fn repo_token_from(
         }
     }
     // Convert the coordinator's expiry to local time through its Date header.
-    let expires_at = response.expires_at.and_then(|e| e.epoch_ms()).map(|ms| {
-        let their_now = date.unwrap_or_else(SystemTime::now);
-        let their_expiry = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
-        let left = their_expiry
-            .duration_since(their_now)
-            .unwrap_or(Duration::ZERO);
-        SystemTime::now() + left
-    });
+    // An expiry no clock can hold (`1e300`, found by the fuzz target
+    // `fuzz_repo_token`: it panicked here) is no known expiry: the token is
+    // used, never cached.
+    let expires_at = response
+        .expires_at
+        .and_then(|e| e.epoch_ms())
+        .and_then(|ms| {
+            let their_now = date.unwrap_or_else(SystemTime::now);
+            let their_expiry = SystemTime::UNIX_EPOCH
+                .checked_add(Duration::try_from_secs_f64(ms.max(0.0) / 1000.0).ok()?)?;
+            let left = their_expiry
+                .duration_since(their_now)
+                .unwrap_or(Duration::ZERO);
+            SystemTime::now().checked_add(left)
+        });
     Ok(RepoToken {
         token,
         expires_at,

@@ -577,8 +577,8 @@ fn api_route(
 fn agent_token(sh: &Shared) -> Reply {
     let (token, expires_at) = sh.update(|st| st.issue_bearer(sh.cfg.bearer_ttl));
     let shown = shown_clock(&sh.cfg);
-    let expires_at = match shown {
-        Some((_, expires)) => expires,
+    let expires_at = match &shown {
+        Some((_, expires)) => expires.clone(),
         None => expires_at,
     };
     let mut reply = answer(

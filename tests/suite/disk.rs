@@ -9,7 +9,7 @@ use std::path::Path;
 use hosted_boot::coordinator::CoordinatorOptions;
 
 use super::reliability_log::record;
-use super::support::{Runner, Sandbox};
+use super::support::{Runner, Sandbox, WAIT};
 
 /// The tmpfs mounted at a path for the life of a test.
 struct Tmpfs(std::path::PathBuf);
@@ -87,6 +87,15 @@ done
 "#,
     );
     let runner = Runner::spawn(&sb, &script);
+    let sealed = sb
+        .coordinator
+        .wait_for(WAIT, |s| s.run("run-1").is_some_and(|r| r.finish.is_some()))
+        .await;
+    if sealed.is_err() {
+        panic!("run-1 was never sealed\n{}", runner.kill().await);
+    }
+    // A turn that succeeded leaves the runner waiting for the next one.
+    sb.coordinator.end_session();
     let (status, output) = runner.finish().await;
     // Exits as the contract says (a failed turn: 1), never by a signal or a
     // panic.
