@@ -29,6 +29,45 @@ use crate::process::supervisor::Stream;
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
 
+/// Counts one input of `target` tried and rewrites its line of the
+/// reliability matrix (`target/reliability/fuzz-<target>.jsonl`, the format
+/// of tests/suite/reliability_log.rs): the inputs this run tried, shrinking
+/// included, as observed.
+fn tried(target: &str) {
+    static COUNTS: std::sync::Mutex<Vec<(String, u64)>> = std::sync::Mutex::new(Vec::new());
+    let mut counts = COUNTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let n = match counts.iter_mut().find(|(t, _)| t == target) {
+        Some((_, n)) => {
+            *n += 1;
+            *n
+        }
+        None => {
+            counts.push((target.to_string(), 1));
+            1
+        }
+    };
+    // target/debug/deps/<test binary> → target/reliability/
+    let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().nth(3).map(|t| t.join("reliability")))
+    else {
+        return;
+    };
+    let _ = std::fs::create_dir_all(&dir);
+    let line = serde_json::json!({
+        "row": format!("fuzzing: {target}"),
+        "must": "no panic, no hang; the streaming parsers answer the same however the input is split; no secret survives any split",
+        "test": format!("fuzz::fuzz_{target}"),
+        "counts": {"inputs_tried": n},
+    });
+    let _ = std::fs::write(
+        dir.join(format!("fuzz-{target}.jsonl")),
+        format!("{line}\n"),
+    );
+}
+
 /// Cases per target: `HOSTED_BOOT_FUZZ_CASES`, else 256.
 fn config() -> ProptestConfig {
     let cases = std::env::var("HOSTED_BOOT_FUZZ_CASES")
@@ -70,10 +109,41 @@ enum Mutation {
 
 /// Bytes and texts that reach edge cases of JSON and line protocols.
 const INTERESTING: &[&[u8]] = &[
-    b"\n", b"\r\n", b"\0", b"\"", b"\\", b"\\u0000", b"\\ud800", b"{", b"}", b"[", b"]", b",",
-    b":", b"null", b"true", b"-1", b"0", b"1e308", b"1e400", b"-1e400", b"1.5e300",
-    b"18446744073709551616", b"-9223372036854775809", b"NaN", b"\xff\xfe", b"\xe2\x82",
-    b"data:", b"data: ", b"event:", b"id:", b":", b"=", b"\"\"", b"{}", b"[]",
+    b"\n",
+    b"\r\n",
+    b"\0",
+    b"\"",
+    b"\\",
+    b"\\u0000",
+    b"\\ud800",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b":",
+    b"null",
+    b"true",
+    b"-1",
+    b"0",
+    b"1e308",
+    b"1e400",
+    b"-1e400",
+    b"1.5e300",
+    b"18446744073709551616",
+    b"-9223372036854775809",
+    b"NaN",
+    b"\xff\xfe",
+    b"\xe2\x82",
+    b"data:",
+    b"data: ",
+    b"event:",
+    b"id:",
+    b":",
+    b"=",
+    b"\"\"",
+    b"{}",
+    b"[]",
 ];
 
 fn mutation() -> impl Strategy<Value = Mutation> {
@@ -134,14 +204,10 @@ fn input(target: &str) -> impl Strategy<Value = Vec<u8>> {
     let seeds = Arc::new(corpus(target));
     let mutated = {
         let seeds = seeds.clone();
-        (
-            any::<Index>(),
-            prop::collection::vec(mutation(), 0..12),
-        )
-            .prop_map(move |(s, ms)| {
-                let seed: &Vec<u8> = s.get(&seeds[..]);
-                apply(seed, &seeds, &ms)
-            })
+        (any::<Index>(), prop::collection::vec(mutation(), 0..12)).prop_map(move |(s, ms)| {
+            let seed: &Vec<u8> = s.get(&seeds[..]);
+            apply(seed, &seeds, &ms)
+        })
     };
     prop_oneof![
         1 => any::<Index>().prop_map(move |s| s.get(&seeds[..]).to_vec()),
@@ -155,7 +221,8 @@ fn date() -> impl Strategy<Value = Option<SystemTime>> {
     prop_oneof![
         Just(None),
         Just(Some(SystemTime::now())),
-        (0u64..u64::from(u32::MAX) * 4).prop_map(|s| UNIX_EPOCH.checked_add(Duration::from_secs(s))),
+        (0u64..u64::from(u32::MAX) * 4)
+            .prop_map(|s| UNIX_EPOCH.checked_add(Duration::from_secs(s))),
     ]
 }
 
@@ -188,7 +255,10 @@ fn drive_adapter(adapter: Box<dyn Adapter>, output: &[u8], cuts: &[Index]) {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let redactor = Redactor::new();
-    redactor.add(&Secret::new("fuzz-secret-0123456789".into()), SecretKind::Credential);
+    redactor.add(
+        &Secret::new("fuzz-secret-0123456789".into()),
+        SecretKind::Credential,
+    );
     rt.block_on(async {
         let (spool, _) = Spool::open(dir.path(), redactor.clone()).unwrap();
         let events = EventSender::detached(spool);
@@ -243,6 +313,7 @@ proptest! {
     /// 2.4: the session answer, its pending turn and the turn selection.
     #[test]
     fn fuzz_session(bytes in input("session"), at_boot in any::<bool>()) {
+        tried("session");
         if let Ok(envelope) = serde_json::from_slice::<crate::wire::SessionEnvelope>(&bytes) {
             let session = envelope.session;
             let _ = session.is_active();
@@ -255,6 +326,7 @@ proptest! {
     /// 2.4: a pending turn of any shape inside a valid session.
     #[test]
     fn fuzz_pending_turn(bytes in input("pending_turn"), at_boot in any::<bool>()) {
+        tried("pending_turn");
         let Ok(turn) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
             return Ok(());
         };
@@ -271,6 +343,7 @@ proptest! {
     /// redacted in the agent's output.
     #[test]
     fn fuzz_env_bundle(bytes in input("env_bundle")) {
+        tried("env_bundle");
         if let Ok(bundle) = serde_json::from_slice::<crate::wire::EnvBundle>(&bytes) {
             let redactor = Redactor::new();
             let values: Vec<String> = bundle
@@ -290,6 +363,7 @@ proptest! {
     /// any `Date`.
     #[test]
     fn fuzz_agent_token(bytes in input("agent_token"), date in date()) {
+        tried("agent_token");
         if let Ok(response) = serde_json::from_slice::<crate::wire::AgentTokenResponse>(&bytes) {
             let bearer = crate::client::Bearer::from_response(response, date);
             let timings = crate::timings::Timings::default();
@@ -303,6 +377,7 @@ proptest! {
     /// any `Date`.
     #[test]
     fn fuzz_repo_token(bytes in input("repo_token"), date in date()) {
+        tried("repo_token");
         if let Ok(response) = serde_json::from_slice::<crate::wire::RepoTokenResponse>(&bytes) {
             let _ = crate::client::repo_token_from("repo-token mint", response, date, &Redactor::new());
         }
@@ -312,6 +387,7 @@ proptest! {
     /// match against the session's remote.
     #[test]
     fn fuzz_git_credential(bytes in input("git_credential")) {
+        tried("git_credential");
         let attributes = crate::workspace::credential::read_attributes(&bytes[..]);
         let remote = reqwest::Url::parse("https://git.example/acme/app.git").unwrap();
         let _ = crate::workspace::credential::request_matches_remote(&attributes, &remote);
@@ -330,18 +406,21 @@ proptest! {
     /// Claude Code's stream-json, through the whole adapter.
     #[test]
     fn fuzz_stream_json(bytes in input("stream_json"), cuts in cuts()) {
+        tried("stream_json");
         drive_adapter(Box::new(crate::agent::claude::ClaudeAdapter::new(spec())), &bytes, &cuts);
     }
 
     /// opencode run's JSON lines, through the whole adapter.
     #[test]
     fn fuzz_opencode_run_json(bytes in input("stream_json"), cuts in cuts()) {
+        tried("opencode_run_json");
         drive_adapter(Box::new(crate::agent::opencode_run::OpenCodeRunAdapter::new(spec())), &bytes, &cuts);
     }
 
     /// codex exec's JSON lines, through the whole adapter.
     #[test]
     fn fuzz_codex_exec_json(bytes in input("stream_json"), cuts in cuts()) {
+        tried("codex_exec_json");
         let session = Arc::new(AgentSession::default());
         drive_adapter(Box::new(crate::agent::codex_exec::CodexExecAdapter::new(spec(), session)), &bytes, &cuts);
     }
@@ -350,6 +429,7 @@ proptest! {
     /// message and error parsers.
     #[test]
     fn fuzz_json_rpc(bytes in input("json_rpc"), cuts in cuts()) {
+        tried("json_rpc");
         for line in bytes.split(|b| *b == b'\n') {
             if let Ok(value) = serde_json::from_slice::<serde_json::Value>(line) {
                 let _ = crate::agent::jsonrpc::parse(&value);
@@ -364,6 +444,7 @@ proptest! {
     /// are split, each event's data through the error and usage parsers.
     #[test]
     fn fuzz_sse(bytes in input("sse"), cuts in cuts()) {
+        tried("sse");
         let whole = crate::agent::sse::SseParser::new().push(&bytes);
         let mut parser = crate::agent::sse::SseParser::new();
         let mut pieces = Vec::new();
@@ -388,6 +469,7 @@ proptest! {
         picks in prop::collection::vec((any::<Index>(), 8usize..24), 1..4),
         cuts in cuts(),
     ) {
+        tried("streaming_redactor");
         let redactor = Redactor::new();
         let mut secrets = Vec::new();
         for (at, len) in &picks {

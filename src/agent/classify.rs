@@ -256,8 +256,8 @@ pub fn rfc3339_from_unix(value: f64) -> Option<String> {
     if secs >= 253_402_300_800.0 {
         return None;
     }
-    let t = std::time::UNIX_EPOCH
-        .checked_add(std::time::Duration::try_from_secs_f64(secs).ok()?)?;
+    let t =
+        std::time::UNIX_EPOCH.checked_add(std::time::Duration::try_from_secs_f64(secs).ok()?)?;
     Some(humantime::format_rfc3339_seconds(t).to_string())
 }
 

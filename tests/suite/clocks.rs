@@ -60,7 +60,10 @@ fn refused_after(s: &Snapshot, at_ms: u64) -> usize {
         .filter(|r| {
             r.at_ms >= at_ms
                 && r.response_status == Some(401)
-                && !matches!(r.route, Route::AgentToken | Route::BootStatus | Route::Git | Route::Dev)
+                && !matches!(
+                    r.route,
+                    Route::AgentToken | Route::BootStatus | Route::Git | Route::Dev
+                )
         })
         .count()
 }
@@ -143,7 +146,9 @@ echo "{\"type\":\"message\",\"text\":\"done $ORIZU_RUN_ID\"}"
             "{run}\n{output}"
         );
         assert!(
-            r.events.iter().any(|e| e.data["text"] == format!("done {run}")),
+            r.events
+                .iter()
+                .any(|e| e.data["text"] == format!("done {run}")),
             "{run}: its event is missing\n{output}"
         );
     }
@@ -250,7 +255,10 @@ async fn an_expires_at_in_the_past_or_years_ahead_refreshes_early_and_never_fail
             &format!("time: expiresAt {name}"),
             "the lifetime is invalid: refresh at the earliest, the boot and the turn go on",
             "suite::clocks::an_expires_at_in_the_past_or_years_ahead_refreshes_early_and_never_fails",
-            &[("inputs_tried", 1), ("idle_bearer_pulls", idle_pulls as u64)],
+            &[
+                ("inputs_tried", 1),
+                ("idle_bearer_pulls", idle_pulls as u64),
+            ],
         );
     }
 }
@@ -278,7 +286,10 @@ async fn a_coordinator_date_far_from_the_local_clock_keeps_the_bearer_lifetime()
             &format!("time: coordinator Date {name}"),
             "the bearer's lifetime is expiresAt minus Date: no early refresh",
             "suite::clocks::a_coordinator_date_far_from_the_local_clock_keeps_the_bearer_lifetime",
-            &[("inputs_tried", 1), ("idle_bearer_pulls", idle_pulls as u64)],
+            &[
+                ("inputs_tried", 1),
+                ("idle_bearer_pulls", idle_pulls as u64),
+            ],
         );
     }
 }

@@ -20,7 +20,13 @@ impl Tmpfs {
             return Err("not root: cannot mount a tmpfs".into());
         }
         let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
             .arg(at)
             .output()
             .map_err(|e| format!("mount: {e}"))?;

@@ -11,7 +11,7 @@
 //! do; `test` is the test's path (`suite::…::name`).
 
 // Used by the matrix tests as they land (issue 15).
-#![allow(dead_code)]
+#![allow(dead_code, reason = "used by the matrix tests as they land (issue 15)")]
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -119,7 +119,11 @@ echo "{\"type\":\"message\",\"text\":\"done $ORIZU_RUN_ID\"}"
     assert_eq!(status.code(), Some(0), "{output2}");
     let r2 = snap.run(&run2).unwrap();
     assert_eq!(r2.finish.as_ref().unwrap().status, RunOutcome::Succeeded);
-    assert!(r2.events.iter().any(|e| e.data["text"] == format!("done {run2}")));
+    assert!(
+        r2.events
+            .iter()
+            .any(|e| e.data["text"] == format!("done {run2}"))
+    );
     record(
         "the runner protects itself: the agent killed by SIGKILL from outside",
         "the turn fails agent_crashed naming SIGKILL; the next turn runs",
