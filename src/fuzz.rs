@@ -10,7 +10,7 @@
 //! libgit2 among them) costs far more than the CI budget allows on a 2-core
 //! machine (see RELIABILITY.md); these run inside the normal test build.
 //! `HOSTED_BOOT_FUZZ_CASES` sets the cases per target (default 256; `.ci/run`
-//! runs them again at a larger count). A failure's input is shrunk and kept
+//! runs them again at 600). A failure's input is shrunk and kept
 //! in `proptest-regressions/fuzz.txt`, replayed first on every later run.
 
 use std::collections::HashSet;
