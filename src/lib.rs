@@ -20,6 +20,9 @@
 pub mod cli;
 pub mod cmd;
 pub mod coordinator;
+// The fuzz targets of every parser of outside input (tests only).
+#[cfg(test)]
+mod fuzz;
 
 // The runtime, top to bottom (the layers of ARCHITECTURE.md).
 pub mod boot;

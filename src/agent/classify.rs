@@ -250,7 +250,14 @@ pub fn rfc3339_from_unix(value: f64) -> Option<String> {
     } else {
         value
     };
-    let t = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs_f64(secs))?;
+    // Past the year 9999 no RFC 3339 text holds it (and an agent's
+    // `resetsAt: 1e300` panicked `from_secs_f64`: found by the fuzz target
+    // `fuzz_stream_json`).
+    if secs >= 253_402_300_800.0 {
+        return None;
+    }
+    let t =
+        std::time::UNIX_EPOCH.checked_add(std::time::Duration::try_from_secs_f64(secs).ok()?)?;
     Some(humantime::format_rfc3339_seconds(t).to_string())
 }
 

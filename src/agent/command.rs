@@ -58,11 +58,39 @@ pub fn outcome(exit: &Exit) -> TurnOutcome {
     }
 }
 
-/// "exited with status N" or "was killed by signal N".
+/// The name of signal `sig` (`SIGKILL`), for the ones an agent meets.
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return None,
+    })
+}
+
+/// "exited with status N" or "was killed by signal N (SIGNAME)".
 pub fn describe_status(s: std::process::ExitStatus) -> String {
     match (s.code(), s.signal()) {
         (Some(code), _) => format!("exited with status {code}"),
-        (None, Some(sig)) => format!("was killed by signal {sig}"),
+        (None, Some(sig)) => match signal_name(sig) {
+            Some(name) => format!("was killed by signal {sig} ({name})"),
+            None => format!("was killed by signal {sig}"),
+        },
         (None, None) => "ended abnormally".to_string(),
     }
 }

@@ -461,10 +461,12 @@ async fn forward(
             .body(body.clone())
             .send()
     };
-    let bearer = match shared.api.bearer() {
-        Some(b) => b.token,
-        None => pull(shared).await?,
-    };
+    let bearer = shared
+        .api
+        .usable_bearer()
+        .await
+        .map(|b| b.token)
+        .map_err(|e| shared.redactor.redact(&format!("no bearer: {e}")))?;
     let mut upstream = send(&bearer).await.map_err(|e| transport(shared, e))?;
     if upstream.status() == reqwest::StatusCode::UNAUTHORIZED {
         let current = shared.api.bearer().map(|b| b.token);

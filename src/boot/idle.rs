@@ -222,11 +222,18 @@ async fn read(
     done: &HashSet<String>,
 ) -> Result<Option<IdleEnd>, ReadError> {
     let timings = api.timings();
-    let stale = api
-        .bearer()
-        .is_none_or(|b| b.expires_within(timings.idle_refresh_lead));
-    if stale {
-        match api.pull_bearer(Policy::AGENT_TOKEN_REFRESH).await {
+    let pulled = match api.bearer() {
+        // A pause and restore (PROTOCOL.md 2.1, "Clocks"): logged and pulled.
+        Some(b) if b.clock_jumped() => Some(api.usable_bearer().await.map(|_| ())),
+        Some(b) if !b.expires_within(timings.idle_refresh_lead) => None,
+        _ => Some(
+            api.pull_bearer(Policy::AGENT_TOKEN_REFRESH)
+                .await
+                .map(|_| ()),
+        ),
+    };
+    if let Some(pulled) = pulled {
+        match pulled {
             Ok(_) => {}
             Err(e) if e.is_boot_secret_refused() => {
                 return Err(ReadError::Fatal(IdleError::BootSecretRefused(e)));

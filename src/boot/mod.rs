@@ -79,6 +79,18 @@ pub async fn run(config: BootConfig) -> i32 {
     let redactor = Redactor::new();
     let _log = crate::logging::init(config.log_format, redactor.clone());
     warn_of_test_settings(&config);
+    // The kernel's OOM killer takes the agent, not the runner (4.1 step 4).
+    match crate::process::oom::protect_runner() {
+        Ok(()) => tracing::debug!(
+            oom_score_adj = crate::process::oom::RUNNER,
+            "the runner's oom_score_adj lowered"
+        ),
+        Err(e) => tracing::info!(
+            error = %e,
+            oom_score_adj = ?crate::process::oom::current(),
+            "cannot lower the runner's oom_score_adj (needs CAP_SYS_RESOURCE); it keeps its score, the agent's is raised"
+        ),
+    }
     let http = match crate::tls::http_client(config.ca_file.as_deref()) {
         Ok(h) => h,
         Err(e) => {

@@ -156,6 +156,27 @@ impl Api {
         self.bearer.borrow().clone()
     }
 
+    /// The bearer to use now (PROTOCOL.md 2.1, "Clocks"): the current one,
+    /// or a fresh one pulled first (under the bearer-pull policy, see
+    /// [`Api::with_bearer_refresh`]) when none was pulled yet or the wall
+    /// clock jumped ahead of the monotonic clock since the pull (a sandbox
+    /// paused and restored: the bearer may have expired meanwhile).
+    ///
+    /// Errors: as [`Api::pull_bearer`].
+    pub async fn usable_bearer(&self) -> Result<Bearer, CallError> {
+        match self.bearer() {
+            Some(b) if !b.clock_jumped() => Ok(b),
+            Some(b) => {
+                tracing::warn!(
+                    jump_ms = u64::try_from(b.clock_jump().as_millis()).unwrap_or(u64::MAX),
+                    "the wall clock ran ahead of the monotonic clock since the bearer was pulled (a pause and restore); pulling a fresh bearer before using it"
+                );
+                self.pull_bearer(self.refresh).await
+            }
+            None => self.pull_bearer(self.refresh).await,
+        }
+    }
+
     /// Subscribes to bearer changes (the turn's rotation writes each new one
     /// to the bearer file).
     pub fn subscribe_bearer(&self) -> watch::Receiver<Option<Bearer>> {
@@ -262,10 +283,7 @@ impl Api {
         build: impl Fn(&Secret) -> RequestBuilder,
         accept: impl Fn(Reply) -> Result<T, String>,
     ) -> Result<T, CallError> {
-        let bearer = match self.bearer() {
-            Some(b) => b,
-            None => self.pull_bearer(self.refresh).await?,
-        };
+        let bearer = self.usable_bearer().await?;
         let first = self
             .send(call, policy, cap, || build(&bearer.token), &accept)
             .await;
@@ -575,14 +593,21 @@ pub fn repo_token_from(
         }
     }
     // Convert the coordinator's expiry to local time through its Date header.
-    let expires_at = response.expires_at.and_then(|e| e.epoch_ms()).map(|ms| {
-        let their_now = date.unwrap_or_else(SystemTime::now);
-        let their_expiry = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(ms.max(0.0) / 1000.0);
-        let left = their_expiry
-            .duration_since(their_now)
-            .unwrap_or(Duration::ZERO);
-        SystemTime::now() + left
-    });
+    // An expiry no clock can hold (`1e300`, found by the fuzz target
+    // `fuzz_repo_token`: it panicked here) is no known expiry: the token is
+    // used, never cached.
+    let expires_at = response
+        .expires_at
+        .and_then(|e| e.epoch_ms())
+        .and_then(|ms| {
+            let their_now = date.unwrap_or_else(SystemTime::now);
+            let their_expiry = SystemTime::UNIX_EPOCH
+                .checked_add(Duration::try_from_secs_f64(ms.max(0.0) / 1000.0).ok()?)?;
+            let left = their_expiry
+                .duration_since(their_now)
+                .unwrap_or(Duration::ZERO);
+            SystemTime::now().checked_add(left)
+        });
     Ok(RepoToken {
         token,
         expires_at,

@@ -124,6 +124,15 @@ pub struct CoordinatorOptions {
     /// does (GitHub: 100 MiB); `None`: no limit. Changed later with
     /// [`Coordinator::set_git_max_file_size`] or `POST dev/git`.
     pub git_max_file_size: Option<u64>,
+    /// The coordinator's clock against the local one, in seconds, as its
+    /// agent-token answers show it (their `Date` header and `expiresAt`):
+    /// a sandbox whose clock is wrong by that much (PROTOCOL.md 2.1,
+    /// "Clocks"). The bearers still live `bearer_ttl`.
+    pub clock_offset_s: i64,
+    /// The `expiresAt` of agent-token answers, in seconds from the
+    /// coordinator's now (negative: in the past), instead of `bearer_ttl`;
+    /// the bearers still live `bearer_ttl`.
+    pub bearer_expires_in_s: Option<i64>,
 }
 
 impl Default for CoordinatorOptions {
@@ -153,6 +162,8 @@ impl Default for CoordinatorOptions {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             advertise_url: None,
             git_max_file_size: None,
+            clock_offset_s: 0,
+            bearer_expires_in_s: None,
         }
     }
 }
@@ -253,6 +264,8 @@ impl Coordinator {
                 redact_vars: opts.redact_vars.clone(),
                 setup_connectors: opts.setup_connectors.clone(),
                 bearer_ttl: opts.bearer_ttl,
+                clock_offset_s: opts.clock_offset_s,
+                bearer_expires_in_s: opts.bearer_expires_in_s,
                 repo_token_ttl: opts.repo_token_ttl,
                 repo_token_expires_at: opts.repo_token_expires_at,
                 boot_secret: Secret::new(state::random_hex(32)),
@@ -392,6 +405,12 @@ impl Coordinator {
     /// no particular order: what must never reach the agent in proxy mode.
     pub fn issued_bearers(&self) -> Vec<String> {
         self.shared.lock().bearer_tokens()
+    }
+
+    /// Expires the bearers `tokens` now (what a pause that outlasted them
+    /// leaves): every later use of one is answered `401`.
+    pub fn expire_bearers(&self, tokens: &[String]) {
+        self.shared.update(|st| st.expire_bearers(tokens));
     }
 
     /// The bare repository served (`…/git/{owner}/{name}.git`).

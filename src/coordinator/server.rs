@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -45,6 +45,10 @@ pub(crate) struct Config {
     pub setup_connectors: Vec<(String, String)>,
     pub redact_vars: Vec<String>,
     pub bearer_ttl: Duration,
+    /// See `CoordinatorOptions::clock_offset_s`.
+    pub clock_offset_s: i64,
+    /// See `CoordinatorOptions::bearer_expires_in_s`.
+    pub bearer_expires_in_s: Option<i64>,
     pub repo_token_ttl: Duration,
     pub repo_token_expires_at: bool,
     pub boot_secret: Secret,
@@ -574,13 +578,49 @@ fn api_route(
 /// 2.1: a fresh bearer, valid for the configured TTL.
 fn agent_token(sh: &Shared) -> Reply {
     let (token, expires_at) = sh.update(|st| st.issue_bearer(sh.cfg.bearer_ttl));
-    answer(
+    let shown = shown_clock(&sh.cfg);
+    let expires_at = match &shown {
+        Some((_, expires)) => expires.clone(),
+        None => expires_at,
+    };
+    let mut reply = answer(
         routes::AGENT_TOKEN,
         &AgentTokenResponse {
             token: token.into(),
             expires_at: Some(ExpiresAt::Rfc3339(expires_at)),
         },
-    )
+    )?;
+    if let Some((date, _)) = shown
+        && let Ok(value) = HeaderValue::from_str(&date)
+    {
+        reply.headers_mut().insert(header::DATE, value);
+    }
+    Ok(reply)
+}
+
+/// The clock an agent-token answer shows when a knob moves it
+/// (`clock_offset_s`, `bearer_expires_in_s`): its `Date` header and its
+/// `expiresAt`; `None` without either knob.
+fn shown_clock(cfg: &Config) -> Option<(String, String)> {
+    if cfg.clock_offset_s == 0 && cfg.bearer_expires_in_s.is_none() {
+        return None;
+    }
+    let shift = |t: SystemTime, s: i64| {
+        let d = Duration::from_secs(s.unsigned_abs());
+        if s >= 0 {
+            t.checked_add(d)
+        } else {
+            t.checked_sub(d)
+        }
+        .unwrap_or(t)
+    };
+    let now = shift(SystemTime::now(), cfg.clock_offset_s);
+    let ttl = i64::try_from(cfg.bearer_ttl.as_secs()).unwrap_or(i64::MAX);
+    let expires = shift(now, cfg.bearer_expires_in_s.unwrap_or(ttl));
+    Some((
+        httpdate::fmt_http_date(now),
+        humantime::format_rfc3339_millis(expires).to_string(),
+    ))
 }
 
 /// 2.2: the status is recorded, in order of arrival.

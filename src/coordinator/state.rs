@@ -593,6 +593,16 @@ impl State {
         (token, rfc3339(SystemTime::now() + ttl))
     }
 
+    /// Expires the bearers `tokens` now (see `Coordinator::expire_bearers`).
+    pub(crate) fn expire_bearers(&mut self, tokens: &[String]) {
+        let now = Instant::now();
+        for token in tokens {
+            if let Some(issued) = self.bearers.get_mut(token) {
+                issued.expires = now;
+            }
+        }
+    }
+
     /// Every bearer issued, expired or not.
     pub(crate) fn bearer_tokens(&self) -> Vec<String> {
         self.bearers.keys().cloned().collect()

@@ -8,11 +8,13 @@
 //!   runner dies.
 //! - [`output`]: one output stream: streaming redaction, then lines.
 //! - [`lines`]: byte line framing with a cap.
+//! - [`oom`]: the runner's and the agent's `oom_score_adj`.
 //! - [`reaper`]: PID 1: re-exec as the worker and reap.
 
 pub mod cgroup;
 pub mod guard;
 pub mod lines;
+pub mod oom;
 pub mod output;
 pub mod reaper;
 pub mod supervisor;

@@ -311,7 +311,7 @@ fn command(
     let no_signals = crate::process::reaper::signal_set(&[]);
     let become_user = spec.user.as_ref().map(|u| u.become_in_child());
     // SAFETY: only async-signal-safe calls (sigprocmask, prctl, getppid,
-    // setsid, fork, waitpid, write, setgroups, setgid, setuid as raw
+    // setsid, fork, waitpid, open, write, close, setgroups, setgid, setuid as raw
     // system calls) run between fork and exec; nothing allocates or takes
     // a lock. `procs_fd` stays open (owned by the caller's cgroup) until
     // the spawn returned; `launch` and `become_user` are owned by the
@@ -336,6 +336,9 @@ fn command(
             if let Some(launch) = &launch {
                 launch.start_in_child();
             }
+            // After the guard's fork (it keeps the runner's low score):
+            // when memory runs out, the kernel kills the agent first.
+            crate::process::oom::raise_in_child();
             if let Some(fd) = procs_fd {
                 cgroup::join_from_child(BorrowedFd::borrow_raw(fd));
             }

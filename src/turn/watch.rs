@@ -59,6 +59,19 @@ pub async fn interrupt_requested(
 }
 
 async fn bearer(api: &Api, source: &BearerSource) -> Result<Secret, ReadFailure> {
+    // After a pause and restore the bearer is refreshed before its next use
+    // (PROTOCOL.md 2.1, "Clocks"): the watch ticks every 5 s, so it is the
+    // first to notice; the rotation writes the fresh one to the bearer file.
+    if api.bearer().is_some_and(|b| b.clock_jumped()) {
+        return api
+            .usable_bearer()
+            .await
+            .map(|b| b.token)
+            .map_err(|e| ReadFailure {
+                text: e.to_string(),
+                over_cap: false,
+            });
+    }
     match source {
         BearerSource::File(path) => tokio::fs::read_to_string(path)
             .await

@@ -154,7 +154,7 @@ pub fn credential_helper_with_io(
 
 /// Reads `key=value` lines up to a blank line or EOF. Later values win;
 /// `key[]` (multi-valued) keys are kept by their last value, unused here.
-pub(super) fn read_attributes(mut input: impl BufRead) -> HashMap<String, String> {
+pub(crate) fn read_attributes(mut input: impl BufRead) -> HashMap<String, String> {
     let mut attributes = HashMap::new();
     let mut line = Vec::new();
     loop {
