@@ -28,6 +28,9 @@ pub(super) enum DevRoute {
     Requests,
     /// `GET state`: the session, statuses and runs.
     State,
+    /// `GET`, `POST around-agent`: the session's `egressCanary` and
+    /// `instructions` (2.4 extensions).
+    AroundAgent,
 }
 
 /// One row of [`DEV_TABLE`].
@@ -77,6 +80,11 @@ pub(super) const DEV_TABLE: &[DevSpec] = &[
         route: DevRoute::State,
         name: "state",
         methods: &["GET"],
+    },
+    DevSpec {
+        route: DevRoute::AroundAgent,
+        name: "around-agent",
+        methods: &["GET", "POST"],
     },
 ];
 
@@ -195,5 +203,14 @@ pub(super) fn route(
         },
         DevRoute::Requests => Ok(ok(&sh.lock().requests)),
         DevRoute::State => Ok(ok(&sh.snapshot())),
+        DevRoute::AroundAgent => match *method {
+            Method::POST => {
+                let around: super::state::AroundAgent = parse(body)?;
+                sh.update(|st| st.around = around.clone());
+                Ok(ok(&around))
+            }
+            // GET, as above.
+            _ => Ok(ok(&sh.lock().around)),
+        },
     }
 }

@@ -118,6 +118,11 @@ pub struct CoordinatorOptions {
     /// does (GitHub: 100 MiB); `None`: no limit. Changed later with
     /// [`Coordinator::set_git_max_file_size`] or `POST dev/git`.
     pub git_max_file_size: Option<u64>,
+    /// The session's `egressCanary` (2.4 extension); changed later with
+    /// [`Coordinator::set_around_agent`] or `POST dev/around-agent`.
+    pub egress_canary: Option<String>,
+    /// The session's `instructions` (2.4 extension), likewise.
+    pub instructions: Option<String>,
 }
 
 impl Default for CoordinatorOptions {
@@ -145,6 +150,8 @@ impl Default for CoordinatorOptions {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             advertise_url: None,
             git_max_file_size: None,
+            egress_canary: None,
+            instructions: None,
         }
     }
 }
@@ -254,6 +261,10 @@ impl Coordinator {
                 let mut s = state::State::new((!opts.start_idle).then_some(opts.task.as_str()));
                 s.agent_session_id = opts.agent_session_id.clone();
                 s.git_max_file_size = opts.git_max_file_size;
+                s.around = state::AroundAgent {
+                    egress_canary: opts.egress_canary.clone(),
+                    instructions: opts.instructions.clone(),
+                };
                 s
             }),
             changed: tokio::sync::Notify::new(),
@@ -429,6 +440,18 @@ impl Coordinator {
     /// lifts the limit.
     pub fn set_git_max_file_size(&self, bytes: Option<u64>) {
         self.shared.update(|st| st.git_max_file_size = bytes);
+    }
+
+    /// Sets the session's `egressCanary` and `instructions` (PROTOCOL.md
+    /// 2.4 extensions; `POST dev/around-agent`), as the next session read
+    /// serves them.
+    pub fn set_around_agent(&self, egress_canary: Option<String>, instructions: Option<String>) {
+        self.shared.update(|st| {
+            st.around = state::AroundAgent {
+                egress_canary,
+                instructions,
+            }
+        });
     }
 
     /// Drops every fault not used up yet (`DELETE dev/faults`).

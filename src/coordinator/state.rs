@@ -521,10 +521,25 @@ pub(crate) struct State {
     /// this many bytes, as GitHub refuses files over 100 MiB; `None`: no
     /// limit.
     pub git_max_file_size: Option<u64>,
+    /// The session's `egressCanary` and `instructions` (2.4 extensions).
+    pub around: AroundAgent,
     bearers: HashMap<String, Issued>,
     repo_tokens: HashMap<String, Issued>,
     /// Every token issued, in order.
     pub issued: Vec<String>,
+}
+
+/// The session fields of issue 14's canary and instructions (PROTOCOL.md
+/// 2.4 extensions), served as set (no check: tests serve bad values too).
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AroundAgent {
+    /// `egressCanary`: `HOST:PORT` or `https://HOST`.
+    #[serde(default)]
+    pub egress_canary: Option<String>,
+    /// `instructions`: the platform's instructions for the agent.
+    #[serde(default)]
+    pub instructions: Option<String>,
 }
 
 /// Random lower-case hex of `bytes` bytes (2 × `bytes` characters).
@@ -570,6 +585,7 @@ impl State {
             requests: Vec::new(),
             faults: Vec::new(),
             git_max_file_size: None,
+            around: AroundAgent::default(),
             bearers: HashMap::new(),
             repo_tokens: HashMap::new(),
             issued: Vec::new(),
@@ -671,6 +687,8 @@ impl State {
             interrupt_requested_run_id: self.interrupt_requested_run_id.clone(),
             agent_session_id: self.agent_session_id.clone(),
             project_id: None,
+            egress_canary: self.around.egress_canary.clone(),
+            instructions: self.around.instructions.clone(),
         }
     }
 

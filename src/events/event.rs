@@ -210,6 +210,9 @@ pub enum RunnerEvent {
     /// session branch before the agent starts (4.1 step 3, 4.5 "Before a
     /// turn").
     WorkspaceSync,
+    /// `hosted_boot.egress_canary`: the egress canary's verdict, before the
+    /// first agent starts (4.1 step 3).
+    EgressCanary,
 }
 
 impl RunnerEvent {
@@ -222,6 +225,7 @@ impl RunnerEvent {
             RunnerEvent::SpawnFailed => "hosted_boot.spawn_failed",
             RunnerEvent::Harvest => "hosted_boot.harvest",
             RunnerEvent::WorkspaceSync => "hosted_boot.workspace_sync",
+            RunnerEvent::EgressCanary => "hosted_boot.egress_canary",
         }
     }
 }

@@ -190,6 +190,17 @@ pub struct Session {
     /// Project id, passed through.
     #[serde(default)]
     pub project_id: Option<String>,
+    /// An extension (2.4): the egress canary, `HOST:PORT` or `https://HOST`,
+    /// checked before the first agent starts (4.1 step 3); it wins over
+    /// `--egress-canary`. Absent or null: the runner's own setting.
+    #[serde(default)]
+    pub egress_canary: Option<String>,
+    /// An extension (2.4): the platform's instructions for the agent, given
+    /// to each CLI through its own per-invocation mechanism (section 3,
+    /// "The platform's instructions"); they win over
+    /// `--instructions-file`. Absent or null: the runner's own setting.
+    #[serde(default)]
+    pub instructions: Option<String>,
 }
 
 impl Session {
@@ -420,6 +431,10 @@ error_codes! {
     EventsUndelivered => "events_undelivered",
     /// The runner itself failed the turn.
     RunnerError => "runner_error",
+    /// The egress canary was reachable before the first agent started: the
+    /// sandbox's egress policy is not enforced, no agent ran (4.1 step 3,
+    /// "The egress canary").
+    EgressPolicyMissing => "egress_policy_missing",
     /// The session answer is over its size cap (2, 2.2): only ever the code
     /// of a `failed` boot-status reason, since the run it carries was never
     /// read and so is never sealed.
