@@ -92,6 +92,13 @@ pub struct DemoArgs {
     /// [default: a directory inside the demo's temporary directory].
     #[arg(long, env = "HOSTED_BOOT_ROOT", hide_env_values = true)]
     pub root: Option<std::path::PathBuf>,
+    /// The session's `egressCanary` (`HOST:PORT` or `https://HOST`): a
+    /// reachable one fails the first turn `egress_policy_missing`.
+    #[arg(long)]
+    pub egress_canary: Option<String>,
+    /// The session's `instructions` for the agent.
+    #[arg(long)]
+    pub instructions: Option<String>,
 }
 
 /// `hosted-boot status`.

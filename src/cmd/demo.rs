@@ -61,6 +61,8 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         workdir: Some(workdir.path().join("coordinator")),
         task: "Add a CONTRIBUTING.md that says how to run the project.".into(),
         connectors: vec![(DEMO_CONNECTOR.0.into(), DEMO_CONNECTOR.1.into())],
+        egress_canary: args.egress_canary.clone(),
+        instructions: args.instructions.clone(),
         ..CoordinatorOptions::default()
     })
     .await

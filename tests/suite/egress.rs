@@ -392,3 +392,30 @@ async fn a_tls_canary_counts_only_a_handshake_the_runner_trusts() {
         "{event}"
     );
 }
+
+#[tokio::test]
+async fn the_dev_api_sets_the_sessions_canary_and_instructions() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let url = format!("{}dev/around-agent", sb.coordinator.base_url());
+    let http = reqwest::Client::new();
+    let set = json!({"egressCanary": "blocked.example:443", "instructions": "be brief"});
+    let resp = http.post(&url).json(&set).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.json::<Value>().await.unwrap(), set);
+    let got: Value = http.get(&url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(got, set);
+    let session = sb.coordinator.snapshot().session;
+    assert_eq!(
+        session.egress_canary.as_deref(),
+        Some("blocked.example:443")
+    );
+    assert_eq!(session.instructions.as_deref(), Some("be brief"));
+    // An unknown member is refused, naming it.
+    let resp = http
+        .post(&url)
+        .json(&json!({"egressCanry": "x:1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+}
