@@ -193,13 +193,13 @@ pub struct Session {
     /// An extension (2.4): the egress canary, `HOST:PORT` or `https://HOST`,
     /// checked before the first agent starts (4.1 step 3); it wins over
     /// `--egress-canary`. Absent or null: the runner's own setting.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_canary: Option<String>,
     /// An extension (2.4): the platform's instructions for the agent, given
     /// to each CLI through its own per-invocation mechanism (section 3,
     /// "The platform's instructions"); they win over
     /// `--instructions-file`. Absent or null: the runner's own setting.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
 }
 
