@@ -97,6 +97,13 @@ pub struct DemoArgs {
     /// turn's events (PROTOCOL.md 4.1, "Setup").
     #[arg(long, value_name = "COMMAND")]
     pub setup_script: Option<String>,
+    /// The session's `egressCanary` (`HOST:PORT` or `https://HOST`): a
+    /// reachable one fails the first turn `egress_policy_missing`.
+    #[arg(long)]
+    pub egress_canary: Option<String>,
+    /// The session's `instructions` for the agent.
+    #[arg(long)]
+    pub instructions: Option<String>,
 }
 
 /// `hosted-boot status`.

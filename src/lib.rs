@@ -31,6 +31,7 @@ pub(crate) mod turn;
 
 pub mod agent;
 pub mod agent_api;
+pub mod egress;
 pub mod workspace;
 
 pub mod events;

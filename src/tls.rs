@@ -42,16 +42,29 @@ pub fn read_ca_file(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
 /// Errors: a CA file that cannot be used (see [`read_ca_file`]), or a TLS
 /// set-up failure.
 pub fn http_client(ca_file: Option<&Path>) -> anyhow::Result<reqwest::Client> {
+    http_client_with(ca_file, |b| b)
+}
+
+/// [`http_client`] with `customize` applied to the builder (timeouts, a
+/// proxy of its own): the same trust roots, for the egress canary.
+///
+/// Errors: as [`http_client`].
+pub fn http_client_with(
+    ca_file: Option<&Path>,
+    customize: impl Fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
+) -> anyhow::Result<reqwest::Client> {
     install_crypto_provider();
     let extra = match ca_file {
         Some(path) => read_ca_file(path)?,
         None => Vec::new(),
     };
     let builder = || {
-        reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("hosted-boot/", env!("CARGO_PKG_VERSION")))
-            .tls_certs_merge(extra.clone())
+        customize(
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(concat!("hosted-boot/", env!("CARGO_PKG_VERSION")))
+                .tls_certs_merge(extra.clone()),
+        )
     };
     match builder().build() {
         Ok(client) => Ok(client),

@@ -72,6 +72,11 @@ pub fn args(spec: &TurnSpec) -> Vec<String> {
     if let Some(e) = &spec.effort {
         args.push(format!("--effort={e}"));
     }
+    // Appended to Claude Code's system prompt, the image's CLAUDE.md and
+    // settings untouched.
+    if let Some(i) = &spec.instructions {
+        args.push(format!("--append-system-prompt-file={}", i.file.display()));
+    }
     args.extend(spec.extra_args.iter().cloned());
     args
 }
@@ -423,6 +428,7 @@ mod tests {
             extra_args: vec!["--max-turns=3".into()],
             opencode_port: None,
             timings: super::super::AgentTimings::default(),
+            instructions: None,
         }
     }
 

@@ -266,6 +266,11 @@ fn start_thread(spec: &TurnSpec, io: &AdapterIo) {
         p["cwd"] = json!(spec.cwd.to_string_lossy());
         p["approvalPolicy"] = json!("never");
         p["sandbox"] = json!("danger-full-access");
+        // A field of the thread request, on resume too (a resumed thread
+        // is loaded afresh by this server).
+        if let Some(i) = &spec.instructions {
+            p["developerInstructions"] = json!(i.text);
+        }
         p
     };
     match &spec.resume {

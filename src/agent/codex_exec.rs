@@ -67,6 +67,12 @@ pub fn args(spec: &TurnSpec) -> Vec<String> {
         args.push("-c".into());
         args.push(format!("model_reasoning_effort={}", toml_string(e)));
     }
+    // A config override of this invocation: the image's config.toml and
+    // AGENTS.md untouched.
+    if let Some(i) = &spec.instructions {
+        args.push("-c".into());
+        args.push(format!("developer_instructions={}", toml_string(&i.text)));
+    }
     args.extend(spec.extra_args.iter().cloned());
     if let Some(id) = &spec.resume {
         args.push("resume".into());
@@ -258,6 +264,7 @@ mod tests {
             extra_args: vec!["-c".into(), "x=1".into()],
             opencode_port: None,
             timings: super::super::AgentTimings::default(),
+            instructions: None,
         };
         assert_eq!(
             args(&spec),

@@ -83,6 +83,8 @@ pub struct DriveInput {
     pub timings: Timings,
     /// How the agent's processes are supervised (drain, time cap, cgroup).
     pub supervision: crate::process::supervisor::Supervision,
+    /// The platform's instructions, written for this turn.
+    pub instructions: Option<super::Instructions>,
 }
 
 /// A request about the run from the coordinator, relayed by the turn's
@@ -342,7 +344,14 @@ fn agent_env(
         );
     }
     for (k, v) in launch_env {
-        env.insert(k.into(), v.expose().into());
+        let value = match env.get(std::ffi::OsStr::new(k)) {
+            // The image's opencode settings stay: ours are merged in.
+            Some(image) if k == super::opencode_run::CONFIG_CONTENT_VAR => {
+                super::opencode_run::merge_config_content(&image.to_string_lossy(), v.expose())
+            }
+            _ => v.expose().to_string(),
+        };
+        env.insert(k.into(), value.into());
     }
     match resume {
         Some(id) => env.insert("ORIZU_AGENT_SESSION_ID".into(), id.into()),
@@ -483,6 +492,7 @@ fn turn_spec(input: &DriveInput, prompt: String, resume: Option<String>) -> Turn
         },
         opencode_port: config.opencode_port,
         timings: config.timings,
+        instructions: input.instructions.clone(),
     }
 }
 

@@ -531,7 +531,29 @@ pub struct TurnSpec {
     pub opencode_port: Option<u16>,
     /// Watchdog bounds.
     pub timings: AgentTimings,
+    /// The platform's instructions, when the boot has any.
+    pub instructions: Option<Instructions>,
 }
+
+/// The platform's instructions for the agent (the session's
+/// `instructions`, or `--instructions-file`; PROTOCOL.md 3, "The
+/// platform's instructions"). Each adapter passes them its CLI's own way:
+/// `claude --append-system-prompt-file`, Codex's `developerInstructions`
+/// (app-server) or `-c developer_instructions` (`exec`), opencode's prompt
+/// `system` (server) or `instructions` in `OPENCODE_CONFIG_CONTENT` (`run`),
+/// and for every agent `ORIZU_INSTRUCTIONS_FILE`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instructions {
+    /// The text.
+    pub text: String,
+    /// The same text in a file of the turn's run directory (outside
+    /// `repo/`, readable by the agent user, removed with the run
+    /// directory).
+    pub file: PathBuf,
+}
+
+/// The variable naming the instructions file in the agent's environment.
+pub const INSTRUCTIONS_FILE_VAR: &str = "ORIZU_INSTRUCTIONS_FILE";
 
 /// The adapter of `kind` for one agent process of a turn. Secrets it makes
 /// (the opencode server password) go to `redactor` first.

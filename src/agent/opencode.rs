@@ -722,6 +722,10 @@ async fn create_session(http: &Http) -> Result<String, AgentError> {
 /// `clientInfo` as `{providerID, modelID}`.
 async fn send_prompt(http: &Http, spec: &TurnSpec, sid: &str) -> Result<(), AgentError> {
     let mut body = json!({"parts": [{"type": "text", "text": spec.prompt}]});
+    // The prompt's `system`, added to opencode's own system prompt.
+    if let Some(i) = &spec.instructions {
+        body["system"] = json!(i.text);
+    }
     if let Some(model) = &spec.model {
         body["model"] = match model.split_once('/') {
             Some((provider, id)) => json!({"providerID": provider, "modelID": id}),

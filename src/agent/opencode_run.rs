@@ -60,11 +60,52 @@ pub fn args(spec: &TurnSpec) -> Vec<String> {
     args
 }
 
+/// opencode's inline configuration variable.
+pub const CONFIG_CONTENT_VAR: &str = "OPENCODE_CONFIG_CONTENT";
+
+/// `OPENCODE_CONFIG_CONTENT` naming the instructions file (`opencode run`
+/// has no flag for instructions).
+fn instructions_env(spec: &TurnSpec) -> Vec<(String, crate::secret::Secret)> {
+    spec.instructions
+        .iter()
+        .map(|i| {
+            let content = serde_json::json!({"instructions": [i.file.to_string_lossy()]});
+            (
+                CONFIG_CONTENT_VAR.to_string(),
+                crate::secret::Secret::new(content.to_string()),
+            )
+        })
+        .collect()
+}
+
+/// `ours` (a JSON object) merged into the image's `OPENCODE_CONFIG_CONTENT`:
+/// its members kept, `instructions` lists joined. An image value that is
+/// not a JSON object (which opencode refuses) gives way to ours.
+pub fn merge_config_content(image: &str, ours: &str) -> String {
+    let (Ok(serde_json::Value::Object(mut merged)), Ok(serde_json::Value::Object(add))) = (
+        serde_json::from_str::<serde_json::Value>(image),
+        serde_json::from_str::<serde_json::Value>(ours),
+    ) else {
+        return ours.to_string();
+    };
+    for (key, value) in add {
+        match (merged.get_mut(&key), value) {
+            (Some(serde_json::Value::Array(have)), serde_json::Value::Array(more)) => {
+                have.extend(more)
+            }
+            (_, value) => {
+                merged.insert(key, value);
+            }
+        }
+    }
+    serde_json::Value::Object(merged).to_string()
+}
+
 impl Adapter for OpenCodeRunAdapter {
     fn launch(&self) -> Launch {
         Launch {
             args: args(&self.spec),
-            env: Vec::new(),
+            env: instructions_env(&self.spec),
             stdin: StdinMode::Bytes(self.spec.prompt.clone().into_bytes()),
             protocol_interrupt: false,
             server: false,
@@ -193,6 +234,7 @@ mod tests {
             extra_args: vec!["--agent".into(), "build".into()],
             opencode_port: None,
             timings: super::super::AgentTimings::default(),
+            instructions: None,
         };
         assert_eq!(
             args(&spec),

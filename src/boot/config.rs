@@ -114,6 +114,14 @@ pub struct BootConfig {
     /// `--setup-script`, `--setup-inputs`, `--setup-timeout` (PROTOCOL.md
     /// 4.1, "Setup"); the session's `setup` field wins over the first two.
     pub setup: crate::turn::setup::SetupConfig,
+    /// `--egress-canary`: the host the sandbox's egress policy must block,
+    /// checked before the first agent starts (PROTOCOL.md 4.1 step 3); the
+    /// session's `egressCanary` wins. `None`: no check.
+    pub egress_canary: Option<crate::egress::Canary>,
+    /// `--instructions-file`: the platform's instructions for the agent
+    /// (PROTOCOL.md 3, "The platform's instructions"); the session's
+    /// `instructions` win. Read when the boot starts.
+    pub instructions_file: Option<PathBuf>,
 }
 
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
@@ -223,7 +231,7 @@ pub fn load(
     let root = match &args.root {
         Some(r) if r.is_absolute() => r.clone(),
         Some(r) => cwd.join(r),
-        None => cwd,
+        None => cwd.clone(),
     };
     let git_base_url = check_url(
         "HOSTED_BOOT_GIT_BASE_URL",
@@ -247,6 +255,33 @@ pub fn load(
     let setup = setup_config(args, time_scale)?;
     let agent_api_allow =
         Allowlist::with_names(&args.agent_api_allow).map_err(|e| ConfigError(e.to_string()))?;
+
+    let egress_canary = match args.egress_canary.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(text) => Some(
+            crate::egress::Canary::parse("--egress-canary", text)
+                .map_err(|e| ConfigError(e.to_string()))?,
+        ),
+    };
+    let instructions_file = args
+        .instructions_file
+        .as_ref()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| {
+            if p.is_absolute() {
+                p.clone()
+            } else {
+                cwd.join(p)
+            }
+        });
+    if let Some(path) = &instructions_file {
+        std::fs::metadata(path).map_err(|e| {
+            ConfigError(format!(
+                "--instructions-file {}: {e}; name a readable file of instructions for the agent",
+                path.display()
+            ))
+        })?;
+    }
 
     let base_env = env
         .iter()
@@ -279,6 +314,8 @@ pub fn load(
         credential_mode: args.credential_mode,
         agent_user,
         setup,
+        egress_canary,
+        instructions_file,
     })
 }
 
@@ -597,6 +634,19 @@ pub struct RunArgs {
         default_value = "10m"
     )]
     pub setup_timeout: String,
+    /// A host the sandbox's egress policy must block, tried before the
+    /// first agent starts: `HOST:PORT` (reachable: a TCP connection) or
+    /// `https://HOST` (reachable: a TLS handshake verified against the
+    /// runner's trust roots, through `HTTPS_PROXY` when the agent has one).
+    /// Reachable: no agent runs, the turn fails `egress_policy_missing`.
+    /// The session's `egressCanary` wins. Unset: no check.
+    #[arg(long, env = "HOSTED_BOOT_EGRESS_CANARY", hide_env_values = true)]
+    pub egress_canary: Option<String>,
+    /// A file of the platform's instructions for the agent, given to each
+    /// CLI its own way (README, "Instructions for the agent"); the
+    /// session's `instructions` win.
+    #[arg(long, env = "HOSTED_BOOT_INSTRUCTIONS_FILE", hide_env_values = true)]
+    pub instructions_file: Option<PathBuf>,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,

@@ -275,13 +275,20 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     step(&mut b.stop, b.api.pull_bearer(policy)).await?;
     // Step 3: env bundle, session, read repo token, concurrently.
     let resolved = step(&mut b.stop, resolve(b.config, &b.api, &b.redactor)).await?;
+    // The egress canary, in the background from here to the first agent.
+    let egress_canary = start_egress_canary(b.config, &resolved)?;
     // Steps 3 (the leftovers) and 4: the first turn, waited for if need be.
     let mut done = HashSet::new();
     let first = first_turn(b, &resolved.session, &done).await?;
     // Step 5: session files, credential helper, clone.
     let workspace = prepare_workspace(b, &session_dir, &resolved, cleanup).await?;
     // Step 6: drain turns.
-    let ctx = turn_context(b, session_dir, resolved, workspace)?;
+    let instructions = instructions(b.config, &resolved.session)?;
+    let ctx = turn_context(b, session_dir, resolved, workspace, egress_canary)?;
+    let ctx = TurnContext {
+        instructions,
+        ..ctx
+    };
     crate::agent::drive::start_version_probe(
         &ctx.agent,
         &ctx.agent_session,
@@ -476,6 +483,7 @@ fn turn_context(
     session_dir: Arc<SessionDir>,
     resolved: Resolved,
     workspace: Workspace,
+    egress_canary: crate::egress::Pending,
 ) -> Step<TurnContext> {
     let config = b.config;
     let timings = b.api.timings();
@@ -515,7 +523,84 @@ fn turn_context(
             resolved.bundle.setup_only.clone(),
             &config.root,
         ),
+        egress_canary,
+        instructions: None,
     })
+}
+
+/// The platform's instructions for the agent (PROTOCOL.md 3): the
+/// session's `instructions` (2.4), else `--instructions-file`'s text; an
+/// empty text is none.
+///
+/// Errors: the file cannot be read (`workspace_io`).
+fn instructions(config: &BootConfig, session: &Session) -> Result<Option<String>, SessionDirError> {
+    let from_session = session
+        .instructions
+        .as_deref()
+        .filter(|t| !t.trim().is_empty());
+    let (text, source) = match (from_session, &config.instructions_file) {
+        (Some(t), _) => (t.to_string(), "session"),
+        (None, Some(path)) => (
+            std::fs::read_to_string(path)
+                .map_err(|e| SessionDirError::io("read the instructions file", path, e))?,
+            "--instructions-file",
+        ),
+        (None, None) => return Ok(None),
+    };
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    tracing::info!(
+        source,
+        chars = text.chars().count(),
+        "instructions for the agent"
+    );
+    Ok(Some(text))
+}
+
+/// Starts the egress canary (PROTOCOL.md 4.1 step 3): the session's
+/// `egressCanary` (2.4) or `--egress-canary`; neither: no check. An
+/// `https://` canary goes through the `HTTPS_PROXY` the agent gets (the
+/// runner's environment, then the env bundle's connectors).
+///
+/// Errors: a session value that is neither `HOST:PORT` nor `https://HOST`
+/// (`invalid_value`).
+fn start_egress_canary(config: &BootConfig, resolved: &Resolved) -> Step<crate::egress::Pending> {
+    use crate::egress::{CANARY_TIMEOUT, Canary, CheckOptions, Pending};
+    let from_session = resolved
+        .session
+        .egress_canary
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let (canary, source) = match from_session {
+        Some(text) => (Canary::parse("session egressCanary", text)?, "session"),
+        None => match &config.egress_canary {
+            Some(c) => (c.clone(), "--egress-canary"),
+            None => {
+                tracing::debug!("no egress canary is set: no egress check");
+                return Ok(Pending::none());
+            }
+        },
+    };
+    tracing::info!(canary = %canary, source, "egress canary set");
+    let base = config
+        .base_env
+        .iter()
+        .filter_map(|(k, v)| Some((k.to_str()?, v.to_str()?)));
+    let connectors = resolved
+        .bundle
+        .connectors
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.expose()));
+    let env: Vec<(&str, &str)> = base.chain(connectors).collect();
+    let opts = CheckOptions {
+        ca_file: config.ca_file.clone(),
+        timeout: crate::timings::scale_timeout(CANARY_TIMEOUT, config.timings.scale),
+        ..CheckOptions::default()
+    }
+    .proxy_from(env.iter().copied());
+    Ok(Pending::start(canary, opts))
 }
 
 /// The agent's API for every turn (`--agent-api`, PROTOCOL.md section 3).

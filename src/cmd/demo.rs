@@ -68,6 +68,8 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
                 script: Some(script),
                 inputs: None,
             }),
+        egress_canary: args.egress_canary.clone(),
+        instructions: args.instructions.clone(),
         ..CoordinatorOptions::default()
     })
     .await

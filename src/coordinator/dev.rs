@@ -30,6 +30,9 @@ pub(super) enum DevRoute {
     State,
     /// `GET`, `POST setup`: the session's `setup` field (script, inputs).
     Setup,
+    /// `GET`, `POST around-agent`: the session's `egressCanary` and
+    /// `instructions` (2.4 extensions).
+    AroundAgent,
 }
 
 /// One row of [`DEV_TABLE`].
@@ -83,6 +86,11 @@ pub(super) const DEV_TABLE: &[DevSpec] = &[
     DevSpec {
         route: DevRoute::Setup,
         name: "setup",
+        methods: &["GET", "POST"],
+    },
+    DevSpec {
+        route: DevRoute::AroundAgent,
+        name: "around-agent",
         methods: &["GET", "POST"],
     },
 ];
@@ -203,6 +211,15 @@ pub(super) fn route(
         DevRoute::Requests => Ok(ok(&sh.lock().requests)),
         DevRoute::State => Ok(ok(&sh.snapshot())),
         DevRoute::Setup => setup_route(sh, method, body),
+        DevRoute::AroundAgent => match *method {
+            Method::POST => {
+                let around: super::state::AroundAgent = parse(body)?;
+                sh.update(|st| st.around = around.clone());
+                Ok(ok(&around))
+            }
+            // GET, as above.
+            _ => Ok(ok(&sh.lock().around)),
+        },
     }
 }
 

@@ -133,6 +133,11 @@ pub struct CoordinatorOptions {
     /// coordinator's now (negative: in the past), instead of `bearer_ttl`;
     /// the bearers still live `bearer_ttl`.
     pub bearer_expires_in_s: Option<i64>,
+    /// The session's `egressCanary` (2.4 extension); changed later with
+    /// [`Coordinator::set_around_agent`] or `POST dev/around-agent`.
+    pub egress_canary: Option<String>,
+    /// The session's `instructions` (2.4 extension), likewise.
+    pub instructions: Option<String>,
 }
 
 impl Default for CoordinatorOptions {
@@ -164,6 +169,8 @@ impl Default for CoordinatorOptions {
             git_max_file_size: None,
             clock_offset_s: 0,
             bearer_expires_in_s: None,
+            egress_canary: None,
+            instructions: None,
         }
     }
 }
@@ -277,6 +284,10 @@ impl Coordinator {
                 s.agent_session_id = opts.agent_session_id.clone();
                 s.git_max_file_size = opts.git_max_file_size;
                 s.setup = opts.setup.clone();
+                s.around = state::AroundAgent {
+                    egress_canary: opts.egress_canary.clone(),
+                    instructions: opts.instructions.clone(),
+                };
                 s
             }),
             changed: tokio::sync::Notify::new(),
@@ -464,6 +475,18 @@ impl Coordinator {
     /// it.
     pub fn set_setup(&self, setup: Option<crate::wire::SessionSetup>) {
         self.shared.update(|st| st.setup = setup);
+    }
+
+    /// Sets the session's `egressCanary` and `instructions` (PROTOCOL.md
+    /// 2.4 extensions; `POST dev/around-agent`), as the next session read
+    /// serves them.
+    pub fn set_around_agent(&self, egress_canary: Option<String>, instructions: Option<String>) {
+        self.shared.update(|st| {
+            st.around = state::AroundAgent {
+                egress_canary,
+                instructions,
+            }
+        });
     }
 
     /// Drops every fault not used up yet (`DELETE dev/faults`).

@@ -523,10 +523,25 @@ pub(crate) struct State {
     pub git_max_file_size: Option<u64>,
     /// The session's `setup` field (`POST dev/setup`); `None`: absent.
     pub setup: Option<crate::wire::SessionSetup>,
+    /// The session's `egressCanary` and `instructions` (2.4 extensions).
+    pub around: AroundAgent,
     bearers: HashMap<String, Issued>,
     repo_tokens: HashMap<String, Issued>,
     /// Every token issued, in order.
     pub issued: Vec<String>,
+}
+
+/// The session fields of issue 14's canary and instructions (PROTOCOL.md
+/// 2.4 extensions), served as set (no check: tests serve bad values too).
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AroundAgent {
+    /// `egressCanary`: `HOST:PORT` or `https://HOST`.
+    #[serde(default)]
+    pub egress_canary: Option<String>,
+    /// `instructions`: the platform's instructions for the agent.
+    #[serde(default)]
+    pub instructions: Option<String>,
 }
 
 /// Random lower-case hex of `bytes` bytes (2 × `bytes` characters).
@@ -573,6 +588,7 @@ impl State {
             faults: Vec::new(),
             git_max_file_size: None,
             setup: None,
+            around: AroundAgent::default(),
             bearers: HashMap::new(),
             repo_tokens: HashMap::new(),
             issued: Vec::new(),
@@ -685,6 +701,8 @@ impl State {
             agent_session_id: self.agent_session_id.clone(),
             project_id: None,
             setup: self.setup.clone(),
+            egress_canary: self.around.egress_canary.clone(),
+            instructions: self.around.instructions.clone(),
         }
     }
 

@@ -216,6 +216,9 @@ pub enum RunnerEvent {
     /// `hosted_boot.setup_output`: a line of the setup script's output,
     /// redacted like the agent's.
     SetupOutput,
+    /// `hosted_boot.egress_canary`: the egress canary's verdict, before the
+    /// first agent starts (4.1 step 3).
+    EgressCanary,
 }
 
 impl RunnerEvent {
@@ -230,6 +233,7 @@ impl RunnerEvent {
             RunnerEvent::WorkspaceSync => "hosted_boot.workspace_sync",
             RunnerEvent::Setup => "hosted_boot.setup",
             RunnerEvent::SetupOutput => "hosted_boot.setup_output",
+            RunnerEvent::EgressCanary => "hosted_boot.egress_canary",
         }
     }
 }

@@ -76,6 +76,9 @@ pub const CREDENTIAL_LOCK_FILE: &str = "repo-credential-lock";
 pub const CREDENTIAL_SOCKET_FILE: &str = "credential.sock";
 /// The turn's prompt in the run directory.
 pub const TASK_FILE: &str = "task.txt";
+/// The platform's instructions for the agent, in the run directory
+/// (PROTOCOL.md 3, "The platform's instructions").
+pub const INSTRUCTIONS_FILE: &str = "instructions.md";
 
 /// Writes `contents` to `path` atomically (PROTOCOL.md 3): a temporary file
 /// in the same directory, mode 0600 from creation, the contents plus a
@@ -436,6 +439,24 @@ impl RunDir {
             set_dir_mode(&self.path, TRAVERSE_ONLY)?;
         }
         write_file_owned(&path, prompt.as_bytes(), agent.map(|a| (a.uid, a.gid)))?;
+        Ok(path)
+    }
+
+    /// Writes the platform's instructions to `instructions.md`, as
+    /// [`RunDir::write_task`] writes the task; returns its path.
+    ///
+    /// Errors: [`SessionDirError::Io`].
+    pub fn write_instructions(
+        &self,
+        text: &str,
+        agent: Option<&crate::agent_user::AgentUser>,
+    ) -> Result<PathBuf, SessionDirError> {
+        let path = self.path.join(INSTRUCTIONS_FILE);
+        if agent.is_some() {
+            set_dir_mode(&self.parent, TRAVERSE_ONLY)?;
+            set_dir_mode(&self.path, TRAVERSE_ONLY)?;
+        }
+        write_file_owned(&path, text.as_bytes(), agent.map(|a| (a.uid, a.gid)))?;
         Ok(path)
     }
 

@@ -66,6 +66,12 @@ pub struct TurnContext {
     /// The repository's setup, run before the first agent of the boot
     /// (PROTOCOL.md 4.1, "Setup"); `None`: no setup script is set.
     pub setup: Option<setup::Setup>,
+    /// The egress canary started at boot: the first turn waits for its
+    /// verdict before its agent starts (4.1 step 3).
+    pub egress_canary: crate::egress::Pending,
+    /// The platform's instructions for the agent (the session's, or
+    /// `--instructions-file`'s), written into each turn's run directory.
+    pub instructions: Option<String>,
 }
 
 /// The turn to run.
@@ -183,6 +189,8 @@ struct Turn<'a> {
     /// What [`TurnFatal::events_delivered`] reports: set when `finish` fails
     /// after the flush (the only fatal path that knows).
     events_delivered: bool,
+    /// The platform's instructions as written for this turn.
+    instructions: Option<crate::agent::Instructions>,
 }
 
 impl<'a> Turn<'a> {
@@ -210,6 +218,7 @@ impl<'a> Turn<'a> {
             events: None,
             seal: SealState::NotSent,
             events_delivered: false,
+            instructions: None,
         })
     }
 
@@ -285,6 +294,16 @@ impl<'a> Turn<'a> {
             .run_dir
             .write_task(prompt, self.ctx.agent.user.as_ref())
             .map_err(|e| Early::Failed(e.to_string()))?;
+        if let Some(text) = &self.ctx.instructions {
+            let file = self
+                .run_dir
+                .write_instructions(text, self.ctx.agent.user.as_ref())
+                .map_err(|e| Early::Failed(e.to_string()))?;
+            self.instructions = Some(crate::agent::Instructions {
+                text: text.clone(),
+                file,
+            });
+        }
         let fresh = match api.bearer() {
             Some(b) if !b.expires_within(self.timings.idle_refresh_lead) => Some(Ok(b)),
             _ => {
@@ -393,6 +412,9 @@ impl<'a> Turn<'a> {
     ) -> (TurnOutcome, Option<Stop>) {
         let ctx = self.ctx;
         let run_id = self.run_id;
+        if let Some(failed) = self.egress_canary(events).await {
+            return (failed, None);
+        }
         let (stopped_by, first_read) = if self.budget.stopping() {
             (Some(self.budget.current()), Ok(true))
         } else {
@@ -474,10 +496,34 @@ impl<'a> Turn<'a> {
             redactor: ctx.api.redactor().clone(),
             timings: self.timings,
             supervision: ctx.supervision.clone(),
+            instructions: self.instructions.clone(),
         };
         let driven = drive::run(input, &mut request_rx, self.stop).await;
         drop(request_tx);
         (driven.outcome, driven.stopped_by)
+    }
+
+    /// The egress canary's verdict, for the boot's first agent only (later
+    /// turns find it taken): reported as a `hosted_boot.egress_canary`
+    /// event; reachable, the turn's failed outcome (`egress_policy_missing`),
+    /// and no agent starts. A stop while it is awaited leaves the verdict to
+    /// the caller's stop check.
+    async fn egress_canary(&mut self, events: &EventSender) -> Option<TurnOutcome> {
+        let verdict = self
+            .budget
+            .unless_stopped(self.ctx.egress_canary.take())
+            .await??;
+        events.emit(RunnerEvent::EgressCanary, verdict.event_data());
+        if !verdict.reachable {
+            return None;
+        }
+        Some(TurnOutcome {
+            agent_session_id: self.ctx.agent_session.resume_id(),
+            ..TurnOutcome::failed(
+                crate::wire::ErrorCode::EgressPolicyMissing,
+                verdict.failure_message(),
+            )
+        })
     }
 
     /// Where the interrupt watch takes its bearer: the bearer file holds it
@@ -498,6 +544,12 @@ impl<'a> Turn<'a> {
         ));
         env.push(("ORIZU_TASK_FILE".into(), task_path.into()));
         env.push(("ORIZU_RUN_ID".into(), self.run_id.into()));
+        if let Some(i) = &self.instructions {
+            env.push((
+                crate::agent::INSTRUCTIONS_FILE_VAR.into(),
+                i.file.clone().into(),
+            ));
+        }
         env
     }
 

@@ -200,6 +200,17 @@ pub struct Session {
     /// image's `--setup-script` and `--setup-inputs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup: Option<SessionSetup>,
+    /// An extension (2.4): the egress canary, `HOST:PORT` or `https://HOST`,
+    /// checked before the first agent starts (4.1 step 3); it wins over
+    /// `--egress-canary`. Absent or null: the runner's own setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_canary: Option<String>,
+    /// An extension (2.4): the platform's instructions for the agent, given
+    /// to each CLI through its own per-invocation mechanism (section 3,
+    /// "The platform's instructions"); they win over
+    /// `--instructions-file`. Absent or null: the runner's own setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
 }
 
 /// `session.setup` (2.4, an extension of ours; PROTOCOL.md 4.1 "Setup").
@@ -448,6 +459,10 @@ error_codes! {
     /// The setup script failed or outlived `--setup-timeout` (4.1 step 3,
     /// "Setup"): the first turn fails, not retryable.
     SetupFailed => "setup_failed",
+    /// The egress canary was reachable before the first agent started: the
+    /// sandbox's egress policy is not enforced, no agent ran (4.1 step 3,
+    /// "The egress canary").
+    EgressPolicyMissing => "egress_policy_missing",
     /// The session answer is over its size cap (2, 2.2): only ever the code
     /// of a `failed` boot-status reason, since the run it carries was never
     /// read and so is never sealed.

@@ -117,6 +117,52 @@ fn npm_cache() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/agent-clis/npm-cache")
 }
 
+/// The platform's instructions every case's session carries (PROTOCOL.md
+/// 3, "The platform's instructions"): the provider logs the marker where
+/// a model request's instructions hold it.
+const INSTRUCTIONS: &str = "Platform rule MARK:platform-instructions-7d1e: keep commits small.";
+
+/// Whether `request`'s instructions (system or developer) hold the
+/// platform's.
+fn has_instructions(request: &Value) -> bool {
+    request["markers"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|m| m == "MARK:platform-instructions-7d1e"))
+}
+
+/// Asserts the platform's instructions reached the model in `requests` and
+/// were never committed by the harvest nor left in `repo/`.
+fn assert_instructions(case: &Case, requests: &[Value], turn: &str) {
+    assert!(
+        requests.iter().all(has_instructions),
+        "{turn}: the platform's instructions are not in every model request: {:?}",
+        requests
+            .iter()
+            .map(|r| &r["instructions"])
+            .collect::<Vec<_>>()
+    );
+    let log = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(case.sb.coordinator.bare_repo())
+        .args(["log", "-p", "--all"])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&log.stdout).contains("platform-instructions-7d1e"),
+        "{turn}: a harvest commit holds the instructions"
+    );
+    let grep = std::process::Command::new("grep")
+        .args(["-rl", "--exclude-dir=.git", "platform-instructions-7d1e"])
+        .arg(case.repo())
+        .output()
+        .unwrap();
+    assert!(
+        grep.stdout.is_empty(),
+        "{turn}: repo/ holds the instructions: {}",
+        String::from_utf8_lossy(&grep.stdout)
+    );
+}
+
 /// The CLI an adapter mode drives.
 fn cli_of(agent: &str) -> &'static str {
     match agent {
@@ -153,6 +199,7 @@ impl Case {
             task: task.into(),
             model: Some(model_of(agent).into()),
             reasoning_effort: Some("high".into()),
+            instructions: Some(INSTRUCTIONS.into()),
             ..CoordinatorOptions::default()
         })
         .await;
@@ -451,6 +498,7 @@ async fn four_turns(agent: &'static str) {
         model_of(agent).rsplit('/').next().unwrap()
     );
     assert_eq!(case.pushed("one.txt").as_deref(), Some("done"));
+    assert_instructions(&case, &turn1, "turn 1");
 
     // Turn 2 resumes the session: the provider sees turn 1's prompt.
     let seen = case.provider.requests().len();
@@ -476,6 +524,7 @@ async fn four_turns(agent: &'static str) {
         usage(&second)
     );
     assert_eq!(case.pushed("two.txt").as_deref(), Some("done"));
+    assert_instructions(&case, &turn2, "turn 2 (resumed)");
 
     // Turn 3 is interrupted while its tool runs.
     assert_eq!(
