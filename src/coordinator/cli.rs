@@ -81,6 +81,16 @@ pub struct CoordinatorArgs {
     /// git host with a file size limit does); no limit when absent.
     #[arg(long, value_name = "BYTES")]
     pub git_max_file_size: Option<u64>,
+    /// Do not offer the long-poll of the session read (PROTOCOL.md 2.4):
+    /// answer every session read at once, as a coordinator without the
+    /// extension does.
+    #[arg(long)]
+    pub no_long_poll: bool,
+    /// Serve this many sessions (a fleet): the first is `--session-id`, the
+    /// others `<id>-2`, `<id>-3`, … (`GET dev/sessions` lists each one's
+    /// sandbox environment).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sessions: u32,
 }
 
 fn parse_connector(text: &str) -> Result<(String, String), String> {
@@ -112,6 +122,8 @@ impl CoordinatorArgs {
             listen: self.listen,
             advertise_url: self.advertise_url.clone(),
             git_max_file_size: self.git_max_file_size,
+            long_poll: !self.no_long_poll,
+            sessions: self.sessions as usize,
             ..CoordinatorOptions::default()
         }
     }

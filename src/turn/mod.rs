@@ -23,7 +23,7 @@ use crate::agent::AgentConfig;
 use crate::agent::drive::{self, DriveInput, RunRequest};
 use crate::agent::{AgentSession, TurnOutcome};
 use crate::agent_api::AgentApi;
-use crate::client::{Api, Policy};
+use crate::client::{Api, LongPoll, Policy};
 use crate::events::event::RunnerEvent;
 use crate::events::{EventSender, EventSink, FlushReport};
 use crate::process::supervisor::Supervision;
@@ -389,10 +389,12 @@ impl<'a> Turn<'a> {
     ) -> (TurnOutcome, Option<Stop>) {
         let ctx = self.ctx;
         let run_id = self.run_id;
+        let mut poll = LongPoll::new();
         let (stopped_by, first_read) = if self.budget.stopping() {
             (Some(self.budget.current()), Ok(true))
         } else {
-            let read = watch::interrupt_requested(&ctx.api, &self.watch_source(), run_id).await;
+            let read =
+                watch::interrupt_requested(&ctx.api, &self.watch_source(), run_id, &mut poll).await;
             (None, read)
         };
         let over_cap = match first_read {
@@ -426,6 +428,7 @@ impl<'a> Turn<'a> {
             self.watch_source(),
             run_id.to_string(),
             over_cap,
+            poll,
             move || {
                 let _ = tx.send(RunRequest::Interrupt);
             },
