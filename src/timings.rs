@@ -19,6 +19,9 @@ pub struct Timings {
     pub interrupt_poll: Duration,
     /// Session read between turns (5 s, 4.2).
     pub idle_poll: Duration,
+    /// How long the runner asks a coordinator to hold a session read
+    /// (`Prefer: wait=30`, the long-poll of PROTOCOL.md 2.4).
+    pub session_wait: Duration,
     /// Longest wait between failed idle reads (45 s, 4.2).
     pub idle_backoff_cap: Duration,
     /// Between turns, refresh the bearer when it expires within this (60 s).
@@ -66,6 +69,7 @@ impl Default for Timings {
             git_stall: Duration::from_secs(30),
             interrupt_poll: Duration::from_secs(5),
             idle_poll: Duration::from_secs(5),
+            session_wait: Duration::from_secs(30),
             idle_backoff_cap: Duration::from_secs(45),
             idle_refresh_lead: Duration::from_secs(60),
             rotation_lead: Duration::from_secs(5 * 60),
@@ -105,6 +109,7 @@ impl Timings {
             git_stall: scale_timeout(self.git_stall, factor),
             interrupt_poll: s(self.interrupt_poll),
             idle_poll: s(self.idle_poll),
+            session_wait: s(self.session_wait),
             idle_backoff_cap: s(self.idle_backoff_cap),
             idle_refresh_lead: s(self.idle_refresh_lead),
             rotation_lead: s(self.rotation_lead),

@@ -3,13 +3,15 @@
 //! (up to 45 s). Before the first turn ten consecutive failed reads are
 //! fatal; after it, failed reads never are. A session answer over the
 //! session read's size cap is fatal at once (`session_too_large`): it is the
-//! same on every read. No bearer file exists here.
+//! same on every read. No bearer file exists here. With a coordinator that
+//! offers the long-poll of PROTOCOL.md 2.4 each read is held until the
+//! session changes and the next starts at once; a stop ends a held read.
 
 use std::collections::HashSet;
 
 use tokio::sync::watch;
 
-use crate::client::{Api, CallError, Policy};
+use crate::client::{Api, CallError, LongPoll, Policy};
 use crate::signals::{self, Stop};
 use crate::turn::TurnInput;
 use crate::validate;
@@ -188,15 +190,20 @@ pub async fn wait(
     let timings = *api.timings();
     let mut failures = 0u32;
     let mut delay = timings.idle_poll;
+    let mut poll = LongPoll::new();
     loop {
         if let Err(s) = signals::unless_stopped(stop, tokio::time::sleep(delay)).await {
             return Ok(IdleEnd::Stopped(s));
         }
-        match read(api, at_boot, done).await {
+        let read = match signals::unless_stopped(stop, read(api, at_boot, done, &mut poll)).await {
+            Ok(read) => read,
+            Err(s) => return Ok(IdleEnd::Stopped(s)),
+        };
+        match read {
             Ok(Some(end)) => return Ok(end),
             Ok(None) => {
                 failures = 0;
-                delay = timings.idle_poll;
+                delay = poll.delay(timings.idle_poll, &timings);
             }
             Err(ReadError::Fatal(e)) => return Err(e),
             Err(ReadError::Failed(why)) => {
@@ -220,6 +227,7 @@ async fn read(
     api: &Api,
     at_boot: bool,
     done: &HashSet<String>,
+    poll: &mut LongPoll,
 ) -> Result<Option<IdleEnd>, ReadError> {
     let timings = api.timings();
     let pulled = match api.bearer() {
@@ -241,8 +249,10 @@ async fn read(
             Err(e) => return Err(ReadError::Failed(e.to_string())),
         }
     }
-    let session = match api.session(Policy::PER_TICK, false).await {
-        Ok(s) => s,
+    let session = match api.session_poll(poll, None).await {
+        // Unchanged: the last answer had no turn to start.
+        Ok(None) => return Ok(None),
+        Ok(Some(s)) => s,
         // A 401 on the session read pulls a fresh bearer once (the client's
         // expired-bearer rule); that pull refused means the boot secret is
         // no longer valid.

@@ -9,6 +9,7 @@
 //! them to the bearer file) and added to the redactor before any use.
 
 pub mod bearer;
+pub mod long_poll;
 pub mod retry;
 #[cfg(test)]
 mod retry_table;
@@ -21,6 +22,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 pub use bearer::Bearer;
+pub use long_poll::LongPoll;
 pub use retry::{CallError, Policy, Reply, caps};
 
 use crate::redact::{Redactor, SecretKind};
@@ -402,6 +404,72 @@ impl Api {
             )
             .await?;
         decode(call, e, &reply).map(|e| e.session)
+    }
+
+    /// Reads the session once for a reader that keeps `poll` between its
+    /// reads, with the long-poll preference of PROTOCOL.md 2.4: the interrupt
+    /// watch (`token`: the bearer file's, no 401 re-pull, the during-turn
+    /// header) or the wait between turns (`token` `None`: the current bearer
+    /// and the 401 re-pull). `Ok(None)`: unchanged since the last answer
+    /// (`304`). A read the coordinator may hold has a per-attempt timeout of
+    /// the wait plus the usual one.
+    ///
+    /// Errors: as [`Api::session`].
+    pub async fn session_poll(
+        &self,
+        poll: &mut LongPoll,
+        token: Option<&Secret>,
+    ) -> Result<Option<Session>, CallError> {
+        let call = match token {
+            Some(_) => "interrupt watch read",
+            None => "session read",
+        };
+        let e = routes::SESSION;
+        let sid = &self.config.session_id;
+        let wait_secs = LongPoll::wait_secs(&self.timings);
+        // `send` scales the policy; the wait is already scaled.
+        let policy = if poll.may_hold() {
+            Policy {
+                timeout: Some(
+                    crate::timings::REQUEST_TIMEOUT
+                        + Duration::from_secs(wait_secs).div_f64(self.timings.scale),
+                ),
+                ..Policy::PER_TICK
+            }
+        } else {
+            Policy::PER_TICK
+        };
+        poll.start();
+        let poll_ref = &*poll;
+        let build = |t: &Secret| {
+            let r = self.build(e.route(), sid, Some(t));
+            let r = match token {
+                Some(_) => r.header(wire::DURING_TURN_HEADER.0, wire::DURING_TURN_HEADER.1),
+                None => r,
+            };
+            poll_ref.headers(r, wait_secs)
+        };
+        let reply = match token {
+            Some(t) => self.send(call, policy, e.spec().cap, || build(t), Ok).await,
+            None => self.authed(call, policy, e.spec().cap, build).await,
+        };
+        let decoded = reply.and_then(|reply| {
+            if reply.status == reqwest::StatusCode::NOT_MODIFIED {
+                return Ok((reply, None));
+            }
+            let session = decode(call, e, &reply)?.session;
+            Ok((reply, Some(session)))
+        });
+        match decoded {
+            Ok((reply, session)) => {
+                poll.answered(&reply);
+                Ok(session)
+            }
+            Err(e) => {
+                poll.failed();
+                Err(e)
+            }
+        }
     }
 
     /// Mints a repository token (2.5) under `policy` ([`Policy::BOOT_FETCH`]

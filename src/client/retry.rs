@@ -413,7 +413,7 @@ const VERDICT_DETAIL_BYTES: usize = 512;
 /// A successful (2xx) answer, body read through the route's size cap.
 #[derive(Debug)]
 pub struct Reply {
-    /// The status (2xx).
+    /// The status (2xx, or `304` to a conditional read).
     pub status: StatusCode,
     /// Response headers (`Date` is used for bearer lifetimes).
     pub headers: HeaderMap,
@@ -609,12 +609,30 @@ pub async fn send<T>(
 }
 
 async fn attempt(request: RequestBuilder, cap: usize) -> Outcome {
-    let response = match request.send().await {
+    let (client, request) = request.build_split();
+    let request = match request {
+        Ok(r) => r,
+        Err(e) => return Outcome::Retry(describe(e), None),
+    };
+    // A `304` answers a conditional read (the session read's long-poll,
+    // PROTOCOL.md 2.4): "unchanged", handed to the caller like a 2xx with
+    // no body. To any other request it stays a verdict, as every 3xx.
+    let conditional = request
+        .headers()
+        .contains_key(reqwest::header::IF_NONE_MATCH);
+    let response = match client.execute(request).await {
         Ok(r) => r,
         Err(e) => return Outcome::Retry(describe(e), None),
     };
     let status = response.status();
     let headers = response.headers().clone();
+    if conditional && status == StatusCode::NOT_MODIFIED {
+        return Outcome::Done(Reply {
+            status,
+            headers,
+            body: Bytes::new(),
+        });
+    }
     if retryable_status(status.as_u16()) {
         let retry_after = if honours_retry_after(status.as_u16()) {
             retry_after(&headers)

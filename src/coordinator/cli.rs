@@ -92,6 +92,16 @@ pub struct CoordinatorArgs {
     /// git host with a file size limit does); no limit when absent.
     #[arg(long, value_name = "BYTES")]
     pub git_max_file_size: Option<u64>,
+    /// Do not offer the long-poll of the session read (PROTOCOL.md 2.4):
+    /// answer every session read at once, as a coordinator without the
+    /// extension does.
+    #[arg(long)]
+    pub no_long_poll: bool,
+    /// Serve this many sessions (a fleet): the first is `--session-id`, the
+    /// others `<id>-2`, `<id>-3`, … (`GET dev/sessions` lists each one's
+    /// sandbox environment).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sessions: u32,
 }
 
 fn parse_connector(text: &str) -> Result<(String, String), String> {
@@ -136,6 +146,8 @@ impl CoordinatorArgs {
             listen: self.listen,
             advertise_url: self.advertise_url.clone(),
             git_max_file_size: self.git_max_file_size,
+            long_poll: !self.no_long_poll,
+            sessions: self.sessions as usize,
             ..CoordinatorOptions::default()
         }
     }
@@ -171,15 +183,32 @@ pub async fn run_cli(args: CoordinatorArgs) -> anyhow::Result<()> {
 /// (`runner` for the sandbox's calls, `dev` for the dev API), method, path
 /// without its query, the answer.
 async fn request_log(c: &Coordinator) {
-    let mut printed = 0;
+    let mut seen = 0;
+    // Requests not answered yet when last looked at: a held session read
+    // (the long-poll, PROTOCOL.md 2.4) must not hold back the lines after it.
+    let mut in_flight: Vec<usize> = Vec::new();
     loop {
         let requests = c.requests();
-        // A request is printed once answered (or dropped by a fault).
-        for r in requests.iter().skip(printed) {
-            if r.response_status.is_none() && r.fault.is_none() {
-                break;
+        let mut ready = Vec::new();
+        in_flight.retain(|&i| {
+            let done = requests
+                .get(i)
+                .is_none_or(|r| r.response_status.is_some() || r.fault.is_some());
+            if done {
+                ready.push(i);
             }
-            printed += 1;
+            !done
+        });
+        for (i, r) in requests.iter().enumerate().skip(seen) {
+            if r.response_status.is_some() || r.fault.is_some() {
+                ready.push(i);
+            } else {
+                in_flight.push(i);
+            }
+        }
+        seen = requests.len();
+        // A request is printed once answered (or dropped by a fault).
+        for r in ready.into_iter().filter_map(|i| requests.get(i)) {
             let who = if r.route == super::Route::Dev {
                 "dev   "
             } else {

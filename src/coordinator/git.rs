@@ -286,6 +286,31 @@ pub(crate) fn prepare_bare_repo(
     })
 }
 
+/// Creates `branch` in `repo` from its default branch (a session of a
+/// fleet, [`super::fleet`]), unless it exists.
+///
+/// Errors: an invalid branch name, a failing `git`.
+pub(crate) fn create_branch(repo: &BareRepo, branch: &str) -> anyhow::Result<()> {
+    git(
+        Some(Path::new("/")),
+        &["check-ref-format", "--branch", branch],
+    )
+    .with_context(|| format!("invalid session branch {branch:?}"))?;
+    let p = Some(repo.path.as_path());
+    let name = format!("refs/heads/{branch}");
+    if git(p, &["rev-parse", "--verify", "--quiet", &name]).is_err() {
+        git(
+            p,
+            &[
+                "update-ref",
+                &name,
+                &format!("refs/heads/{}", repo.default_branch),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
 /// Whether a git smart-HTTP request is a push (`git-receive-pack`).
 pub(crate) fn is_push(path: &str, query: &str) -> bool {
     path.ends_with("/git-receive-pack")

@@ -1,5 +1,5 @@
 //! The reference coordinator (PROTOCOL.md section 6): one session per
-//! process, in memory, serving every route of section 2, a bare git
+//! process by default, or a fleet of them (`fleet`), in memory, serving every route of section 2, a bare git
 //! repository over smart HTTP, and a dev API to queue turns, interrupt, end
 //! the session and inject faults.
 //!
@@ -32,7 +32,9 @@
 mod cli;
 mod conn;
 mod dev;
+mod fleet;
 mod git;
+mod long_poll;
 mod server;
 mod state;
 
@@ -138,6 +140,18 @@ pub struct CoordinatorOptions {
     pub egress_canary: Option<String>,
     /// The session's `instructions` (2.4 extension), likewise.
     pub instructions: Option<String>,
+    /// Offer the long-poll of the session read (PROTOCOL.md 2.4): an `ETag`
+    /// on every session answer, a read with `Prefer: wait=N` and a matching
+    /// `If-None-Match` held until the session changes. Off by default here
+    /// (the suite's runners poll as without it); `hosted-boot coordinator`
+    /// turns it on unless `--no-long-poll`.
+    pub long_poll: bool,
+    /// How many sessions to serve (at least 1): the first is `session_id`,
+    /// the others `{session_id}-2`, `-3`, … on branches `{branch}-2`, … of
+    /// the same repository, each with a boot secret of its own and started
+    /// as `start_idle` says (PROTOCOL.md section 6, "Fleet"). More can be
+    /// added later ([`Coordinator::add_session`], `POST dev/sessions`).
+    pub sessions: usize,
 }
 
 impl Default for CoordinatorOptions {
@@ -171,6 +185,8 @@ impl Default for CoordinatorOptions {
             bearer_expires_in_s: None,
             egress_canary: None,
             instructions: None,
+            long_poll: false,
+            sessions: 1,
         }
     }
 }
@@ -180,6 +196,7 @@ impl Default for CoordinatorOptions {
 /// it gracefully.
 pub struct Coordinator {
     shared: Arc<server::Shared>,
+    fleet: Arc<fleet::Fleet>,
     base_url: Url,
     local_addr: SocketAddr,
     shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
@@ -277,6 +294,7 @@ impl Coordinator {
                 repo_token_expires_at: opts.repo_token_expires_at,
                 boot_secret: Secret::new(state::random_hex(32)),
                 dev_token,
+                long_poll: opts.long_poll,
                 repo,
             },
             state: Mutex::new({
@@ -293,8 +311,15 @@ impl Coordinator {
             changed: tokio::sync::Notify::new(),
         });
 
-        let app = server::router(shared.clone())
-            .into_make_service_with_connect_info::<conn::ConnHandle>();
+        let fleet = Arc::new(fleet::Fleet::new(base_url.clone(), shared.clone()));
+        if opts.sessions > 1 {
+            let (f, more, idle) = (fleet.clone(), opts.sessions - 1, opts.start_idle);
+            tokio::task::spawn_blocking(move || (0..more).try_for_each(|_| f.add(idle).map(drop)))
+                .await
+                .context("adding sessions panicked")??;
+        }
+        let app =
+            server::router(fleet.clone()).into_make_service_with_connect_info::<conn::ConnHandle>();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let serve = axum::serve(conn::KillableListener(listener), app).with_graceful_shutdown(
@@ -308,6 +333,7 @@ impl Coordinator {
         });
         Ok(Coordinator {
             shared,
+            fleet,
             base_url,
             local_addr,
             shutdown_tx: Mutex::new(Some(tx)),
@@ -361,6 +387,30 @@ impl Coordinator {
             self.git_base_url(),
             self.shared.cfg.repo_full_name
         )
+    }
+
+    /// Adds a session to the fleet (`POST dev/sessions`): id
+    /// `{session_id}-{n}`, a branch of its own, its initial task pending
+    /// unless `start_idle`. Returns its id.
+    ///
+    /// Errors: its branch cannot be created in the bare repository.
+    pub fn add_session(&self, start_idle: bool) -> anyhow::Result<String> {
+        Ok(self.fleet.add(start_idle)?.cfg.session_id.clone())
+    }
+
+    /// The environment a sandbox on session `sid` of the fleet needs, as
+    /// [`Coordinator::sandbox_env`] gives it for the first; `None` for an
+    /// unknown session. Holds its boot secret: never log it.
+    pub fn session_env(&self, sid: &str) -> Option<Vec<(String, String)>> {
+        self.fleet
+            .session(sid)
+            .map(|sh| self.fleet.sandbox_env(&sh))
+    }
+
+    /// A consistent copy of session `sid`'s state (its requests included);
+    /// `None` for an unknown session.
+    pub fn session_snapshot(&self, sid: &str) -> Option<Snapshot> {
+        self.fleet.session(sid).map(|sh| sh.snapshot())
     }
 
     /// The session id.

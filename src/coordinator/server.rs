@@ -21,6 +21,7 @@ use tokio::sync::Notify;
 
 use super::conn::ConnHandle;
 use super::dev;
+use super::fleet::Fleet;
 use super::git::{self, BareRepo};
 use super::state::{ApiError, DevError, Fault, RecordedRequest, Route, Snapshot, State};
 use crate::secret::Secret;
@@ -54,6 +55,8 @@ pub(crate) struct Config {
     pub boot_secret: Secret,
     /// Required on the dev API when set (non-loopback listen).
     pub dev_token: Option<Secret>,
+    /// Offer the long-poll of the session read (PROTOCOL.md 2.4).
+    pub long_poll: bool,
     pub repo: BareRepo,
 }
 
@@ -99,9 +102,10 @@ impl Shared {
     }
 }
 
-/// The router: every request goes through [`handle`].
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    Router::new().fallback(handle).with_state(shared)
+/// The router: every request goes through [`handle`], for the session of
+/// the fleet it is for ([`Fleet::pick`]).
+pub(crate) fn router(fleet: Arc<Fleet>) -> Router {
+    Router::new().fallback(handle).with_state(fleet)
 }
 
 /// A request's target, from the shape of its path alone.
@@ -295,11 +299,15 @@ fn shaped(resp: Response, f: &Fault) -> Response {
 /// The one handler. Records the request (after reading an API body; git
 /// bodies are streamed and not recorded), applies a queued fault, dispatches.
 async fn handle(
-    AxumState(sh): AxumState<Arc<Shared>>,
+    AxumState(fleet): AxumState<Arc<Fleet>>,
     ConnectInfo(conn): ConnectInfo<ConnHandle>,
     req: Request,
 ) -> Response {
-    let target = classify(req.uri().path());
+    let (sh, dev_below) = fleet.pick(req.uri().path(), req.headers());
+    let target = match dev_below {
+        Some(below) => Target::Dev(below),
+        None => classify(req.uri().path()),
+    };
     let route = target.route();
     let (parts, body) = req.into_parts();
     let path = parts
@@ -328,6 +336,12 @@ async fn handle(
             }
         }
     };
+
+    if matches!(&target, Target::Dev(rest) if rest == "sessions") && !too_large {
+        return super::fleet::dev_sessions(&fleet, &parts.method, &parts.headers, &bytes)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+    }
 
     let (index, fault) = sh.update(|st| {
         let fault = if too_large {
@@ -475,7 +489,7 @@ impl Shared {
         }
     }
 
-    fn session_envelope(&self) -> SessionEnvelope {
+    pub(super) fn session_envelope(&self) -> SessionEnvelope {
         let st = self.lock();
         SessionEnvelope {
             session: st.session(
@@ -518,7 +532,13 @@ async fn dispatch(
                 uri.path()
             ),
         )),
-        Target::Api(route, value) => api_route(sh, route, &value, method, headers, &body),
+        Target::Api(route, value) => {
+            let reply = api_route(sh, route, &value, method, headers, &body);
+            if route == ApiRoute::Session && sh.cfg.long_poll && reply.is_ok() {
+                return super::long_poll::session_answer(sh, headers).await;
+            }
+            reply
+        }
     };
     reply.unwrap_or_else(IntoResponse::into_response)
 }

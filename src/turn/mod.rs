@@ -24,7 +24,7 @@ use crate::agent::AgentConfig;
 use crate::agent::drive::{self, DriveInput, RunRequest};
 use crate::agent::{AgentSession, TurnOutcome};
 use crate::agent_api::AgentApi;
-use crate::client::{Api, Policy};
+use crate::client::{Api, LongPoll, Policy};
 use crate::events::event::RunnerEvent;
 use crate::events::{EventSender, EventSink, FlushReport};
 use crate::process::supervisor::Supervision;
@@ -415,10 +415,12 @@ impl<'a> Turn<'a> {
         if let Some(failed) = self.egress_canary(events).await {
             return (failed, None);
         }
+        let mut poll = LongPoll::new();
         let (stopped_by, first_read) = if self.budget.stopping() {
             (Some(self.budget.current()), Ok(true))
         } else {
-            let read = watch::interrupt_requested(&ctx.api, &self.watch_source(), run_id).await;
+            let read =
+                watch::interrupt_requested(&ctx.api, &self.watch_source(), run_id, &mut poll).await;
             (None, read)
         };
         let over_cap = match first_read {
@@ -452,6 +454,7 @@ impl<'a> Turn<'a> {
             self.watch_source(),
             run_id.to_string(),
             over_cap,
+            poll,
             move || {
                 let _ = tx.send(RunRequest::Interrupt);
             },

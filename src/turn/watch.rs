@@ -6,13 +6,15 @@
 //! retried at the next tick; it never fails the turn. A session answer over
 //! the session read's size cap is logged once per turn (it would be the same
 //! at every tick) and the watch keeps its last answer: no interrupt seen.
+//! With a coordinator that offers the long-poll of PROTOCOL.md 2.4 each
+//! read is held until the session changes, and the next starts at once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
-use crate::client::Api;
+use crate::client::{Api, LongPoll};
 use crate::secret::Secret;
 
 /// Why a watch read failed: the text, and whether the answer was over the
@@ -42,6 +44,9 @@ pub enum BearerSource {
 }
 
 /// Reads the session once; `Ok(true)` when it asks to interrupt `run_id`.
+/// `poll` is the watch's long-poll state: an unchanged answer (`304`) is
+/// `Ok(false)`, since the answer before it did not ask (the watch would
+/// have ended).
 ///
 /// Errors: the bearer file cannot be read (no bearer is known), or the
 /// read failed.
@@ -49,13 +54,17 @@ pub async fn interrupt_requested(
     api: &Api,
     source: &BearerSource,
     run_id: &str,
+    poll: &mut LongPoll,
 ) -> Result<bool, ReadFailure> {
     let token = bearer(api, source).await?;
-    let session = api.session_with(&token).await.map_err(|e| ReadFailure {
-        over_cap: e.is_too_large(),
-        text: e.to_string(),
-    })?;
-    Ok(session.interrupt_requested_run_id.as_deref() == Some(run_id))
+    let session = api
+        .session_poll(poll, Some(&token))
+        .await
+        .map_err(|e| ReadFailure {
+            over_cap: e.is_too_large(),
+            text: e.to_string(),
+        })?;
+    Ok(session.is_some_and(|s| s.interrupt_requested_run_id.as_deref() == Some(run_id)))
 }
 
 async fn bearer(api: &Api, source: &BearerSource) -> Result<Secret, ReadFailure> {
@@ -89,20 +98,23 @@ async fn bearer(api: &Api, source: &BearerSource) -> Result<Secret, ReadFailure>
 
 /// Starts watching; `on_interrupt` runs once, when the interrupt is seen.
 /// `over_cap_logged`: the turn's first read (before the agent started) was
-/// over the cap and logged already.
+/// over the cap and logged already. `poll`: the long-poll state the first
+/// read left (so the watch's next read is held at once where the
+/// coordinator offers it).
 pub fn spawn(
     api: Arc<Api>,
     source: BearerSource,
     run_id: String,
     over_cap_logged: bool,
+    mut poll: LongPoll,
     on_interrupt: impl FnOnce() + Send + 'static,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let tick = api.timings().interrupt_poll;
+        let timings = *api.timings();
         let mut over_cap_logged = over_cap_logged;
         loop {
-            tokio::time::sleep(tick).await;
-            match interrupt_requested(&api, &source, &run_id).await {
+            tokio::time::sleep(poll.delay(timings.interrupt_poll, &timings)).await;
+            match interrupt_requested(&api, &source, &run_id, &mut poll).await {
                 Ok(true) => {
                     tracing::info!(run_id = %run_id, "interrupt requested by the coordinator");
                     on_interrupt();

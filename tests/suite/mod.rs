@@ -17,6 +17,7 @@ mod image;
 mod instructions;
 mod layers;
 mod network;
+mod long_poll;
 mod openapi;
 mod processes;
 mod real_clis;
