@@ -81,6 +81,11 @@ pub struct CoordinatorArgs {
     /// git host with a file size limit does); no limit when absent.
     #[arg(long, value_name = "BYTES")]
     pub git_max_file_size: Option<u64>,
+    /// Answer every route of the contract and every git request no sooner
+    /// than this many milliseconds after it arrived (the dev API never
+    /// waits), as a coordinator one round trip away would.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub latency_ms: u64,
 }
 
 fn parse_connector(text: &str) -> Result<(String, String), String> {
@@ -112,6 +117,7 @@ impl CoordinatorArgs {
             listen: self.listen,
             advertise_url: self.advertise_url.clone(),
             git_max_file_size: self.git_max_file_size,
+            latency: Duration::from_millis(self.latency_ms),
             ..CoordinatorOptions::default()
         }
     }
@@ -305,6 +311,8 @@ mod tests {
             "--listen",
             "127.0.0.1:0",
             "--start-idle",
+            "--latency-ms",
+            "50",
         ])
         .unwrap();
         let o = cli.args.options();
@@ -318,6 +326,7 @@ mod tests {
         assert_eq!(o.redact_vars, vec!["SECRET".to_string()]);
         assert_eq!(o.bearer_ttl, Duration::from_secs(600));
         assert!(o.start_idle && o.create_branch);
+        assert_eq!(o.latency, Duration::from_millis(50));
         assert_eq!(o.session_id, "s1");
         assert!(Cli::try_parse_from(["x", "--connector", "novalue"]).is_err());
         assert!(Cli::try_parse_from(["x", "--bearer-ttl", "soon"]).is_err());

@@ -33,6 +33,7 @@ mod cli;
 mod conn;
 mod dev;
 mod git;
+mod latency;
 mod server;
 mod state;
 
@@ -118,6 +119,11 @@ pub struct CoordinatorOptions {
     /// does (GitHub: 100 MiB); `None`: no limit. Changed later with
     /// [`Coordinator::set_git_max_file_size`] or `POST dev/git`.
     pub git_max_file_size: Option<u64>,
+    /// Every route of the contract and every git request is answered no
+    /// sooner than this after it arrived (the dev API never waits), as by a
+    /// coordinator one round trip of this away; zero (the default): at once.
+    /// `--latency-ms`; what `bench/boot-latency` measures against.
+    pub latency: Duration,
 }
 
 impl Default for CoordinatorOptions {
@@ -145,6 +151,7 @@ impl Default for CoordinatorOptions {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
             advertise_url: None,
             git_max_file_size: None,
+            latency: Duration::ZERO,
         }
     }
 }
@@ -249,6 +256,7 @@ impl Coordinator {
                 boot_secret: Secret::new(state::random_hex(32)),
                 dev_token,
                 repo,
+                latency: opts.latency,
             },
             state: Mutex::new({
                 let mut s = state::State::new((!opts.start_idle).then_some(opts.task.as_str()));
