@@ -11,6 +11,7 @@ mod events;
 mod hardening;
 mod harvest;
 mod image;
+mod latency;
 mod layers;
 mod openapi;
 mod reliability_log;
