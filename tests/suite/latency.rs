@@ -24,9 +24,7 @@ fn status_at(snap: &Snapshot, status: &str, run_id: &str) -> usize {
     snap.requests
         .iter()
         .position(|r| {
-            r.route == Route::BootStatus
-                && r.body["status"] == status
-                && r.body["runId"] == run_id
+            r.route == Route::BootStatus && r.body["status"] == status && r.body["runId"] == run_id
         })
         .unwrap_or_else(|| panic!("no {status} for {run_id}: {:?}", names(&snap.requests)))
 }
@@ -69,15 +67,17 @@ async fn before_the_first_turn_each_thing_is_asked_once_and_step_3_goes_out_toge
         "{:?}",
         names(&snap.requests)
     );
-    let mint = before
-        .iter()
-        .find(|r| r.route == Route::RepoToken)
-        .unwrap();
+    let mint = before.iter().find(|r| r.route == Route::RepoToken).unwrap();
     assert_eq!(mint.body["access"], "read");
     // Step 3: each of the three arrived before any of them was answered.
     let step3: Vec<&&RecordedRequest> = before
         .iter()
-        .filter(|r| matches!(r.route, Route::EnvBundle | Route::Session | Route::RepoToken))
+        .filter(|r| {
+            matches!(
+                r.route,
+                Route::EnvBundle | Route::Session | Route::RepoToken
+            )
+        })
         .collect();
     let last_arrival = step3.iter().map(|r| r.at_ms).max().unwrap();
     let first_answer = step3
