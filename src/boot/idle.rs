@@ -177,6 +177,30 @@ impl IdleError {
     }
 }
 
+/// Between turns, right after a turn was sealed and acknowledged (4.2): the
+/// session is read at once, so a turn queued while the last one ran starts
+/// within one round trip of `turn_completed`; only when that read finds no
+/// turn (or fails) does the wait of [`wait`] begin. The idle backoff applies
+/// to waiting, not to draining a queue.
+///
+/// Errors: see [`IdleError`].
+pub async fn after_turn(
+    api: &Api,
+    done: &HashSet<String>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<IdleEnd, IdleError> {
+    match signals::unless_stopped(stop, read(api, false, done)).await {
+        Err(s) => return Ok(IdleEnd::Stopped(s)),
+        Ok(Ok(Some(end))) => return Ok(end),
+        Ok(Ok(None)) => {}
+        Ok(Err(ReadError::Fatal(e))) => return Err(e),
+        Ok(Err(ReadError::Failed(why))) => {
+            tracing::warn!(error = %why, "session read after the turn failed; waiting for a turn");
+        }
+    }
+    wait(api, false, done, stop).await
+}
+
 /// Waits for the next turn (4.2). `at_boot` applies the boot's stricter rule
 /// and its turn selection.
 ///

@@ -660,7 +660,7 @@ async fn drain(
             Ok(TurnEnd::Sealed(_)) => {}
         }
         status.phase(Phase::Idle, None, None);
-        next = match idle::wait(&ctx.api, false, done, stop)
+        next = match idle::after_turn(&ctx.api, done, stop)
             .instrument(tracing::info_span!("step", step = "idle"))
             .await
         {

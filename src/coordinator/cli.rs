@@ -102,6 +102,11 @@ pub struct CoordinatorArgs {
     /// sandbox environment).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub sessions: u32,
+    /// Answer every route of the contract and every git request no sooner
+    /// than this many milliseconds after it arrived (the dev API never
+    /// waits), as a coordinator one round trip away would.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub latency_ms: u64,
 }
 
 fn parse_connector(text: &str) -> Result<(String, String), String> {
@@ -148,6 +153,7 @@ impl CoordinatorArgs {
             git_max_file_size: self.git_max_file_size,
             long_poll: !self.no_long_poll,
             sessions: self.sessions as usize,
+            latency: Duration::from_millis(self.latency_ms),
             ..CoordinatorOptions::default()
         }
     }
@@ -358,6 +364,8 @@ mod tests {
             "--listen",
             "127.0.0.1:0",
             "--start-idle",
+            "--latency-ms",
+            "50",
         ])
         .unwrap();
         let o = cli.args.options();
@@ -371,6 +379,7 @@ mod tests {
         assert_eq!(o.redact_vars, vec!["SECRET".to_string()]);
         assert_eq!(o.bearer_ttl, Duration::from_secs(600));
         assert!(o.start_idle && o.create_branch);
+        assert_eq!(o.latency, Duration::from_millis(50));
         assert_eq!(o.session_id, "s1");
         assert!(Cli::try_parse_from(["x", "--connector", "novalue"]).is_err());
         assert!(Cli::try_parse_from(["x", "--bearer-ttl", "soon"]).is_err());

@@ -35,6 +35,7 @@ mod dev;
 mod fleet;
 mod git;
 mod long_poll;
+mod latency;
 mod server;
 mod state;
 
@@ -152,6 +153,11 @@ pub struct CoordinatorOptions {
     /// as `start_idle` says (PROTOCOL.md section 6, "Fleet"). More can be
     /// added later ([`Coordinator::add_session`], `POST dev/sessions`).
     pub sessions: usize,
+    /// Every route of the contract and every git request is answered no
+    /// sooner than this after it arrived (the dev API never waits), as by a
+    /// coordinator one round trip of this away; zero (the default): at once.
+    /// `--latency-ms`; what `bench/boot-latency` measures against.
+    pub latency: Duration,
 }
 
 impl Default for CoordinatorOptions {
@@ -187,6 +193,7 @@ impl Default for CoordinatorOptions {
             instructions: None,
             long_poll: false,
             sessions: 1,
+            latency: Duration::ZERO,
         }
     }
 }
@@ -296,6 +303,7 @@ impl Coordinator {
                 dev_token,
                 long_poll: opts.long_poll,
                 repo,
+                latency: opts.latency,
             },
             state: Mutex::new({
                 let mut s = state::State::new((!opts.start_idle).then_some(opts.task.as_str()));

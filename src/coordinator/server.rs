@@ -58,6 +58,8 @@ pub(crate) struct Config {
     /// Offer the long-poll of the session read (PROTOCOL.md 2.4).
     pub long_poll: bool,
     pub repo: BareRepo,
+    /// [`super::CoordinatorOptions::latency`].
+    pub latency: Duration,
 }
 
 /// What the handler shares: settings, state, and a signal for waiters.
@@ -362,11 +364,13 @@ async fn handle(
             },
             body_len,
             response_status: None,
+            answered_at_ms: None,
             fault: fault.clone(),
         });
         (st.requests.len() - 1, fault)
     });
 
+    super::latency::answer_after(sh.cfg.latency, route).await;
     if let Some(ms) = fault.as_ref().and_then(|f| f.delay_ms) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
@@ -398,8 +402,10 @@ async fn handle(
 
     let status = answer.as_ref().map(|r| r.status().as_u16());
     sh.update(|st| {
+        let now = st.elapsed_ms();
         if let Some(r) = st.requests.get_mut(index) {
             r.response_status = status;
+            r.answered_at_ms = Some(now);
         }
     });
     tracing::debug!(

@@ -367,6 +367,10 @@ pub struct RecordedRequest {
     /// The status answered; `None` while in flight or when the connection was
     /// dropped by a `reset` fault.
     pub response_status: Option<u16>,
+    /// When the answer was ready (its status and headers; a git body streams
+    /// after it), on the clock of `at_ms`; `None` while in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answered_at_ms: Option<u64>,
     /// The fault applied to this request, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<Fault>,

@@ -15,6 +15,7 @@ mod hardening;
 mod harvest;
 mod image;
 mod instructions;
+mod latency;
 mod layers;
 mod network;
 mod long_poll;
