@@ -111,6 +111,10 @@ pub struct BootConfig {
     /// another user"); `None`: the agent runs as the runner's user. The same
     /// value is in `agent.user`.
     pub agent_user: Option<crate::agent_user::AgentUser>,
+    /// `--git-mirror-dir`: a directory of pre-warmed bare repositories
+    /// (`{dir}/{owner}/{name}.git`) a fresh clone copies its packs from,
+    /// fetching only what is new (PROTOCOL.md 3, "Git mirror").
+    pub git_mirror_dir: Option<PathBuf>,
 }
 
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
@@ -274,6 +278,7 @@ pub fn load(
         agent_api_allow,
         credential_mode: args.credential_mode,
         agent_user,
+        git_mirror_dir: args.git_mirror_dir.clone(),
     })
 }
 
@@ -523,6 +528,13 @@ pub struct RunArgs {
     /// runner running as root.
     #[arg(long, env = "HOSTED_BOOT_AGENT_USER", hide_env_values = true)]
     pub agent_user: Option<String>,
+    /// A directory of git mirrors (bare repositories the image or a volume
+    /// provides, `{dir}/{owner}/{name}.git`, as `git clone --mirror` makes
+    /// them): a fresh clone copies the mirror's packs and fetches only what
+    /// is new. A missing or unusable mirror falls back to a plain clone
+    /// (PROTOCOL.md 3, "Git mirror").
+    #[arg(long, env = "HOSTED_BOOT_GIT_MIRROR_DIR", hide_env_values = true)]
+    pub git_mirror_dir: Option<PathBuf>,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,
