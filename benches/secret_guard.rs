@@ -147,6 +147,7 @@ async fn harvest_once(with_secrets: bool) -> Duration {
         http: http.clone(),
         retry: hosted_boot::client::Policy::ONCE,
         owner: None,
+        git_mirror: None,
     })
     .await
     .unwrap();

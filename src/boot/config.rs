@@ -122,6 +122,10 @@ pub struct BootConfig {
     /// (PROTOCOL.md 3, "The platform's instructions"); the session's
     /// `instructions` win. Read when the boot starts.
     pub instructions_file: Option<PathBuf>,
+    /// `--git-mirror-dir`: a directory of pre-warmed bare repositories
+    /// (`{dir}/{owner}/{name}.git`) a fresh clone copies its packs from,
+    /// fetching only what is new (PROTOCOL.md 3, "Git mirror").
+    pub git_mirror_dir: Option<PathBuf>,
 }
 
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
@@ -316,6 +320,7 @@ pub fn load(
         setup,
         egress_canary,
         instructions_file,
+        git_mirror_dir: args.git_mirror_dir.clone(),
     })
 }
 
@@ -647,6 +652,13 @@ pub struct RunArgs {
     /// session's `instructions` win.
     #[arg(long, env = "HOSTED_BOOT_INSTRUCTIONS_FILE", hide_env_values = true)]
     pub instructions_file: Option<PathBuf>,
+    /// A directory of git mirrors (bare repositories the image or a volume
+    /// provides, `{dir}/{owner}/{name}.git`, as `git clone --mirror` makes
+    /// them): a fresh clone copies the mirror's packs and fetches only what
+    /// is new. A missing or unusable mirror falls back to a plain clone
+    /// (PROTOCOL.md 3, "Git mirror").
+    #[arg(long, env = "HOSTED_BOOT_GIT_MIRROR_DIR", hide_env_values = true)]
+    pub git_mirror_dir: Option<PathBuf>,
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,

@@ -832,6 +832,7 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
         http: harvester.http.clone(),
         retry: Policy::CLONE.scaled(config.timings.scale),
         owner: config.agent_user.clone(),
+        git_mirror: config.git_mirror_dir.clone(),
     };
     let branch = harvester.branch.as_str();
     let prepared = workspace::prepare_repo_async(spec).await?;

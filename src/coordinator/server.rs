@@ -255,6 +255,23 @@ fn fault_response(f: &Fault) -> Response {
     resp
 }
 
+/// A git answer whose body bytes are added to its record's
+/// `response_len` as they are streamed (a clone's transfer, for the
+/// benchmarks and the mirror's tests), each chunk counted before it is sent.
+fn counted(resp: Response, sh: Arc<Shared>, index: usize) -> Response {
+    let (parts, body) = resp.into_parts();
+    let stream = body.into_data_stream().map(move |chunk| {
+        if let Ok(bytes) = &chunk {
+            let mut st = sh.lock();
+            if let Some(r) = st.requests.get_mut(index) {
+                r.response_len += bytes.len() as u64;
+            }
+        }
+        chunk
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
 /// Space chunks the `padBytes` fault streams (never the whole pad at once).
 const PAD_CHUNK: usize = 64 * 1024;
 
@@ -366,6 +383,7 @@ async fn handle(
             response_status: None,
             answered_at_ms: None,
             fault: fault.clone(),
+            response_len: 0,
         });
         (st.requests.len() - 1, fault)
     });
@@ -416,6 +434,13 @@ async fn handle(
         "coordinator request"
     );
     match answer {
+        Some(resp) if route == Route::Git => {
+            let resp = match &fault {
+                Some(f) => shaped(resp, f),
+                None => resp,
+            };
+            counted(resp, sh.clone(), index)
+        }
         Some(resp) => match &fault {
             Some(f) => shaped(resp, f),
             None => resp,

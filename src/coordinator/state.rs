@@ -374,6 +374,11 @@ pub struct RecordedRequest {
     /// The fault applied to this request, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<Fault>,
+    /// For `git`: the bytes of the response body sent so far (what a clone
+    /// or fetch transferred, counted as each chunk is handed to the
+    /// connection); 0 for the API routes.
+    #[serde(default)]
+    pub response_len: u64,
 }
 
 impl RecordedRequest {

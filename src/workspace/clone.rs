@@ -8,7 +8,9 @@
 //! is reused (configuration rewritten, session branch fetched, work tree
 //! untouched; only one a killed clone left before its checkout, with an
 //! unborn `HEAD` and no file, is checked out); anything else there is an
-//! error.
+//! error. With a git mirror (`--git-mirror-dir`), a fresh clone first copies
+//! the mirror's packs and offers its tips as `have`s ([`super::mirror`]); a
+//! failure that may be the mirror's is done again without it.
 //!
 //! The clone is retried by the one retry engine of PROTOCOL.md section 2
 //! ([`Policy::CLONE`]: 4 attempts, backoff 1 s doubling to 8 s; a transfer that
@@ -61,6 +63,10 @@ pub struct RepoSpec {
     /// boot's) is reused acting as that user, never as root, since the
     /// agent may have planted anything in its `.git` (PROTOCOL.md 3).
     pub owner: Option<crate::agent_user::AgentUser>,
+    /// `--git-mirror-dir`: a fresh clone copies the packs of the mirror of
+    /// its URL there and fetches only what is new ([`super::mirror`]);
+    /// `None`, or no usable mirror: a plain clone.
+    pub git_mirror: Option<PathBuf>,
 }
 
 /// The result of [`prepare_repo`].
@@ -200,9 +206,27 @@ fn attempt(spec: &RepoSpec) -> Result<PreparedRepo, AttemptFailure> {
         found: why,
         expected: url.to_string(),
     })?;
-    let (repo, reused) = open_or_init(&path, url)?;
+    let (mut repo, reused) = open_or_init(&path, url)?;
+    let mirror = if reused {
+        None
+    } else {
+        super::mirror::for_clone(spec.git_mirror.as_deref(), url)
+    };
     let mut registration = None;
-    let result = finish_repo(spec, &repo, reused, &mut registration);
+    let mut result = finish_repo(spec, &repo, reused, mirror.as_deref(), &mut registration);
+    if let (Some(mirror), Err(error)) = (&mirror, &result) {
+        let transient = registration
+            .as_ref()
+            .is_some_and(super::RemoteRegistration::saw_transient_failure);
+        if super::mirror::falls_back(error, transient) {
+            tracing::warn!(mirror = %mirror.display(), error = %error, "the clone from the git mirror failed: plain clone");
+            drop(registration.take());
+            drop(repo);
+            remove_partial_clone(&path, existed);
+            repo = open_or_init(&path, url)?.0;
+            result = finish_repo(spec, &repo, false, None, &mut registration);
+        }
+    }
     let transient = registration
         .as_ref()
         .is_some_and(super::RemoteRegistration::saw_transient_failure);
@@ -246,6 +270,7 @@ fn finish_repo(
     spec: &RepoSpec,
     repo: &Repository,
     reused: bool,
+    mirror: Option<&Path>,
     registration: &mut Option<super::RemoteRegistration>,
 ) -> Result<git2::Oid, WorkspaceError> {
     let url = spec.remote_url.as_str();
@@ -262,7 +287,17 @@ fn finish_repo(
     if reused && !half_made {
         keep_last_seen(repo, &spec.branch).map_err(git_error("fetch", url))?;
     }
-    let oid = fetch_branch(repo, url, &spec.branch, !reused || half_made)?;
+    // Only a fresh clone borrows from a mirror: a reused repo/ has its own.
+    let seeded = match mirror {
+        Some(mirror) if !reused => super::mirror::seed(repo, mirror),
+        _ => false,
+    };
+    let fetched = fetch_branch(repo, url, &spec.branch, !reused || half_made);
+    // A killed boot's half-made clone may still hold them too.
+    if seeded || half_made {
+        super::mirror::drop_have_refs(repo);
+    }
+    let oid = fetched?;
     if !reused || half_made {
         check_out(repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
     }

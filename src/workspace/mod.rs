@@ -34,6 +34,7 @@ pub mod credential;
 pub mod harvest;
 mod local_branch;
 pub mod lock;
+pub mod mirror;
 mod push;
 mod recovery;
 mod remote;

@@ -571,6 +571,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
         http: http.clone(),
         retry: hosted_boot::client::Policy::ONCE,
         owner: None,
+        git_mirror: None,
     })
     .await
     .unwrap();

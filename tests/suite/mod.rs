@@ -19,6 +19,7 @@ mod latency;
 mod layers;
 mod network;
 mod long_poll;
+mod mirror;
 mod openapi;
 mod processes;
 mod real_clis;

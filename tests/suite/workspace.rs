@@ -89,6 +89,7 @@ impl Env {
             http: self.http.clone(),
             retry: hosted_boot::client::Policy::ONCE,
             owner: None,
+            git_mirror: None,
         }
     }
 
