@@ -304,6 +304,7 @@ fn spec() -> TurnSpec {
         extra_args: Vec::new(),
         opencode_port: None,
         timings: AgentTimings::default(),
+        instructions: None,
     }
 }
 

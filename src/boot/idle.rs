@@ -189,16 +189,20 @@ pub async fn after_turn(
     done: &HashSet<String>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<IdleEnd, IdleError> {
-    match signals::unless_stopped(stop, read(api, false, done)).await {
+    let timings = *api.timings();
+    // No entity tag yet: a long-poll coordinator answers this read at once.
+    let mut poll = LongPoll::new();
+    let delay = match signals::unless_stopped(stop, read(api, false, done, &mut poll)).await {
         Err(s) => return Ok(IdleEnd::Stopped(s)),
         Ok(Ok(Some(end))) => return Ok(end),
-        Ok(Ok(None)) => {}
+        Ok(Ok(None)) => poll.delay(timings.idle_poll, &timings),
         Ok(Err(ReadError::Fatal(e))) => return Err(e),
         Ok(Err(ReadError::Failed(why))) => {
             tracing::warn!(error = %why, "session read after the turn failed; waiting for a turn");
+            timings.idle_poll
         }
-    }
-    wait(api, false, done, stop).await
+    };
+    wait_from(api, false, done, stop, poll, delay).await
 }
 
 /// Waits for the next turn (4.2). `at_boot` applies the boot's stricter rule
@@ -211,10 +215,22 @@ pub async fn wait(
     done: &HashSet<String>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<IdleEnd, IdleError> {
+    let idle_poll = api.timings().idle_poll;
+    wait_from(api, at_boot, done, stop, LongPoll::new(), idle_poll).await
+}
+
+/// [`wait`] from a long-poll state already begun, its first read after
+/// `delay`.
+async fn wait_from(
+    api: &Api,
+    at_boot: bool,
+    done: &HashSet<String>,
+    stop: &mut watch::Receiver<Stop>,
+    mut poll: LongPoll,
+    mut delay: std::time::Duration,
+) -> Result<IdleEnd, IdleError> {
     let timings = *api.timings();
     let mut failures = 0u32;
-    let mut delay = timings.idle_poll;
-    let mut poll = LongPoll::new();
     loop {
         if let Err(s) = signals::unless_stopped(stop, tokio::time::sleep(delay)).await {
             return Ok(IdleEnd::Stopped(s));

@@ -112,14 +112,18 @@ impl Fleet {
             branch,
             client_info: c.client_info.clone(),
             connectors: c.connectors.clone(),
+            setup_connectors: c.setup_connectors.clone(),
             redact_vars: c.redact_vars.clone(),
             bearer_ttl: c.bearer_ttl,
+            clock_offset_s: c.clock_offset_s,
+            bearer_expires_in_s: c.bearer_expires_in_s,
             repo_token_ttl: c.repo_token_ttl,
             repo_token_expires_at: c.repo_token_expires_at,
             boot_secret: Secret::new(super::state::random_hex(32)),
             dev_token: c.dev_token.clone(),
             long_poll: c.long_poll,
             repo: c.repo.clone(),
+            latency: c.latency,
         };
         let task = (!start_idle).then_some(c.client_info.task.as_str());
         let sh = Arc::new(Shared {
