@@ -85,7 +85,9 @@ fn git_value(what: &str, value: &str) -> Result<(), CheckError> {
 /// transport prefix.
 pub fn repo_full_name(value: &str) -> Result<(), CheckError> {
     let parts: Vec<&str> = value.split('/').collect();
-    let each_safe = parts.iter().all(|p| path_safe_id("repoFullName", p).is_ok());
+    let each_safe = parts
+        .iter()
+        .all(|p| path_safe_id("repoFullName", p).is_ok());
     if parts.len() != 2 || !each_safe {
         return Err(fail(
             "repoFullName",

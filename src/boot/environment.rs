@@ -81,12 +81,14 @@ fn check_connectors(connectors: &[crate::wire::Connector]) -> Result<(), Reserve
                     .then_some("to a value holding a NUL byte, which no environment can carry")
             })
             .or_else(|| {
-                (size > MAX_CONNECTOR_BYTES)
-                    .then_some("to a value over 128 KiB (NAME=value, the kernel's limit for one variable)")
+                (size > MAX_CONNECTOR_BYTES).then_some(
+                    "to a value over 128 KiB (NAME=value, the kernel's limit for one variable)",
+                )
             })
             .or_else(|| {
-                (total > MAX_CONNECTORS_TOTAL_BYTES)
-                    .then_some("past the 1 MiB all connectors may take together (NAME=value of each)")
+                (total > MAX_CONNECTORS_TOTAL_BYTES).then_some(
+                    "past the 1 MiB all connectors may take together (NAME=value of each)",
+                )
             });
         if let Some(why) = why {
             return Err(ReservedConnector {
@@ -110,10 +112,12 @@ pub fn apply_bundle(
     redactor: &Redactor,
 ) -> Result<AppliedBundle, ReservedConnector> {
     check_connectors(&bundle.connectors)?;
+    let values: Vec<&Secret> = bundle.connectors.iter().map(|c| &c.value).collect();
+    let redacted = redactor.add_many(&values, SecretKind::Configured);
     let mut connectors = Vec::new();
-    for c in bundle.connectors {
+    for (c, redacted) in bundle.connectors.into_iter().zip(redacted) {
         let value = c.value;
-        if !redactor.add(&value, SecretKind::Configured) && !value.expose().is_empty() {
+        if !redacted && !value.expose().is_empty() {
             tracing::warn!(variable = %c.env_var, "connector value shorter than 6 bytes is not redacted");
         }
         connectors.push((c.env_var, value));
@@ -275,7 +279,10 @@ mod tests {
     fn a_name_twice_a_nul_and_oversized_values_are_refused() {
         let r = Redactor::new();
         let cases: [(&[(&str, &str)], &str); 2] = [
-            (&[("A_KEY", "value-one-1"), ("A_KEY", "value-two-2")], "more than once"),
+            (
+                &[("A_KEY", "value-one-1"), ("A_KEY", "value-two-2")],
+                "more than once",
+            ),
             (&[("A_KEY", "before\0after")], "NUL"),
         ];
         for (connectors, why) in cases {

@@ -306,7 +306,10 @@ async fn merged(resp: Response, fields: &serde_json::Map<String, Value>) -> Resp
 
 /// `fields` into `object`: objects member by member at any depth, any other
 /// value replacing what was there.
-fn merge_into(object: &mut serde_json::Map<String, Value>, fields: &serde_json::Map<String, Value>) {
+fn merge_into(
+    object: &mut serde_json::Map<String, Value>,
+    fields: &serde_json::Map<String, Value>,
+) {
     for (k, v) in fields {
         match (object.get_mut(k), v) {
             (Some(Value::Object(inner)), Value::Object(more)) => merge_into(inner, more),

@@ -351,7 +351,9 @@ impl Fault {
             return Err("resetMidBody and mergeFields are not supported on the git route".into());
         }
         if self.reset_mid_body && self.reset {
-            return Err("reset drops the connection before any byte: it takes no resetMidBody".into());
+            return Err(
+                "reset drops the connection before any byte: it takes no resetMidBody".into(),
+            );
         }
         if !self.reset
             && !self.replaces()
