@@ -342,6 +342,45 @@ impl Redactor {
         true
     }
 
+    /// [`Redactor::add`] for many secrets of one `kind` at once: the
+    /// automaton is built once for all of them, not once per value (an env
+    /// bundle of 10,000 connectors, PROTOCOL.md 2.3). Returns, for each
+    /// secret in order, whether it is redacted (see [`Redactor::add`]).
+    pub fn add_many(&self, secrets: &[&Secret], kind: SecretKind) -> Vec<bool> {
+        let mut state = crate::sync::write(&self.shared.state);
+        let before = state.patterns.len();
+        let mut known: std::collections::HashSet<Vec<u8>> =
+            state.patterns.iter().cloned().collect();
+        let mut added = Vec::with_capacity(secrets.len());
+        for secret in secrets {
+            let value = secret.expose();
+            if value.is_empty()
+                || (kind == SecretKind::Configured && value.len() < MIN_REDACTED_LEN)
+            {
+                added.push(false);
+                continue;
+            }
+            for form in forms(value) {
+                if known.insert(form.clone()) {
+                    state.patterns.push(form);
+                }
+            }
+            added.push(true);
+        }
+        if state.patterns.len() != before {
+            match Matcher::build(&state.patterns) {
+                Ok(matcher) => {
+                    state.matcher = Some(Arc::new(matcher));
+                    self.shared.generation.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, patterns = state.patterns.len(), "cannot build the redaction automaton; the newest secrets are not redacted");
+                }
+            }
+        }
+        added
+    }
+
     /// Registers a source polled before each redaction (see
     /// [`SecretSource`]); its values are added as [`SecretKind::Credential`].
     pub fn add_source(&self, source: SecretSource) {

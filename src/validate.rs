@@ -79,6 +79,25 @@ fn git_value(what: &str, value: &str) -> Result<(), CheckError> {
     Ok(())
 }
 
+/// The repository of a repo token's `repoFullName` (2.5), from which the
+/// clone URL is built: `owner/name`, each a path-safe id (section 5), so
+/// the URL can hold no traversal, control character, leading `-` or
+/// transport prefix.
+pub fn repo_full_name(value: &str) -> Result<(), CheckError> {
+    let parts: Vec<&str> = value.split('/').collect();
+    let each_safe = parts
+        .iter()
+        .all(|p| path_safe_id("repoFullName", p).is_ok());
+    if parts.len() != 2 || !each_safe {
+        return Err(fail(
+            "repoFullName",
+            value,
+            "must be owner/name, each 1 to 128 characters of A-Z a-z 0-9 . _ -, not . or .., not starting with -",
+        ));
+    }
+    Ok(())
+}
+
 /// Git value check for a branch (section 5): a git value that is also a valid
 /// branch name by `git check-ref-format --branch` rules.
 pub fn git_branch(what: &str, value: &str) -> Result<(), CheckError> {

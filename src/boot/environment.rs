@@ -65,23 +65,73 @@ pub struct AppliedBundle {
     pub injected: String,
 }
 
+/// The longest `NAME=value` one connector may make, in bytes, its
+/// terminating NUL included: the kernel's `MAX_ARG_STRLEN` (32 pages),
+/// past which `execve` fails with `E2BIG` (PROTOCOL.md 2.3).
+pub const MAX_CONNECTOR_BYTES: usize = 128 * 1024;
+
+/// The most bytes all connectors together may make (each `NAME=value` and
+/// its NUL): 1 MiB, half of the usual 2 MiB `execve` allows for argv and
+/// environment together, leaving the rest to the runner's environment, the
+/// contract's variables and the agent's arguments (PROTOCOL.md 2.3).
+pub const MAX_CONNECTORS_TOTAL_BYTES: usize = 1024 * 1024;
+
+/// The checks of [`apply_bundle`] on every connector, before any value
+/// reaches the redactor: the first refused one.
+fn check_connectors(connectors: &[crate::wire::Connector]) -> Result<(), ReservedConnector> {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0usize;
+    for c in connectors {
+        let size = c.env_var.len() + c.value.expose().len() + 2;
+        total = total.saturating_add(size);
+        let why = refusal(&c.env_var)
+            .or_else(|| {
+                (!seen.insert(c.env_var.clone()))
+                    .then_some("more than once (each connector name must be unique)")
+            })
+            .or_else(|| {
+                c.value
+                    .expose()
+                    .contains('\0')
+                    .then_some("to a value holding a NUL byte, which no environment can carry")
+            })
+            .or_else(|| {
+                (size > MAX_CONNECTOR_BYTES).then_some(
+                    "to a value over 128 KiB (NAME=value, the kernel's limit for one variable)",
+                )
+            })
+            .or_else(|| {
+                (total > MAX_CONNECTORS_TOTAL_BYTES).then_some(
+                    "past the 1 MiB all connectors may take together (NAME=value of each)",
+                )
+            });
+        if let Some(why) = why {
+            return Err(ReservedConnector {
+                name: c.env_var.clone(),
+                why,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Checks and applies an env bundle against the runner's environment.
 ///
-/// Errors: the first reserved or invalid connector name.
+/// Errors: the first reserved or invalid connector name, a name set twice,
+/// a value holding a NUL byte, a connector over [`MAX_CONNECTOR_BYTES`] or
+/// all of them over [`MAX_CONNECTORS_TOTAL_BYTES`] (each before any agent
+/// is spawned: the boot fails at step 3).
 pub fn apply_bundle(
     bundle: EnvBundle,
     base_env: &[(OsString, OsString)],
     redactor: &Redactor,
 ) -> Result<AppliedBundle, ReservedConnector> {
+    check_connectors(&bundle.connectors)?;
+    let values: Vec<&Secret> = bundle.connectors.iter().map(|c| &c.value).collect();
+    let redacted = redactor.add_many(&values, SecretKind::Configured);
     let mut connectors = Vec::new();
     let mut setup_only = Vec::new();
-    for c in bundle.connectors {
-        if let Some(why) = refusal(&c.env_var) {
-            return Err(ReservedConnector {
-                name: c.env_var,
-                why,
-            });
-        }
+    for (c, redacted) in bundle.connectors.into_iter().zip(redacted) {
         let for_setup = match setup_scoped(c.scope.as_deref()) {
             Ok(s) => s,
             Err(why) => {
@@ -92,7 +142,7 @@ pub fn apply_bundle(
             }
         };
         let value = c.value;
-        if !redactor.add(&value, SecretKind::Configured) && !value.expose().is_empty() {
+        if !redacted && !value.expose().is_empty() {
             tracing::warn!(variable = %c.env_var, "connector value shorter than 6 bytes is not redacted");
         }
         if for_setup {
@@ -242,6 +292,49 @@ mod tests {
         let applied = apply_bundle(bundle, &base, &r).unwrap();
         assert_eq!(applied.injected, "A,B,C,SECRET_IN_ENV");
         assert_eq!(r.redact("zzzzzzzz value-c-long"), "[REDACTED] [REDACTED]");
+    }
+
+    fn bundle(connectors: &[(&str, &str)]) -> EnvBundle {
+        EnvBundle {
+            connectors: connectors
+                .iter()
+                .map(|(n, v)| Connector {
+                    env_var: (*n).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            redact_vars: vec![],
+        }
+    }
+
+    #[test]
+    fn a_name_twice_a_nul_and_oversized_values_are_refused() {
+        let r = Redactor::new();
+        let cases: [(&[(&str, &str)], &str); 2] = [
+            (
+                &[("A_KEY", "value-one-1"), ("A_KEY", "value-two-2")],
+                "more than once",
+            ),
+            (&[("A_KEY", "before\0after")], "NUL"),
+        ];
+        for (connectors, why) in cases {
+            let e = apply_bundle(bundle(connectors), &[], &r).unwrap_err();
+            assert!(e.to_string().contains(why), "{e}");
+            assert!(!e.to_string().contains("after"), "{e}");
+        }
+        // Exactly at the limit, one is fine; a byte more is not. (The
+        // checks alone: adding values this large to the redactor is slow
+        // in a debug build.)
+        let fits = "x".repeat(MAX_CONNECTOR_BYTES - "BIG_0".len() - 2);
+        assert!(check_connectors(&bundle(&[("BIG_0", &fits)]).connectors).is_ok());
+        let big = format!("{fits}x");
+        let e = check_connectors(&bundle(&[("BIG_0", &big)]).connectors).unwrap_err();
+        assert!(e.to_string().contains("128 KiB"), "{e}");
+        let names: Vec<String> = (0..9).map(|i| format!("BIG_{i}")).collect();
+        let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), fits.as_str())).collect();
+        assert!(check_connectors(&bundle(&many[..8]).connectors).is_ok());
+        let e = check_connectors(&bundle(&many).connectors).unwrap_err();
+        assert!(e.to_string().contains("1 MiB") && e.name == "BIG_8", "{e}");
     }
 
     #[test]

@@ -921,6 +921,21 @@ async fn report_fatal_turn(api: &Api, root: &Path, fatal: FatalInDrain) -> bool 
     let body = match seal {
         SealState::Sealed => None,
         SealState::Unknown(body) => Some(body),
+        // A verdict is never repeated: the run is sealed as the fatal path
+        // seals one, with the harvest the refused body reported.
+        SealState::Refused(refused) => Some(FinishBody {
+            status: RunOutcome::Failed,
+            agent_session_id: refused.agent_session_id,
+            error: Some(FinishError {
+                code: ErrorCode::RunnerError,
+                message: reason.clone(),
+                retryable: false,
+                retry_after_ms: None,
+                resets_at: None,
+            }),
+            usage: refused.usage,
+            result: refused.result,
+        }),
         SealState::NotSent => Some(FinishBody {
             status: RunOutcome::Failed,
             agent_session_id: None,

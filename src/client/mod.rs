@@ -645,12 +645,11 @@ pub fn repo_token_from(
         })?;
     } else {
         match &response.repo_full_name {
-            Some(name) if valid_full_name(name) => {}
             Some(name) => {
-                return Err(bad(
-                    call,
-                    &format!("repoFullName {name:?} is not owner/name"),
-                ));
+                crate::validate::repo_full_name(name).map_err(|source| CallError::Invalid {
+                    call: call.to_string(),
+                    source,
+                })?;
             }
             None => {
                 return Err(bad(
@@ -682,14 +681,6 @@ pub fn repo_token_from(
         repo_full_name: response.repo_full_name,
         artifacts_remote: response.artifacts_remote,
     })
-}
-
-fn valid_full_name(name: &str) -> bool {
-    let parts: Vec<&str> = name.split('/').collect();
-    parts.len() == 2
-        && parts
-            .iter()
-            .all(|p| crate::validate::path_safe_id("repoFullName part", p).is_ok())
 }
 
 /// A `401`/`403` of the agent-token pull as [`CallError::BootSecretRefused`].

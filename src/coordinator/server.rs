@@ -315,6 +315,65 @@ fn shaped(resp: Response, f: &Fault) -> Response {
     Response::from_parts(parts, Body::from_stream(stream))
 }
 
+/// The `mergeFields` fault: `fields` merged into the answer's JSON object
+/// ([`merge_into`]; an answer that is not one is sent unchanged).
+async fn merged(resp: Response, fields: &serde_json::Map<String, Value>) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_API_BODY).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let bytes = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(mut object)) => {
+            merge_into(&mut object, fields);
+            Bytes::from(Value::Object(object).to_string())
+        }
+        _ => bytes,
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(bytes))
+}
+
+/// `fields` into `object`: objects member by member at any depth, any other
+/// value replacing what was there.
+fn merge_into(
+    object: &mut serde_json::Map<String, Value>,
+    fields: &serde_json::Map<String, Value>,
+) {
+    for (k, v) in fields {
+        match (object.get_mut(k), v) {
+            (Some(Value::Object(inner)), Value::Object(more)) => merge_into(inner, more),
+            _ => {
+                object.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// The `resetMidBody` fault: the answer's status, headers and whole
+/// `Content-Length`, the first half of its body, then a reset of the
+/// connection (the client sees a body that fails, never a complete answer).
+async fn cut_mid_body(resp: Response, conn: ConnHandle) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    let half = bytes.slice(..bytes.len() / 2);
+    let first = futures_util::stream::iter([Ok::<Bytes, axum::Error>(half)]);
+    let reset = futures_util::stream::once(async move {
+        // Time for the first half to reach the wire before the reset.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        conn.kill();
+        Err(axum::Error::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset mid-body by an injected fault",
+        )))
+    });
+    Response::from_parts(parts, Body::from_stream(first.chain(reset)))
+}
+
 /// The one handler. Records the request (after reading an API body; git
 /// bodies are streamed and not recorded), applies a queued fault, dispatches.
 async fn handle(
@@ -442,7 +501,18 @@ async fn handle(
             counted(resp, sh.clone(), index)
         }
         Some(resp) => match &fault {
-            Some(f) => shaped(resp, f),
+            Some(f) => {
+                let resp = match &f.merge_fields {
+                    Some(fields) => merged(resp, fields).await,
+                    None => resp,
+                };
+                let resp = shaped(resp, f);
+                if f.reset_mid_body {
+                    cut_mid_body(resp, conn).await
+                } else {
+                    resp
+                }
+            }
             None => resp,
         },
         None => {

@@ -189,6 +189,18 @@ pub struct Fault {
     /// How many requests get the fault (at least 1; default 1).
     #[serde(default = "one")]
     pub count: u32,
+    /// Send the answer's status, headers (its `Content-Length` whole) and
+    /// the first half of its body (at least one byte, never all of it),
+    /// then drop the connection with a reset: a reset mid-body. Not for
+    /// `git`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reset_mid_body: bool,
+    /// Members merged into the answer's JSON object, objects member by
+    /// member at any depth, other values replacing (fields a newer
+    /// coordinator might send, or one bad value in an otherwise normal
+    /// answer). Not for `git`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_fields: Option<serde_json::Map<String, Value>>,
 }
 
 impl Fault {
@@ -205,6 +217,26 @@ impl Fault {
             pad_bytes: None,
             stall_ms: None,
             count: 1,
+            reset_mid_body: false,
+            merge_fields: None,
+        }
+    }
+
+    /// The normal answer cut after the first half of its body by a reset,
+    /// once (see [`Fault::reset_mid_body`]).
+    pub fn reset_mid_body(route: Route) -> Self {
+        Fault {
+            reset_mid_body: true,
+            ..Fault::new(route)
+        }
+    }
+
+    /// The normal answer with `fields` merged into its JSON object, once
+    /// (see [`Fault::merge_fields`]).
+    pub fn merge_fields(route: Route, fields: serde_json::Map<String, Value>) -> Self {
+        Fault {
+            merge_fields: Some(fields),
+            ..Fault::new(route)
         }
     }
 
@@ -315,11 +347,21 @@ impl Fault {
         if self.reset && self.replaces() {
             return Err("reset drops the connection: it takes no status or body".into());
         }
+        if (self.reset_mid_body || self.merge_fields.is_some()) && self.route == Route::Git {
+            return Err("resetMidBody and mergeFields are not supported on the git route".into());
+        }
+        if self.reset_mid_body && self.reset {
+            return Err(
+                "reset drops the connection before any byte: it takes no resetMidBody".into(),
+            );
+        }
         if !self.reset
             && !self.replaces()
             && self.delay_ms.is_none()
             && self.pad_bytes.is_none()
             && self.stall_ms.is_none()
+            && !self.reset_mid_body
+            && self.merge_fields.is_none()
         {
             return Err("a fault needs reset, status, body, delayMs, padBytes or stallMs".into());
         }

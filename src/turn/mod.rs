@@ -105,6 +105,10 @@ pub enum SealState {
     NotSent,
     /// A `finish` was sent but its outcome is unknown: resend the same body.
     Unknown(FinishBody),
+    /// A `finish` was refused with a verdict (a `4xx`, PROTOCOL.md 2): never
+    /// repeated; the fatal path seals the run `failed` (`runner_error`)
+    /// instead, with this body's harvest result (4 step 7).
+    Refused(FinishBody),
     /// The run is sealed.
     Sealed,
 }
@@ -657,7 +661,11 @@ impl<'a> Turn<'a> {
                 return Err(Early::Stopped);
             }
             Some(Err(e)) => {
-                self.seal = SealState::Unknown(body);
+                self.seal = if e.verdict_status().is_some() {
+                    SealState::Refused(body)
+                } else {
+                    SealState::Unknown(body)
+                };
                 self.events_delivered = report.undelivered() == 0;
                 return Err(Early::Failed(format!("finish was not acknowledged: {e}")));
             }

@@ -10,11 +10,6 @@
 //! `coordinator faults: session read, 503`); `must` is what the runner must
 //! do; `test` is the test's path (`suite::…::name`).
 
-#![allow(
-    dead_code,
-    reason = "used by the matrix tests as they land (issue 15)"
-)]
-
 use std::io::Write;
 use std::path::PathBuf;
 
