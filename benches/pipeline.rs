@@ -113,7 +113,8 @@ fn corpus(
 
 /// The path agent output takes in the runner (`agent::drive`): the reader's
 /// `ChannelSink` (streaming redaction, framing, a bounded channel of 4
-/// reads) and the `command` adapter's task (`agent::command::lines_to_events`:
+/// reads; the drive's per-line observer, which stamps the watchdog's output
+/// clock) and the `command` adapter's task (`agent::command::lines_to_events`:
 /// map the queued lines, redact by value, number, append to the spool in one
 /// write), on a two-worker runtime.
 fn run_drive_path(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
@@ -132,8 +133,14 @@ fn run_drive_path(redactor: &Redactor, input: &[u8]) -> (Duration, u64) {
             let mut lines = hosted_boot::process::output::LineReceiver::new(rx);
             hosted_boot::agent::command::lines_to_events(&mut lines, &events).await;
         });
+        // What `agent::drive`'s observer does per line: the watchdog's
+        // output clock is stamped under its lock (stdout: no stderr tail).
+        let clock = std::sync::Arc::new(std::sync::Mutex::new(Instant::now()));
+        let observe = move |_: Stream, _: &_| {
+            *clock.lock().unwrap() = Instant::now();
+        };
         let start = Instant::now();
-        let mut sink = ChannelSink::new(Stream::Stdout, redactor, |_: Stream, _: &_| {}, tx);
+        let mut sink = ChannelSink::new(Stream::Stdout, redactor, observe, tx);
         for chunk in input.chunks(READ_BYTES) {
             sink.write(chunk);
             sink.ready().await;

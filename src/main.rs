@@ -124,6 +124,25 @@ fn harden() -> Result<(), String> {
     })
 }
 
+/// Malloc arenas (glibc's `M_ARENA_MAX`): glibc gives each thread that
+/// allocates an arena of its own, up to eight per core, each keeping what
+/// it freed; the runner's threads allocate little and rarely at once (the
+/// output pipeline's reader and adapter are the two that do, one per
+/// worker). Two arenas held the figures of BENCHMARKS.md ("Resident cost",
+/// "Event throughput"). An explicit `MALLOC_ARENA_MAX` wins.
+const MALLOC_ARENAS: i32 = 2;
+
+/// Limits malloc's arenas ([`MALLOC_ARENAS`]); before any thread exists.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets a malloc parameter; no thread runs yet.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Nothing may start a thread before this line.
     if let Err(e) = harden() {
@@ -131,6 +150,7 @@ fn main() -> ExitCode {
         eprintln!("hosted-boot: {e}");
         return ExitCode::from(2);
     }
+    limit_malloc_arenas();
     let handed = reaper::take_handed_secret();
     let (env, env_secret) = take_boot_secret();
     close_inherited_fds_on_exec();
@@ -217,16 +237,40 @@ fn run(args: RunArgs, env: BTreeMap<OsString, OsString>, boot_secret: Option<Sec
             return 2;
         }
     };
-    with_runtime(|| boot::run(config))
+    with_runtime_of(Some(RUNNER_WORKERS), || boot::run(config))
 }
+
+/// The runner's runtime worker threads. Its concurrency is a handful of
+/// tasks (the turn's output reader and adapter, the event sender, the
+/// interrupt watch, the credential broker, the API proxy), and blocking
+/// work (git, waits on the agent) runs on the blocking pool, so two workers
+/// let the output pipeline's halves use two cores while one task is busy;
+/// tokio's default, one worker per CPU the process may use, would start
+/// one thread (a stack, a malloc arena) per core of a large host
+/// (BENCHMARKS.md, "Resident cost").
+const RUNNER_WORKERS: usize = 2;
 
 fn with_runtime<F, Fut>(f: F) -> i32
 where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = i32>,
 {
+    with_runtime_of(None, f)
+}
+
+/// [`with_runtime`] with `workers` runtime worker threads (tokio's default
+/// when `None`).
+fn with_runtime_of<F, Fut>(workers: Option<usize>, f: F) -> i32
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = i32>,
+{
     hosted_boot::agent_user::remember_starting_identity();
-    match tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        builder.worker_threads(n);
+    }
+    match builder
         .enable_all()
         // A thread born of one acting as the agent user starts as root.
         .on_thread_start(hosted_boot::agent_user::reset_thread_identity)

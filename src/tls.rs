@@ -3,8 +3,19 @@
 //! named by `HOSTED_BOOT_CA_FILE`, plus a bundled root set when the system
 //! has none. One client serves the coordinator calls, the clone and the
 //! credential helper, so they trust the same roots.
+//!
+//! The system store is read once per process ([`system_roots`]) and from one
+//! bundle file where the system has one (Debian's
+//! `/etc/ssl/certs/ca-certificates.crt`, and the other files OpenSSL looks
+//! for): reading every file of the CA directory as well (what
+//! `rustls-native-certs` does) cost about half the start-up to the first
+//! request (BENCHMARKS.md, "Resident cost"), and the directory holds the
+//! same certificates as the bundle on every distribution that has both.
+//! The directory is read when there is no bundle file; `SSL_CERT_FILE` and
+//! `SSL_CERT_DIR`, when set, are read as given.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use anyhow::{Context, bail};
 
@@ -36,6 +47,45 @@ pub fn read_ca_file(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
     Ok(certs)
 }
 
+/// The system's trust roots (DER), read once per process: `SSL_CERT_FILE`
+/// and `SSL_CERT_DIR` when either is set (as given); otherwise the first
+/// bundle file OpenSSL's probe finds, or, when there is none (or it holds
+/// no certificate), the CA directories. Empty when the system has no store.
+pub fn system_roots() -> &'static [rustls::pki_types::CertificateDer<'static>] {
+    static ROOTS: OnceLock<Vec<rustls::pki_types::CertificateDer<'static>>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let from_env = std::env::var_os("SSL_CERT_FILE").is_some()
+            || std::env::var_os("SSL_CERT_DIR").is_some();
+        if from_env {
+            return rustls_native_certs::load_native_certs().certs;
+        }
+        let probe = openssl_probe::probe();
+        load_roots(probe.cert_file.as_deref(), &probe.cert_dir)
+    })
+}
+
+/// The certificates of `file` if it holds any, else those of the files in
+/// `dirs` (unreadable or malformed entries skipped, as the system store's
+/// loader does).
+fn load_roots(
+    file: Option<&Path>,
+    dirs: &[PathBuf],
+) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    if let Some(file) = file {
+        let certs = rustls_native_certs::load_certs_from_paths(Some(file), None).certs;
+        if !certs.is_empty() {
+            return certs;
+        }
+    }
+    let mut certs: Vec<_> = dirs
+        .iter()
+        .flat_map(|dir| rustls_native_certs::load_certs_from_paths(None, Some(dir)).certs)
+        .collect();
+    certs.sort_unstable_by(|a, b| a.as_ref().cmp(b.as_ref()));
+    certs.dedup();
+    certs
+}
+
 /// Builds the HTTP client: no redirects (a 3xx is a verdict, PROTOCOL.md
 /// section 2), rustls, the roots described in the module docs.
 ///
@@ -54,29 +104,103 @@ pub fn http_client_with(
     customize: impl Fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
 ) -> anyhow::Result<reqwest::Client> {
     install_crypto_provider();
-    let extra = match ca_file {
-        Some(path) => read_ca_file(path)?,
-        None => Vec::new(),
+    let system = system_roots();
+    let mut roots: Vec<reqwest::Certificate> = if system.is_empty() {
+        // A sandbox without a CA store: the bundled roots.
+        webpki_root_certs::TLS_SERVER_ROOT_CERTS
+            .iter()
+            .filter_map(|der| reqwest::Certificate::from_der(der).ok())
+            .collect()
+    } else {
+        system
+            .iter()
+            .filter_map(|der| reqwest::Certificate::from_der(der).ok())
+            .collect()
     };
-    let builder = || {
-        customize(
-            reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .user_agent(concat!("hosted-boot/", env!("CARGO_PKG_VERSION")))
-                .tls_certs_merge(extra.clone()),
-        )
-    };
-    match builder().build() {
-        Ok(client) => Ok(client),
-        // A sandbox without a CA store: fall back to the bundled roots.
-        Err(_) => {
-            let bundled = webpki_root_certs::TLS_SERVER_ROOT_CERTS
-                .iter()
-                .filter_map(|der| reqwest::Certificate::from_der(der).ok());
-            builder()
-                .tls_certs_merge(bundled)
-                .build()
-                .context("cannot set up TLS for the HTTP client")
+    if let Some(path) = ca_file {
+        roots.extend(read_ca_file(path)?);
+    }
+    customize(
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("hosted-boot/", env!("CARGO_PKG_VERSION")))
+            .tls_certs_only(roots),
+    )
+    .build()
+    .context("cannot set up TLS for the HTTP client")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PEM file of the bundled roots `pick` selects.
+    fn pem(path: &Path, pick: impl Fn(usize) -> bool) -> Vec<Vec<u8>> {
+        use base64::Engine;
+        let mut text = String::new();
+        let mut picked = Vec::new();
+        for (i, der) in webpki_root_certs::TLS_SERVER_ROOT_CERTS.iter().enumerate() {
+            if pick(i) {
+                let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+                text.push_str("-----BEGIN CERTIFICATE-----\n");
+                for line in b64.as_bytes().chunks(64) {
+                    text.push_str(std::str::from_utf8(line).unwrap());
+                    text.push('\n');
+                }
+                text.push_str("-----END CERTIFICATE-----\n");
+                picked.push(der.as_ref().to_vec());
+            }
         }
+        std::fs::write(path, text).unwrap();
+        picked
+    }
+
+    fn ders(certs: &[rustls::pki_types::CertificateDer<'static>]) -> Vec<Vec<u8>> {
+        let mut v: Vec<Vec<u8>> = certs.iter().map(|c| c.as_ref().to_vec()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn the_bundle_file_is_read_and_the_directory_is_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("certs");
+        std::fs::create_dir(&dir).unwrap();
+        let mut in_bundle = pem(&tmp.path().join("bundle.crt"), |i| i < 3);
+        pem(&dir.join("only-in-dir.pem"), |i| i == 5);
+        let roots = load_roots(Some(&tmp.path().join("bundle.crt")), &[dir]);
+        in_bundle.sort();
+        assert_eq!(ders(&roots), in_bundle);
+    }
+
+    #[test]
+    fn without_a_bundle_file_the_directory_is_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("certs");
+        std::fs::create_dir(&dir).unwrap();
+        let mut a = pem(&dir.join("a.pem"), |i| i == 1);
+        let b = pem(&dir.join("b.pem"), |i| i == 2);
+        std::fs::write(tmp.path().join("empty.crt"), "").unwrap();
+        a.extend(b);
+        a.sort();
+        // A missing bundle file, and one that holds no certificate.
+        assert_eq!(ders(&load_roots(None, std::slice::from_ref(&dir))), a);
+        assert_eq!(
+            ders(&load_roots(
+                Some(&tmp.path().join("empty.crt")),
+                std::slice::from_ref(&dir)
+            )),
+            a
+        );
+    }
+
+    #[test]
+    fn the_client_builds_with_the_system_roots_and_a_ca_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        pem(&tmp.path().join("ca.pem"), |i| i == 0);
+        assert!(http_client(None).is_ok());
+        assert!(http_client(Some(&tmp.path().join("ca.pem"))).is_ok());
+        // A second call reads no file: the same roots.
+        assert_eq!(system_roots().as_ptr(), system_roots().as_ptr());
     }
 }
