@@ -301,6 +301,7 @@ mod tests {
                 .map(|(n, v)| Connector {
                     env_var: (*n).into(),
                     value: (*v).into(),
+                    scope: None,
                 })
                 .collect(),
             redact_vars: vec![],

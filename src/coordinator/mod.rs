@@ -34,8 +34,8 @@ mod conn;
 mod dev;
 mod fleet;
 mod git;
-mod long_poll;
 mod latency;
+mod long_poll;
 mod server;
 mod state;
 
