@@ -65,7 +65,8 @@ echo '{"type":"message","text":"done"}'
         "the runner's score is -900 (with CAP_SYS_RESOURCE; else kept and logged), the agent's and its children's 1000",
         "suite::self_protection::the_oom_killer_would_take_the_agent_not_the_runner",
         &[
-            ("processes_checked", 3),
+            // The scores read: the agent's, its tool's and the runner's.
+            ("inputs_tried", [agent, tool, runner_score].len() as u64),
             (
                 "wrong_scores",
                 u64::from(agent != 1000)
