@@ -81,9 +81,13 @@ pub const MAX_CONNECTORS_TOTAL_BYTES: usize = 1024 * 1024;
 fn check_connectors(connectors: &[crate::wire::Connector]) -> Result<(), ReservedConnector> {
     let mut seen = std::collections::HashSet::new();
     let mut total = 0usize;
+    // `ORIZU_INJECTED_ENV_VARS=` and the names joined with commas: one
+    // variable, under the same kernel limit as each connector.
+    let mut names = "ORIZU_INJECTED_ENV_VARS=".len() + 1;
     for c in connectors {
         let size = c.env_var.len() + c.value.expose().len() + 2;
         total = total.saturating_add(size);
+        names = names.saturating_add(c.env_var.len() + 1);
         let why = refusal(&c.env_var)
             .or_else(|| {
                 (!seen.insert(c.env_var.clone()))
@@ -98,6 +102,11 @@ fn check_connectors(connectors: &[crate::wire::Connector]) -> Result<(), Reserve
             .or_else(|| {
                 (size > MAX_CONNECTOR_BYTES).then_some(
                     "to a value over 128 KiB (NAME=value, the kernel's limit for one variable)",
+                )
+            })
+            .or_else(|| {
+                (names > MAX_CONNECTOR_BYTES).then_some(
+                    "past the 128 KiB the connectors' names may take together (ORIZU_INJECTED_ENV_VARS lists them in one variable)",
                 )
             })
             .or_else(|| {
@@ -336,6 +345,23 @@ mod tests {
         assert!(check_connectors(&bundle(&many[..8]).connectors).is_ok());
         let e = check_connectors(&bundle(&many).connectors).unwrap_err();
         assert!(e.to_string().contains("1 MiB") && e.name == "BIG_8", "{e}");
+    }
+
+    /// 10,000 connectors of small values but 20-byte names: each is within
+    /// its limits, but `ORIZU_INJECTED_ENV_VARS` would pass the kernel's
+    /// 128 KiB for one variable and every spawn would fail `E2BIG`; refused
+    /// here, before any spawn. 10,000 short names fit.
+    #[test]
+    fn names_that_would_overflow_the_injected_list_are_refused_before_any_spawn() {
+        let long: Vec<String> = (0..10_000)
+            .map(|i| format!("CONNECTOR_{i:05}_LONGX"))
+            .collect();
+        let c: Vec<(&str, &str)> = long.iter().map(|n| (n.as_str(), "v")).collect();
+        let e = check_connectors(&bundle(&c).connectors).unwrap_err();
+        assert!(e.to_string().contains("ORIZU_INJECTED_ENV_VARS"), "{e}");
+        let short: Vec<String> = (0..10_000).map(|i| format!("C_{i:05}")).collect();
+        let c: Vec<(&str, &str)> = short.iter().map(|n| (n.as_str(), "v")).collect();
+        assert!(check_connectors(&bundle(&c).connectors).is_ok());
     }
 
     #[test]

@@ -252,7 +252,9 @@ async fn wait_from(
                 if at_boot && failures >= BOOT_MAX_FAILED_READS {
                     return Err(IdleError::TooManyFailures(why));
                 }
-                delay = (delay * 2).min(timings.idle_backoff_cap);
+                // From the tick, never from a held read's (near-zero) gap:
+                // a failing coordinator is backed off, not hammered.
+                delay = (delay.max(timings.idle_poll) * 2).min(timings.idle_backoff_cap);
             }
         }
     }

@@ -158,7 +158,7 @@ pub fn falls_back(error: &WorkspaceError, transient: bool) -> bool {
 /// loose refs under `refs/heads/` (which win), at most [`MAX_TIPS`].
 fn branch_tips(mirror: &Path) -> Result<Vec<Oid>, String> {
     let mut tips: Vec<(String, Oid)> = Vec::new();
-    match std::fs::read_to_string(mirror.join("packed-refs")) {
+    match read_ref_file(&mirror.join("packed-refs"), MAX_PACKED_REFS) {
         Ok(text) => {
             for line in text.lines() {
                 if line.starts_with('#') || line.starts_with('^') {
@@ -188,6 +188,36 @@ fn branch_tips(mirror: &Path) -> Result<Vec<Oid>, String> {
     Ok(oids)
 }
 
+/// Bound on a mirror's `packed-refs`, in bytes (64 MiB: millions of refs).
+const MAX_PACKED_REFS: u64 = 64 << 20;
+/// Bound on a loose ref file, in bytes (an id, or `ref: …`, and a newline).
+const MAX_LOOSE_REF: u64 = 4096;
+
+/// The text of a ref file of the mirror: a regular file (no link followed,
+/// so a FIFO or `/dev/zero` behind a link cannot block or fill the runner)
+/// of at most `cap` bytes.
+///
+/// Errors: not a regular file, over `cap`, or unreadable (`NotFound` when
+/// absent).
+fn read_ref_file(path: &Path, cap: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    if meta.len() > cap {
+        return Err(std::io::Error::other(format!("over {cap} bytes")));
+    }
+    let mut text = String::new();
+    file.take(cap).read_to_string(&mut text)?;
+    Ok(text)
+}
+
 fn loose_refs(
     dir: &Path,
     prefix: &str,
@@ -211,7 +241,7 @@ fn loose_refs(
         if kind.is_dir() {
             loose_refs(&entry.path(), &full, out, depth + 1)?;
         } else if kind.is_file()
-            && let Ok(text) = std::fs::read_to_string(entry.path())
+            && let Ok(text) = read_ref_file(&entry.path(), MAX_LOOSE_REF)
             && let Ok(oid) = Oid::from_str(text.trim())
         {
             out.push((full, oid));

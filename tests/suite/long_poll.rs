@@ -334,3 +334,59 @@ async fn a_fleet_serves_each_runner_its_own_session() {
         assert_eq!(status.code(), Some(0), "{output}");
     }
 }
+
+/// A session read that fails right after a held one (the break found by a
+/// tester: the gap after a held read is near zero, and doubling zero is
+/// zero, so ten failed reads came within milliseconds and the boot died).
+/// The failed reads are backed off from the tick (PROTOCOL.md 2.4: "after
+/// a failed read, it waits the tick (or the idle backoff)"): each comes at
+/// least a tick after the one before, and the runner carries on.
+#[tokio::test]
+async fn failed_reads_after_a_held_read_are_backed_off_from_the_tick() {
+    use hosted_boot::coordinator::Fault;
+    let sb = Sandbox::start(CoordinatorOptions {
+        long_poll: true,
+        start_idle: true,
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let mut runner = sb.runner(&sb.script(r#"echo '{"type":"message","text":"done"}'"#));
+    // 250 ms ticks, `Prefer: wait=1.5`.
+    runner.env("HOSTED_BOOT_TEST_TIME_SCALE", "0.05");
+    let child = runner.spawn().unwrap();
+    wait_held(&sb.coordinator, |r| {
+        r.header("x-orizu-hosted-poll").is_none()
+    })
+    .await;
+    // The read in flight is held to its end (304); the next four fail.
+    sb.coordinator
+        .add_fault(Fault::status(Route::Session, 503).times(4))
+        .unwrap();
+    let snap = sb
+        .coordinator
+        .wait_for(WAIT, |s| {
+            s.requests
+                .iter()
+                .filter(|r| r.route == Route::Session && r.response_status == Some(503))
+                .count()
+                >= 4
+        })
+        .await
+        .expect("the four failing reads");
+    let failed: Vec<u64> = snap
+        .requests
+        .iter()
+        .filter(|r| r.route == Route::Session && r.response_status == Some(503))
+        .map(|r| r.at_ms)
+        .collect();
+    for pair in failed.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= 250,
+            "a failed read came {} ms after the one before, under the 250 ms tick: {failed:?}",
+            pair[1] - pair[0]
+        );
+    }
+    let run_id = sb.coordinator.queue_turn("Go.", None);
+    let (snap, _) = sb.end_after_seal(&run_id, child).await;
+    assert_eq!(snap.run(&run_id).unwrap().status, "succeeded");
+}
