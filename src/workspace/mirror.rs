@@ -290,6 +290,29 @@ fn copy_packs(from: &Path, to: &Path, copied: &mut Vec<PathBuf>) -> Result<(usiz
 mod tests {
     use super::*;
 
+    /// A tester's break: a `packed-refs` linked to `/dev/zero` filled the
+    /// runner's memory, and one that is a FIFO hung the clone. Both are
+    /// refused at once now, as is one over its cap.
+    #[test]
+    fn a_packed_refs_that_is_a_link_a_fifo_or_too_large_is_refused_at_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = tmp.path();
+        std::os::unix::fs::symlink("/dev/zero", m.join("packed-refs")).unwrap();
+        assert!(branch_tips(m).is_err());
+        std::fs::remove_file(m.join("packed-refs")).unwrap();
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            m.join("packed-refs"),
+            rustix::fs::Mode::RUSR,
+        )
+        .unwrap();
+        assert!(branch_tips(m).is_err());
+        std::fs::remove_file(m.join("packed-refs")).unwrap();
+        let f = std::fs::File::create(m.join("packed-refs")).unwrap();
+        f.set_len(MAX_PACKED_REFS + 1).unwrap();
+        assert!(branch_tips(m).is_err());
+    }
+
     #[test]
     fn the_mirror_is_named_after_the_clone_urls_last_two_segments() {
         let dir = Path::new("/m");
