@@ -216,11 +216,19 @@ async fn check_tcp(host: &str, port: u16) -> (bool, String) {
         Ok(a) => a.collect(),
         Err(e) => return (false, format!("the name does not resolve ({e})")),
     };
-    let mut last = String::from("the name resolves to no address");
+    // Every address at once: tried in turn, one that black-holes (an AAAA
+    // dropped on the way) would spend the whole budget, and a reachable
+    // address after it would never be tried: the check would fail open.
+    let mut attempts = tokio::task::JoinSet::new();
     for addr in addrs {
-        match tokio::net::TcpStream::connect(addr).await {
-            Ok(_) => return (true, format!("connected to {addr}")),
-            Err(e) => last = format!("{} ({addr})", io_reason(&e)),
+        attempts.spawn(async move { (addr, tokio::net::TcpStream::connect(addr).await) });
+    }
+    let mut last = String::from("the name resolves to no address");
+    while let Some(done) = attempts.join_next().await {
+        match done {
+            Ok((addr, Ok(_))) => return (true, format!("connected to {addr}")),
+            Ok((addr, Err(e))) => last = format!("{} ({addr})", io_reason(&e)),
+            Err(e) => last = format!("the attempt ended ({e})"),
         }
     }
     (false, last)

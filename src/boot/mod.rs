@@ -533,6 +533,37 @@ fn turn_context(
 /// empty text is none.
 ///
 /// Errors: the file cannot be read (`workspace_io`).
+/// Bound on `--instructions-file`, in bytes (1 MiB).
+const MAX_INSTRUCTIONS_FILE: u64 = 1 << 20;
+
+/// The text of `--instructions-file`: a regular file (a FIFO would block
+/// the boot, a device never end) of at most [`MAX_INSTRUCTIONS_FILE`].
+///
+/// Errors: not a regular file, over the bound, unreadable, not UTF-8.
+fn read_instructions_file(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file: give --instructions-file a file",
+        ));
+    }
+    if meta.len() > MAX_INSTRUCTIONS_FILE {
+        return Err(std::io::Error::other(format!(
+            "{} bytes, over the {MAX_INSTRUCTIONS_FILE} bytes instructions may take",
+            meta.len()
+        )));
+    }
+    let mut text = String::new();
+    file.take(MAX_INSTRUCTIONS_FILE).read_to_string(&mut text)?;
+    Ok(text)
+}
+
 fn instructions(config: &BootConfig, session: &Session) -> Result<Option<String>, SessionDirError> {
     let from_session = session
         .instructions
@@ -541,7 +572,7 @@ fn instructions(config: &BootConfig, session: &Session) -> Result<Option<String>
     let (text, source) = match (from_session, &config.instructions_file) {
         (Some(t), _) => (t.to_string(), "session"),
         (None, Some(path)) => (
-            std::fs::read_to_string(path)
+            read_instructions_file(path)
                 .map_err(|e| SessionDirError::io("read the instructions file", path, e))?,
             "--instructions-file",
         ),
@@ -1001,5 +1032,31 @@ fn remove_run_dir_if_delivered(root: &Path, run_id: &str, delivered: bool) {
             }
         }
         Err(e) => tracing::warn!(run_id, error = %e, "cannot remove the run directory"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tester's break: an `--instructions-file` that is a FIFO hung the
+    /// boot forever in a blocking read. A FIFO, a directory and a file over
+    /// the bound are refused at once; a regular file is read.
+    #[test]
+    fn an_instructions_file_that_is_not_a_regular_file_or_too_large_is_refused_at_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("fifo");
+        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::RUSR).unwrap();
+        assert!(read_instructions_file(&fifo).is_err());
+        assert!(read_instructions_file(tmp.path()).is_err());
+        let big = tmp.path().join("big");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_INSTRUCTIONS_FILE + 1)
+            .unwrap();
+        assert!(read_instructions_file(&big).is_err());
+        let ok = tmp.path().join("ok.md");
+        std::fs::write(&ok, "Be brief.").unwrap();
+        assert_eq!(read_instructions_file(&ok).unwrap(), "Be brief.");
     }
 }
