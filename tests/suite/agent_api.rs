@@ -46,8 +46,11 @@ def call(method, path, body=None, auth=token, url=None):
                 "headers": {k.lower(): v for k, v in e.headers.items()}}
 
 def save(name, value):
-    with open(os.path.join(out, name), "w") as f:
+    # Whole or absent: the test waits for the name, then reads it.
+    tmp = os.path.join(out, "." + name + ".tmp")
+    with open(tmp, "w") as f:
         json.dump(value, f)
+    os.rename(tmp, os.path.join(out, name))
 
 def wait_go():
     while not os.path.exists(os.path.join(out, "go")):
