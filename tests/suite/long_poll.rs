@@ -329,8 +329,10 @@ async fn a_fleet_serves_each_runner_its_own_session() {
     for path in ["dev/end".to_string(), format!("dev/sessions/{second}/end")] {
         http.post(format!("{base}{path}")).send().await.unwrap();
     }
-    for child in [one, two] {
-        let (status, output) = super::support::finish(child).await;
+    // Both at once: waiting for one while the other has exited leaves the
+    // other a zombie the first wait's zombie check counts.
+    let (a, b) = tokio::join!(super::support::finish(one), super::support::finish(two));
+    for (status, output) in [a, b] {
         assert_eq!(status.code(), Some(0), "{output}");
     }
 }
