@@ -194,7 +194,13 @@ pub async fn check(canary: &Canary, opts: &CheckOptions) -> Verdict {
     });
     let (reachable, detail) = match bounded.await {
         Ok(r) => r,
-        Err(_) => (false, format!("timed out after {:?}", opts.timeout)),
+        Err(_) => (
+            false,
+            format!(
+                "timed out after {}",
+                humantime::format_duration(opts.timeout)
+            ),
+        ),
     };
     let verdict = Verdict {
         canary: canary.to_string(),
@@ -375,7 +381,7 @@ fn tls_reason(e: &rustls::Error) -> String {
     match e {
         rustls::Error::InvalidCertificate(why) => {
             format!(
-                "the certificate is not trusted ({why:?}): not the canary host, or an intercepting proxy"
+                "the certificate is not trusted ({why}): not the canary host, or an intercepting proxy"
             )
         }
         other => format!("the TLS handshake failed ({other})"),

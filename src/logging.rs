@@ -31,6 +31,11 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether `NO_COLOR` is set to a non-empty value (no-color.org).
+pub fn no_color() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
+}
+
 /// Installs the global subscriber. `format` defaults to text on a terminal
 /// and JSON otherwise. Calling it twice is harmless (the second is ignored
 /// and returns no guard).
@@ -57,7 +62,11 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
         .with_env_filter(filter)
         .with_writer(writer);
     let installed = match format {
-        LogFormat::Text => builder.with_ansi(io::stderr().is_terminal()).try_init(),
+        // Colour only on a terminal, and never with `NO_COLOR` set
+        // (no-color.org), as the demo's own output.
+        LogFormat::Text => builder
+            .with_ansi(io::stderr().is_terminal() && !no_color())
+            .try_init(),
         // The spans (boot: session id; turn: run id, ordinal; step) ride on
         // every line, so a log pipeline can index them.
         LogFormat::Json => builder

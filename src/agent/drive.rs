@@ -159,7 +159,11 @@ pub async fn run(
             && input.session.resume_id().is_some();
         if overloaded && !continuable {
             tracing::info!(
-                effects = ?once.observation.effects,
+                effects = match once.observation.effects {
+                    Effects::None => "none seen",
+                    Effects::Some => "a tool call, command or file change",
+                    Effects::Unknown => "unknown",
+                },
                 continuations,
                 "provider overloaded; the failure stands"
             );
@@ -883,6 +887,7 @@ mod tests {
                 pgid: 1,
                 timed_out: false,
                 swept: 0,
+                left_behind: Vec::new(),
                 guard_died: None,
             },
             exit_rule: rule,

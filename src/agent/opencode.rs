@@ -615,8 +615,9 @@ async fn wait_healthy(http: &Http, bound: Duration) -> Result<(), AgentError> {
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(crashed(format!(
-                "opencode serve did not answer {}/global/health within {bound:?}",
-                http.base
+                "opencode serve did not answer {}/global/health within {}",
+                http.base,
+                humantime::format_duration(bound)
             )));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -163,7 +163,7 @@ impl ApiProxy {
             }
         });
         let names: Vec<&str> = shared.allow.routes().iter().map(|r| r.name()).collect();
-        tracing::info!(address = %addr, allowed = ?names, "agent API proxy listening");
+        tracing::info!(address = %addr, allowed = %names.join(", "), "agent API proxy listening");
         Ok(ApiProxy {
             base_url,
             shared,

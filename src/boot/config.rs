@@ -374,8 +374,17 @@ fn default_boot_status_url(token_url: &Url) -> Result<Url, ConfigError> {
     Ok(url)
 }
 
+/// `--agent demo`: not a kind of its own but the `command` agent running
+/// this binary's `demo-agent` (what `hosted-boot demo` and the reference
+/// coordinator's printed `env` line use).
+pub const DEMO_AGENT: &str = "demo";
+
 fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentConfig, ConfigError> {
-    let names: Vec<&str> = AgentKind::ALL.iter().map(|k| k.name()).collect();
+    let mut names: Vec<&str> = AgentKind::ALL.iter().map(|k| k.name()).collect();
+    names.push(DEMO_AGENT);
+    if args.agent.as_deref().map(str::trim) == Some(DEMO_AGENT) {
+        return demo_agent(args, get);
+    }
     let name = args
         .agent
         .as_deref()
@@ -452,6 +461,41 @@ fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentCo
     })
 }
 
+/// `--agent demo`: the `command` agent with `<this binary> demo-agent`.
+/// `--agent-command` would be ignored, so it is refused.
+fn demo_agent(
+    args: &RunArgs,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<AgentConfig, ConfigError> {
+    if args
+        .agent_command
+        .as_deref()
+        .is_some_and(|c| !c.trim().is_empty())
+    {
+        return Err(ConfigError(
+            "HOSTED_BOOT_AGENT=demo runs the built-in demo agent and takes no \
+             HOSTED_BOOT_AGENT_COMMAND; unset it, or set HOSTED_BOOT_AGENT=command to run that command"
+                .to_string(),
+        ));
+    }
+    let exe = std::env::current_exe().map_err(|e| {
+        ConfigError(format!(
+            "HOSTED_BOOT_AGENT=demo runs this binary's demo-agent, but its path cannot be read \
+             (/proc/self/exe: {e}); set HOSTED_BOOT_AGENT=command and \
+             HOSTED_BOOT_AGENT_COMMAND='/path/to/hosted-boot demo-agent'"
+        ))
+    })?;
+    let command = RunArgs {
+        agent: Some(AgentKind::Command.name().to_string()),
+        agent_command: Some(format!(
+            "{} demo-agent",
+            crate::text::shell_word(&exe.to_string_lossy())
+        )),
+        ..args.clone()
+    };
+    agent(&command, get)
+}
+
 fn shell_words(name: &str, text: &str) -> Result<Vec<String>, ConfigError> {
     shlex::split(text).ok_or_else(|| {
         ConfigError(format!(
@@ -486,7 +530,8 @@ fn agent_env_pair(word: &str) -> Result<(String, String), ConfigError> {
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct RunArgs {
     /// The agent to run: `claude`, `codex`, `codex-exec`, `opencode`,
-    /// `opencode-run` or `command` (any program).
+    /// `opencode-run`, `command` (any program) or `demo` (the built-in demo
+    /// agent, `hosted-boot demo-agent`, to try a sandbox without a CLI).
     #[arg(long, env = "HOSTED_BOOT_AGENT", hide_env_values = true)]
     pub agent: Option<String>,
     /// A program and its arguments, split as a POSIX shell splits words (no
@@ -745,6 +790,49 @@ mod tests {
         assert_eq!(c.agent.args, vec!["--flag", "two words"]);
         assert_eq!(c.root, PathBuf::from("/work"));
         assert!(c.base_env.iter().all(|(k, _)| k != BOOT_SECRET_VAR));
+    }
+
+    #[test]
+    fn the_demo_agent_is_this_binarys_demo_agent() {
+        let demo = RunArgs {
+            agent: Some("demo".into()),
+            agent_command: None,
+            ..args()
+        };
+        let c = load(&env(&base()), &demo, secret(), "/work".into()).unwrap();
+        assert_eq!(c.agent.kind, AgentKind::Command);
+        assert_eq!(
+            PathBuf::from(&c.agent.program),
+            std::env::current_exe().unwrap()
+        );
+        assert_eq!(c.agent.args, vec!["demo-agent"]);
+        // A command beside it would be ignored: refused, naming both.
+        let err = load(
+            &env(&base()),
+            &RunArgs {
+                agent: Some("demo".into()),
+                ..args()
+            },
+            secret(),
+            "/".into(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("HOSTED_BOOT_AGENT_COMMAND"), "{err}");
+        let err = load(
+            &env(&base()),
+            &RunArgs {
+                agent: Some("nope".into()),
+                ..args()
+            },
+            secret(),
+            "/".into(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("command, demo"), "{err}");
     }
 
     #[test]

@@ -8,8 +8,11 @@
 //! Output lines:
 //! `{"type":"line","run":1,"stream":"stdout","text":"…"}` and
 //! `{"type":"exit","run":1,"pgid":…,"code":0,"signal":null,"status":"succeeded",
-//! "error":null,"timedOut":false,"swept":0,"guardDied":null}` (`status`/`error`
-//! as the `command` agent maps the exit; `guardDied` is the pid of a turn
+//! "error":null,"timedOut":false,"swept":0,"killed":[],"guardDied":null}`
+//! (`status`/`error` as the `command` agent maps the exit; `killed` lists
+//! every process the program left behind when it exited, killed after it:
+//! `{"pid":…,"name":"sleep","by":"process group"|"cgroup"|"sweep"}`, its
+//! guard aside; `swept` counts those that had left its process group; `guardDied` is the pid of a turn
 //! guard that died before the run ended, which fails it `runner_error`), or `{"type":"spawn_failed","run":1,
 //! "error":"…"}`. The exit code is the last run's (its exit code, 128+N for
 //! signal N, 127 when it could not be started), or 128+N when SIGTERM or
@@ -188,6 +191,11 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
                     "error": outcome.error.map(|e| e.code),
                     "timedOut": exit.timed_out,
                     "swept": exit.swept,
+                    "killed": exit.left_behind.iter().map(|l| json!({
+                        "pid": l.pid,
+                        "name": l.name,
+                        "by": l.by.as_str(),
+                    })).collect::<Vec<_>>(),
                     "guardDied": exit.guard_died,
                 }));
             }

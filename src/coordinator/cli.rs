@@ -307,12 +307,11 @@ pub(crate) fn startup_text(c: &Coordinator) -> String {
     let exe = crate::text::shell_word(&exe);
     let root = crate::text::shell_word(&sandbox_root(c).to_string_lossy());
     out.push_str(
-        "\nA sandbox, runnable as pasted (the built-in demo agent; for a real CLI set\nHOSTED_BOOT_AGENT=claude, codex or opencode and drop HOSTED_BOOT_AGENT_COMMAND).\nThe initial task runs at once as run-1; a turn queued during it waits until it is sealed:\n\n",
+        "\nA sandbox, runnable as pasted (the built-in demo agent; for a real CLI set\nHOSTED_BOOT_AGENT=claude, codex or opencode, with its provider key).\nThe initial task runs at once as run-1; a turn queued during it waits until it is sealed:\n\n",
     );
     out.push_str(&format!(
-        "  mkdir -p {root} && env {} HOSTED_BOOT_ROOT={root} HOSTED_BOOT_AGENT=command HOSTED_BOOT_AGENT_COMMAND={} {exe} run\n\n",
+        "  mkdir -p {root} && env {} HOSTED_BOOT_ROOT={root} HOSTED_BOOT_AGENT=demo {exe} run\n\n",
         assignments.join(" "),
-        crate::text::shell_word(&format!("{exe} demo-agent")),
     ));
     out.push_str(&format!(
         "  docker run --rm {network}{} \"$IMAGE\"\n",

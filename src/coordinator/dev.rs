@@ -3,12 +3,14 @@
 //! runner speaks (that is [`crate::wire::routes`]); the tests, the demo and
 //! a person debugging a sandbox drive the coordinator through it.
 
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::Route;
 use super::server::{Reply, Shared, auth_value, ok, parse, unauthorized};
-use super::state::{ApiError, DevError, Fault};
+use super::state::{ApiError, DevError, Fault, RecordedRequest};
 use crate::wire::AnswerToQuestion;
 
 /// A route of the dev API.
@@ -24,7 +26,8 @@ pub(super) enum DevRoute {
     Faults,
     /// `GET`, `POST git`: the git server's file size limit.
     Git,
-    /// `GET requests`: the request record.
+    /// `GET requests`: the request record (JSON), or a table of it
+    /// (`?format=table` or `Accept: text/plain`, [`request_table`]).
     Requests,
     /// `GET state`: the session, statuses and runs.
     State,
@@ -144,6 +147,7 @@ pub(super) fn route(
     sh: &Shared,
     method: &Method,
     rest: &str,
+    query: &str,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Reply {
@@ -208,6 +212,9 @@ pub(super) fn route(
             // GET, as above.
             _ => Ok(ok(&json!({"maxFileSize": sh.lock().git_max_file_size}))),
         },
+        DevRoute::Requests if wants_table(query, headers) => {
+            Ok(text(request_table(&sh.lock().requests)))
+        }
         DevRoute::Requests => Ok(ok(&sh.lock().requests)),
         DevRoute::State => Ok(ok(&sh.snapshot())),
         DevRoute::Setup => setup_route(sh, method, body),
@@ -231,4 +238,95 @@ fn setup_route(sh: &Shared, method: &Method, body: &[u8]) -> Reply {
         sh.update(|st| st.setup = setup);
     }
     Ok(ok(&json!({"setup": sh.lock().setup})))
+}
+
+/// Whether `GET dev/requests` should answer with [`request_table`]:
+/// `?format=table`, or an `Accept` that names `text/plain` (`curl -H
+/// 'accept: text/plain'`).
+fn wants_table(query: &str, headers: &HeaderMap) -> bool {
+    let asked = query.split('&').any(|p| p == "format=table");
+    let accepts = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|t| t.trim().starts_with("text/plain")));
+    asked || accepts
+}
+
+fn text(body: String) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// The request record as text for a person: the runner's calls (every
+/// route but the dev API's) in one table, then the dev API's in another,
+/// each in order of arrival with when it arrived (seconds since the
+/// coordinator started), method, path without its query, route, the
+/// answer's status (`dropped` for a `reset` fault, `…` while in flight)
+/// and how long the answer took. Authorization values never appear (the
+/// record masks them, and the table shows no header).
+pub(super) fn request_table(requests: &[RecordedRequest]) -> String {
+    let (dev, runner): (Vec<&RecordedRequest>, Vec<&RecordedRequest>) =
+        requests.iter().partition(|r| r.route == Route::Dev);
+    let mut out = String::new();
+    for (title, rows) in [("runner calls", runner), ("dev calls", dev)] {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&format!("{title} ({})\n", rows.len()));
+        let cells: Vec<[String; 6]> = rows.iter().map(|r| row(r)).collect();
+        let header = ["at", "method", "path", "route", "status", "took"].map(String::from);
+        let mut width = [0usize; 6];
+        for c in std::iter::once(&header).chain(&cells) {
+            for (w, cell) in width.iter_mut().zip(c) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        for c in std::iter::once(&header).chain(&cells) {
+            let line = c
+                .iter()
+                .zip(width)
+                .enumerate()
+                .map(|(i, (cell, w))| {
+                    // Times right-aligned, words left-aligned.
+                    if i == 0 || i == 5 {
+                        format!("{cell:>w$}")
+                    } else {
+                        format!("{cell:<w$}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("  ");
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn row(r: &RecordedRequest) -> [String; 6] {
+    let status = match (r.response_status, &r.fault) {
+        (Some(s), _) => s.to_string(),
+        (None, Some(_)) => "dropped".to_string(),
+        (None, None) => "…".to_string(),
+    };
+    let took = r
+        .answered_at_ms
+        .map(|a| format!("{} ms", a.saturating_sub(r.at_ms)))
+        .unwrap_or_default();
+    [
+        format!("{:.3}s", r.at_ms as f64 / 1000.0),
+        r.method.clone(),
+        r.path.split('?').next().unwrap_or("").to_string(),
+        r.route.as_str().to_string(),
+        status,
+        took,
+    ]
 }

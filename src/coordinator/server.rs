@@ -489,7 +489,7 @@ async fn handle(
         method = %parts.method,
         path = %parts.uri.path(),
         route = route.as_str(),
-        status = ?status,
+        status = status.map_or_else(|| "none".to_string(), |s| s.to_string()),
         "coordinator request"
     );
     match answer {
@@ -624,7 +624,9 @@ async fn dispatch(
             )
             .await;
         }
-        Target::Dev(rest) => dev::route(sh, method, &rest, headers, &body),
+        Target::Dev(rest) => {
+            dev::route(sh, method, &rest, uri.query().unwrap_or(""), headers, &body)
+        }
         Target::Unknown => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!(

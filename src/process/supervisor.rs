@@ -177,7 +177,7 @@ pub enum Stream {
 }
 
 /// How the agent process ended.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Exit {
     /// The leader's status (`None` if it could not be collected).
     pub status: Option<ExitStatus>,
@@ -192,14 +192,64 @@ pub struct Exit {
     /// Whether the time cap was reached (and the runner interrupted the
     /// agent for it, before any other interrupt).
     pub timed_out: bool,
-    /// Processes outside the agent's process group that the sweep killed
-    /// after the leader exited (they had called `setsid` or `setpgid`).
+    /// Processes outside the agent's process group killed after the leader
+    /// exited (they had called `setsid` or `setpgid`), by the turn's cgroup
+    /// or the `/proc` sweep: the entries of `left_behind` not killed by
+    /// [`KilledBy::ProcessGroup`].
     pub swept: usize,
+    /// Every process of the turn still alive when the leader's exit was
+    /// seen (its guard aside), and what killed it, in the order found.
+    pub left_behind: Vec<LeftBehind>,
     /// The pid of the turn's guard, when it died before the turn ended
     /// (killed by the agent, say) and the runner therefore killed the
     /// turn's whole tree at once (PROTOCOL.md 4.1 step 4): the turn fails
     /// with `runner_error`.
     pub guard_died: Option<i32>,
+}
+
+/// A process the agent left behind when its leader exited, killed by the
+/// runner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeftBehind {
+    /// Its pid.
+    pub pid: i32,
+    /// Its command name (`/proc/<pid>/comm`), empty if it could not be read.
+    pub name: String,
+    /// What killed it.
+    pub by: KilledBy,
+}
+
+/// What killed a process the agent left behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KilledBy {
+    /// SIGKILL to the agent's process group (it stayed in it).
+    ProcessGroup,
+    /// `cgroup.kill` of the turn's cgroup (it had left the group).
+    Cgroup,
+    /// The `/proc` sweep (it had left the group, and no cgroup held it).
+    Sweep,
+}
+
+impl KilledBy {
+    /// `process group`, `cgroup` or `sweep`, as `supervise` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KilledBy::ProcessGroup => "process group",
+            KilledBy::Cgroup => "cgroup",
+            KilledBy::Sweep => "sweep",
+        }
+    }
+}
+
+/// `sleep (pid 12, cgroup), daemon (pid 13, sweep)`, for a log line.
+pub fn left_behind_text(left: &[LeftBehind]) -> String {
+    left.iter()
+        .map(|l| {
+            let name = if l.name.is_empty() { "?" } else { &l.name };
+            format!("{name} (pid {}, {})", l.pid, l.by.as_str())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Starts the agent, pumps each output stream into the sink `output` makes
@@ -562,7 +612,7 @@ impl TurnProcesses {
     async fn end(mut self, waited: Waited, drain: Duration) -> Exit {
         let pid = self.pid;
         tracing::debug!(pgid = pid, "agent leader exited");
-        let report = self.sweep().await;
+        let left_behind = self.sweep().await;
         let status = self.child.wait().await.ok();
         tree::forget(pid);
         self.drain(drain).await;
@@ -581,15 +631,47 @@ impl TurnProcesses {
             killed: waited.killed,
             pgid: pid,
             timed_out: waited.timed_out,
-            swept: report.killed,
+            swept: left_behind
+                .iter()
+                .filter(|l| l.by != KilledBy::ProcessGroup)
+                .count(),
+            left_behind,
             guard_died: waited.guard_died,
         }
     }
 
+    /// The live processes of the turn but its leader (a zombie now) and
+    /// its guard, before anything is killed: what the agent left behind,
+    /// each with what is about to kill it.
+    fn left_behind(&self) -> Vec<(tree::Victim, KilledBy)> {
+        let in_cgroup: Vec<i32> = self.cgroup.as_ref().map(|c| c.pids()).unwrap_or_default();
+        let mut seeds = vec![self.pid];
+        seeds.extend(self.guard_pid);
+        seeds.extend(&in_cgroup);
+        tree::turn_members(&tree::scan(), self.runner, &seeds)
+            .into_iter()
+            .filter(|p| !p.zombie && p.pid != self.pid && Some(p.pid) != self.guard_pid)
+            .map(|p| {
+                let by = if p.pgid == self.pid {
+                    KilledBy::ProcessGroup
+                } else if in_cgroup.contains(&p.pid) {
+                    KilledBy::Cgroup
+                } else {
+                    KilledBy::Sweep
+                };
+                (tree::Victim::of(&p), by)
+            })
+            .collect()
+    }
+
     /// The leader is a zombie: its group id is still ours. Kills the rest of
-    /// the group (the guard included), the cgroup, then whatever left both.
-    async fn sweep(&self) -> tree::SweepReport {
+    /// the group (the guard included), the cgroup, then whatever left both;
+    /// returns what was killed (the guard aside).
+    async fn sweep(&self) -> Vec<LeftBehind> {
         let pid = self.pid;
+        // Looked at first: `cgroup.kill` leaves the sweep only zombies to
+        // find, and the kill must still be reported (issue 17).
+        let before = self.left_behind();
         signal_group(pid, Signal::KILL);
         if let Some(c) = &self.cgroup
             && let Err(e) = c.kill()
@@ -605,17 +687,45 @@ impl TurnProcesses {
             s
         };
         let report = tree::sweep(self.runner, pid, seeds, SWEEP_BOUND).await;
+        let mut left: Vec<LeftBehind> = before
+            .iter()
+            .map(|(v, by)| LeftBehind {
+                pid: v.pid,
+                name: v.name.clone(),
+                by: *by,
+            })
+            .collect();
+        // What forked after the first look and the sweep found alive.
+        for v in &report.killed {
+            let known = before
+                .iter()
+                .any(|(b, _)| b.pid == v.pid && b.start_time == v.start_time);
+            if !known && Some(v.pid) != self.guard_pid {
+                left.push(LeftBehind {
+                    pid: v.pid,
+                    name: v.name.clone(),
+                    by: KilledBy::Sweep,
+                });
+            }
+        }
         if !report.left.is_empty() {
-            tracing::error!(pgid = pid, left = ?report.left, "processes of the turn are still alive after the sweep");
-        } else if report.killed > 0 {
+            let left_pids = report
+                .left
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            tracing::error!(pgid = pid, pids = %left_pids, "processes of the turn are still alive after the sweep");
+        } else if !left.is_empty() {
             tracing::info!(
                 pgid = pid,
-                killed = report.killed,
+                killed = left.len(),
+                processes = %left_behind_text(&left),
                 "killed processes the agent left behind"
             );
         }
-        tracing::debug!(pgid = pid, killed = report.killed, "sweep done");
-        report
+        tracing::debug!(pgid = pid, killed = left.len(), "sweep done");
+        left
     }
 
     /// Reads what the pipes hold for at most `bound`, then closes them: a

@@ -297,23 +297,55 @@ pub fn signal_exact(p: &ProcInfo, signal: Signal) -> bool {
 /// What a sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SweepReport {
-    /// Processes outside the turn's process group it sent SIGKILL to.
-    pub killed: usize,
+    /// Processes outside the turn's process group it sent SIGKILL to, in
+    /// the order it found them.
+    pub killed: Vec<Victim>,
     /// Processes still alive when the bound was reached (empty normally).
     pub left: Vec<i32>,
+}
+
+/// A process of the turn that was killed after its leader exited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Victim {
+    /// Its pid.
+    pub pid: i32,
+    /// Its start time (with the pid, its identity; see [`ProcInfo`]).
+    pub start_time: u64,
+    /// Its command name (`/proc/<pid>/comm`: the program's file name, at
+    /// most 15 bytes), empty if it could not be read.
+    pub name: String,
+}
+
+impl Victim {
+    /// `p`, named from `/proc/<pid>/comm` now.
+    pub fn of(p: &ProcInfo) -> Victim {
+        Victim {
+            pid: p.pid,
+            start_time: p.start_time,
+            name: command_name(p.pid),
+        }
+    }
+}
+
+/// The command name of `pid` (`/proc/<pid>/comm`), empty if it is gone.
+pub fn command_name(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|t| t.trim_end_matches('\n').to_string())
+        .unwrap_or_default()
 }
 
 /// Kills every live process of the turn, repeating until a scan finds none
 /// or `bound` passes. `seeds` gives the turn's known processes each round
 /// (the leader, its guard, the cgroup's members). `group` is the turn's
 /// process group, already sent SIGKILL: its members are killed again if
-/// still alive but not counted in [`SweepReport::killed`].
+/// still alive but not listed in [`SweepReport::killed`].
 pub async fn sweep<F>(runner: Runner, group: i32, seeds: F, bound: Duration) -> SweepReport
 where
     F: Fn() -> Vec<i32>,
 {
     let deadline = Instant::now() + bound;
-    let mut killed = BTreeSet::new();
+    let mut killed: Vec<Victim> = Vec::new();
+    let mut seen = BTreeSet::new();
     loop {
         let procs = scan();
         reap_adopted(&procs, runner);
@@ -323,18 +355,24 @@ where
             .collect();
         if live.is_empty() {
             return SweepReport {
-                killed: killed.len(),
+                killed,
                 left: Vec::new(),
             };
         }
         for p in &live {
-            if signal_exact(p, Signal::KILL) && p.pgid != group {
-                killed.insert((p.pid, p.start_time));
+            // Named before the kill: a dead process has no `comm`.
+            let victim =
+                (p.pgid != group && !seen.contains(&(p.pid, p.start_time))).then(|| Victim::of(p));
+            if signal_exact(p, Signal::KILL)
+                && let Some(v) = victim
+            {
+                seen.insert((v.pid, v.start_time));
+                killed.push(v);
             }
         }
         if Instant::now() >= deadline {
             return SweepReport {
-                killed: killed.len(),
+                killed,
                 left: live.iter().map(|p| p.pid).collect(),
             };
         }

@@ -826,6 +826,17 @@ pub fn truncate_reason(text: &str) -> String {
     crate::text::head(text, MAX_REASON_CHARS).to_string()
 }
 
+/// The wire name of a field value (`push_rejected`, `kept_local`): what
+/// serde writes for a unit variant, for log lines a person reads (Rust's
+/// debug text, `PushRejected`, is not a name they can look up).
+pub fn wire_name<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

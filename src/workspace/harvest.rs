@@ -505,7 +505,7 @@ fn log_result(r: &HarvestResult) {
         Some(e) => tracing::error!(
             name = %r.name,
             head = r.head_sha.as_deref().unwrap_or(""),
-            code = ?e.code,
+            code = %crate::wire::wire_name(&e.code),
             error = %e.message,
             "harvest: the work is not on the remote"
         ),

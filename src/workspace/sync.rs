@@ -301,7 +301,7 @@ fn empty_sync(branch: &str) -> WorkspaceSync {
 fn log_sync(s: &WorkspaceSync) {
     match &s.warning {
         None => tracing::info!(
-            outcome = ?s.outcome,
+            outcome = %crate::wire::wire_name(&s.outcome),
             local = s.local_sha.as_deref().unwrap_or(""),
             start = s.start_sha.as_deref().unwrap_or(""),
             recovery_branch = s.recovery_branch.as_deref().unwrap_or(""),
@@ -309,7 +309,7 @@ fn log_sync(s: &WorkspaceSync) {
             "workspace synced to the remote's session branch"
         ),
         Some(w) => tracing::warn!(
-            code = ?w.code,
+            code = %crate::wire::wire_name(&w.code),
             error = %w.message,
             start = s.start_sha.as_deref().unwrap_or(""),
             "workspace sync: the turn starts from the local HEAD"

@@ -724,6 +724,93 @@ async fn the_dev_api_needs_a_token_off_loopback() {
     assert_eq!(local.dev_token(), None);
 }
 
+/// `GET dev/requests` as a table for a person (`?format=table` or
+/// `Accept: text/plain`): the runner's calls in one table, the dev API's in
+/// another, in order, with route, status and time; no authorization value.
+/// Without either it stays JSON.
+#[tokio::test]
+async fn the_dev_api_returns_the_request_log_as_a_table() {
+    let c = start(CoordinatorOptions::default()).await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    let (status, _) = get_json(&http, &url(&c, "api/cli/sessions/s1"), &b).await;
+    assert_eq!(status, 200);
+    let (status, _) = get_json(&http, &url(&c, "dev/state"), "").await;
+    assert_eq!(status, 200);
+    let by_query = http
+        .get(url(&c, "dev/requests?format=table"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_query.status(), 200);
+    assert_eq!(
+        by_query.headers()["content-type"],
+        "text/plain; charset=utf-8"
+    );
+    let table = by_query.text().await.unwrap();
+    let by_accept = http
+        .get(url(&c, "dev/requests"))
+        .header("accept", "text/plain")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (runner, dev) = table.split_once("\ndev calls (").expect(&table);
+    let runner_rows: Vec<&str> = runner.lines().skip(2).collect();
+    assert!(runner.starts_with("runner calls (2)\n"), "{table}");
+    assert_eq!(runner_rows.len(), 2, "{table}");
+    let words = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
+    let first = words(runner_rows[0]);
+    assert_eq!(
+        first[1..5],
+        [
+            "GET",
+            "/api/cli/sessions/s1/agent-token",
+            "agent-token",
+            "200"
+        ],
+        "{table}"
+    );
+    assert!(
+        first[0].ends_with('s') && first.last().unwrap() == "ms",
+        "{table}"
+    );
+    assert_eq!(
+        words(runner_rows[1])[1..5],
+        ["GET", "/api/cli/sessions/s1", "session", "200"],
+        "{table}"
+    );
+    assert!(!runner.contains("/dev/"), "{table}");
+    // The dev calls: the state read, then this very request (in flight:
+    // no status yet).
+    let dev_rows: Vec<Vec<String>> = dev.lines().skip(2).map(words).collect();
+    assert!(dev.starts_with("2)\n"), "{table}");
+    assert_eq!(
+        dev_rows[0][1..5],
+        ["GET", "/dev/state", "dev", "200"],
+        "{table}"
+    );
+    assert_eq!(
+        dev_rows[1][1..5],
+        ["GET", "/dev/requests", "dev", "…"],
+        "{table}"
+    );
+    assert!(
+        !table.contains(&b) && !table.contains(&c.boot_secret()),
+        "{table}"
+    );
+    assert!(!table.contains("Bearer"), "{table}");
+    // The Accept form: the same runner table, one more dev call.
+    assert!(by_accept.starts_with(runner), "{by_accept}");
+    assert!(by_accept.contains("\ndev calls (3)\n"), "{by_accept}");
+    // Without either: JSON, as before.
+    let (status, json) = get_json(&http, &url(&c, "dev/requests"), "").await;
+    assert_eq!(status, 200);
+    assert_eq!(json.as_array().unwrap().len(), 6, "{json}");
+}
+
 #[tokio::test]
 async fn startup_text_has_the_env_docker_and_curl_lines() {
     let c = start(CoordinatorOptions::default()).await;
@@ -1039,7 +1126,8 @@ async fn a_source_repository_is_served() {
 }
 
 /// `hosted-boot coordinator` prints an `env` line that runs as pasted (the
-/// binary's real path, a root of its own, the built-in demo agent): run by
+/// binary's real path, a root of its own, the built-in demo agent by
+/// `HOSTED_BOOT_AGENT=demo`): run by
 /// `sh` exactly as printed, it boots, runs the initial task as run-1 and
 /// exits 0 when the session ends. Each request is logged as a line, the
 /// runner's apart from the dev API's.
@@ -1074,6 +1162,13 @@ async fn the_printed_env_line_runs_as_pasted() {
     let (base, env_line) = (base.unwrap(), env_line.unwrap());
     assert!(
         env_line.contains(&format!("{} run", env!("CARGO_BIN_EXE_hosted-boot"))),
+        "{env_line}"
+    );
+    // The built-in demo agent, chosen by name (`--agent demo`), not a
+    // command to edit.
+    assert!(env_line.contains(" HOSTED_BOOT_AGENT=demo "), "{env_line}");
+    assert!(
+        !env_line.contains("HOSTED_BOOT_AGENT_COMMAND"),
         "{env_line}"
     );
     let mut runner = tokio::process::Command::new("sh")

@@ -515,6 +515,13 @@ async fn a_push_refused_by_the_server_is_a_verdict_and_not_retried() {
         &secrets,
     );
     assert_no_secret("runner output (trace level)", &output, &secrets);
+    // The log line names the code as the wire does, not as Rust's debug text.
+    assert!(
+        output.contains("harvest: the work is not on the remote")
+            && output.contains("push_rejected")
+            && !output.contains("PushRejected"),
+        "{output}"
+    );
 }
 
 /// The time bound, through the library: a git server slower than the bound.
@@ -725,6 +732,114 @@ async fn the_demo_streams_its_timeline_before_the_session_ends() {
         "{text}"
     );
     assert!(!text.contains('\x1b'), "no colour off a terminal:\n{text}");
+}
+
+/// Runs `hosted-boot demo` with its stdout and stderr on a pseudo-terminal
+/// (python3's `pty.fork`) when `tty`, else piped; returns what it wrote.
+async fn demo_output(tty: bool, no_color: bool) -> String {
+    const UNDER_PTY: &str = r#"
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+out = b""
+while True:
+    try:
+        data = os.read(fd, 65536)
+    except OSError:
+        break
+    if not data:
+        break
+    out += data
+_, status = os.waitpid(pid, 0)
+sys.stdout.buffer.write(out)
+sys.exit(os.waitstatus_to_exitcode(status))
+"#;
+    let bin = env!("CARGO_BIN_EXE_hosted-boot");
+    let mut cmd = if tty {
+        let mut c = tokio::process::Command::new("python3");
+        c.args(["-c", UNDER_PTY, bin, "demo"]);
+        c
+    } else {
+        let mut c = tokio::process::Command::new(bin);
+        c.arg("demo");
+        c
+    };
+    cmd.env_remove("HOSTED_BOOT_LOG")
+        .env_remove("NO_COLOR")
+        .env("TERM", "xterm-256color")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    if no_color {
+        cmd.env("NO_COLOR", "1");
+    }
+    let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+        .await
+        .expect("the demo did not finish")
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "tty {tty}, NO_COLOR {no_color}:\n{text}"
+    );
+    assert!(
+        without_sgr(&text).contains("summary 3 turns"),
+        "tty {tty}, NO_COLOR {no_color}:\n{text:?}"
+    );
+    text
+}
+
+/// `text` without its SGR sequences (`ESC [ digits ; … m`).
+fn without_sgr(text: &str) -> String {
+    let mut out = String::new();
+    for (i, part) in text.split("\x1b[").enumerate() {
+        let params = part
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == ';')
+            .count();
+        match part.chars().nth(params) {
+            Some('m') if i > 0 => out.extend(part.chars().skip(params + 1)),
+            _ if i > 0 => {
+                out.push_str("\x1b[");
+                out.push_str(part);
+            }
+            _ => out.push_str(part),
+        }
+    }
+    out
+}
+
+/// Whether `text` holds an ANSI colour sequence (SGR: `ESC [ digits ; … m`).
+fn has_colour(text: &str) -> bool {
+    without_sgr(text) != text
+}
+
+/// The demo's colour: on a pseudo-terminal it is in colour; with
+/// `NO_COLOR` set on the same terminal, and piped, there is none (neither
+/// in the demo's lines nor in any log line).
+#[tokio::test]
+async fn the_demo_is_in_colour_on_a_terminal_and_plain_with_no_color_or_piped() {
+    let (tty, tty_no_color, piped) = tokio::join!(
+        demo_output(true, false),
+        demo_output(true, true),
+        demo_output(false, false)
+    );
+    assert!(has_colour(&tty), "no colour on a terminal:\n{tty:?}");
+    assert!(
+        !has_colour(&tty_no_color),
+        "colour despite NO_COLOR:\n{tty_no_color:?}"
+    );
+    assert!(!has_colour(&piped), "colour when piped:\n{piped:?}");
+    assert!(!has_colour("plain \x1b[2K erase") && has_colour("\x1b[1;32mok\x1b[0m"));
+    assert_eq!(without_sgr("a\x1b[1mb\x1b[0mc \x1b[2K"), "abc \x1b[2K");
+    // The same demo, whatever the terminal: only the colour differs.
+    for text in [&tty, &tty_no_color] {
+        assert!(text.contains("\r\n"), "not through a terminal:\n{text:?}");
+    }
 }
 
 #[tokio::test]
@@ -980,10 +1095,19 @@ fi
     wait_for_file(&sb.out().join(format!("ready-{next}"))).await;
     sb.coordinator.clear_faults();
     std::fs::write(sb.out().join("go"), "").unwrap();
-    let (snap, _) = sb.end_after_seal(&next, child).await;
+    let (snap, output) = sb.end_after_seal(&next, child).await;
 
     assert_eq!(snap.run(&next).unwrap().status, "succeeded");
     assert_eq!(sb.read_out(&format!("head-{next}")).trim(), first);
+    // The sync's log lines name outcome and code as the wire does.
+    assert!(
+        output.contains("the turn starts from the local HEAD")
+            && output.contains("fetch_failed")
+            && !output.contains("FetchFailed")
+            && !output.contains("KeptLocal")
+            && !output.contains("UpToDate"),
+        "{output}"
+    );
     let events = sync_events(&snap, &next);
     assert_eq!(events.len(), 1, "{events:?}");
     let event = &events[0];

@@ -201,6 +201,96 @@ exit 0
     }
 }
 
+/// An agent that leaves two daemons (each in a session of its own, named
+/// `daemon-one` and `daemon-two`) and a background child in its group:
+/// `supervise` names all three and what killed each, under the default
+/// cgroup (`cgroup.kill`, which leaves the `/proc` sweep only zombies, so
+/// `swept` once said 0) and without one (the sweep). Issue 17.
+#[tokio::test]
+async fn supervise_names_the_daemons_the_cgroup_or_the_sweep_killed() {
+    for cgroup in ["auto", "off"] {
+        let out = tempfile::tempdir().unwrap();
+        let sleep = String::from_utf8(
+            std::process::Command::new("sh")
+                .args(["-c", "command -v sleep"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        for name in ["daemon-one", "daemon-two", "helper-child"] {
+            std::os::unix::fs::symlink(sleep.trim(), out.path().join(name)).unwrap();
+        }
+        // Each daemon writes its pid, then renames, then becomes the named
+        // program (the name is the symlink's: `/proc/<pid>/comm`).
+        let script = r#"
+for d in daemon-one daemon-two; do
+  (setsid sh -c 'echo $$ > "$OUT/$1.tmp"; mv "$OUT/$1.tmp" "$OUT/$1.pid"; exec "$OUT/$1" 1000' sh "$d" > /dev/null 2>&1 &)
+done
+"$OUT/helper-child" 1000 > /dev/null 2>&1 &
+while [ ! -s "$OUT/daemon-one.pid" ] || [ ! -s "$OUT/daemon-two.pid" ]; do sleep 0.01; done
+sleep 0.2
+exit 0
+"#;
+        let run = supervise(
+            &[],
+            &["--turn-cgroup", cgroup, "--", "sh", "-c", script],
+            out.path(),
+        )
+        .await;
+        let exit = run.exit();
+        assert_eq!(exit["status"], "succeeded", "{}", run.stderr);
+        let cgroup_used = !run.stderr.contains("no per-turn cgroup");
+        if cgroup == "auto" && !cgroup_used {
+            println!(
+                "skipped the cgroup half: this sandbox gives the runner no per-turn cgroup (see its log: no per-turn cgroup)"
+            );
+            continue;
+        }
+        let killed = exit["killed"].as_array().unwrap();
+        let by = |name: &str| -> Vec<&str> {
+            killed
+                .iter()
+                .filter(|k| k["name"] == name)
+                .map(|k| k["by"].as_str().unwrap())
+                .collect()
+        };
+        let daemon_by = if cgroup == "auto" { "cgroup" } else { "sweep" };
+        for d in ["daemon-one", "daemon-two"] {
+            assert_eq!(by(d), vec![daemon_by], "{d} ({cgroup}): {exit}");
+            let pid: i64 = std::fs::read_to_string(out.path().join(format!("{d}.pid")))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            assert!(
+                killed
+                    .iter()
+                    .any(|k| k["name"] == d && k["pid"].as_i64() == Some(pid)),
+                "{d} ({cgroup}): {exit}"
+            );
+            assert!(
+                hosted_boot::process::tree::read_proc(pid as i32).is_none_or(|p| p.zombie),
+                "{d} survived ({cgroup})"
+            );
+        }
+        assert_eq!(
+            by("helper-child"),
+            vec!["process group"],
+            "{cgroup}: {exit}"
+        );
+        assert_eq!(exit["swept"], 2, "{cgroup}: {exit}");
+        assert!(
+            run.stderr
+                .contains("killed processes the agent left behind")
+                && run.stderr.contains("daemon-one (pid ")
+                && run.stderr.contains(&format!(", {daemon_by})")),
+            "{cgroup}: {}",
+            run.stderr
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_agent_ignoring_sigint_is_killed_after_the_grace_period() {
     let out = tempfile::tempdir().unwrap();
