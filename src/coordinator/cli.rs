@@ -330,6 +330,10 @@ pub(crate) fn startup_text(c: &Coordinator) -> String {
     out.push_str(&format!("  curl -sS {}{auth}\n", dev("state")));
     out.push_str(&format!("  curl -sS {}{auth}\n", dev("requests")));
     out.push_str(&format!(
+        "  curl -sS {}{auth}\n",
+        crate::text::shell_word(&dev("requests?format=table"))
+    ));
+    out.push_str(&format!(
         "  curl -sS -X POST {}{auth}{json} -d '{{\"route\": \"session\", \"status\": 503, \"count\": 2}}'\n",
         dev("faults")
     ));

@@ -834,6 +834,11 @@ async fn startup_text_has_the_env_docker_and_curl_lines() {
             "{k} in {docker_line}"
         );
     }
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&format!("curl -sS '{base}dev/requests?format=table'"))),
+        "a curl line for the request table:\n{text}"
+    );
     for route in ["turns", "interrupt", "end", "state", "requests"] {
         assert!(
             text.lines()
