@@ -241,6 +241,10 @@ pub(super) fn git(run: &GitRun<'_>, dir: &Path, args: &[&str]) -> Result<String,
         "core.hooksPath=/dev/null",
         "submodule.recurse=false",
         "credential.useHttpPath=true",
+        // A server that stops sending fails the transfer after 30 s (the
+        // stall bound of PROTOCOL.md section 2), not after GIT_BOUND.
+        "http.lowSpeedLimit=1",
+        "http.lowSpeedTime=30",
     ] {
         cmd.arg("-c").arg(setting);
     }
