@@ -114,6 +114,7 @@ async fn harvest_once(with_secrets: bool) -> Duration {
             agent_token_url: coord.agent_token_url(),
             session_id: coord.session_id(),
             remote_url: coord.clone_url(),
+            submodule_remotes: Vec::new(),
             credential_mode: CredentialMode::File,
             credential_socket: None,
             boot_secret_path: Some(session.boot_secret_path()),

@@ -377,6 +377,9 @@ struct Workspace {
     /// The harvest of a reused `repo/`'s work (section 3), for the first
     /// turn's report.
     recovered_at_boot: Option<HarvestResult>,
+    /// A fresh clone's submodules and LFS objects, for the first turn's
+    /// `hosted_boot.workspace` event.
+    completion: workspace::completion::Completion,
 }
 
 /// Step 5: session files, credential helper, clone (or reuse) of `repo/`.
@@ -420,9 +423,9 @@ async fn prepare_workspace(
         &b.redactor,
         broker,
     )?;
-    let clone =
-        clone_repo(b.config, &harvester).instrument(tracing::info_span!("step", step = "clone"));
-    let reused = step(&mut b.stop, clone).await?;
+    let clone = clone_repo(b.config, &harvester, session_dir)
+        .instrument(tracing::info_span!("step", step = "clone"));
+    let (reused, completion) = step(&mut b.stop, clone).await?;
     // A reused repo/ (section 3): its work is harvested first, which also
     // brings the local session branch to the remote's (4.5).
     let mut recovered_at_boot = None;
@@ -439,6 +442,7 @@ async fn prepare_workspace(
     Ok(Workspace {
         harvester,
         recovered_at_boot,
+        completion,
     })
 }
 
@@ -517,6 +521,9 @@ fn turn_context(
         )),
         harvester: workspace.harvester,
         recovered_at_boot: std::sync::Mutex::new(workspace.recovered_at_boot),
+        completion: std::sync::Mutex::new(
+            (!workspace.completion.is_empty()).then_some(workspace.completion),
+        ),
         setup: crate::turn::setup::Setup::plan(
             &config.setup,
             resolved.session.setup.as_ref(),
@@ -807,6 +814,7 @@ fn write_session_files(
         agent_token_url: config.api.agent_token_url.to_string(),
         session_id: config.api.session_id.clone(),
         remote_url: remote.to_string(),
+        submodule_remotes: Vec::new(),
         credential_mode: mode,
         credential_socket: (mode == CredentialMode::Broker).then(|| dir.credential_socket_path()),
         boot_secret_path: (mode == CredentialMode::File).then(|| dir.boot_secret_path()),
@@ -852,9 +860,14 @@ fn harvester(
     })
 }
 
-/// Clones the session branch or reuses `repo/`; returns whether it was
-/// reused.
-async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, WorkspaceError> {
+/// Clones the session branch or reuses `repo/`, and completes a fresh
+/// clone (submodules, LFS: PROTOCOL.md 3, "A complete workspace"); returns
+/// whether it was reused, and what the completion did.
+async fn clone_repo(
+    config: &BootConfig,
+    harvester: &Harvester,
+    session_dir: &SessionDir,
+) -> Result<(bool, workspace::completion::Completion), WorkspaceError> {
     let spec = workspace::RepoSpec {
         root: config.root.clone(),
         remote_url: harvester.remote_url.clone(),
@@ -867,11 +880,50 @@ async fn clone_repo(config: &BootConfig, harvester: &Harvester) -> Result<bool, 
     };
     let branch = harvester.branch.as_str();
     let prepared = workspace::prepare_repo_async(spec).await?;
+    let completion = if prepared.reused {
+        // A reused repo/ is the agent's: its submodules are as it left them.
+        workspace::completion::Completion::default()
+    } else {
+        let remote = Url::parse(&harvester.remote_url).map_err(|e| WorkspaceError::Git {
+            action: "complete",
+            url: harvester.remote_url.clone(),
+            message: e.to_string(),
+        })?;
+        let broker = harvester.http.broker.clone();
+        let allow = |url: &Url| allow_submodule_remote(broker.as_ref(), session_dir, url);
+        workspace::completion::complete(
+            prepared.path.clone(),
+            remote,
+            harvester.credential_helper.clone(),
+            harvester.http.redactor.clone(),
+            allow,
+        )
+        .await
+    };
     // Nothing else works in repo/ yet: the agent's git finds it its own.
     let owner = harvester.clone();
     let _ = tokio::task::spawn_blocking(move || owner.give_repo_to_owner()).await;
     tracing::info!(head = %prepared.remote_head, reused = prepared.reused, branch, "repository ready");
-    Ok(prepared.reused)
+    Ok((prepared.reused, completion))
+}
+
+/// Lets the credential helper answer for a submodule's remote on the
+/// session's host: the broker in memory, or (file mode) the boot context.
+fn allow_submodule_remote(broker: Option<&workspace::Broker>, session_dir: &SessionDir, url: &Url) {
+    if let Some(broker) = broker {
+        broker.allow_submodule_remote(url);
+        return;
+    }
+    let path = session_dir.context_path();
+    let written = BootContext::read(&path).and_then(|mut context| {
+        if !context.submodule_remotes.iter().any(|u| u == url.as_str()) {
+            context.submodule_remotes.push(url.to_string());
+        }
+        session_dir.write_context(&context)
+    });
+    if let Err(e) = written {
+        tracing::warn!(remote = %url, error = %e, "cannot let the credential helper answer for a submodule's remote");
+    }
 }
 
 /// A redactor source (PROTOCOL.md section 3) for the repo tokens the

@@ -123,6 +123,7 @@ impl Fleet {
             dev_token: c.dev_token.clone(),
             long_poll: c.long_poll,
             repo: c.repo.clone(),
+            served: c.served.clone(),
             latency: c.latency,
         };
         let task = (!start_idle).then_some(c.client_info.task.as_str());

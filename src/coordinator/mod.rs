@@ -36,11 +36,12 @@ mod fleet;
 mod git;
 mod latency;
 mod long_poll;
+mod served;
 mod server;
 mod state;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -198,6 +199,18 @@ impl Default for CoordinatorOptions {
     }
 }
 
+/// The Git LFS pointer file of `content` (the spec's v1 text), to commit
+/// in place of the file in a repository whose object the coordinator
+/// holds ([`Coordinator::add_lfs_object`]).
+pub fn lfs_pointer(content: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, content);
+    let oid: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {}\n",
+        content.len()
+    )
+}
+
 /// A running reference coordinator. Dropping it stops the server (and removes
 /// its temporary directory, if it made one); [`Coordinator::shutdown`] stops
 /// it gracefully.
@@ -303,6 +316,7 @@ impl Coordinator {
                 dev_token,
                 long_poll: opts.long_poll,
                 repo,
+                served: served::Served::default(),
                 latency: opts.latency,
             },
             state: Mutex::new({
@@ -527,6 +541,28 @@ impl Coordinator {
     /// lifts the limit.
     pub fn set_git_max_file_size(&self, bytes: Option<u64>) {
         self.shared.update(|st| st.git_max_file_size = bytes);
+    }
+
+    /// Serves a bare clone of the repository at `source` as `full_name`
+    /// (`owner/name`) beside the session's, read-only to the session's repo
+    /// tokens (a submodule's repository, PROTOCOL.md section 6 "Git");
+    /// returns its clone URL.
+    ///
+    /// Errors: an invalid or taken name, a failing `git`.
+    pub fn add_repository(&self, full_name: &str, source: &Path) -> anyhow::Result<String> {
+        self.shared
+            .cfg
+            .served
+            .add_repository(&self.shared.cfg.repo.project_root, full_name, source)?;
+        Ok(format!("{}/{full_name}.git", self.git_base_url()))
+    }
+
+    /// Holds `content` as a Git LFS object that the batch API of every
+    /// served repository offers for download (PROTOCOL.md section 6
+    /// "Git"); returns its oid (sha256, hex). A pointer to it is
+    /// [`lfs_pointer`].
+    pub fn add_lfs_object(&self, content: &[u8]) -> String {
+        self.shared.cfg.served.add_lfs_object(content)
     }
 
     /// Sets the session's `setup` field (`POST dev/setup`); `None` removes

@@ -58,6 +58,8 @@ pub(crate) struct Config {
     /// Offer the long-poll of the session read (PROTOCOL.md 2.4).
     pub long_poll: bool,
     pub repo: BareRepo,
+    /// Repositories and LFS objects served beside `repo` ([`super::served`]).
+    pub served: super::served::Served,
     /// [`super::CoordinatorOptions::latency`].
     pub latency: Duration,
 }
@@ -820,7 +822,12 @@ async fn git_route(
     body: Body,
 ) -> Response {
     let prefix = format!("/{}.git/", sh.cfg.repo_full_name);
-    if !path_info.starts_with(&prefix) || path_info.split('/').any(|s| s == "..") {
+    let other = (!path_info.starts_with(&prefix))
+        .then(|| sh.cfg.served.repository_of(path_info))
+        .flatten();
+    if (!path_info.starts_with(&prefix) && other.is_none())
+        || path_info.split('/').any(|s| s == "..")
+    {
         return (StatusCode::NOT_FOUND, "no such repository\n").into_response();
     }
     let password = auth_value(headers, "Basic")
@@ -839,12 +846,30 @@ async fn git_route(
         )
             .into_response();
     };
-    if git::is_push(path_info, query) && access != crate::wire::Access::Write {
+    if git::is_push(path_info, query) && (access != crate::wire::Access::Write || other.is_some())
+    {
         return (StatusCode::FORBIDDEN, "this repo token is read-only\n").into_response();
+    }
+    let repo = other.as_ref().unwrap_or(&sh.cfg.repo);
+    if let Some(full_name) = repo_full_name_of(repo)
+        && path_info.starts_with(&format!("/{full_name}.git/info/lfs/"))
+    {
+        // The LFS batch API's bodies are small JSON: read whole, capped.
+        let Ok(bytes) = axum::body::to_bytes(body, MAX_API_BODY).await else {
+            return (StatusCode::PAYLOAD_TOO_LARGE, "the LFS request is too large\n").into_response();
+        };
+        if let Some(answer) =
+            sh.cfg
+                .served
+                .lfs_answer(&full_name, method, path_info, headers, &bytes)
+        {
+            return answer;
+        }
+        return (StatusCode::NOT_FOUND, "no such LFS route\n").into_response();
     }
     let max_file_size = sh.lock().git_max_file_size;
     let request = git::BackendRequest {
-        repo: &sh.cfg.repo,
+        repo,
         branch: &sh.cfg.branch,
         max_file_size,
         method,
@@ -853,6 +878,14 @@ async fn git_route(
         headers,
     };
     git::http_backend(request, body).await
+}
+
+/// `owner/name` of a served bare repository, from its path below the
+/// project root.
+fn repo_full_name_of(repo: &BareRepo) -> Option<String> {
+    let relative = repo.path.strip_prefix(&repo.project_root).ok()?;
+    let text = relative.to_str()?;
+    text.strip_suffix(".git").map(str::to_string)
 }
 
 #[cfg(test)]

@@ -219,6 +219,9 @@ pub enum RunnerEvent {
     /// `hosted_boot.egress_canary`: the egress canary's verdict, before the
     /// first agent starts (4.1 step 3).
     EgressCanary,
+    /// `hosted_boot.workspace`: a fresh clone's submodules and LFS files
+    /// (3, "A complete workspace"), in the first turn when it has either.
+    Workspace,
 }
 
 impl RunnerEvent {
@@ -234,6 +237,7 @@ impl RunnerEvent {
             RunnerEvent::Setup => "hosted_boot.setup",
             RunnerEvent::SetupOutput => "hosted_boot.setup_output",
             RunnerEvent::EgressCanary => "hosted_boot.egress_canary",
+            RunnerEvent::Workspace => "hosted_boot.workspace",
         }
     }
 }

@@ -44,6 +44,11 @@ pub struct BootContext {
     /// The clone URL of the session's repository (no credential in it): the
     /// helper answers only for this remote.
     pub remote_url: String,
+    /// Submodule remotes on the session's host that the clone met
+    /// (PROTOCOL.md 3, "A complete workspace"): the helper answers for them
+    /// as for `remote_url`. Absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub submodule_remotes: Vec<String>,
     /// Broker or file (see [`CredentialMode`]).
     #[serde(default = "file_mode")]
     pub credential_mode: CredentialMode,
@@ -125,6 +130,7 @@ mod tests {
             agent_token_url: "http://127.0.0.1:1/t".into(),
             session_id: "s1".into(),
             remote_url: "http://127.0.0.1:1/git/o/r.git".into(),
+            submodule_remotes: Vec::new(),
             credential_mode: CredentialMode::File,
             credential_socket: None,
             boot_secret_path: Some("/x/boot-secret".into()),

@@ -63,6 +63,10 @@ pub struct TurnContext {
     /// The harvest of a reused `repo/` at boot, reported as an event of the
     /// first turn (taken by it).
     pub recovered_at_boot: std::sync::Mutex<Option<HarvestResult>>,
+    /// What the completion of a fresh clone did (submodules, LFS), reported
+    /// as the first turn's `hosted_boot.workspace` event (taken by it);
+    /// `None`: nothing to report.
+    pub completion: std::sync::Mutex<Option<crate::workspace::completion::Completion>>,
     /// The repository's setup, run before the first agent of the boot
     /// (PROTOCOL.md 4.1, "Setup"); `None`: no setup script is set.
     pub setup: Option<setup::Setup>,
@@ -396,6 +400,9 @@ impl<'a> Turn<'a> {
         );
         if let Some(recovered) = crate::sync::lock(&ctx.recovered_at_boot).take() {
             workspace_steps::emit(events, &recovered);
+        }
+        if let Some(completion) = crate::sync::lock(&ctx.completion).take() {
+            events.emit(RunnerEvent::Workspace, completion.event_data());
         }
         // The sync comes before the watch's first read, so that an interrupt
         // requested meanwhile still keeps the agent from starting.

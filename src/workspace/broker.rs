@@ -118,6 +118,9 @@ struct Inner {
     write: tokio::sync::Mutex<Option<CachedToken>>,
     /// The boot's `read` token, for the runner's own fetches.
     read: std::sync::Mutex<Option<CachedToken>>,
+    /// Submodule remotes on the session's host the clone met
+    /// ([`Broker::allow_submodule_remote`]): answered like the session's.
+    submodule_remotes: std::sync::Mutex<Vec<Url>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -166,6 +169,7 @@ impl Broker {
                 redactor,
                 write: tokio::sync::Mutex::new(None),
                 read: std::sync::Mutex::new(None),
+                submodule_remotes: std::sync::Mutex::new(Vec::new()),
             }),
         }
     }
@@ -188,6 +192,18 @@ impl Broker {
             .add(&entry.token, SecretKind::Credential);
         *crate::sync::lock(&self.inner.read) = Some(entry);
         true
+    }
+
+    /// Lets git's helper requests for `url` (a submodule's repository on the
+    /// session's host, met by the clone: PROTOCOL.md 3, "A complete
+    /// workspace") be answered with the session's repo token, for the rest
+    /// of the boot.
+    pub fn allow_submodule_remote(&self, url: &Url) {
+        let mut remotes = crate::sync::lock(&self.inner.submodule_remotes);
+        if !remotes.contains(url) {
+            tracing::info!(remote = %url, "credential broker: answers for a submodule's remote too");
+            remotes.push(url.clone());
+        }
     }
 
     /// Whether `url` is the session's remote (the check of git's requests,
@@ -316,7 +332,10 @@ impl Broker {
         let action = String::from_utf8_lossy(action).trim().to_string();
         let attributes = read_attributes(rest.strip_prefix(b"\n").unwrap_or(rest));
         let describe = |key: &str| attributes.get(key).cloned().unwrap_or_default();
-        if !request_matches_remote(&attributes, &self.inner.remote) {
+        let submodule = crate::sync::lock(&self.inner.submodule_remotes)
+            .iter()
+            .any(|u| request_matches_remote(&attributes, u));
+        if !submodule && !request_matches_remote(&attributes, &self.inner.remote) {
             tracing::info!(
                 action,
                 uid,

@@ -75,8 +75,20 @@ pub(super) fn commit_uncommitted(
         (meta.is_file() && meta.len() > max).then_some(meta.len())
     };
     let left_out: RefCell<Vec<(String, u64)>> = RefCell::new(Vec::new());
+    let kept = kept_paths(repo)?;
+    let keep = |path: &Path| -> bool {
+        let kept_here = kept.gitlinks.iter().any(|g| Path::new(g) == path)
+            || (kept.lfs && super::lfs::is_lfs_tracked(repo, path));
+        if kept_here {
+            tracing::warn!(path = %path.display(), "harvest: a submodule or an LFS-tracked path is left as it is (PROTOCOL.md 4.5)");
+        }
+        kept_here
+    };
     // Skipped before it is hashed: a file of gigabytes is never read.
     let mut guard = |path: &Path, _spec: &[u8]| -> i32 {
+        if keep(path) {
+            return 1;
+        }
         match over(path) {
             Some(bytes) => {
                 left_out
@@ -99,6 +111,9 @@ pub(super) fn commit_uncommitted(
         for entry in statuses.iter() {
             let Ok(path) = entry.path() else { continue };
             let path = Path::new(path);
+            if keep(path) {
+                continue;
+            }
             if let Some(bytes) = over(path) {
                 left_out
                     .borrow_mut()
@@ -163,6 +178,36 @@ pub(super) fn commit_uncommitted(
     }
     tracing::info!(commit = %oid, name = %job.name, "harvest: committed what the agent left uncommitted");
     Ok(Some(oid))
+}
+
+/// What the harvest's commit never takes from the work tree (PROTOCOL.md
+/// 4.5, "Submodules and LFS").
+struct Kept {
+    /// The index's gitlinks (submodules): never moved by the harvest, and
+    /// nothing inside them committed.
+    gitlinks: Vec<String>,
+    /// Whether any attributes file names the `lfs` filter: LFS-tracked
+    /// paths are then left out (libgit2 runs no filter, so it would commit
+    /// their content as a plain blob, not a pointer).
+    lfs: bool,
+}
+
+fn kept_paths(repo: &Repository) -> Result<Kept, git2::Error> {
+    let index = repo.index()?;
+    let gitlinks = index
+        .iter()
+        .filter(|e| e.mode == 0o160000)
+        .map(|e| String::from_utf8_lossy(&e.path).into_owned())
+        .collect();
+    let lfs = index.iter().any(|e| {
+        e.path.ends_with(b".gitattributes")
+            && repo
+                .find_blob(e.id)
+                .is_ok_and(|b| b.content().windows(10).any(|w| w == b"filter=lfs"))
+    }) || repo
+        .workdir()
+        .is_some_and(|w| std::fs::read(w.join(".gitattributes")).is_ok_and(|b| b.windows(10).any(|w| w == b"filter=lfs")));
+    Ok(Kept { gitlinks, lfs })
 }
 
 #[cfg(test)]

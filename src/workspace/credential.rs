@@ -495,7 +495,11 @@ fn get(
         Ok(u) => u,
         Err(e) => return quit(out, err, &format!("the boot context is invalid: {e}")),
     };
-    if !request_matches_remote(attributes, &remote) {
+    let submodule = context.submodule_remotes.iter().any(|u| {
+        crate::validate::url("submodule URL", u, context.insecure_http)
+            .is_ok_and(|u| request_matches_remote(attributes, &u))
+    });
+    if !submodule && !request_matches_remote(attributes, &remote) {
         // Not our remote: let git ask its other helpers.
         return;
     }
@@ -842,6 +846,7 @@ mod tests {
             agent_token_url: "http://127.0.0.1:9/t".into(),
             session_id: "s1".into(),
             remote_url: "http://127.0.0.1:9/git/o/r.git".into(),
+            submodule_remotes: Vec::new(),
             credential_mode: CredentialMode::Broker,
             credential_socket: Some(socket.clone()),
             boot_secret_path: None,

@@ -24,15 +24,19 @@
 //!   failures retried within the bound.
 //! - [`recovery`]: recovery branch names and the local refs that keep
 //!   commits (`refs/hosted-boot/discarded/`, `refs/hosted-boot/oversized/`).
+//! - [`completion`]: a fresh clone's submodules ([`submodules`]) and Git
+//!   LFS objects ([`lfs`]), for the first turn's `hosted_boot.workspace`.
 //! - [`local_branch`]: the local session branch saved, then moved to the
 //!   remote's tip.
 
 pub mod broker;
 pub mod clone;
 mod commit;
+pub mod completion;
 pub mod credential;
 pub mod harvest;
 mod local_branch;
+mod lfs;
 pub mod lock;
 pub mod mirror;
 mod push;
@@ -41,6 +45,7 @@ mod remote;
 mod secret_guard;
 mod setup_changes;
 mod size_limit;
+pub mod submodules;
 mod sync;
 pub mod transport;
 

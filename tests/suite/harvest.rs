@@ -546,6 +546,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
             agent_token_url: coord.agent_token_url(),
             session_id: coord.session_id(),
             remote_url: coord.clone_url(),
+            submodule_remotes: Vec::new(),
             credential_mode: CredentialMode::File,
             credential_socket: None,
             boot_secret_path: Some(session.boot_secret_path()),

@@ -5,6 +5,7 @@ mod architecture;
 mod bad_values;
 mod boot;
 mod breaks;
+mod complete_workspace;
 mod broker;
 mod check;
 mod clocks;

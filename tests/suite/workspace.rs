@@ -47,6 +47,7 @@ fn env_with(opts: CoordinatorOptions) -> Env {
             agent_token_url: coord.agent_token_url(),
             session_id: coord.session_id(),
             remote_url: coord.clone_url(),
+            submodule_remotes: Vec::new(),
             credential_mode: CredentialMode::File,
             credential_socket: None,
             boot_secret_path: Some(session.boot_secret_path()),

@@ -1,0 +1,98 @@
+//! A complete workspace (PROTOCOL.md 3, "A complete workspace"): after a
+//! fresh clone, its submodules ([`super::submodules`]) and its Git LFS
+//! objects ([`super::lfs`]), reported as the first turn's
+//! `hosted_boot.workspace` event when there is either.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use url::Url;
+
+use super::lfs::{self, LfsReport};
+use super::submodules::{self, GitRun, Level, SubmoduleReport};
+use crate::redact::Redactor;
+
+/// What the completion of a fresh clone did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Completion {
+    /// Every submodule met, at every level, in order.
+    pub submodules: Vec<SubmoduleReport>,
+    /// The LFS files of the session branch, when it has any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lfs: Option<LfsReport>,
+}
+
+impl Completion {
+    /// Whether there is nothing to report (no submodule, no LFS file).
+    pub fn is_empty(&self) -> bool {
+        self.submodules.is_empty() && self.lfs.is_none()
+    }
+
+    /// The `hosted_boot.workspace` event's data.
+    pub fn event_data(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// Completes the fresh clone at `repo_dir`: every level of submodules
+/// (`allow` is called with each URL on the session's host before it is
+/// fetched, to let the credential helper answer for it), then LFS. Runs
+/// the `git` CLI on tokio's blocking pool; never fails (what failed is in
+/// the report).
+pub async fn complete(
+    repo_dir: PathBuf,
+    session: Url,
+    helper: String,
+    redactor: Redactor,
+    allow: impl Fn(&Url),
+) -> Completion {
+    let mut done = Completion::default();
+    let mut levels = vec![Level {
+        dir: repo_dir.clone(),
+        prefix: String::new(),
+        depth: 0,
+    }];
+    while let Some(level) = levels.pop() {
+        let (s, h, r, l) = (session.clone(), helper.clone(), redactor.clone(), level.clone());
+        let planned = tokio::task::spawn_blocking(move || {
+            let run = GitRun { session: &s, helper: &h, redactor: &r };
+            submodules::plan(&run, &l)
+        })
+        .await;
+        let planned = match planned {
+            Ok(Ok(planned)) => planned,
+            Ok(Err(reason)) => {
+                tracing::warn!(dir = %level.dir.display(), reason, "the submodules could not be read");
+                continue;
+            }
+            Err(_) => continue,
+        };
+        for p in &planned {
+            if let Some(url) = &p.url
+                && submodules::on_session_host(url, &session)
+            {
+                allow(url);
+            }
+        }
+        let (s, h, r) = (session.clone(), helper.clone(), redactor.clone());
+        let updated = tokio::task::spawn_blocking(move || {
+            let run = GitRun { session: &s, helper: &h, redactor: &r };
+            submodules::update(&run, &level, &planned)
+        })
+        .await;
+        if let Ok((reports, next)) = updated {
+            done.submodules.extend(reports);
+            levels.extend(next.into_iter().rev());
+        }
+    }
+    let (s, h, r) = (session, helper, redactor);
+    done.lfs = tokio::task::spawn_blocking(move || {
+        let run = GitRun { session: &s, helper: &h, redactor: &r };
+        lfs::complete(&run, &repo_dir)
+    })
+    .await
+    .ok()
+    .flatten();
+    done
+}

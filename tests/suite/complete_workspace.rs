@@ -1,0 +1,317 @@
+//! A complete workspace (PROTOCOL.md 3, "A complete workspace"; issue 14)
+//! with the real binary: a submodule on the session's host checked out at
+//! the commit the session branch records, through the credential helper
+//! (broker and file mode); a submodule on another host, or on a local
+//! transport, skipped and never contacted; the harvest leaves a submodule
+//! the agent changed as it is; an LFS file the reference coordinator serves
+//! checked out whole where git-lfs is installed, named as a pointer where
+//! it is not; the harvest never commits an LFS-tracked path.
+
+use std::path::{Path, PathBuf};
+
+use hosted_boot::coordinator::{CoordinatorOptions, lfs_pointer};
+use hosted_boot::wire::Event;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::support::{Runner, Sandbox};
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"])
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A repository with `files` (path, content) committed on `main`.
+fn repo_with(dir: &Path, files: &[(&str, &str)]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    git(dir, &["init", "-q", "-b", "main"]);
+    for (path, content) in files {
+        let p = dir.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "files"]);
+    dir.to_path_buf()
+}
+
+/// Adds a gitlink at `path` to commit `commit` with `url` in `.gitmodules`,
+/// committed (no fetch: the superproject is built offline).
+fn add_gitlink(dir: &Path, name: &str, path: &str, url: &str, commit: &str) {
+    let mut modules = std::fs::read_to_string(dir.join(".gitmodules")).unwrap_or_default();
+    modules.push_str(&format!(
+        "[submodule \"{name}\"]\n\tpath = {path}\n\turl = {url}\n"
+    ));
+    std::fs::write(dir.join(".gitmodules"), modules).unwrap();
+    git(
+        dir,
+        &["update-index", "--add", "--cacheinfo", &format!("160000,{commit},{path}")],
+    );
+    git(dir, &["add", ".gitmodules"]);
+    git(dir, &["commit", "-q", "-m", &format!("submodule {name}")]);
+}
+
+fn workspace_event(events: &[Event]) -> Value {
+    let found: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.kind == "hosted_boot.workspace")
+        .collect();
+    assert_eq!(found.len(), 1, "one hosted_boot.workspace event: {events:?}");
+    found[0].data.clone()
+}
+
+/// The file at `path` of the session branch on the coordinator, or `None`.
+fn remote_file(sb: &Sandbox, path: &str) -> Option<String> {
+    let out = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(sb.coordinator.bare_repo())
+        .args(["show", &format!("refs/heads/{}:{path}", sb.coordinator.branch())])
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn remote_gitlink(sb: &Sandbox, path: &str) -> String {
+    let out = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(sb.coordinator.bare_repo())
+        .args(["ls-tree", &format!("refs/heads/{}", sb.coordinator.branch()), path])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The library repository (two commits: the superproject records the
+/// first) and a superproject with it as `lib` by a relative URL.
+fn submodule_sources(dir: &Path) -> (PathBuf, PathBuf, String) {
+    let lib = repo_with(&dir.join("lib"), &[("lib.txt", "library v1\n")]);
+    let recorded = git(&lib, &["rev-parse", "HEAD"]);
+    std::fs::write(lib.join("lib.txt"), "library v2\n").unwrap();
+    git(&lib, &["commit", "-q", "-am", "v2"]);
+    let app = repo_with(&dir.join("app"), &[("README.md", "app\n")]);
+    add_gitlink(&app, "lib", "lib", "../lib.git", &recorded);
+    (lib, app, recorded)
+}
+
+/// What the agent reports about `lib`, then its work: a change inside the
+/// submodule committed there, another left uncommitted, and a file of the
+/// superproject.
+const SUBMODULE_AGENT: &str = r#"
+git -C lib rev-parse HEAD > "$AGENT_OUT/lib-head"
+cat lib/lib.txt > "$AGENT_OUT/lib-txt"
+echo changed > lib/lib.txt
+git -C lib -c user.name=a -c user.email=a@a commit -q -am "agent inside the submodule"
+echo more > lib/more.txt
+echo work > notes.txt
+"#;
+
+async fn submodule_turn(mode: &str) {
+    let src = tempfile::tempdir().unwrap();
+    let (lib, app, recorded) = submodule_sources(src.path());
+    let sb = Sandbox::start(CoordinatorOptions {
+        source_repo: Some(app),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    sb.coordinator.add_repository("acme/lib", &lib).unwrap();
+    let mut cmd = sb.runner(&sb.script(SUBMODULE_AGENT));
+    cmd.env("HOSTED_BOOT_CREDENTIAL_MODE", mode);
+    let (snapshot, output) = sb
+        .end_after_seal("run-1", Runner::reading(cmd.spawn().unwrap()))
+        .await;
+    assert_eq!(sb.read_out("lib-head").trim(), recorded, "{mode}: {output}");
+    assert_eq!(sb.read_out("lib-txt"), "library v1\n", "{mode}");
+    let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
+    let data = workspace_event(&run.events);
+    assert_eq!(
+        data["submodules"],
+        json!([{
+            "path": "lib",
+            "url": format!("{}/acme/lib.git", sb.coordinator.git_base_url()),
+            "outcome": "checkedOut",
+            "commit": recorded,
+        }]),
+        "{mode}"
+    );
+    // The harvest committed the superproject's file, left the gitlink at
+    // the recorded commit and nothing of the submodule's work.
+    assert_eq!(remote_file(&sb, "notes.txt").as_deref(), Some("work\n"), "{mode}: {output}");
+    assert!(
+        remote_gitlink(&sb, "lib").contains(&recorded),
+        "{mode}: the gitlink moved: {}",
+        remote_gitlink(&sb, "lib")
+    );
+    assert_eq!(remote_file(&sb, "lib/more.txt"), None, "{mode}");
+    assert_eq!(
+        std::fs::read_to_string(sb.root().join("repo/lib/more.txt")).unwrap(),
+        "more\n",
+        "{mode}: the submodule's work is left in its work tree"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submodule_on_the_sessions_host_is_checked_out_at_its_recorded_commit_and_left_alone_by_the_harvest()
+ {
+    submodule_turn("broker").await;
+    submodule_turn("file").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_contacted() {
+    let src = tempfile::tempdir().unwrap();
+    let lib = repo_with(&src.path().join("lib"), &[("lib.txt", "library\n")]);
+    let commit = git(&lib, &["rev-parse", "HEAD"]);
+    // Another host: a listener on another loopback address that counts
+    // every connection.
+    let other = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let other_url = format!("http://{}/git/acme/lib.git", other.local_addr().unwrap());
+    let app = repo_with(&src.path().join("app"), &[("README.md", "app\n")]);
+    add_gitlink(&app, "elsewhere", "elsewhere", &other_url, &commit);
+    let file_url = format!("file://{}", lib.display());
+    add_gitlink(&app, "local", "local", &file_url, &commit);
+    let sb = Sandbox::start(CoordinatorOptions {
+        source_repo: Some(app),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script("ls -A elsewhere local > \"$AGENT_OUT/listing\" 2>&1; echo ok > notes.txt");
+    let (snapshot, output) = sb.end_after_seal("run-1", Runner::spawn(&sb, &script)).await;
+    let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
+    assert_eq!(run.status, "succeeded", "{output}");
+    let data = workspace_event(&run.events);
+    let outcomes: Vec<(String, String)> = data["submodules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["path"].as_str().unwrap().to_string(),
+                s["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            ("elsewhere".to_string(), "skipped".to_string()),
+            ("local".to_string(), "skipped".to_string())
+        ],
+        "{data}"
+    );
+    assert_eq!(sb.read_out("listing"), "elsewhere:\n\nlocal:\n", "empty directories");
+    let contacted = tokio::time::timeout(std::time::Duration::from_millis(200), other.accept()).await;
+    assert!(contacted.is_err(), "the other host was contacted");
+    let config = std::fs::read_to_string(sb.root().join("repo/.git/config")).unwrap();
+    assert!(
+        !config.contains("[submodule"),
+        "a skipped submodule stays configured: {config}"
+    );
+}
+
+const LFS_CONTENT: &str = "binary-ish content served from LFS, 0123456789\n";
+
+fn lfs_sources(dir: &Path) -> PathBuf {
+    repo_with(
+        &dir.join("app"),
+        &[
+            ("README.md", "app\n"),
+            (".gitattributes", "*.bin filter=lfs diff=lfs merge=lfs -text\n"),
+            ("assets/model.bin", &lfs_pointer(LFS_CONTENT.as_bytes())),
+        ],
+    )
+}
+
+const LFS_AGENT: &str = r#"
+cat assets/model.bin > "$AGENT_OUT/model"
+echo new > assets/new.bin
+echo work > notes.txt
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_lfs_file_served_by_the_coordinator_is_checked_out_whole_and_never_committed_by_the_harvest()
+ {
+    assert!(
+        std::process::Command::new("git-lfs")
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "this test needs git-lfs on PATH (apt-get install git-lfs)"
+    );
+    let src = tempfile::tempdir().unwrap();
+    let sb = Sandbox::start(CoordinatorOptions {
+        source_repo: Some(lfs_sources(src.path())),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    sb.coordinator.add_lfs_object(LFS_CONTENT.as_bytes());
+    let (snapshot, output) = sb
+        .end_after_seal("run-1", Runner::spawn(&sb, &sb.script(LFS_AGENT)))
+        .await;
+    assert_eq!(sb.read_out("model"), LFS_CONTENT, "{output}");
+    let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
+    assert_eq!(
+        workspace_event(&run.events),
+        json!({"submodules": [], "lfs": {"gitLfs": true, "files": 1, "pointers": []}})
+    );
+    assert_eq!(remote_file(&sb, "notes.txt").as_deref(), Some("work\n"), "{output}");
+    assert_eq!(
+        remote_file(&sb, "assets/model.bin"),
+        Some(lfs_pointer(LFS_CONTENT.as_bytes())),
+        "the harvest replaced the pointer"
+    );
+    assert_eq!(remote_file(&sb, "assets/new.bin"), None, "an LFS-tracked file was committed");
+    // The agent's git sees the LFS file as unchanged (the filter is set).
+    let status = git(&sb.root().join("repo"), &["status", "--porcelain", "assets/model.bin"]);
+    assert_eq!(status, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_git_lfs_the_pointer_checkout_is_named_in_an_event() {
+    // A PATH of every program of the test's PATH but git-lfs.
+    let bin = tempfile::tempdir().unwrap();
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let link = bin.path().join(&name);
+            if name != "git-lfs" && !link.exists() {
+                let _ = std::os::unix::fs::symlink(entry.path(), link);
+            }
+        }
+    }
+    let src = tempfile::tempdir().unwrap();
+    let sb = Sandbox::start(CoordinatorOptions {
+        source_repo: Some(lfs_sources(src.path())),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    sb.coordinator.add_lfs_object(LFS_CONTENT.as_bytes());
+    let mut cmd = sb.runner(&sb.script(LFS_AGENT));
+    cmd.env("PATH", bin.path());
+    let (snapshot, output) = sb
+        .end_after_seal("run-1", Runner::reading(cmd.spawn().unwrap()))
+        .await;
+    assert_eq!(sb.read_out("model"), lfs_pointer(LFS_CONTENT.as_bytes()), "{output}");
+    let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
+    assert_eq!(
+        workspace_event(&run.events),
+        json!({"submodules": [], "lfs": {"gitLfs": false, "files": 1, "pointers": ["assets/model.bin"]}})
+    );
+    assert_eq!(remote_file(&sb, "assets/new.bin"), None, "an LFS-tracked file was committed");
+    assert_eq!(remote_file(&sb, "notes.txt").as_deref(), Some("work\n"));
+}
