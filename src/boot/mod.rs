@@ -87,7 +87,8 @@ pub async fn run(config: BootConfig) -> i32 {
         ),
         Err(e) => tracing::info!(
             error = %e,
-            oom_score_adj = ?crate::process::oom::current(),
+            oom_score_adj = %crate::process::oom::current()
+                .map_or_else(|| "unknown".to_string(), |v| v.to_string()),
             "cannot lower the runner's oom_score_adj (needs CAP_SYS_RESOURCE); it keeps its score, the agent's is raised"
         ),
     }

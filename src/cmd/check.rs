@@ -203,10 +203,11 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
                 (Ok(()), Ok(p)) => lines.push(CheckLine::pass(
                     "session",
                     format!(
-                        "status {}, branch {}, {} runs, first turn: {}",
+                        "status {}, branch {}, {} run{}, first turn: {}",
                         s.status.as_deref().unwrap_or("active"),
                         s.repo_branch,
                         s.runs.len(),
+                        if s.runs.len() == 1 { "" } else { "s" },
                         first_turn(&s, p.as_ref())
                     ),
                 )),

@@ -522,6 +522,19 @@ async fn a_push_refused_by_the_server_is_a_verdict_and_not_retried() {
             && !output.contains("PushRejected"),
         "{output}"
     );
+    // No line of the runner's own shows Rust's debug text of an Option
+    // (`Some(0)`, `signal=Some(2)`): issue 17's message pass.
+    for line in output.lines() {
+        let Ok(json) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if json["target"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("hosted_boot"))
+        {
+            assert!(!line.contains("Some("), "debug text in a log line: {line}");
+        }
+    }
 }
 
 /// The time bound, through the library: a git server slower than the bound.
