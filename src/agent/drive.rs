@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -790,9 +790,9 @@ fn verdict(config: &AgentConfig, once: &Once, flags: &Flags, resuming: bool) -> 
 
 /// Starts `<program> --version` in the background, once per boot, as soon
 /// as the workspace is ready: the first run's `hosted_boot.runner` event
-/// ([`runner_event`]) then awaits a probe that has been running since, not
-/// a new one (`--version` takes seconds on a loaded machine: opencode's
-/// ~0.6 s idle, several seconds under load).
+/// ([`emit_runner_event`]) takes its answer when it comes, and the agent
+/// never waits for it (`--version` takes seconds on a loaded machine:
+/// opencode's ~0.6 s idle, several seconds under load).
 pub fn start_version_probe(
     config: &AgentConfig,
     session: &std::sync::Arc<AgentSession>,
@@ -809,26 +809,82 @@ pub fn start_version_probe(
     });
 }
 
-/// The payload of the `hosted_boot.runner` event that opens every run:
+/// The run's `hosted_boot.runner` event (PROTOCOL.md 4.6), emitted by
+/// [`emit_runner_event`]: at once when the CLI's version is known (every
+/// run but, at most, the boot's first), else from a task of its own as
+/// soon as the probe answers, so the agent never waits for `--version`.
+pub struct RunnerEventTask(Option<tokio::task::JoinHandle<()>>);
+
+impl RunnerEventTask {
+    /// Waits until the event is emitted (the probe is bounded by
+    /// [`super::AgentTimings::version_timeout`] from its start at boot)
+    /// unless a stop comes first: then the event is dropped, logged, so the
+    /// stop's bounds (4.4) hold. Its sender goes with it, so the run's
+    /// flush is not held open by it.
+    pub async fn settled(mut self, mut stop: watch::Receiver<Stop>) {
+        let Some(task) = self.0.take() else { return };
+        let abort = task.abort_handle();
+        if crate::signals::unless_stopped(&mut stop, task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+            tracing::warn!(
+                "the agent CLI had not answered --version when the stop came; this run has no hosted_boot.runner event"
+            );
+        }
+    }
+}
+
+impl Drop for RunnerEventTask {
+    /// A turn that ends without [`RunnerEventTask::settled`] (a panic)
+    /// leaves no task holding its event sender.
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Emits the `hosted_boot.runner` event that every run carries:
 /// `runnerVersion`, `agent`, `program` and, for the known CLIs,
 /// `cliVersion` (the first line `<program> --version` prints, or null).
-pub async fn runner_event(
+/// The probe was started at boot ([`start_version_probe`]); when it has not
+/// answered yet, the event follows from a task once it does, and the
+/// returned handle says when.
+pub fn emit_runner_event(
     config: &AgentConfig,
-    session: &AgentSession,
+    session: &Arc<AgentSession>,
     base_env: &[(OsString, OsString)],
     cwd: &std::path::Path,
-) -> Value {
+    events: &EventSender,
+) -> RunnerEventTask {
     let mut data = json!({
         "runnerVersion": env!("CARGO_PKG_VERSION"),
         "agent": config.name(),
         "program": config.program,
     });
-    if config.kind != AgentKind::Command {
-        let env = agent_env(config, base_env, session, None, &[]);
-        let version = session.version(cli_version(config, env, cwd)).await;
-        data["cliVersion"] = json!(version);
+    if config.kind == AgentKind::Command {
+        events.emit(RunnerEvent::Runner, data);
+        return RunnerEventTask(None);
     }
-    data
+    if let Some(version) = session.known_version() {
+        data["cliVersion"] = json!(version);
+        events.emit(RunnerEvent::Runner, data);
+        return RunnerEventTask(None);
+    }
+    tracing::info!(
+        program = %config.program,
+        "the agent CLI has not answered --version yet; the agent starts without it and the run's hosted_boot.runner event follows its answer"
+    );
+    let env = agent_env(config, base_env, session, None, &[]);
+    let (config, session, cwd) = (config.clone(), session.clone(), cwd.to_path_buf());
+    let events = events.clone();
+    RunnerEventTask(Some(tokio::spawn(async move {
+        let version = session.version(cli_version(&config, env, &cwd)).await;
+        data["cliVersion"] = json!(version);
+        events.emit(RunnerEvent::Runner, data);
+    })))
 }
 
 /// `<program> --version`'s first line (at most 200 characters), bounded.
@@ -859,7 +915,11 @@ async fn cli_version(
             return None;
         }
         Err(_) => {
-            tracing::warn!(program, "the agent CLI did not print its version in time");
+            tracing::warn!(
+                program,
+                bound = %humantime::format_duration(bound),
+                "the agent CLI did not print its version within the bound; cliVersion is null in this boot's hosted_boot.runner events"
+            );
             return None;
         }
     };

@@ -111,7 +111,8 @@ pub struct AgentTimings {
     /// Waits before the first and the second overload continuation (5 s, 15 s).
     pub overload_delays: [Duration; 2],
     /// Bound on `<cli> --version` for the `hosted_boot.runner` event (30 s;
-    /// started at boot, see [`drive::start_version_probe`]).
+    /// started at boot, never awaited by the agent's start, see
+    /// [`drive::start_version_probe`]).
     pub version_timeout: Duration,
     /// Bound on a server-mode CLI becoming healthy (60 s).
     pub server_ready: Duration,
@@ -255,6 +256,12 @@ impl AgentSession {
     /// total includes tokens no turn reported, and is left out.
     pub fn forget_cumulative(&self) {
         *crate::sync::lock(&self.cumulative) = None;
+    }
+
+    /// The CLI's version if the probe has answered (`Some(None)`: it
+    /// answered nothing usable), `None` while it runs or before it starts.
+    pub fn known_version(&self) -> Option<Option<String>> {
+        self.version.get().cloned()
     }
 
     /// The CLI's version, computed once by `probe`.

@@ -10,7 +10,7 @@
 //! event stream `GET /event`, create the session (`POST /session`) or check
 //! the one to resume (`GET /session/:id`), send the prompt (`POST
 //! /session/:id/prompt_async` with the model of `clientInfo` as
-//! `{providerID, modelID}`), and follow the events until the session is
+//! `{providerID, modelID}` and its effort as `variant`), and follow the events until the session is
 //! idle; `POST /session/:id/abort` interrupts. The server does not exit by
 //! itself: the runner stops it shortly after the turn's end. Permission
 //! requests for the session are answered `always` (the sandbox is the
@@ -726,6 +726,12 @@ async fn send_prompt(http: &Http, spec: &TurnSpec, sid: &str) -> Result<(), Agen
     // The prompt's `system`, added to opencode's own system prompt.
     if let Some(i) = &spec.instructions {
         body["system"] = json!(i.text);
+    }
+    // The model's variant, as `opencode run --variant` sends it: opencode
+    // maps it onto the provider's reasoning setting for a model that has
+    // that variant (PROTOCOL.md 7, "Verified against the real CLIs").
+    if let Some(effort) = &spec.effort {
+        body["variant"] = json!(effort);
     }
     if let Some(model) = &spec.model {
         body["model"] = match model.split_once('/') {

@@ -199,6 +199,9 @@ struct Turn<'a> {
     events_delivered: bool,
     /// The platform's instructions as written for this turn.
     instructions: Option<crate::agent::Instructions>,
+    /// The run's `hosted_boot.runner` event while it waits for the CLI's
+    /// `--version` (the boot's first run only, when the probe is slow).
+    runner_event: Option<drive::RunnerEventTask>,
 }
 
 impl<'a> Turn<'a> {
@@ -227,6 +230,7 @@ impl<'a> Turn<'a> {
             seal: SealState::NotSent,
             events_delivered: false,
             instructions: None,
+            runner_event: None,
         })
     }
 
@@ -254,7 +258,16 @@ impl<'a> Turn<'a> {
         );
         // 6. Harvest, flush events, finish, turn_completed.
         crate::status::turn_step(crate::status::TurnStep::Harvest);
-        let harvested = self.harvest(outcome.status, start, events).await;
+        // The runner event of a first run whose CLI answers `--version`
+        // late is awaited alongside the harvest, never before the agent.
+        let runner_event = self.runner_event.take();
+        let stop = self.stop.clone();
+        let (harvested, ()) =
+            tokio::join!(self.harvest(outcome.status, start, events), async move {
+                if let Some(pending) = runner_event {
+                    pending.settled(stop).await;
+                }
+            });
         let stopping = stopped_by.is_some() || self.budget.stopping();
         crate::status::turn_step(crate::status::TurnStep::Flush);
         let report = self.flush(stopping).await.ok_or(Early::Stopped)?;
@@ -388,16 +401,13 @@ impl<'a> Turn<'a> {
             AgentApi::Proxy(_) => None,
         };
         self.rotation = Some(Rotation::start(ctx.api.clone(), bearer_file));
-        events.emit(
-            RunnerEvent::Runner,
-            drive::runner_event(
-                &ctx.agent,
-                &ctx.agent_session,
-                &ctx.agent_env,
-                &ctx.repo_dir,
-            )
-            .await,
-        );
+        self.runner_event = Some(drive::emit_runner_event(
+            &ctx.agent,
+            &ctx.agent_session,
+            &ctx.agent_env,
+            &ctx.repo_dir,
+            events,
+        ));
         if let Some(recovered) = crate::sync::lock(&ctx.recovered_at_boot).take() {
             workspace_steps::emit(events, &recovered);
         }
