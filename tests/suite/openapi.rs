@@ -376,6 +376,100 @@ async fn openapi_validates_the_reference_coordinators_answers() {
     }
 }
 
+/// The long-poll of the session read (PROTOCOL.md 2.4) as the document
+/// describes it: the headers the runner sends are the session operation's
+/// parameters, and what the reference coordinator answers with the
+/// extension on (`ETag`, `Preference-Applied`, a `304` to a matching
+/// `If-None-Match`) are the documented responses and their headers.
+#[tokio::test]
+async fn openapi_documents_the_long_poll_of_the_session_read() {
+    use hosted_boot::client::long_poll::{PREFER, PREFERENCE_APPLIED};
+    let sb = Sandbox::start(CoordinatorOptions {
+        long_poll: true,
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let c = &sb.coordinator;
+    let doc = doc();
+    let op = doc.operation(Route::Session).unwrap();
+    let params: Vec<String> = op.op["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| doc.resolve(p))
+        .filter(|p| p["in"] == "header")
+        .map(|p| p["name"].as_str().unwrap().to_lowercase())
+        .collect();
+    for name in [PREFER, "if-none-match"] {
+        assert!(params.iter().any(|p| p == name), "{name} in {params:?}");
+    }
+    let documented = |status: &str| -> Vec<String> {
+        let resp = doc.resolve(&op.op["responses"][status]);
+        resp["headers"]
+            .as_object()
+            .unwrap_or_else(|| panic!("no headers on {status}"))
+            .keys()
+            .map(|k| k.to_lowercase())
+            .collect()
+    };
+    let http = client();
+    let token: Value = http
+        .get(c.agent_token_url())
+        .bearer_auth(c.boot_secret())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let bearer = token["token"].as_str().unwrap().to_string();
+    let url = format!("{}{}", c.base_url(), Route::Session.path("s1"));
+    // A first read with the preference: answered at once (nothing to match).
+    let first = http
+        .get(&url)
+        .bearer_auth(&bearer)
+        .header(PREFER, "wait=1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    for name in ["etag", PREFERENCE_APPLIED] {
+        assert!(first.headers().contains_key(name), "200 lacks {name}");
+        assert!(documented("200").iter().any(|d| d == name), "200 {name}");
+    }
+    let etag = first.headers()["etag"].to_str().unwrap().to_string();
+    let value: Value = first.json().await.unwrap();
+    doc.validate(doc.response_schema(Route::Session, 200).unwrap(), &value)
+        .unwrap();
+    // The documented shapes of what the runner sends back.
+    let param = |name: &str| {
+        op.op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| doc.resolve(p))
+            .find(|p| p["name"].as_str().unwrap().eq_ignore_ascii_case(name))
+            .unwrap()["schema"]
+            .clone()
+    };
+    doc.validate(&param("If-None-Match"), &json!(etag)).unwrap();
+    doc.validate(&param("Prefer"), &json!("wait=30")).unwrap();
+    // A conditional read of the unchanged session without a wait: `304` at
+    // once, documented with its headers.
+    let again = http
+        .get(&url)
+        .bearer_auth(&bearer)
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 304);
+    assert_eq!(again.headers()["etag"].to_str().unwrap(), etag);
+    assert!(documented("304").iter().any(|d| d == "etag"));
+    assert!(documented("304").iter().any(|d| d == PREFERENCE_APPLIED));
+    assert!(again.bytes().await.unwrap().is_empty());
+}
+
 /// `hosted-boot conformance` against the sandbox's coordinator, with the
 /// faults `faults` queued first: its exit code and output.
 async fn conformance(sb: &Sandbox) -> (i32, String) {
