@@ -426,7 +426,8 @@ impl Pending {
     /// The verdict, once: the first caller waits for it, later ones get
     /// `None` (only the first agent of a boot waits for the canary).
     pub async fn take(&self) -> Option<Verdict> {
-        if let Some((canary, opts)) = crate::sync::lock(&self.deferred).take() {
+        let deferred = crate::sync::lock(&self.deferred).take();
+        if let Some((canary, opts)) = deferred {
             return Some(check(&canary, &opts).await);
         }
         let task = crate::sync::lock(&self.task).take()?;
