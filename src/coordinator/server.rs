@@ -1006,6 +1006,8 @@ mod tests {
                     "turns" => json!({"body": "x"}),
                     "faults" => json!({"route": "session", "status": 503}),
                     "git" => json!({"maxFileSize": null}),
+                    "lfs" => json!({"content": "x"}),
+                    "repos" => json!({"fullName": "acme/lib", "source": c.bare_repo()}),
                     _ => json!({}),
                 };
                 let resp = http
