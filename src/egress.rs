@@ -388,10 +388,14 @@ fn tls_reason(e: &rustls::Error) -> String {
     }
 }
 
-/// The canary's check started at boot, for the first turn to wait for.
+/// The canary's check started at boot, for the first turn to wait for; or,
+/// when a setup script may run, deferred until the first turn takes it
+/// after setup (4.1 step 3: setup may need the network the policy closes
+/// after it).
 #[derive(Debug, Default)]
 pub struct Pending {
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<Verdict>>>,
+    deferred: std::sync::Mutex<Option<(Canary, CheckOptions)>>,
 }
 
 impl Pending {
@@ -406,12 +410,32 @@ impl Pending {
         let task = tokio::spawn(async move { check(&canary, &opts).await });
         Pending {
             task: std::sync::Mutex::new(Some(task)),
+            deferred: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Checks `canary` only when [`Pending::take`] is first called (after
+    /// the setup script).
+    pub fn after_setup(canary: Canary, opts: CheckOptions) -> Pending {
+        tracing::info!(canary = %canary, "egress canary: checked after the setup script");
+        Pending {
+            task: std::sync::Mutex::new(None),
+            deferred: std::sync::Mutex::new(Some((canary, opts))),
+        }
+    }
+
+    /// Whether the check waits for [`Pending::take`] (a setup may run).
+    pub fn is_deferred(&self) -> bool {
+        crate::sync::lock(&self.deferred).is_some()
     }
 
     /// The verdict, once: the first caller waits for it, later ones get
     /// `None` (only the first agent of a boot waits for the canary).
     pub async fn take(&self) -> Option<Verdict> {
+        let deferred = crate::sync::lock(&self.deferred).take();
+        if let Some((canary, opts)) = deferred {
+            return Some(check(&canary, &opts).await);
+        }
         let task = crate::sync::lock(&self.task).take()?;
         match task.await {
             Ok(v) => Some(v),

@@ -639,6 +639,18 @@ fn start_egress_canary(config: &BootConfig, resolved: &Resolved) -> Step<crate::
         ..CheckOptions::default()
     }
     .proxy_from(env.iter().copied());
+    // A setup script may need the network the policy closes after it: the
+    // check then comes after setup, in the first turn (4.1 step 3).
+    let setup_set = config.setup.script.is_some()
+        || resolved
+            .session
+            .setup
+            .as_ref()
+            .and_then(|s| s.script.as_deref())
+            .is_some_and(|s| !s.trim().is_empty());
+    if setup_set {
+        return Ok(Pending::after_setup(canary, opts));
+    }
     Ok(Pending::start(canary, opts))
 }
 

@@ -36,6 +36,10 @@ pub(super) enum DevRoute {
     /// `GET`, `POST around-agent`: the session's `egressCanary` and
     /// `instructions` (2.4 extensions).
     AroundAgent,
+    /// `POST repos`: serve another repository (a submodule's).
+    Repos,
+    /// `POST lfs`: hold a Git LFS object.
+    Lfs,
 }
 
 /// One row of [`DEV_TABLE`].
@@ -96,7 +100,35 @@ pub(super) const DEV_TABLE: &[DevSpec] = &[
         name: "around-agent",
         methods: &["GET", "POST"],
     },
+    DevSpec {
+        route: DevRoute::Repos,
+        name: "repos",
+        methods: &["POST"],
+    },
+    DevSpec {
+        route: DevRoute::Lfs,
+        name: "lfs",
+        methods: &["POST"],
+    },
 ];
+
+/// `POST repos`: a repository to serve beside the session's.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RepoRequest {
+    /// `owner/name`.
+    full_name: String,
+    /// A local repository (path on the coordinator's machine) to serve a
+    /// bare clone of.
+    source: std::path::PathBuf,
+}
+
+/// `POST lfs`: an LFS object's content (UTF-8 text).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct LfsRequest {
+    content: String,
+}
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -227,6 +259,21 @@ pub(super) fn route(
             // GET, as above.
             _ => Ok(ok(&sh.lock().around)),
         },
+        DevRoute::Repos => {
+            let req: RepoRequest = parse(body)?;
+            sh.cfg
+                .served
+                .add_repository(&sh.cfg.repo.project_root, &req.full_name, &req.source)
+                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{e:#}")))?;
+            Ok(ok(&json!({"fullName": req.full_name})))
+        }
+        DevRoute::Lfs => {
+            let req: LfsRequest = parse(body)?;
+            let oid = sh.cfg.served.add_lfs_object(req.content.as_bytes());
+            Ok(ok(
+                &json!({"oid": oid, "pointer": super::lfs_pointer(req.content.as_bytes())}),
+            ))
+        }
     }
 }
 

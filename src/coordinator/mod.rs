@@ -550,10 +550,11 @@ impl Coordinator {
     ///
     /// Errors: an invalid or taken name, a failing `git`.
     pub fn add_repository(&self, full_name: &str, source: &Path) -> anyhow::Result<String> {
-        self.shared
-            .cfg
-            .served
-            .add_repository(&self.shared.cfg.repo.project_root, full_name, source)?;
+        self.shared.cfg.served.add_repository(
+            &self.shared.cfg.repo.project_root,
+            full_name,
+            source,
+        )?;
         Ok(format!("{}/{full_name}.git", self.git_base_url()))
     }
 

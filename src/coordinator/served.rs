@@ -108,7 +108,13 @@ impl Served {
                 None => (StatusCode::NOT_FOUND, "no such LFS object\n").into_response(),
             });
         }
-        Some((StatusCode::METHOD_NOT_ALLOWED, "use POST on batch, GET on an object\n").into_response())
+        Some(
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "use POST on batch, GET on an object\n",
+            )
+                .into_response(),
+        )
     }
 
     /// `POST …/info/lfs/objects/batch`: `download` only (an `upload` is
@@ -123,7 +129,10 @@ impl Served {
                 .into_response()
         };
         let Ok(request) = serde_json::from_slice::<Value>(body) else {
-            return lfs_error(StatusCode::UNPROCESSABLE_ENTITY, "the batch request is not JSON");
+            return lfs_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "the batch request is not JSON",
+            );
         };
         if request["operation"] != "download" {
             return lfs_error(

@@ -846,8 +846,7 @@ async fn git_route(
         )
             .into_response();
     };
-    if git::is_push(path_info, query) && (access != crate::wire::Access::Write || other.is_some())
-    {
+    if git::is_push(path_info, query) && (access != crate::wire::Access::Write || other.is_some()) {
         return (StatusCode::FORBIDDEN, "this repo token is read-only\n").into_response();
     }
     let repo = other.as_ref().unwrap_or(&sh.cfg.repo);
@@ -856,12 +855,16 @@ async fn git_route(
     {
         // The LFS batch API's bodies are small JSON: read whole, capped.
         let Ok(bytes) = axum::body::to_bytes(body, MAX_API_BODY).await else {
-            return (StatusCode::PAYLOAD_TOO_LARGE, "the LFS request is too large\n").into_response();
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the LFS request is too large\n",
+            )
+                .into_response();
         };
-        if let Some(answer) =
-            sh.cfg
-                .served
-                .lfs_answer(&full_name, method, path_info, headers, &bytes)
+        if let Some(answer) = sh
+            .cfg
+            .served
+            .lfs_answer(&full_name, method, path_info, headers, &bytes)
         {
             return answer;
         }
@@ -1005,6 +1008,8 @@ mod tests {
                     "turns" => json!({"body": "x"}),
                     "faults" => json!({"route": "session", "status": 503}),
                     "git" => json!({"maxFileSize": null}),
+                    "lfs" => json!({"content": "x"}),
+                    "repos" => json!({"fullName": "acme/lib", "source": c.bare_repo()}),
                     _ => json!({}),
                 };
                 let resp = http

@@ -433,7 +433,10 @@ impl<'a> Turn<'a> {
     ) -> (TurnOutcome, Option<Stop>) {
         let ctx = self.ctx;
         let run_id = self.run_id;
-        if let Some(failed) = self.egress_canary(events).await {
+        // Deferred (a setup may run): taken after setup below.
+        if !ctx.egress_canary.is_deferred()
+            && let Some(failed) = self.egress_canary(events).await
+        {
             return (failed, None);
         }
         let mut poll = LongPoll::new();
@@ -509,6 +512,11 @@ impl<'a> Turn<'a> {
                     return (outcome, stopped_by);
                 }
             }
+        }
+        if ctx.egress_canary.is_deferred()
+            && let Some(failed) = self.egress_canary(events).await
+        {
+            return (failed, None);
         }
         let input = DriveInput {
             config: ctx.agent.clone(),

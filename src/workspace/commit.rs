@@ -204,9 +204,10 @@ fn kept_paths(repo: &Repository) -> Result<Kept, git2::Error> {
             && repo
                 .find_blob(e.id)
                 .is_ok_and(|b| b.content().windows(10).any(|w| w == b"filter=lfs"))
-    }) || repo
-        .workdir()
-        .is_some_and(|w| std::fs::read(w.join(".gitattributes")).is_ok_and(|b| b.windows(10).any(|w| w == b"filter=lfs")));
+    }) || repo.workdir().is_some_and(|w| {
+        std::fs::read(w.join(".gitattributes"))
+            .is_ok_and(|b| b.windows(10).any(|w| w == b"filter=lfs"))
+    });
     Ok(Kept { gitlinks, lfs })
 }
 

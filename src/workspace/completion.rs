@@ -54,9 +54,18 @@ pub async fn complete(
         depth: 0,
     }];
     while let Some(level) = levels.pop() {
-        let (s, h, r, l) = (session.clone(), helper.clone(), redactor.clone(), level.clone());
+        let (s, h, r, l) = (
+            session.clone(),
+            helper.clone(),
+            redactor.clone(),
+            level.clone(),
+        );
         let planned = tokio::task::spawn_blocking(move || {
-            let run = GitRun { session: &s, helper: &h, redactor: &r };
+            let run = GitRun {
+                session: &s,
+                helper: &h,
+                redactor: &r,
+            };
             submodules::plan(&run, &l)
         })
         .await;
@@ -77,7 +86,11 @@ pub async fn complete(
         }
         let (s, h, r) = (session.clone(), helper.clone(), redactor.clone());
         let updated = tokio::task::spawn_blocking(move || {
-            let run = GitRun { session: &s, helper: &h, redactor: &r };
+            let run = GitRun {
+                session: &s,
+                helper: &h,
+                redactor: &r,
+            };
             submodules::update(&run, &level, &planned)
         })
         .await;
@@ -88,7 +101,11 @@ pub async fn complete(
     }
     let (s, h, r) = (session, helper, redactor);
     done.lfs = tokio::task::spawn_blocking(move || {
-        let run = GitRun { session: &s, helper: &h, redactor: &r };
+        let run = GitRun {
+            session: &s,
+            helper: &h,
+            redactor: &r,
+        };
         lfs::complete(&run, &repo_dir)
     })
     .await

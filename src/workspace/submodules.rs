@@ -105,7 +105,11 @@ pub fn plan(run: &GitRun<'_>, level: &Level) -> Result<Vec<Planned>, String> {
         return Ok(Vec::new());
     }
     git(run, &level.dir, &["submodule", "init"])?;
-    let listed = git(run, &level.dir, &["config", "--local", "--get-regexp", r"^submodule\..*\.url$"])
+    let listed = git(
+        run,
+        &level.dir,
+        &["config", "--local", "--get-regexp", r"^submodule\..*\.url$"],
+    )
     .unwrap_or_default();
     let mut out = Vec::new();
     for line in listed.lines() {
@@ -118,12 +122,16 @@ pub fn plan(run: &GitRun<'_>, level: &Level) -> Result<Vec<Planned>, String> {
         else {
             continue;
         };
-        let path = git(run, &level.dir, &[
+        let path = git(
+            run,
+            &level.dir,
+            &[
                 "config",
                 "--file",
                 ".gitmodules",
                 &format!("submodule.{name}.path"),
-            ])
+            ],
+        )
         .unwrap_or_else(|_| name.to_string());
         out.push(Planned {
             name: name.to_string(),
@@ -166,12 +174,16 @@ pub fn update(
                     .to_string()
             };
             tracing::warn!(path = %full_path, url = %shown, reason, "submodule skipped");
-            let _ = git(run, &level.dir, &[
+            let _ = git(
+                run,
+                &level.dir,
+                &[
                     "config",
                     "--local",
                     "--remove-section",
                     &format!("submodule.{}", p.name),
-                ]);
+                ],
+            );
             reports.push(SubmoduleReport {
                 path: full_path,
                 url: shown,
@@ -181,10 +193,19 @@ pub fn update(
             });
             continue;
         }
-        let result = git(run, &level.dir, &["submodule", "update", "--init", "--no-recommend-shallow", "--", &p.path])
-        .and_then(|_| {
-            git(run, &level.dir.join(&p.path), &["rev-parse", "HEAD"])
-        });
+        let result = git(
+            run,
+            &level.dir,
+            &[
+                "submodule",
+                "update",
+                "--init",
+                "--no-recommend-shallow",
+                "--",
+                &p.path,
+            ],
+        )
+        .and_then(|_| git(run, &level.dir.join(&p.path), &["rev-parse", "HEAD"]));
         match result {
             Ok(commit) => {
                 tracing::info!(path = %full_path, url = %shown, commit = commit.trim(), "submodule checked out");
@@ -234,7 +255,8 @@ pub(super) fn git(run: &GitRun<'_>, dir: &Path, args: &[&str]) -> Result<String,
     let mut cmd = Command::new("git");
     cmd.arg("-C").arg(dir);
     cmd.arg("-c").arg("credential.helper=");
-    cmd.arg("-c").arg(format!("credential.helper={}", run.helper));
+    cmd.arg("-c")
+        .arg(format!("credential.helper={}", run.helper));
     for setting in [
         "protocol.allow=never",
         "protocol.https.allow=always",
@@ -273,7 +295,8 @@ pub(super) fn git(run: &GitRun<'_>, dir: &Path, args: &[&str]) -> Result<String,
         .spawn()
         .map_err(|e| format!("cannot run git {}: {e}", args.join(" ")))?;
     let started = Instant::now();
-    let output = wait_bounded(child, GIT_BOUND).map_err(|e| format!("git {}: {e}", args.join(" ")))?;
+    let output =
+        wait_bounded(child, GIT_BOUND).map_err(|e| format!("git {}: {e}", args.join(" ")))?;
     tracing::debug!(args = ?args, elapsed_ms = started.elapsed().as_millis() as u64, status = %output.status, "workspace git");
     if output.status.success() {
         return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
@@ -306,8 +329,18 @@ fn wait_bounded(
             })
         })
     };
-    let stdout = read(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let stderr = read(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stdout = read(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = read(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait()? {
@@ -337,7 +370,10 @@ mod tests {
     #[test]
     fn only_the_sessions_scheme_host_and_port_get_credentials() {
         let session = Url::parse("https://git.example/acme/app.git").unwrap();
-        let yes = ["https://git.example/acme/lib.git", "https://GIT.example:443/x/y"];
+        let yes = [
+            "https://git.example/acme/lib.git",
+            "https://GIT.example:443/x/y",
+        ];
         let no = [
             "http://git.example/acme/lib.git",
             "https://other.example/acme/lib.git",

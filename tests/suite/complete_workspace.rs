@@ -20,7 +20,14 @@ fn git(dir: &Path, args: &[&str]) -> String {
     let out = std::process::Command::new("git")
         .arg("-C")
         .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"])
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "commit.gpgsign=false",
+        ])
         .args(args)
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
@@ -58,7 +65,12 @@ fn add_gitlink(dir: &Path, name: &str, path: &str, url: &str, commit: &str) {
     std::fs::write(dir.join(".gitmodules"), modules).unwrap();
     git(
         dir,
-        &["update-index", "--add", "--cacheinfo", &format!("160000,{commit},{path}")],
+        &[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{commit},{path}"),
+        ],
     );
     git(dir, &["add", ".gitmodules"]);
     git(dir, &["commit", "-q", "-m", &format!("submodule {name}")]);
@@ -69,7 +81,11 @@ fn workspace_event(events: &[Event]) -> Value {
         .iter()
         .filter(|e| e.kind == "hosted_boot.workspace")
         .collect();
-    assert_eq!(found.len(), 1, "one hosted_boot.workspace event: {events:?}");
+    assert_eq!(
+        found.len(),
+        1,
+        "one hosted_boot.workspace event: {events:?}"
+    );
     found[0].data.clone()
 }
 
@@ -78,7 +94,10 @@ fn remote_file(sb: &Sandbox, path: &str) -> Option<String> {
     let out = std::process::Command::new("git")
         .arg("--git-dir")
         .arg(sb.coordinator.bare_repo())
-        .args(["show", &format!("refs/heads/{}:{path}", sb.coordinator.branch())])
+        .args([
+            "show",
+            &format!("refs/heads/{}:{path}", sb.coordinator.branch()),
+        ])
         .output()
         .unwrap();
     out.status
@@ -90,7 +109,11 @@ fn remote_gitlink(sb: &Sandbox, path: &str) -> String {
     let out = std::process::Command::new("git")
         .arg("--git-dir")
         .arg(sb.coordinator.bare_repo())
-        .args(["ls-tree", &format!("refs/heads/{}", sb.coordinator.branch()), path])
+        .args([
+            "ls-tree",
+            &format!("refs/heads/{}", sb.coordinator.branch()),
+            path,
+        ])
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -128,7 +151,18 @@ async fn submodule_turn(mode: &str) {
         ..CoordinatorOptions::default()
     })
     .await;
-    sb.coordinator.add_repository("acme/lib", &lib).unwrap();
+    if mode == "file" {
+        // Through the dev API, as a platform's test would.
+        let resp = reqwest::Client::new()
+            .post(format!("{}dev/repos", sb.coordinator.base_url()))
+            .json(&json!({"fullName": "acme/lib", "source": lib}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+    } else {
+        sb.coordinator.add_repository("acme/lib", &lib).unwrap();
+    }
     let mut cmd = sb.runner(&sb.script(SUBMODULE_AGENT));
     cmd.env("HOSTED_BOOT_CREDENTIAL_MODE", mode);
     let (snapshot, output) = sb
@@ -150,7 +184,11 @@ async fn submodule_turn(mode: &str) {
     );
     // The harvest committed the superproject's file, left the gitlink at
     // the recorded commit and nothing of the submodule's work.
-    assert_eq!(remote_file(&sb, "notes.txt").as_deref(), Some("work\n"), "{mode}: {output}");
+    assert_eq!(
+        remote_file(&sb, "notes.txt").as_deref(),
+        Some("work\n"),
+        "{mode}: {output}"
+    );
     assert!(
         remote_gitlink(&sb, "lib").contains(&recorded),
         "{mode}: the gitlink moved: {}",
@@ -189,8 +227,11 @@ async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_c
         ..CoordinatorOptions::default()
     })
     .await;
-    let script = sb.script("ls -A elsewhere local > \"$AGENT_OUT/listing\" 2>&1; echo ok > notes.txt");
-    let (snapshot, output) = sb.end_after_seal("run-1", Runner::spawn(&sb, &script)).await;
+    let script =
+        sb.script("ls -A elsewhere local > \"$AGENT_OUT/listing\" 2>&1; echo ok > notes.txt");
+    let (snapshot, output) = sb
+        .end_after_seal("run-1", Runner::spawn(&sb, &script))
+        .await;
     let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
     assert_eq!(run.status, "succeeded", "{output}");
     let data = workspace_event(&run.events);
@@ -213,8 +254,13 @@ async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_c
         ],
         "{data}"
     );
-    assert_eq!(sb.read_out("listing"), "elsewhere:\n\nlocal:\n", "empty directories");
-    let contacted = tokio::time::timeout(std::time::Duration::from_millis(200), other.accept()).await;
+    assert_eq!(
+        sb.read_out("listing"),
+        "elsewhere:\n\nlocal:\n",
+        "empty directories"
+    );
+    let contacted =
+        tokio::time::timeout(std::time::Duration::from_millis(200), other.accept()).await;
     assert!(contacted.is_err(), "the other host was contacted");
     let config = std::fs::read_to_string(sb.root().join("repo/.git/config")).unwrap();
     assert!(
@@ -230,7 +276,10 @@ fn lfs_sources(dir: &Path) -> PathBuf {
         &dir.join("app"),
         &[
             ("README.md", "app\n"),
-            (".gitattributes", "*.bin filter=lfs diff=lfs merge=lfs -text\n"),
+            (
+                ".gitattributes",
+                "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+            ),
             ("assets/model.bin", &lfs_pointer(LFS_CONTENT.as_bytes())),
         ],
     )
@@ -268,15 +317,26 @@ async fn an_lfs_file_served_by_the_coordinator_is_checked_out_whole_and_never_co
         workspace_event(&run.events),
         json!({"submodules": [], "lfs": {"gitLfs": true, "files": 1, "pointers": []}})
     );
-    assert_eq!(remote_file(&sb, "notes.txt").as_deref(), Some("work\n"), "{output}");
+    assert_eq!(
+        remote_file(&sb, "notes.txt").as_deref(),
+        Some("work\n"),
+        "{output}"
+    );
     assert_eq!(
         remote_file(&sb, "assets/model.bin"),
         Some(lfs_pointer(LFS_CONTENT.as_bytes())),
         "the harvest replaced the pointer"
     );
-    assert_eq!(remote_file(&sb, "assets/new.bin"), None, "an LFS-tracked file was committed");
+    assert_eq!(
+        remote_file(&sb, "assets/new.bin"),
+        None,
+        "an LFS-tracked file was committed"
+    );
     // The agent's git sees the LFS file as unchanged (the filter is set).
-    let status = git(&sb.root().join("repo"), &["status", "--porcelain", "assets/model.bin"]);
+    let status = git(
+        &sb.root().join("repo"),
+        &["status", "--porcelain", "assets/model.bin"],
+    );
     assert_eq!(status, "");
 }
 
@@ -285,7 +345,9 @@ async fn without_git_lfs_the_pointer_checkout_is_named_in_an_event() {
     // A PATH of every program of the test's PATH but git-lfs.
     let bin = tempfile::tempdir().unwrap();
     for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for entry in entries.flatten() {
             let name = entry.file_name();
             let link = bin.path().join(&name);
@@ -300,18 +362,36 @@ async fn without_git_lfs_the_pointer_checkout_is_named_in_an_event() {
         ..CoordinatorOptions::default()
     })
     .await;
-    sb.coordinator.add_lfs_object(LFS_CONTENT.as_bytes());
+    // Through the dev API, which also gives the pointer to commit.
+    let resp: Value = reqwest::Client::new()
+        .post(format!("{}dev/lfs", sb.coordinator.base_url()))
+        .json(&json!({"content": LFS_CONTENT}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(resp["pointer"], lfs_pointer(LFS_CONTENT.as_bytes()));
     let mut cmd = sb.runner(&sb.script(LFS_AGENT));
     cmd.env("PATH", bin.path());
     let (snapshot, output) = sb
         .end_after_seal("run-1", Runner::reading(cmd.spawn().unwrap()))
         .await;
-    assert_eq!(sb.read_out("model"), lfs_pointer(LFS_CONTENT.as_bytes()), "{output}");
+    assert_eq!(
+        sb.read_out("model"),
+        lfs_pointer(LFS_CONTENT.as_bytes()),
+        "{output}"
+    );
     let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
     assert_eq!(
         workspace_event(&run.events),
         json!({"submodules": [], "lfs": {"gitLfs": false, "files": 1, "pointers": ["assets/model.bin"]}})
     );
-    assert_eq!(remote_file(&sb, "assets/new.bin"), None, "an LFS-tracked file was committed");
+    assert_eq!(
+        remote_file(&sb, "assets/new.bin"),
+        None,
+        "an LFS-tracked file was committed"
+    );
     assert_eq!(remote_file(&sb, "notes.txt").as_deref(), Some("work\n"));
 }

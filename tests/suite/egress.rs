@@ -419,3 +419,42 @@ async fn the_dev_api_sets_the_sessions_canary_and_instructions() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
 }
+
+/// The canary comes after the setup script (4.1 step 3), which may need the
+/// network the policy closes after it: the blocked host is reachable until
+/// setup closes it (it kills the listener), so a check before setup would
+/// fail closed, and the check after it lets the turn run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_setup_script_the_canary_is_checked_after_setup() {
+    let mut listener = tokio::process::Command::new("python3")
+        .args([
+            "-c",
+            "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen()\nprint(s.getsockname()[1],flush=True)\ntime.sleep(120)",
+        ])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(listener.stdout.take().unwrap())
+        .read_line(&mut line)
+        .await
+        .unwrap();
+    let port: u16 = line.trim().parse().unwrap();
+    let pid = listener.id().unwrap();
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let setup = sb.dir.path().join("setup.sh");
+    std::fs::write(
+        &setup,
+        format!(
+            "echo $$ >> \"$AGENT_OUT/.agent-pgids\"\nkill {pid}\npython3 -c \"\nimport socket,time\nwhile True:\n    try:\n        socket.create_connection(('127.0.0.1',{port}),1).close()\n    except OSError:\n        break\n    time.sleep(0.02)\n\"\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = sb.runner(&sb.script(AGENT));
+    cmd.env("HOSTED_BOOT_EGRESS_CANARY", format!("127.0.0.1:{port}"))
+        .env("HOSTED_BOOT_SETUP_SCRIPT", &setup);
+    let (event, _) = assert_passed(&sb, Runner::reading(cmd.spawn().unwrap())).await;
+    assert_eq!(event["canary"], format!("127.0.0.1:{port}"));
+    let _ = listener.wait().await;
+}
