@@ -104,6 +104,12 @@ pub struct DemoArgs {
     /// The session's `instructions` for the agent.
     #[arg(long)]
     pub instructions: Option<String>,
+    /// Serve the sample repository with a submodule (`vendor/lib`, served as
+    /// `acme/lib`) and a Git LFS file (`assets/logo.bin`): the first turn's
+    /// `hosted_boot.workspace` event says what the runner checked out
+    /// (PROTOCOL.md 4.5, "A complete workspace").
+    #[arg(long)]
+    pub complete_workspace: bool,
 }
 
 /// `hosted-boot status`.

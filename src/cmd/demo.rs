@@ -57,7 +57,16 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| workdir.path().join("sandbox"));
     std::fs::create_dir_all(&root)?;
+    let sources = if args.complete_workspace {
+        Some(
+            crate::coordinator::create_complete_sample_repos(&workdir.path().join("sources"))
+                .context("cannot create the sample repositories")?,
+        )
+    } else {
+        None
+    };
     let coordinator = Coordinator::start(CoordinatorOptions {
+        source_repo: sources.as_ref().map(|(app, _)| app.clone()),
         workdir: Some(workdir.path().join("coordinator")),
         task: "Add a CONTRIBUTING.md that says how to run the project.".into(),
         connectors: vec![(DEMO_CONNECTOR.0.into(), DEMO_CONNECTOR.1.into())],
@@ -74,6 +83,12 @@ async fn scenario(args: &DemoArgs) -> anyhow::Result<()> {
     })
     .await
     .context("cannot start the reference coordinator")?;
+    if let Some((_, lib)) = &sources {
+        coordinator
+            .add_repository("acme/lib", lib)
+            .context("cannot serve the sample submodule")?;
+        coordinator.add_lfs_object(crate::coordinator::SAMPLE_LFS_CONTENT);
+    }
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let log_path = workdir.path().join("runner.log");
 
@@ -585,6 +600,9 @@ fn print_turns(c: &Coordinator, snapshot: &Snapshot, style: &Style) {
                 .filter(|t| t.contains("DEMO_API_KEY"))
             {
                 println!("           agent printed: {text}");
+            }
+            if e.kind == "hosted_boot.workspace" {
+                println!("           workspace: {}", e.data);
             }
         }
     }

@@ -120,17 +120,17 @@ pub fn create_sample_repo(dir: &Path) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir.join("src"))?;
     std::fs::write(dir.join("src/greeting.txt"), "Hello, world!\n")?;
     git(d, &["add", "-A"])?;
+    sample_commit(&dir, "Initial commit")?;
+    Ok(dir)
+}
+
+/// Commits what is staged in `dir` with the sample's fixed identity and
+/// date, so that the sample's commit ids are the same on every machine.
+fn sample_commit(dir: &Path, message: &str) -> anyhow::Result<()> {
     let mut cmd = Command::new("git");
     cmd.arg("-C")
-        .arg(&dir)
-        .args([
-            "-c",
-            "commit.gpgsign=false",
-            "commit",
-            "-q",
-            "-m",
-            "Initial commit",
-        ])
+        .arg(dir)
+        .args(["-c", "commit.gpgsign=false", "commit", "-q", "-m", message])
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_AUTHOR_NAME", SAMPLE_NAME)
@@ -148,7 +148,57 @@ pub fn create_sample_repo(dir: &Path) -> anyhow::Result<PathBuf> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    Ok(dir)
+    Ok(())
+}
+
+/// The content of the sample's LFS file (`assets/logo.bin`), which the
+/// coordinator serves from its LFS batch API.
+pub const SAMPLE_LFS_CONTENT: &[u8] = b"sample LFS object served by the reference coordinator\n";
+
+/// The sample repository with a complete workspace's parts (PROTOCOL.md
+/// 4.5, "A complete workspace"): creates a library repository in
+/// `dir/lib` and the sample repository in `dir/app` with a second commit
+/// that adds `lib` as the submodule `vendor/lib` (by the relative URL
+/// `../lib.git`, so it resolves on the session's host) and `assets/logo.bin`
+/// as an LFS pointer to [`SAMPLE_LFS_CONTENT`]. Returns `(app, lib)`.
+///
+/// Errors: `dir/app` or `dir/lib` is not empty, or a `git` command fails.
+pub fn create_complete_sample_repos(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let lib = std::path::absolute(dir.join("lib"))?;
+    std::fs::create_dir_all(&lib)?;
+    git(None, &["init", "-q", "-b", "main", path_str(&lib)?])?;
+    std::fs::write(lib.join("lib.txt"), "A library the sample app vendors.\n")?;
+    git(Some(&lib), &["add", "-A"])?;
+    sample_commit(&lib, "Library")?;
+    let recorded = git(Some(&lib), &["rev-parse", "HEAD"])?;
+    let app = create_sample_repo(&dir.join("app"))?;
+    std::fs::write(
+        app.join(".gitmodules"),
+        "[submodule \"lib\"]\n\tpath = vendor/lib\n\turl = ../lib.git\n",
+    )?;
+    std::fs::write(
+        app.join(".gitattributes"),
+        "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+    )?;
+    std::fs::create_dir_all(app.join("assets"))?;
+    std::fs::write(
+        app.join("assets/logo.bin"),
+        super::lfs_pointer(SAMPLE_LFS_CONTENT),
+    )?;
+    // Staged before the gitlink: `add -A` would drop a gitlink whose
+    // directory is absent (the sample is built offline, without a fetch).
+    git(Some(&app), &["add", "-A"])?;
+    git(
+        Some(&app),
+        &[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{recorded},vendor/lib"),
+        ],
+    )?;
+    sample_commit(&app, "A submodule and an LFS file")?;
+    Ok((app, lib))
 }
 
 /// Checks `owner/name`: two segments of `[A-Za-z0-9._-]`, neither starting

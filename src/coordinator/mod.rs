@@ -51,7 +51,7 @@ use tokio::task::JoinHandle;
 use url::Url;
 
 pub use cli::{CoordinatorArgs, run_cli};
-pub use git::create_sample_repo;
+pub use git::{SAMPLE_LFS_CONTENT, create_complete_sample_repos, create_sample_repo};
 pub use state::{DevError, Fault, RecordedRequest, Route, RunRecord, Snapshot};
 
 use crate::secret::Secret;

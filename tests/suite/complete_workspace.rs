@@ -395,3 +395,41 @@ async fn without_git_lfs_the_pointer_checkout_is_named_in_an_event() {
     );
     assert_eq!(remote_file(&sb, "notes.txt").as_deref(), Some("work\n"));
 }
+
+/// `hosted-boot demo --complete-workspace` serves the sample with a
+/// submodule and an LFS file; the runner checks both out and the demo shows
+/// the first turn's `hosted_boot.workspace` event.
+#[tokio::test]
+async fn the_demo_serves_a_submodule_and_an_lfs_file_with_complete_workspace() {
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+            .args(["demo", "--complete-workspace"])
+            .env_remove("HOSTED_BOOT_LOG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the demo did not finish")
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("workspace: "))
+        .unwrap_or_else(|| panic!("no workspace line:\n{text}"));
+    let data: Value = serde_json::from_str(line.trim_start().trim_start_matches("workspace: "))
+        .unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(data["submodules"][0]["path"], "vendor/lib", "{line}");
+    assert_eq!(data["submodules"][0]["outcome"], "checkedOut", "{line}");
+    let has_lfs = std::process::Command::new("git-lfs")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert_eq!(data["lfs"]["gitLfs"], has_lfs, "{line}");
+    assert_eq!(data["lfs"]["files"], 1, "{line}");
+}
