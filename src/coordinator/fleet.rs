@@ -124,6 +124,7 @@ impl Fleet {
             long_poll: c.long_poll,
             repo: c.repo.clone(),
             latency: c.latency,
+            counts_only: c.counts_only,
         };
         let task = (!start_idle).then_some(c.client_info.task.as_str());
         let sh = Arc::new(Shared {
