@@ -332,7 +332,10 @@ fn stalled(
                     Ok(chunk) if chunk.len() > 1 => {
                         let half = chunk.len() / 2;
                         let held = chunk.slice(half..);
-                        Some((Ok(chunk.slice(..half)), (stream, StallStep::Paused(Some(held)))))
+                        Some((
+                            Ok(chunk.slice(..half)),
+                            (stream, StallStep::Paused(Some(held))),
+                        ))
                     }
                     item => Some((item, (stream, StallStep::Paused(None)))),
                 },
