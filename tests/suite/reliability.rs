@@ -983,11 +983,7 @@ async fn turns_queued_in_one_session_drain_in_order_none_twice() {
     // A bound of 2 s a turn (a turn takes about 0.3 s here), never below
     // the suite's usual wait.
     let deadline = tokio::time::Instant::now() + (WAIT * 20).max(Duration::from_secs(2) * n as u32);
-    while !sb
-        .coordinator
-        .run(&last)
-        .is_some_and(|r| r.finish.is_some())
-    {
+    while sb.coordinator.run(&last).is_none_or(|r| r.finish.is_none()) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "{last} not sealed in time: {} of {n} runs sealed",
