@@ -105,6 +105,11 @@ pub fn http_client_with(
 ) -> anyhow::Result<reqwest::Client> {
     install_crypto_provider();
     let system = system_roots();
+    if system.is_empty()
+        && let Some(problem) = unusable_cert_env()
+    {
+        bail!(problem);
+    }
     let mut roots: Vec<reqwest::Certificate> = if system.is_empty() {
         // A sandbox without a CA store: the bundled roots.
         webpki_root_certs::TLS_SERVER_ROOT_CERTS
@@ -128,6 +133,34 @@ pub fn http_client_with(
     )
     .build()
     .context("cannot set up TLS for the HTTP client")
+}
+
+/// Why the store `SSL_CERT_FILE` or `SSL_CERT_DIR` names gave no root, when
+/// one is set: the system store's loader skips what it cannot use without
+/// a word, and with the bundled roots in its place every handshake with a
+/// private CA then failed `UnknownIssuer`, far from the cause. Called only
+/// when no root was found, so a working store costs nothing here.
+fn unusable_cert_env() -> Option<String> {
+    const WHAT_TO_DO: &str = "point it at a PEM bundle of trust roots (Debian: /etc/ssl/certs/ca-certificates.crt), or unset it to use the system's";
+    if let Some(file) = std::env::var_os("SSL_CERT_FILE") {
+        let file = PathBuf::from(file);
+        return Some(match std::fs::read(&file) {
+            Err(e) => format!(
+                "cannot read SSL_CERT_FILE {} ({e}); {WHAT_TO_DO}",
+                file.display()
+            ),
+            Ok(_) => format!(
+                "SSL_CERT_FILE {} holds no PEM certificate; {WHAT_TO_DO}",
+                file.display()
+            ),
+        });
+    }
+    std::env::var_os("SSL_CERT_DIR").map(|dir| {
+        format!(
+            "SSL_CERT_DIR {} holds no readable PEM certificate; point it at a directory of trust roots (Debian: /etc/ssl/certs), or unset it to use the system's",
+            PathBuf::from(dir).display()
+        )
+    })
 }
 
 #[cfg(test)]

@@ -37,8 +37,33 @@ pub fn refusal(name: &str) -> Option<&'static str> {
     if reserved_prefixes.iter().any(|p| name.starts_with(p)) || reserved_names.contains(&name) {
         return Some("a reserved name (it could take over the runner, the dynamic loader or git)");
     }
+    if STARTUP_CODE.contains(&name) {
+        return Some(
+            "a reserved name (it makes a shell, node or git that the runner starts run other code or read other configuration first)",
+        );
+    }
     None
 }
+
+/// Names, beyond the loader's `LD_*` and git's `GIT_*`, through which a
+/// connector would make a process the runner starts for the contract run
+/// code other than the program named, before it (PROTOCOL.md 2.3): bash's
+/// start-up file and the options it imports (`BASH_ENV`, `SHELLOPTS`,
+/// `BASHOPTS`: the shells a setup script, a git hook or an agent CLI's
+/// tools run in), node's options
+/// (`NODE_OPTIONS`: every agent CLI runs on node), git's other global
+/// configuration file and its fallback password program (`XDG_CONFIG_HOME`,
+/// `SSH_ASKPASS`). Variables read by interactive interpreters only (`ENV`,
+/// `PYTHONSTARTUP`) are not here: no process the runner starts is
+/// interactive, and they are common names of a user's own tools.
+const STARTUP_CODE: [&str; 6] = [
+    "BASH_ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "NODE_OPTIONS",
+    "XDG_CONFIG_HOME",
+    "SSH_ASKPASS",
+];
 
 /// What a connector's `scope` (2.3) says about who gets it: absent or
 /// `agent`, the agent (and so every process that inherits its environment);
@@ -184,6 +209,9 @@ pub fn apply_bundle(
         .map(|(_, v)| v.to_string_lossy().into_owned())
         .unwrap_or_default();
     let mut names: Vec<String> = Vec::new();
+    // A set beside the list: 10,000 connectors made the list's own
+    // `contains` quadratic (PROTOCOL.md 2.3 allows that many).
+    let mut listed = std::collections::HashSet::new();
     let all = previous
         .split(',')
         .map(str::trim)
@@ -192,7 +220,7 @@ pub fn apply_bundle(
         .chain(connectors.iter().map(|(n, _)| n.clone()))
         .chain(bundle.redact_vars.iter().cloned());
     for name in all {
-        if !names.contains(&name) {
+        if listed.insert(name.clone()) {
             names.push(name);
         }
     }
@@ -265,13 +293,28 @@ mod tests {
             "HOME",
             "SSL_CERT_FILE",
             "SSL_CERT_DIR",
+            "BASH_ENV",
+            "SHELLOPTS",
+            "BASHOPTS",
+            "NODE_OPTIONS",
+            "XDG_CONFIG_HOME",
+            "SSH_ASKPASS",
+            "GIT_ASKPASS",
             "1X",
             "A-B",
             "",
         ] {
             assert!(refusal(bad).is_some(), "{bad}");
         }
-        for ok in ["OPENAI_API_KEY", "_X", "GITHUB_TOKEN", "PATHX"] {
+        for ok in [
+            "OPENAI_API_KEY",
+            "_X",
+            "GITHUB_TOKEN",
+            "PATHX",
+            "ENV",
+            "PYTHONSTARTUP",
+            "NODE_OPTIONS_X",
+        ] {
             assert!(refusal(ok).is_none(), "{ok}");
         }
     }

@@ -107,6 +107,11 @@ pub struct CoordinatorArgs {
     /// waits), as a coordinator one round trip away would.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub latency_ms: u64,
+    /// Keep counts of what the runner sends, not its bodies (events keep
+    /// their seq and type, not their data; requests their length, not
+    /// their body): flat memory over a long session, for `bench/memory`.
+    #[arg(long)]
+    pub counts_only: bool,
 }
 
 fn parse_connector(text: &str) -> Result<(String, String), String> {
@@ -154,6 +159,7 @@ impl CoordinatorArgs {
             long_poll: !self.no_long_poll,
             sessions: self.sessions as usize,
             latency: Duration::from_millis(self.latency_ms),
+            counts_only: self.counts_only,
             ..CoordinatorOptions::default()
         }
     }

@@ -125,6 +125,7 @@ impl Fleet {
             repo: c.repo.clone(),
             served: c.served.clone(),
             latency: c.latency,
+            counts_only: c.counts_only,
         };
         let task = (!start_idle).then_some(c.client_info.task.as_str());
         let sh = Arc::new(Shared {

@@ -159,6 +159,14 @@ pub struct CoordinatorOptions {
     /// coordinator one round trip of this away; zero (the default): at once.
     /// `--latency-ms`; what `bench/boot-latency` measures against.
     pub latency: Duration,
+    /// Keep counts of what the runner sends, not its bodies: an accepted
+    /// event keeps its `seq`, `type` and `at` but not its `data`, and a
+    /// recorded request its length but not its body. The coordinator's
+    /// memory then stays flat over a long session, so a benchmark of the
+    /// runner's memory (`bench/memory`, 1,000 turns, 10 MB of output a
+    /// turn) measures the runner. Off by default (tests read the bodies);
+    /// `--counts-only`.
+    pub counts_only: bool,
 }
 
 impl Default for CoordinatorOptions {
@@ -195,6 +203,7 @@ impl Default for CoordinatorOptions {
             long_poll: false,
             sessions: 1,
             latency: Duration::ZERO,
+            counts_only: false,
         }
     }
 }
@@ -318,6 +327,7 @@ impl Coordinator {
                 repo,
                 served: served::Served::default(),
                 latency: opts.latency,
+                counts_only: opts.counts_only,
             },
             state: Mutex::new({
                 let mut s = state::State::new((!opts.start_idle).then_some(opts.task.as_str()));

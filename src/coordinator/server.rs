@@ -62,6 +62,8 @@ pub(crate) struct Config {
     pub served: super::served::Served,
     /// [`super::CoordinatorOptions::latency`].
     pub latency: Duration,
+    /// [`super::CoordinatorOptions::counts_only`].
+    pub counts_only: bool,
 }
 
 /// What the handler shares: settings, state, and a signal for waiters.
@@ -302,19 +304,58 @@ fn shaped(resp: Response, f: &Fault) -> Response {
         stream = Box::pin(stream.chain(futures_util::stream::iter(chunks)));
     }
     if let Some(ms) = f.stall_ms {
-        let stall = Duration::from_millis(ms);
-        stream = Box::pin(futures_util::stream::unfold(
-            (stream, 0u64),
-            move |(mut stream, n)| async move {
-                if n == 1 {
-                    tokio::time::sleep(stall).await;
-                }
-                let item = stream.next().await?;
-                Some((item, (stream, n + 1)))
-            },
-        ));
+        stream = stalled(stream, Duration::from_millis(ms));
     }
     Response::from_parts(parts, Body::from_stream(stream))
+}
+
+/// Where the `stallMs` fault's body is: before its first chunk, paused
+/// with the second half of that chunk held back, or past the pause.
+enum StallStep {
+    First,
+    Paused(Option<Bytes>),
+    Rest,
+}
+
+/// `stream` with a pause of `stall` after the first half of its first chunk
+/// (at least one byte). Splitting the chunk makes the pause bite on any
+/// body: when a whole answer fits one chunk (git-http-backend's short
+/// advertisement, written before the server reads it), a client that
+/// stops reading once it has what it needs would otherwise never see it.
+fn stalled(
+    stream: futures_util::stream::BoxStream<'static, Result<Bytes, axum::Error>>,
+    stall: Duration,
+) -> futures_util::stream::BoxStream<'static, Result<Bytes, axum::Error>> {
+    Box::pin(futures_util::stream::unfold(
+        (stream, StallStep::First),
+        move |(mut stream, step)| async move {
+            match step {
+                StallStep::First => match stream.next().await? {
+                    Ok(chunk) if chunk.len() > 1 => {
+                        let half = chunk.len() / 2;
+                        let held = chunk.slice(half..);
+                        Some((
+                            Ok(chunk.slice(..half)),
+                            (stream, StallStep::Paused(Some(held))),
+                        ))
+                    }
+                    item => Some((item, (stream, StallStep::Paused(None)))),
+                },
+                StallStep::Paused(held) => {
+                    tokio::time::sleep(stall).await;
+                    let item = match held {
+                        Some(chunk) => Ok(chunk),
+                        None => stream.next().await?,
+                    };
+                    Some((item, (stream, StallStep::Rest)))
+                }
+                StallStep::Rest => {
+                    let item = stream.next().await?;
+                    Some((item, (stream, StallStep::Rest)))
+                }
+            }
+        },
+    ))
 }
 
 /// The `mergeFields` fault: `fields` merged into the answer's JSON object
@@ -435,7 +476,7 @@ async fn handle(
             path: path.clone(),
             route,
             headers: recorded_headers(&parts.headers),
-            body: if route == Route::Git {
+            body: if route == Route::Git || sh.cfg.counts_only {
                 Value::Null
             } else {
                 recorded_body(&bytes)
@@ -801,7 +842,12 @@ fn repo_token(sh: &Shared, body: &[u8]) -> Reply {
 
 /// 2.6 events: those above the cursor are accepted (a gap is `409`).
 fn events(sh: &Shared, rid: &str, body: &[u8]) -> Reply {
-    let events = request_body(routes::EVENTS, body)?;
+    let mut events = request_body(routes::EVENTS, body)?;
+    if sh.cfg.counts_only {
+        for e in &mut events.events {
+            e.data = Value::Null;
+        }
+    }
     let n = sh.update(|st| st.add_events(rid, events.events))?;
     answer(
         routes::EVENTS,

@@ -147,9 +147,10 @@ fn is_false(b: &bool) -> bool {
 ///   allows trailing whitespace, so it still parses), with a `Content-Length`
 ///   that counts them when the answer had one: a body over a size cap
 ///   without holding it in memory. Not for `git`.
-/// - `stallMs`: the answer's headers and first body chunk are sent, then the
-///   body pauses this long before the rest (and its end): a transfer that
-///   stops making progress.
+/// - `stallMs`: the answer's headers and the first half of its first body
+///   chunk (at least one byte) are sent, then the body pauses this long
+///   before the rest (and its end): a transfer that stops making progress,
+///   even for a client that reads only as far as it needs.
 ///
 /// Faults for the same route queue up in the order they were added.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,7 +184,8 @@ pub struct Fault {
     /// Spaces appended to the answer's body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pad_bytes: Option<u64>,
-    /// Pause, in milliseconds, after the first chunk of the answer's body.
+    /// Pause, in milliseconds, after the first half of the first chunk of
+    /// the answer's body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stall_ms: Option<u64>,
     /// How many requests get the fault (at least 1; default 1).

@@ -206,7 +206,7 @@ async fn a_restarted_runner_reuses_the_agents_repo_as_the_agent_user_not_as_root
 o="$AGENT_OUT/$ORIZU_RUN_ID"; mkdir -p "$o"
 cat "{victim}" > /dev/null 2>&1; echo "direct=$?" > "$o/direct"
 rm -f .git/config && ln -s "{victim}" .git/config
-echo $$ > "$AGENT_OUT/pgid"
+echo $$ > "$AGENT_OUT/pgid.tmp"; mv "$AGENT_OUT/pgid.tmp" "$AGENT_OUT/pgid"
 exec sleep 1000
 "#,
         victim = victim.display()

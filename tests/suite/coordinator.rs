@@ -366,6 +366,42 @@ async fn an_idle_start_has_no_run_until_a_turn_is_queued() {
     assert_eq!(s["session"]["pendingTurn"]["ordinal"], 1);
 }
 
+/// `counts_only` (bench/memory): events keep seq, type and time, not data;
+/// requests their length, not their body; the cursor works as ever.
+#[tokio::test]
+async fn counts_only_keeps_each_events_seq_and_type_but_no_body() {
+    let c = start(CoordinatorOptions {
+        counts_only: true,
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let http = client();
+    let b = bearer(&c, &http).await;
+    let body = "x".repeat(100_000);
+    let ev = |seq: u64| json!({"seq": seq, "type": "output", "at": "2024-01-01T00:00:00Z", "data": {"text": body}});
+    let events_url = url(&c, "api/cli/workbench-runs/run-1/events");
+    let r = post_json(&http, &events_url, &b, json!({"events": [ev(1), ev(2)]})).await;
+    assert_eq!(r, (200, json!({"acceptedThrough": 2})));
+    let run = c.run("run-1").unwrap();
+    let kept: Vec<(u64, &str, &Value)> = run
+        .events
+        .iter()
+        .map(|e| (e.seq, e.kind.as_str(), &e.data))
+        .collect();
+    assert_eq!(
+        kept,
+        vec![(1, "output", &Value::Null), (2, "output", &Value::Null)]
+    );
+    let snap = c.snapshot();
+    let posted = snap
+        .requests
+        .iter()
+        .find(|r| r.route == Route::Events)
+        .unwrap();
+    assert_eq!(posted.body, Value::Null);
+    assert!(posted.body_len > 200_000, "{}", posted.body_len);
+}
+
 #[tokio::test]
 async fn events_are_accepted_in_order_and_the_cursor_follows() {
     let c = start(CoordinatorOptions::default()).await;

@@ -84,7 +84,7 @@ async fn an_agent_killed_from_outside_fails_agent_crashed_naming_sigkill_and_the
         r#"
 if [ "$ORIZU_RUN_ID" = run-1 ]; then
   echo '{"type":"message","text":"working"}'
-  echo $$ > "$AGENT_OUT/agent-pid"
+  echo $$ > "$AGENT_OUT/agent-pid.tmp"; mv "$AGENT_OUT/agent-pid.tmp" "$AGENT_OUT/agent-pid"
   while :; do sleep 0.05; done
 fi
 echo "{\"type\":\"message\",\"text\":\"done $ORIZU_RUN_ID\"}"

@@ -300,7 +300,11 @@ pub fn kill_group(pgid: i32) {
     );
 }
 
-/// Waits (bounded) until `path` exists.
+/// Waits (bounded) until `path` exists. It says nothing of the file's
+/// content: a shell's `echo x > f` creates `f` empty before it writes, so a
+/// file the test reads after this wait must be written whole under another
+/// name and renamed (`echo x > f.tmp; mv f.tmp f`), or be an empty marker
+/// written after the files the test reads.
 pub async fn wait_for_file(path: &Path) {
     tokio::time::timeout(WAIT, async {
         while !path.exists() {
