@@ -42,8 +42,35 @@ pub fn refusal(name: &str) -> Option<&'static str> {
             "a reserved name (it makes a shell, node or git that the runner starts run other code or read other configuration first)",
         );
     }
+    if TRANSPORT.iter().any(|t| t.eq_ignore_ascii_case(name)) {
+        return Some(
+            "a reserved name (it changes where the runner's own processes send credentials, or whom they trust)",
+        );
+    }
     None
 }
+
+/// Names through which a connector would change where the processes the
+/// runner starts with credentials (the credential helper, git, an agent CLI
+/// on node) send them, or which servers they trust (PROTOCOL.md 2.3): the
+/// proxy variables (read in either case by curl, reqwest and node: a
+/// connector's proxy would receive the helper's bearer on a plain-http
+/// coordinator), curl's and OpenSSL's trust and configuration (an OpenSSL
+/// configuration also loads modules: code, in node), node's certificate
+/// switches. Compared without case. The image's own values stay: only the
+/// env bundle is refused them.
+const TRANSPORT: [&str; 10] = [
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "CURL_CA_BUNDLE",
+    "OPENSSL_CONF",
+    "OPENSSL_MODULES",
+    "OPENSSL_ENGINES",
+    "NODE_TLS_REJECT_UNAUTHORIZED",
+    "NODE_EXTRA_CA_CERTS",
+];
 
 /// Names, beyond the loader's `LD_*` and git's `GIT_*`, through which a
 /// connector would make a process the runner starts for the contract run
@@ -300,6 +327,14 @@ mod tests {
             "XDG_CONFIG_HOME",
             "SSH_ASKPASS",
             "GIT_ASKPASS",
+            "http_proxy",
+            "HTTPS_PROXY",
+            "all_proxy",
+            "no_proxy",
+            "OPENSSL_CONF",
+            "NODE_TLS_REJECT_UNAUTHORIZED",
+            "NODE_EXTRA_CA_CERTS",
+            "CURL_CA_BUNDLE",
             "1X",
             "A-B",
             "",

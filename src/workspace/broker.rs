@@ -290,7 +290,7 @@ impl Broker {
         *slot = cacheable(&minted, issued_at);
         tracing::info!(
             remote = %self.inner.remote,
-            expires_at = ?minted.expires_at.map(humantime::format_rfc3339_seconds),
+            expires_at = %minted.expires_at.map(|t| humantime::format_rfc3339_seconds(t).to_string()).unwrap_or_else(|| "unknown".into()),
             cached = slot.is_some(),
             "credential broker minted a repo token"
         );
@@ -353,7 +353,7 @@ impl Broker {
                         remote = %self.inner.remote,
                         uid,
                         source = handed.source.name(),
-                        expires_at = ?handed.expires_at.map(humantime::format_rfc3339_seconds),
+                        expires_at = %handed.expires_at.map(|t| humantime::format_rfc3339_seconds(t).to_string()).unwrap_or_else(|| "unknown".into()),
                         "credential broker answered"
                     );
                     Secret::new(format!(

@@ -78,7 +78,7 @@ pub(super) fn commit_uncommitted(
     let kept = kept_paths(repo)?;
     let keep = |path: &Path| -> bool {
         let kept_here = kept.gitlinks.iter().any(|g| Path::new(g) == path)
-            || (kept.lfs && super::lfs::is_lfs_tracked(repo, path));
+            || super::lfs::is_lfs_tracked(repo, path);
         if kept_here {
             tracing::warn!(path = %path.display(), "harvest: a submodule or an LFS-tracked path is left as it is (PROTOCOL.md 4.5)");
         }
@@ -186,10 +186,6 @@ struct Kept {
     /// The index's gitlinks (submodules): never moved by the harvest, and
     /// nothing inside them committed.
     gitlinks: Vec<String>,
-    /// Whether any attributes file names the `lfs` filter: LFS-tracked
-    /// paths are then left out (libgit2 runs no filter, so it would commit
-    /// their content as a plain blob, not a pointer).
-    lfs: bool,
 }
 
 fn kept_paths(repo: &Repository) -> Result<Kept, git2::Error> {
@@ -199,16 +195,7 @@ fn kept_paths(repo: &Repository) -> Result<Kept, git2::Error> {
         .filter(|e| e.mode == 0o160000)
         .map(|e| String::from_utf8_lossy(&e.path).into_owned())
         .collect();
-    let lfs = index.iter().any(|e| {
-        e.path.ends_with(b".gitattributes")
-            && repo
-                .find_blob(e.id)
-                .is_ok_and(|b| b.content().windows(10).any(|w| w == b"filter=lfs"))
-    }) || repo.workdir().is_some_and(|w| {
-        std::fs::read(w.join(".gitattributes"))
-            .is_ok_and(|b| b.windows(10).any(|w| w == b"filter=lfs"))
-    });
-    Ok(Kept { gitlinks, lfs })
+    Ok(Kept { gitlinks })
 }
 
 #[cfg(test)]

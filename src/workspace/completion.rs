@@ -4,6 +4,8 @@
 //! `hosted_boot.workspace` event when there is either.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 use url::Url;
@@ -47,6 +49,10 @@ pub async fn complete(
     redactor: Redactor,
     allow: impl Fn(&Url),
 ) -> Completion {
+    // Dropped with this future (a stop during the clone step): the git
+    // command running on the blocking pool sees it and kills its group.
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let _cancel_on_drop = CancelOnDrop(cancelled.clone());
     let mut done = Completion::default();
     let mut levels = vec![Level {
         dir: repo_dir.clone(),
@@ -54,17 +60,19 @@ pub async fn complete(
         depth: 0,
     }];
     while let Some(level) = levels.pop() {
-        let (s, h, r, l) = (
+        let (s, h, r, l, c) = (
             session.clone(),
             helper.clone(),
             redactor.clone(),
             level.clone(),
+            cancelled.clone(),
         );
         let planned = tokio::task::spawn_blocking(move || {
             let run = GitRun {
                 session: &s,
                 helper: &h,
                 redactor: &r,
+                cancelled: &c,
             };
             submodules::plan(&run, &l)
         })
@@ -84,12 +92,18 @@ pub async fn complete(
                 allow(url);
             }
         }
-        let (s, h, r) = (session.clone(), helper.clone(), redactor.clone());
+        let (s, h, r, c) = (
+            session.clone(),
+            helper.clone(),
+            redactor.clone(),
+            cancelled.clone(),
+        );
         let updated = tokio::task::spawn_blocking(move || {
             let run = GitRun {
                 session: &s,
                 helper: &h,
                 redactor: &r,
+                cancelled: &c,
             };
             submodules::update(&run, &level, &planned)
         })
@@ -99,12 +113,13 @@ pub async fn complete(
             levels.extend(next.into_iter().rev());
         }
     }
-    let (s, h, r) = (session, helper, redactor);
+    let (s, h, r, c) = (session, helper, redactor, cancelled.clone());
     done.lfs = tokio::task::spawn_blocking(move || {
         let run = GitRun {
             session: &s,
             helper: &h,
             redactor: &r,
+            cancelled: &c,
         };
         lfs::complete(&run, &repo_dir)
     })
@@ -112,4 +127,13 @@ pub async fn complete(
     .ok()
     .flatten();
     done
+}
+
+/// Sets its flag when dropped.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }

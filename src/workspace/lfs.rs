@@ -85,8 +85,18 @@ pub fn complete(run: &GitRun<'_>, repo_dir: &Path) -> Option<LfsReport> {
         ]
         .iter()
         .try_for_each(|(k, v)| git(run, repo_dir, &["config", "--local", k, v]).map(drop));
+        // The session's own endpoint, whatever the repository's .lfsconfig
+        // says (`lfs.url` there could name another host, ssh, or a local
+        // store): command-line configuration wins over .lfsconfig.
+        // Derived as git-lfs derives it from the remote (`….git/info/lfs`).
+        let remote = run.session.as_str().trim_end_matches('/');
+        let endpoint = if remote.ends_with(".git") {
+            format!("lfs.url={remote}/info/lfs")
+        } else {
+            format!("lfs.url={remote}.git/info/lfs")
+        };
         error = configured
-            .and_then(|()| git(run, repo_dir, &["lfs", "pull"]).map(drop))
+            .and_then(|()| git(run, repo_dir, &["-c", &endpoint, "lfs", "pull"]).map(drop))
             .err();
     }
     let pointers: Vec<String> = files

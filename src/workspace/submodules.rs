@@ -13,8 +13,10 @@
 //! and only the `https` transport allowed (`http` too when the session's
 //! remote is `http`): no `file://`, `ext::`, `ssh` or local path.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -83,6 +85,10 @@ pub struct GitRun<'a> {
     pub helper: &'a str,
     /// The runner's redactor.
     pub redactor: &'a Redactor,
+    /// Set when the completion's future is dropped (a stop signal during
+    /// the clone step): the running `git` and its process group are
+    /// killed at once instead of running on past the runner.
+    pub cancelled: &'a AtomicBool,
 }
 
 /// Whether `url` may be fetched with the session's credentials: the session
@@ -94,6 +100,30 @@ pub fn on_session_host(url: &Url, session: &Url) -> bool {
         && url.port_or_known_default() == session.port_or_known_default()
         && url.username().is_empty()
         && url.password().is_none()
+}
+
+/// `text` as a URL when git and curl would read the same host and port
+/// from it as the `url` crate does; `None` otherwise (then never fetched).
+/// The two differ on a `\` (WHATWG reads it as `/`, curl as part of the
+/// user info, so `http://session\@other/` would reach `other`), on
+/// control characters and spaces, and on an authority the crate rewrites
+/// (percent-encoded or non-ASCII host, a default port written out).
+fn parse_as_git_reads(text: &str) -> Option<Url> {
+    if text
+        .chars()
+        .any(|c| c == '\\' || c.is_whitespace() || c.is_control())
+    {
+        return None;
+    }
+    let url = Url::parse(text).ok()?;
+    let rest = text.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = url.host_str()?;
+    let expected = match url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_string(),
+    };
+    authority.eq_ignore_ascii_case(&expected).then_some(url)
 }
 
 /// The submodules of `level` (none without a `.gitmodules`), after `git
@@ -113,7 +143,8 @@ pub fn plan(run: &GitRun<'_>, level: &Level) -> Result<Vec<Planned>, String> {
     .unwrap_or_default();
     let mut out = Vec::new();
     for line in listed.lines() {
-        let Some((key, url_text)) = line.split_once(' ') else {
+        // The URL has no space (one that has is refused below); a name may.
+        let Some((key, url_text)) = line.rsplit_once(' ') else {
             continue;
         };
         let Some(name) = key
@@ -136,7 +167,7 @@ pub fn plan(run: &GitRun<'_>, level: &Level) -> Result<Vec<Planned>, String> {
         out.push(Planned {
             name: name.to_string(),
             path: path.trim().to_string(),
-            url: Url::parse(url_text.trim()).ok(),
+            url: parse_as_git_reads(url_text.trim()),
             url_text: url_text.trim().to_string(),
         });
     }
@@ -288,15 +319,33 @@ pub(super) fn git(run: &GitRun<'_>, dir: &Path, args: &[&str]) -> Result<String,
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("GIT_PROTOCOL_FROM_USER", "0")
+        // A submodule's path from .gitmodules is passed as a pathspec: no
+        // glob or `:(exclude)` magic may widen it to the skipped ones.
+        .env("GIT_LITERAL_PATHSPECS", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // A group of its own, so that a time-out or a stop kills git with the
+    // remote helpers and git-lfs it started; and killed with the runner if
+    // the runner dies before it can (no orphan holds a token's transfer).
+    cmd.process_group(0);
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork
+    // and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    if run.cancelled.load(Ordering::Relaxed) {
+        return Err(format!("git {}: the runner is stopping", args.join(" ")));
+    }
     let child = cmd
         .spawn()
         .map_err(|e| format!("cannot run git {}: {e}", args.join(" ")))?;
     let started = Instant::now();
-    let output =
-        wait_bounded(child, GIT_BOUND).map_err(|e| format!("git {}: {e}", args.join(" ")))?;
+    let output = wait_bounded(child, GIT_BOUND, run.cancelled)
+        .map_err(|e| format!("git {}: {e}", args.join(" ")))?;
     tracing::debug!(args = ?args, elapsed_ms = started.elapsed().as_millis() as u64, status = %output.status, "workspace git");
     if output.status.success() {
         return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
@@ -312,11 +361,13 @@ pub(super) fn git(run: &GitRun<'_>, dir: &Path, args: &[&str]) -> Result<String,
     )))
 }
 
-/// Waits for `child` for at most `bound` (killed after it), reading its
-/// output on threads of their own.
+/// Waits for `child` (the leader of its own process group) for at most
+/// `bound`, or until `cancelled` is set, killing its whole group then;
+/// reads its output on threads of their own.
 fn wait_bounded(
     mut child: std::process::Child,
     bound: Duration,
+    cancelled: &AtomicBool,
 ) -> std::io::Result<std::process::Output> {
     use std::io::Read;
     let read = |pipe: Option<Box<dyn Read + Send>>| {
@@ -346,12 +397,20 @@ fn wait_bounded(
         if let Some(status) = child.try_wait()? {
             break status;
         }
-        if started.elapsed() >= bound {
-            let _ = child.kill();
+        let stopping = cancelled.load(Ordering::Relaxed);
+        if stopping || started.elapsed() >= bound {
+            // The group's id is the leader's pid (process_group(0)).
+            let pgid = libc::pid_t::try_from(child.id()).unwrap_or(libc::pid_t::MAX);
+            // SAFETY: plain syscall on a group this function created.
+            unsafe { libc::killpg(pgid, libc::SIGKILL) };
             let _ = child.wait();
             return Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                format!("did not finish within {} s", bound.as_secs()),
+                if stopping {
+                    "stopped: the runner is stopping".to_string()
+                } else {
+                    format!("did not finish within {} s", bound.as_secs())
+                },
             ));
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -366,6 +425,25 @@ fn wait_bounded(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_git_reads_differently_is_not_parsed() {
+        for bad in [
+            "http://127.0.0.1:8797\\@127.0.0.1:9999/evil.git",
+            "http://127.0.0.1%3a9999/x.git",
+            "http://127.0.0.1:80/x.git",
+            "http://a b/x.git",
+            "http://u@127.0.0.1/x.git",
+        ] {
+            assert!(parse_as_git_reads(bad).is_none(), "{bad}");
+        }
+        for good in [
+            "http://127.0.0.1:8797/git/acme/lib.git",
+            "https://Example.com/a/b.git",
+        ] {
+            assert!(parse_as_git_reads(good).is_some(), "{good}");
+        }
+    }
 
     #[test]
     fn only_the_sessions_scheme_host_and_port_get_credentials() {

@@ -161,6 +161,10 @@ fn all_bad() -> Vec<Bad> {
         "XDG_CONFIG_HOME",
         "SSH_ASKPASS",
         "GIT_ASKPASS",
+        "http_proxy",
+        "HTTPS_PROXY",
+        "OPENSSL_CONF",
+        "NODE_TLS_REJECT_UNAUTHORIZED",
     ] {
         v.push(connector(
             &format!("connector name {name:?}"),

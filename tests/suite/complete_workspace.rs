@@ -222,11 +222,15 @@ async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_c
     add_gitlink(&app, "elsewhere", "elsewhere", &other_url, &commit);
     let file_url = format!("file://{}", lib.display());
     add_gitlink(&app, "local", "local", &file_url, &commit);
+    // On the session's host, but its path is pathspec magic that, read as
+    // magic, would select every submodule, the skipped ones too.
+    add_gitlink(&app, "magic", ":(exclude)zz", "../lib.git", &commit);
     let sb = Sandbox::start(CoordinatorOptions {
         source_repo: Some(app),
         ..CoordinatorOptions::default()
     })
     .await;
+    sb.coordinator.add_repository("acme/lib", &lib).unwrap();
     let script =
         sb.script("ls -A elsewhere local > \"$AGENT_OUT/listing\" 2>&1; echo ok > notes.txt");
     let (snapshot, output) = sb
@@ -245,6 +249,7 @@ async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_c
                 s["outcome"].as_str().unwrap().to_string(),
             )
         })
+        .filter(|(path, _)| path != ":(exclude)zz")
         .collect();
     assert_eq!(
         outcomes,
@@ -264,7 +269,7 @@ async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_c
     assert!(contacted.is_err(), "the other host was contacted");
     let config = std::fs::read_to_string(sb.root().join("repo/.git/config")).unwrap();
     assert!(
-        !config.contains("[submodule"),
+        !config.contains("[submodule \"elsewhere\"]") && !config.contains("[submodule \"local\"]"),
         "a skipped submodule stays configured: {config}"
     );
 }
@@ -432,4 +437,117 @@ async fn the_demo_serves_a_submodule_and_an_lfs_file_with_complete_workspace() {
         .is_ok_and(|o| o.status.success());
     assert_eq!(data["lfs"]["gitLfs"], has_lfs, "{line}");
     assert_eq!(data["lfs"]["files"], 1, "{line}");
+}
+
+/// A stop signal while the completion's `git` runs (here a `git lfs pull`
+/// that hangs, with a child of its own) kills that git's whole process
+/// group: nothing the runner started outlives it (PROTOCOL.md 4.4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_signal_during_the_lfs_pull_leaves_no_git_process_running() {
+    let bin = tempfile::tempdir().unwrap();
+    let marker = bin.path().join("pulling");
+    let fake = bin.path().join("git-lfs");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in\n  version) echo 'git-lfs/3.3.0 (a test stand-in)'; exit 0;;\n  pull) sleep 600 & echo \"$(ps -o pgid= $$)\" > '{m}.tmp'; mv '{m}.tmp' '{m}'; wait; exit 0;;\nesac\nexit 0\n",
+            m = marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let src = tempfile::tempdir().unwrap();
+    let sb = Sandbox::start(CoordinatorOptions {
+        source_repo: Some(lfs_sources(src.path())),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let mut cmd = sb.runner(&sb.script(LFS_AGENT));
+    cmd.env("PATH", path);
+    let runner = Runner::reading(cmd.spawn().unwrap());
+    super::support::wait_for_file(&marker).await;
+    let pgid: i32 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !super::support::live_group_members(pgid).is_empty(),
+        "the stand-in's group is not alive"
+    );
+    super::support::signal(runner.pid(), rustix::process::Signal::TERM);
+    let (_status, output) = runner.finish().await;
+    super::support::assert_groups_empty(&[pgid]);
+    assert!(
+        !sb.out().join("model").exists(),
+        "the agent ran after a stop during the clone step: {output}"
+    );
+}
+
+/// A repository's `.lfsconfig` cannot send `git lfs pull` elsewhere: its
+/// `lfs.url` (another host here; ssh or a local store alike) is overridden
+/// by the session's own endpoint, so the object comes from the session's
+/// coordinator and the other host is never contacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_lfsconfig_naming_another_endpoint_is_not_followed() {
+    let other = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let app = lfs_sources(src.path());
+    std::fs::write(
+        app.join(".lfsconfig"),
+        format!(
+            "[lfs]\n\turl = http://{}/lfs\n",
+            other.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    git(&app, &["add", ".lfsconfig"]);
+    git(&app, &["commit", "-q", "-m", "lfsconfig"]);
+    let sb = Sandbox::start(CoordinatorOptions {
+        source_repo: Some(app),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    sb.coordinator.add_lfs_object(LFS_CONTENT.as_bytes());
+    let (_snapshot, output) = sb
+        .end_after_seal("run-1", Runner::spawn(&sb, &sb.script(LFS_AGENT)))
+        .await;
+    assert_eq!(sb.read_out("model"), LFS_CONTENT, "{output}");
+    let contacted =
+        tokio::time::timeout(std::time::Duration::from_millis(200), other.accept()).await;
+    assert!(contacted.is_err(), "the .lfsconfig endpoint was contacted");
+}
+
+/// An LFS-tracked path by a nested `.gitattributes` the agent wrote is
+/// left out of the harvest's commit, as one tracked by the root's is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_lfs_tracked_by_a_nested_gitattributes_is_never_committed() {
+    let src = tempfile::tempdir().unwrap();
+    let app = repo_with(&src.path().join("app"), &[("README.md", "app\n")]);
+    let sb = Sandbox::start(CoordinatorOptions {
+        source_repo: Some(app),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(
+        "mkdir sub; printf '*.dat filter=lfs diff=lfs merge=lfs -text\\n' > sub/.gitattributes; echo 'BIG LFS CONTENT' > sub/x.dat; echo work > notes.txt",
+    );
+    let (_snapshot, output) = sb
+        .end_after_seal("run-1", Runner::spawn(&sb, &script))
+        .await;
+    assert_eq!(
+        remote_file(&sb, "notes.txt").as_deref(),
+        Some("work\n"),
+        "{output}"
+    );
+    assert_eq!(
+        remote_file(&sb, "sub/x.dat"),
+        None,
+        "an LFS-tracked file was committed as a blob"
+    );
 }
