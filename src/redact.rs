@@ -318,7 +318,7 @@ impl Redactor {
         if value.is_empty() || (kind == SecretKind::Configured && value.len() < MIN_REDACTED_LEN) {
             return false;
         }
-        let forms = forms(value);
+        let forms = value_forms(value);
         let mut state = crate::sync::write(&self.shared.state);
         let before = state.patterns.len();
         for form in forms {
@@ -360,7 +360,7 @@ impl Redactor {
                 added.push(false);
                 continue;
             }
-            for form in forms(value) {
+            for form in value_forms(value) {
                 if known.insert(form.clone()) {
                     state.patterns.push(form);
                 }
@@ -502,6 +502,24 @@ impl Redactor {
 }
 
 /// The forms of `value` that are matched (see the module documentation).
+/// The forms of `value` ([`forms`]) and, for a value of several lines (a
+/// PEM key, a JSON document), the forms of each of its lines of at least
+/// [`MIN_REDACTED_LEN`] bytes: output that prints one line of such a value
+/// (a tool that logs line by line) shows none of it, as the GitHub Actions
+/// runner masks each line of a multi-line secret.
+fn value_forms(value: &str) -> Vec<Vec<u8>> {
+    let mut out = forms(value);
+    if value.contains('\n') {
+        for line in value.split('\n') {
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            if line.len() >= MIN_REDACTED_LEN && line != value {
+                out.extend(forms(line));
+            }
+        }
+    }
+    out
+}
+
 fn forms(value: &str) -> Vec<Vec<u8>> {
     let mut forms = vec![value.as_bytes().to_vec()];
     if let Ok(quoted) = serde_json::to_string(value)
@@ -885,6 +903,15 @@ mod tests {
             step: SCAN_READ,
         };
         assert!(r.contains_read(&mut t).unwrap());
+    }
+
+    #[test]
+    fn each_line_of_a_multi_line_value_is_redacted_alone() {
+        let r = r(&["line-one-secret\nsecretline2abcdef\r\nab"]);
+        assert_eq!(
+            r.redact("printed: secretline2abcdef and line-one-secret, ab"),
+            "printed: [REDACTED] and [REDACTED], ab"
+        );
     }
 
     #[test]

@@ -30,6 +30,15 @@ pub fn install_crypto_provider() {
 /// Errors: the file is missing or unreadable, or holds no certificate (a
 /// configuration error: the operator named it on purpose).
 pub fn read_ca_file(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    // A FIFO would block the boot in the read: `stat` first.
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read HOSTED_BOOT_CA_FILE {}", path.display()))?;
+    if !readable_whole(path, &meta) {
+        bail!(
+            "HOSTED_BOOT_CA_FILE {} is not a regular file; point it at a PEM file with the proxy's CA",
+            path.display()
+        );
+    }
     let pem = std::fs::read(path)
         .with_context(|| format!("cannot read HOSTED_BOOT_CA_FILE {}", path.display()))?;
     let certs = reqwest::Certificate::from_pem_bundle(&pem).with_context(|| {
@@ -54,15 +63,56 @@ pub fn read_ca_file(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
 pub fn system_roots() -> &'static [rustls::pki_types::CertificateDer<'static>] {
     static ROOTS: OnceLock<Vec<rustls::pki_types::CertificateDer<'static>>> = OnceLock::new();
     ROOTS.get_or_init(|| {
-        let from_env = std::env::var_os("SSL_CERT_FILE").is_some()
-            || std::env::var_os("SSL_CERT_DIR").is_some();
+        let file = std::env::var_os("SSL_CERT_FILE");
+        let from_env = file.is_some() || std::env::var_os("SSL_CERT_DIR").is_some();
         if from_env {
+            // With SSL_CERT_DIR beside it, a file that gives nothing would
+            // go unnoticed in the union: it is read alone first.
+            if let Some(file) = file
+                && std::env::var_os("SSL_CERT_DIR").is_some()
+                && rustls_native_certs::load_certs_from_paths(Some(Path::new(&file)), None)
+                    .certs
+                    .is_empty()
+            {
+                CERT_FILE_GAVE_NONE.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             return rustls_native_certs::load_native_certs().certs;
         }
         let probe = openssl_probe::probe();
         load_roots(probe.cert_file.as_deref(), &probe.cert_dir)
     })
 }
+
+/// Set by [`system_roots`] when `SSL_CERT_FILE` gave no certificate.
+static CERT_FILE_GAVE_NONE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Why the file `SSL_CERT_FILE` names cannot be read as one, checked with
+/// `stat` before anything opens it: a FIFO (or a device) there would block
+/// the boot in its first read, silently.
+fn cert_file_not_regular() -> Option<String> {
+    let file = PathBuf::from(std::env::var_os("SSL_CERT_FILE")?);
+    match std::fs::metadata(&file) {
+        Err(e) => Some(format!(
+            "cannot read SSL_CERT_FILE {} ({e}); {CERT_WHAT_TO_DO}",
+            file.display()
+        )),
+        Ok(meta) if !readable_whole(&file, &meta) => Some(format!(
+            "SSL_CERT_FILE {} is not a regular file; {CERT_WHAT_TO_DO}",
+            file.display()
+        )),
+        Ok(_) => None,
+    }
+}
+
+/// Whether a read of `path` ends: a regular file, or `/dev/null` (an empty
+/// store said plainly); not a FIFO, socket, directory or other device.
+fn readable_whole(path: &Path, meta: &std::fs::Metadata) -> bool {
+    meta.is_file() || std::fs::canonicalize(path).is_ok_and(|p| p == Path::new("/dev/null"))
+}
+
+/// What to do about an unusable `SSL_CERT_FILE`.
+const CERT_WHAT_TO_DO: &str = "point it at a PEM bundle of trust roots (Debian: /etc/ssl/certs/ca-certificates.crt), or unset it to use the system's";
 
 /// The certificates of `file` if it holds any, else those of the files in
 /// `dirs` (unreadable or malformed entries skipped, as the system store's
@@ -104,8 +154,11 @@ pub fn http_client_with(
     customize: impl Fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
 ) -> anyhow::Result<reqwest::Client> {
     install_crypto_provider();
+    if let Some(problem) = cert_file_not_regular() {
+        bail!(problem);
+    }
     let system = system_roots();
-    if system.is_empty()
+    if (system.is_empty() || CERT_FILE_GAVE_NONE.load(std::sync::atomic::Ordering::Relaxed))
         && let Some(problem) = unusable_cert_env()
     {
         bail!(problem);
@@ -117,10 +170,7 @@ pub fn http_client_with(
             .filter_map(|der| reqwest::Certificate::from_der(der).ok())
             .collect()
     } else {
-        system
-            .iter()
-            .filter_map(|der| reqwest::Certificate::from_der(der).ok())
-            .collect()
+        usable_roots(system)
     };
     if let Some(path) = ca_file {
         roots.extend(read_ca_file(path)?);
@@ -135,13 +185,40 @@ pub fn http_client_with(
     .context("cannot set up TLS for the HTTP client")
 }
 
+/// The roots of `system` that rustls can use as trust anchors: a PEM block
+/// labelled CERTIFICATE whose content is not one would otherwise fail the
+/// client's build with a message naming no file ("invalid peer
+/// certificate: BadEncoding"); skipped, as OpenSSL skips it, and counted
+/// in a warning.
+fn usable_roots(
+    system: &[rustls::pki_types::CertificateDer<'static>],
+) -> Vec<reqwest::Certificate> {
+    let mut store = rustls::RootCertStore::empty();
+    let (_, skipped) = store.add_parsable_certificates(system.iter().cloned());
+    if skipped > 0 {
+        tracing::warn!(
+            skipped,
+            kept = store.len(),
+            "trust roots of the system store that are not certificates were skipped (check SSL_CERT_FILE and SSL_CERT_DIR)"
+        );
+    }
+    system
+        .iter()
+        .filter(|der| {
+            let mut one = rustls::RootCertStore::empty();
+            skipped == 0 || one.add(der.to_owned().clone()).is_ok()
+        })
+        .filter_map(|der| reqwest::Certificate::from_der(der).ok())
+        .collect()
+}
+
 /// Why the store `SSL_CERT_FILE` or `SSL_CERT_DIR` names gave no root, when
 /// one is set: the system store's loader skips what it cannot use without
 /// a word, and with the bundled roots in its place every handshake with a
 /// private CA then failed `UnknownIssuer`, far from the cause. Called only
 /// when no root was found, so a working store costs nothing here.
 fn unusable_cert_env() -> Option<String> {
-    const WHAT_TO_DO: &str = "point it at a PEM bundle of trust roots (Debian: /etc/ssl/certs/ca-certificates.crt), or unset it to use the system's";
+    const WHAT_TO_DO: &str = CERT_WHAT_TO_DO;
     if let Some(file) = std::env::var_os("SSL_CERT_FILE") {
         let file = PathBuf::from(file);
         return Some(match std::fs::read(&file) {

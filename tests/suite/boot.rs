@@ -578,6 +578,43 @@ async fn configuration_errors_exit_2_without_a_single_request() {
             &[sb.coordinator.boot_secret()],
         );
     }
+    // Several variables at once: a file that gives nothing beside a
+    // directory that gives roots (it went unnoticed in their union), and a
+    // FIFO (a read of it blocked the boot before its first log line).
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("roots.pem");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let fifo = fifo.to_str().unwrap().to_string();
+    let cases: Vec<(Vec<(&str, &str)>, String)> = vec![
+        (
+            vec![
+                ("SSL_CERT_FILE", "/dev/null"),
+                ("SSL_CERT_DIR", "/etc/ssl/certs"),
+            ],
+            "SSL_CERT_FILE /dev/null holds no PEM certificate".into(),
+        ),
+        (
+            vec![("SSL_CERT_FILE", fifo.as_str())],
+            format!("SSL_CERT_FILE {fifo} is not a regular file"),
+        ),
+        (
+            vec![("HOSTED_BOOT_CA_FILE", fifo.as_str())],
+            format!("HOSTED_BOOT_CA_FILE {fifo} is not a regular file"),
+        ),
+    ];
+    for (vars, expected) in cases {
+        let mut cmd = sb.runner(&script);
+        cmd.envs(vars.iter().copied());
+        let (status, output) = finish(cmd.spawn().unwrap()).await;
+        assert_eq!(status.code(), Some(2), "{vars:?}: {output}");
+        assert!(output.contains(&expected), "{vars:?}: {output}");
+    }
     assert_eq!(sb.coordinator.snapshot().requests.len(), 0);
 }
 
