@@ -478,6 +478,18 @@ fn demo_agent(
                 .to_string(),
         ));
     }
+    if !args.agent_arg.is_empty()
+        || get("HOSTED_BOOT_AGENT_ARGS").is_some_and(|a| !a.trim().is_empty())
+    {
+        // The demo agent takes no arguments: it would exit 2 and cost the
+        // user's first turn.
+        return Err(ConfigError(
+            "HOSTED_BOOT_AGENT=demo runs the built-in demo agent and takes no \
+             --agent-arg or HOSTED_BOOT_AGENT_ARGS; remove them, or set HOSTED_BOOT_AGENT=command \
+             with HOSTED_BOOT_AGENT_COMMAND"
+                .to_string(),
+        ));
+    }
     let exe = std::env::current_exe().map_err(|e| {
         ConfigError(format!(
             "HOSTED_BOOT_AGENT=demo runs this binary's demo-agent, but its path cannot be read \
@@ -797,9 +809,24 @@ mod tests {
         let demo = RunArgs {
             agent: Some("demo".into()),
             agent_command: None,
+            agent_arg: Vec::new(),
             ..args()
         };
         let c = load(&env(&base()), &demo, secret(), "/work".into()).unwrap();
+        // Arguments would make the demo agent exit 2 in the first turn.
+        let err = load(
+            &env(&base()),
+            &RunArgs {
+                agent_arg: vec!["x".into()],
+                ..demo.clone()
+            },
+            secret(),
+            "/work".into(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("takes no --agent-arg"), "{err}");
         assert_eq!(c.agent.kind, AgentKind::Command);
         assert_eq!(
             PathBuf::from(&c.agent.program),

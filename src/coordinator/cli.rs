@@ -320,7 +320,7 @@ pub(crate) fn startup_text(c: &Coordinator) -> String {
         assignments.join(" "),
     ));
     out.push_str(&format!(
-        "  docker run --rm {network}{} \"$IMAGE\"\n",
+        "  docker run --rm {network}{} -e HOSTED_BOOT_AGENT=demo \"$IMAGE\"\n",
         docker_env.join(" ")
     ));
     out.push_str("\nDev API:\n\n");
