@@ -406,23 +406,7 @@ async fn without_git_lfs_the_pointer_checkout_is_named_in_an_event() {
 /// the first turn's `hosted_boot.workspace` event.
 #[tokio::test]
 async fn the_demo_serves_a_submodule_and_an_lfs_file_with_complete_workspace() {
-    let out = tokio::time::timeout(
-        std::time::Duration::from_secs(120),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
-            .args(["demo", "--complete-workspace"])
-            .env_remove("HOSTED_BOOT_LOG")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the demo did not finish")
-    .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = super::support::demo_stdout(&["--complete-workspace"]).await;
     let line = text
         .lines()
         .find(|l| l.trim_start().starts_with("workspace: "))

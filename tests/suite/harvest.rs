@@ -647,23 +647,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
 /// interrupted one included, before its seal.
 #[tokio::test]
 async fn the_demo_timeline_shows_a_harvest_line_for_each_turn() {
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
-            .arg("demo")
-            .env_remove("HOSTED_BOOT_LOG")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the demo did not finish")
-    .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = super::support::demo_stdout(&[]).await;
     let lines: Vec<&str> = text.lines().map(str::trim).collect();
     for (run, finish) in [
         ("run-1", "succeeded"),

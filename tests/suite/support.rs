@@ -599,3 +599,27 @@ impl Pty {
         String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
     }
 }
+
+/// Runs `hosted-boot demo` with `args` (bounded, 120 s) and returns its
+/// stdout, asserting that it exited 0 (its stderr in the failure message).
+pub async fn demo_stdout(args: &[&str]) -> String {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+            .arg("demo")
+            .args(args)
+            .env_remove("HOSTED_BOOT_LOG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the demo did not finish")
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
