@@ -243,11 +243,18 @@ async fn request_log(c: &Coordinator) {
 
 /// The sandbox root the printed `env` line uses: a directory of its own,
 /// not the working directory (which may be a checkout).
+/// The root the printed env line gives the runner: one per coordinator
+/// process (its pid in the name). A root named by session and port alone
+/// was the same for the next coordinator on that port, whose session has the
+/// same id and branch but a new repository: the runner reused the old
+/// `repo/` and its harvest at boot pushed the old session's commits into the
+/// new one.
 fn sandbox_root(c: &Coordinator) -> std::path::PathBuf {
     std::env::temp_dir().join(format!(
-        "hosted-boot-sandbox-{}-{}",
+        "hosted-boot-sandbox-{}-{}-{}",
         c.session_id(),
-        c.local_addr().port()
+        c.local_addr().port(),
+        std::process::id()
     ))
 }
 
