@@ -2,9 +2,7 @@
 //! 4.5) found by the review of issue 13 (branch review/lp): each failed
 //! against the merged tree before its fix.
 
-use std::path::Path;
-
-use super::support::Sandbox;
+use super::support::{Sandbox, git};
 
 const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
 
@@ -24,16 +22,6 @@ fn holds(haystack: &[u8], needle: &str) -> bool {
     haystack
         .windows(needle.len())
         .any(|w| w == needle.as_bytes())
-}
-
-fn git_in(dir: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// PROTOCOL 4.5 / SECURITY.md "The harvest's secret guard": no push of a
@@ -56,7 +44,7 @@ fi
     let (snap, _) = sb.end_after_seal("run-1", child).await;
     assert_eq!(sb.read_out("failed"), "");
     let branch = sb.coordinator.branch();
-    let tree = git_in(
+    let tree = git(
         &sb.coordinator.bare_repo(),
         &["ls-tree", &format!("refs/heads/{branch}")],
     );

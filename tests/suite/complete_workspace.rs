@@ -14,32 +14,7 @@ use hosted_boot::wire::Event;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::support::{Runner, Sandbox};
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args([
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "-c",
-            "commit.gpgsign=false",
-        ])
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+use super::support::{Runner, Sandbox, git};
 
 /// A repository with `files` (path, content) committed on `main`.
 fn repo_with(dir: &Path, files: &[(&str, &str)]) -> PathBuf {

@@ -6,12 +6,11 @@
 //! the mirror was used, absent or corrupt.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use hosted_boot::coordinator::{CoordinatorOptions, Route, Snapshot};
 use pretty_assertions::assert_eq;
 
-use super::support::{Sandbox, finish};
+use super::support::{Sandbox, finish, git};
 
 /// Files of the generated source repository: enough that its objects
 /// outweigh the negotiation.
@@ -21,27 +20,6 @@ const FILES: usize = 300;
 const AGENT: &str = r#"
 echo "work of $ORIZU_RUN_ID" > "agent-$ORIZU_RUN_ID.md"
 "#;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 /// A source repository of [`FILES`] files of distinct content, one commit.
 fn source_repo(dir: &Path) -> PathBuf {

@@ -4,36 +4,19 @@
 //! is asserted is the remote itself: every object of its bare repository,
 //! reachable or not, searched for each secret and its encoded forms.
 
-use std::path::Path;
-
 use base64::Engine;
 use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route, Snapshot};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::support::{Sandbox, WAIT, assert_no_secret, finish, kill_group, signal, wait_for_file};
+use super::support::{
+    Sandbox, WAIT, assert_no_secret, finish, git, kill_group, signal, wait_for_file,
+};
 
 const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
 
-/// `git` in `dir`; trimmed stdout, panics on failure.
-fn git_in(dir: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 fn tip(sb: &Sandbox) -> String {
-    git_in(
+    git(
         &sb.coordinator.bare_repo(),
         &[
             "rev-parse",
@@ -43,7 +26,7 @@ fn tip(sb: &Sandbox) -> String {
 }
 
 fn files_at(sb: &Sandbox, rev: &str) -> Vec<String> {
-    git_in(
+    git(
         &sb.coordinator.bare_repo(),
         &["ls-tree", "-r", "--name-only", rev],
     )
@@ -95,7 +78,7 @@ fn assert_remote_clean(sb: &Sandbox, secrets: &[String]) {
             String::from_utf8_lossy(&form[..4])
         );
     }
-    let refs = git_in(&bare, &["for-each-ref", "--format=%(refname)"]);
+    let refs = git(&bare, &["for-each-ref", "--format=%(refname)"]);
     assert!(!refs.contains("hosted-boot"), "{refs}");
 }
 
@@ -115,7 +98,7 @@ fn events_of(snap: &Snapshot, run_id: &str, kind: &str) -> Vec<Value> {
 }
 
 fn status_in_repo(sb: &Sandbox) -> String {
-    git_in(&sb.root().join("repo"), &["status", "--porcelain"])
+    git(&sb.root().join("repo"), &["status", "--porcelain"])
 }
 
 /// The agent of run-1: a file holding the connector value committed; another
@@ -162,7 +145,7 @@ async fn a_connector_value_the_agent_committed_is_never_pushed_and_the_rest_is()
         events_of(&snap, "run-1", "hosted_boot.harvest"),
         vec![result]
     );
-    let message = git_in(
+    let message = git(
         &sb.coordinator.bare_repo(),
         &["log", "-1", "--format=%B", &head],
     );
@@ -180,7 +163,7 @@ async fn a_connector_value_the_agent_committed_is_never_pushed_and_the_rest_is()
     );
     assert_eq!(status_in_repo(&sb), "?? leak.env");
     assert_eq!(
-        git_in(
+        git(
             &repo,
             &["log", "--format=%s", "refs/hosted-boot/blocked/run-1"]
         )
@@ -441,7 +424,7 @@ async fn the_harvest_pushes_only_the_session_branch_and_its_recovery_branches() 
         ),
     )
     .unwrap();
-    let before = git_in(&bare, &["for-each-ref", "--format=%(refname)"]);
+    let before = git(&bare, &["for-each-ref", "--format=%(refname)"]);
     // Other local branches and a tag, HEAD on one of them, a local session
     // branch with a commit of its own, and a push configuration that would
     // mirror them all.
@@ -465,7 +448,7 @@ git config push.default matching
     let branch = sb.coordinator.branch();
     let result = result_of(&snap, "run-1");
     assert_eq!(result["pushed"], json!(true), "{result}");
-    let after = git_in(&bare, &["for-each-ref", "--format=%(refname)"]);
+    let after = git(&bare, &["for-each-ref", "--format=%(refname)"]);
     let mut expected: Vec<String> = before.lines().map(str::to_string).collect();
     expected.push(format!("refs/heads/{branch}-recovered-run-1-branch"));
     expected.sort();
