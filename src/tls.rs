@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::{Context, bail};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 
 /// Installs the ring crypto provider for rustls. Idempotent; call it once at
 /// the start of `main` (and of any test that builds a client).
@@ -25,31 +27,33 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Reads the certificates of a PEM file.
+/// Reads the certificates (DER) of a PEM file.
 ///
 /// Errors: the file is missing or unreadable, or holds no certificate (a
 /// configuration error: the operator named it on purpose).
-pub fn read_ca_file(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+pub fn read_ca_file(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
     // A FIFO would block the boot in the read: `stat` first.
     let meta = std::fs::metadata(path)
         .with_context(|| format!("cannot read HOSTED_BOOT_CA_FILE {}", path.display()))?;
     if !readable_whole(path, &meta) {
         bail!(
-            "HOSTED_BOOT_CA_FILE {} is not a regular file; point it at a PEM file with the proxy's CA",
+            "HOSTED_BOOT_CA_FILE {} is not a regular file; {CA_WHAT_TO_DO}",
             path.display()
         );
     }
     let pem = std::fs::read(path)
         .with_context(|| format!("cannot read HOSTED_BOOT_CA_FILE {}", path.display()))?;
-    let certs = reqwest::Certificate::from_pem_bundle(&pem).with_context(|| {
-        format!(
-            "HOSTED_BOOT_CA_FILE {} is not a PEM certificate bundle",
-            path.display()
-        )
-    })?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| {
+            format!(
+                "HOSTED_BOOT_CA_FILE {} is not a PEM certificate bundle",
+                path.display()
+            )
+        })?;
     if certs.is_empty() {
         bail!(
-            "HOSTED_BOOT_CA_FILE {} holds no certificate; point it at a PEM file with the proxy's CA",
+            "HOSTED_BOOT_CA_FILE {} holds no certificate; {CA_WHAT_TO_DO}",
             path.display()
         );
     }
@@ -111,6 +115,9 @@ fn readable_whole(path: &Path, meta: &std::fs::Metadata) -> bool {
     meta.is_file() || std::fs::canonicalize(path).is_ok_and(|p| p == Path::new("/dev/null"))
 }
 
+/// What to do about an unusable `HOSTED_BOOT_CA_FILE`.
+const CA_WHAT_TO_DO: &str = "point it at a PEM file with the proxy's CA";
+
 /// What to do about an unusable `SSL_CERT_FILE`.
 const CERT_WHAT_TO_DO: &str = "point it at a PEM bundle of trust roots (Debian: /etc/ssl/certs/ca-certificates.crt), or unset it to use the system's";
 
@@ -163,53 +170,136 @@ pub fn http_client_with(
     {
         bail!(problem);
     }
-    let mut roots: Vec<reqwest::Certificate> = if system.is_empty() {
-        // A sandbox without a CA store: the bundled roots.
+    // A sandbox without a CA store: the bundled roots.
+    let system = if system.is_empty() {
         webpki_root_certs::TLS_SERVER_ROOT_CERTS
-            .iter()
-            .filter_map(|der| reqwest::Certificate::from_der(der).ok())
-            .collect()
     } else {
-        usable_roots(system)
+        system
     };
-    if let Some(path) = ca_file {
-        roots.extend(read_ca_file(path)?);
+    let extra = match ca_file {
+        Some(path) => read_ca_file(path)?,
+        None => Vec::new(),
+    };
+    let build = |roots: &[&CertificateDer<'static>]| {
+        customize(
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(concat!("hosted-boot/", env!("CARGO_PKG_VERSION")))
+                .tls_certs_only(
+                    roots
+                        .iter()
+                        .filter_map(|der| reqwest::Certificate::from_der(der).ok()),
+                ),
+        )
+        .build()
+    };
+    let all: Vec<_> = system.iter().chain(&extra).collect();
+    let failure = match build(&all) {
+        Ok(client) => return Ok(client),
+        Err(e) => e,
+    };
+    // Only a failed build pays for parsing each root on its own: a root
+    // rustls cannot parse failed the whole client with a message naming no
+    // file ("invalid peer certificate: BadEncoding"). It is skipped, as
+    // OpenSSL skips it, with a warning naming its file.
+    let kept_system = parsable_roots(
+        system,
+        "the system store",
+        CERT_WHAT_TO_DO,
+        system_store_files,
+    )?;
+    let kept_extra = parsable_roots(&extra, "HOSTED_BOOT_CA_FILE", CA_WHAT_TO_DO, || {
+        ca_file.map(Path::to_path_buf).into_iter().collect()
+    })?;
+    if kept_system.len() == system.len() && kept_extra.len() == extra.len() {
+        return Err(failure).context("cannot set up TLS for the HTTP client");
     }
-    customize(
-        reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("hosted-boot/", env!("CARGO_PKG_VERSION")))
-            .tls_certs_only(roots),
-    )
-    .build()
-    .context("cannot set up TLS for the HTTP client")
+    let kept: Vec<_> = kept_system.into_iter().chain(kept_extra).collect();
+    build(&kept).context("cannot set up TLS for the HTTP client")
 }
 
-/// The roots of `system` that rustls can use as trust anchors: a PEM block
-/// labelled CERTIFICATE whose content is not one would otherwise fail the
-/// client's build with a message naming no file ("invalid peer
-/// certificate: BadEncoding"); skipped, as OpenSSL skips it, and counted
-/// in a warning.
-fn usable_roots(
-    system: &[rustls::pki_types::CertificateDer<'static>],
-) -> Vec<reqwest::Certificate> {
-    let mut store = rustls::RootCertStore::empty();
-    let (_, skipped) = store.add_parsable_certificates(system.iter().cloned());
-    if skipped > 0 {
-        tracing::warn!(
-            skipped,
-            kept = store.len(),
-            "trust roots of the system store that are not certificates were skipped (check SSL_CERT_FILE and SSL_CERT_DIR)"
+/// The roots of `roots` rustls can use as trust anchors. When some are not,
+/// a warning names the files of `files` (the files the store was read
+/// from, listed only then) that hold them.
+///
+/// Errors: no root of a non-empty `roots` is usable (a configuration
+/// error: falling back to no roots, or to the bundled ones, would fail
+/// every handshake with `UnknownIssuer`, far from the cause).
+fn parsable_roots<'a>(
+    roots: &'a [CertificateDer<'static>],
+    store: &str,
+    what_to_do: &str,
+    files: impl FnOnce() -> Vec<PathBuf>,
+) -> anyhow::Result<Vec<&'a CertificateDer<'static>>> {
+    let (kept, bad): (Vec<_>, Vec<_>) = roots
+        .iter()
+        .partition(|der| rustls::RootCertStore::empty().add((*der).clone()).is_ok());
+    if bad.is_empty() {
+        return Ok(kept);
+    }
+    let holding: Vec<String> = files()
+        .into_iter()
+        .filter(|file| {
+            rustls_native_certs::load_certs_from_paths(Some(file), None)
+                .certs
+                .iter()
+                .any(|c| bad.contains(&c))
+        })
+        .map(|file| file.display().to_string())
+        .collect();
+    let holding = if holding.is_empty() {
+        "a file of the store".to_string()
+    } else {
+        holding.join(", ")
+    };
+    if kept.is_empty() {
+        bail!(
+            "no trust root of {store} can be used: rustls cannot parse the {} certificate(s) of {holding}; {what_to_do}",
+            bad.len()
         );
     }
-    system
-        .iter()
-        .filter(|der| {
-            let mut one = rustls::RootCertStore::empty();
-            skipped == 0 || one.add(der.to_owned().clone()).is_ok()
-        })
-        .filter_map(|der| reqwest::Certificate::from_der(der).ok())
-        .collect()
+    tracing::warn!(
+        skipped = bad.len(),
+        kept = kept.len(),
+        files = %holding,
+        "trust roots rustls cannot parse were skipped: {store} in {holding}; replace or remove them"
+    );
+    Ok(kept)
+}
+
+/// The files the system store is read from ([`system_roots`]):
+/// `SSL_CERT_FILE` and the files of each `SSL_CERT_DIR` directory when
+/// either is set, else the bundle file and CA directories OpenSSL's probe
+/// finds. Read only to name a file in a warning.
+fn system_store_files() -> Vec<PathBuf> {
+    let (file, dirs) = match (
+        std::env::var_os("SSL_CERT_FILE"),
+        std::env::var_os("SSL_CERT_DIR"),
+    ) {
+        (None, None) => {
+            let probe = openssl_probe::probe();
+            (probe.cert_file, probe.cert_dir)
+        }
+        (file, dirs) => (
+            file.map(PathBuf::from),
+            dirs.map(|d| std::env::split_paths(&d).collect())
+                .unwrap_or_default(),
+        ),
+    };
+    let mut files: Vec<PathBuf> = file.into_iter().collect();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut in_dir: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file())
+            .collect();
+        in_dir.sort();
+        files.extend(in_dir);
+    }
+    files
 }
 
 /// Why the store `SSL_CERT_FILE` or `SSL_CERT_DIR` names gave no root, when

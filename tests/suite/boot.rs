@@ -618,6 +618,58 @@ async fn configuration_errors_exit_2_without_a_single_request() {
     assert_eq!(sb.coordinator.snapshot().requests.len(), 0);
 }
 
+/// A PEM certificate block of `der`, whatever its content.
+fn pem_block(der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut text = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        text.push_str(std::str::from_utf8(line).unwrap());
+        text.push('\n');
+    }
+    text + "-----END CERTIFICATE-----\n"
+}
+
+/// PROTOCOL.md section 1, trust roots: a root rustls cannot parse (a
+/// CERTIFICATE block whose content is not one) once failed the client
+/// with "invalid peer certificate: BadEncoding", naming no file. It is
+/// skipped with a warning naming its file, and the runner boots; a store
+/// whose every root is such is a configuration error (not the bundled
+/// roots in its place).
+#[tokio::test]
+async fn a_trust_store_with_one_malformed_certificate_skips_it_and_boots() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let malformed = pem_block(b"this is not a DER certificate");
+    let mixed = dir.path().join("mixed-roots.pem");
+    let valid = pem_block(webpki_root_certs::TLS_SERVER_ROOT_CERTS[0].as_ref());
+    std::fs::write(&mixed, format!("{valid}{malformed}")).unwrap();
+    let mut cmd = sb.runner(&sb.script(OBSERVER));
+    cmd.env("SSL_CERT_FILE", &mixed).env_remove("SSL_CERT_DIR");
+    let (_, output) = sb.end_after_seal("run-1", cmd.spawn().unwrap()).await;
+    let warning = output
+        .lines()
+        .find(|l| l.contains("rustls cannot parse"))
+        .unwrap_or_else(|| panic!("no warning of the skipped root: {output}"));
+    assert!(warning.contains(mixed.to_str().unwrap()), "{warning}");
+    assert!(warning.contains(r#""skipped":1"#), "{warning}");
+
+    let only_bad = dir.path().join("bad-roots.pem");
+    std::fs::write(&only_bad, &malformed).unwrap();
+    let mut cmd = sb.runner(&sb.script(OBSERVER));
+    cmd.env("SSL_CERT_FILE", &only_bad)
+        .env_remove("SSL_CERT_DIR");
+    let (status, output) = finish(cmd.spawn().unwrap()).await;
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert!(
+        output.contains(&format!(
+            "no trust root of the system store can be used: rustls cannot parse the 1 certificate(s) of {}",
+            only_bad.display()
+        )),
+        "{output}"
+    );
+}
+
 #[tokio::test]
 async fn secrets_never_reach_the_coordinator_or_the_log() {
     let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
