@@ -21,6 +21,11 @@ use crate::validate;
 /// The boot secret's variable (PROTOCOL.md section 1).
 pub const BOOT_SECRET_VAR: &str = "ORIZU_BOOT_SECRET";
 
+/// The shortest boot secret the runner accepts, in bytes (PROTOCOL.md
+/// section 1): a shorter one is redacted wherever its bytes occur and
+/// shreds the agent's output (`a1` inside every word that holds it).
+pub const BOOT_SECRET_MIN_LEN: usize = 16;
+
 /// A configuration error: what is wrong, with which value (never a secret),
 /// and what to do.
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +181,12 @@ pub fn load(
                 "{BOOT_SECRET_VAR} is not set; the coordinator must inject it"
             ))
         })?;
+    if boot_secret.expose().len() < BOOT_SECRET_MIN_LEN {
+        return Err(ConfigError(format!(
+            "{BOOT_SECRET_VAR} is {} bytes long, shorter than the {BOOT_SECRET_MIN_LEN} bytes a boot secret must have (a shorter value would be redacted throughout the agent's output); give the runner the secret the coordinator issued (64 hex characters in production)",
+            boot_secret.expose().len()
+        )));
+    }
 
     let insecure_http = args.insecure_http;
     let check_url = |name: &str, value: &str| {
@@ -888,6 +899,33 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("ORIZU_BOOT_SECRET is not set"), "{err}");
+
+        for short in ["k", "fifteen-bytes-1"] {
+            let err = load(
+                &env(&base()),
+                &args(),
+                Some(Secret::new(short.into())),
+                "/".into(),
+            )
+            .err()
+            .unwrap()
+            .to_string();
+            assert!(
+                err.contains(&format!("ORIZU_BOOT_SECRET is {} bytes long", short.len()))
+                    && err.contains("16 bytes"),
+                "{err}"
+            );
+            assert!(!err.contains(short), "the value in the error: {err}");
+        }
+        assert!(
+            load(
+                &env(&base()),
+                &args(),
+                Some(Secret::new("s".repeat(16))),
+                "/".into()
+            )
+            .is_ok()
+        );
 
         let no_agent = RunArgs {
             agent: None,
