@@ -16,7 +16,10 @@
 //! - [`sweep`] kills every live process of the turn (descendants of the
 //!   leader and its guard, processes of the turn's cgroup, and the runner's
 //!   adopted children), and repeats until a scan finds none, so that what
-//!   forks during the sweep is caught too.
+//!   forks during the sweep is caught too. Each round also kills whole
+//!   every process group of the turn that holds no process outside it: a
+//!   process that forks its successor and exits in a tight loop is gone
+//!   before a kill by pid, its group is not.
 //! - Signals go through a pidfd opened after checking the process's start
 //!   time, so a recycled pid is never hit.
 
@@ -359,6 +362,16 @@ where
                 left: Vec::new(),
             };
         }
+        // A process that forks its successor and exits in a tight loop
+        // lives about one fork: found by pid, it is gone before the kill
+        // and its child goes on. Its group outlives each generation, and a
+        // group kill is atomic with fork (a child forked while it is sent
+        // gets it too): each group of the turn is killed whole.
+        for pgid in turn_groups(&procs, &live, runner, group) {
+            if let Some(pgid) = Pid::from_raw(pgid) {
+                let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
+            }
+        }
         for p in &live {
             // Named before the kill: a dead process has no `comm`.
             let victim =
@@ -378,6 +391,26 @@ where
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// The process groups of `live` (turn members) that hold no process of
+/// `procs` outside the turn: safe to kill whole. Never the runner's group,
+/// nor `group` (the turn's, already killed).
+fn turn_groups(procs: &[ProcInfo], live: &[ProcInfo], runner: Runner, group: i32) -> BTreeSet<i32> {
+    let members: BTreeSet<i32> = live.iter().map(|p| p.pid).collect();
+    let mut groups: BTreeSet<i32> = live
+        .iter()
+        .map(|p| p.pgid)
+        .filter(|g| *g != runner.pgid && *g != group && *g > 1)
+        .collect();
+    // A group a process outside the turn is in (an agent's process may
+    // join a group of its session with setpgid) is left to the pid kills.
+    for p in procs {
+        if !p.zombie && !members.contains(&p.pid) {
+            groups.remove(&p.pgid);
+        }
+    }
+    groups
 }
 
 #[cfg(test)]
@@ -414,6 +447,25 @@ mod tests {
         let me = read_proc(std::process::id() as i32).unwrap();
         assert_eq!(me.pid, std::process::id() as i32);
         assert!(!me.zombie);
+    }
+
+    #[test]
+    fn only_groups_wholly_of_the_turn_are_killed_whole() {
+        let runner = Runner { pid: 10, pgid: 10 };
+        let procs = vec![
+            p(10, 1, 10),  // the runner
+            p(20, 10, 20), // the leader (its group: the turn's)
+            p(30, 10, 30), // a daemon's group, all of the turn
+            p(31, 30, 30),
+            p(40, 10, 40), // a member in a group an outsider is in too
+            p(41, 1, 40),  // the outsider
+            p(50, 10, 10), // a member in the runner's group
+        ];
+        let live: Vec<ProcInfo> = [20, 30, 31, 40, 50]
+            .iter()
+            .map(|pid| *procs.iter().find(|p| p.pid == *pid).unwrap())
+            .collect();
+        assert_eq!(turn_groups(&procs, &live, runner, 20), BTreeSet::from([30]));
     }
 
     #[test]

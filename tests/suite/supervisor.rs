@@ -482,6 +482,76 @@ exit 0
     assert_groups_empty(&[forker]);
 }
 
+/// The live processes whose environment holds `HOP_MARK=<marker>`.
+fn marked_alive(marker: &str) -> Vec<i32> {
+    let needle = format!("HOP_MARK={marker}\0");
+    hosted_boot::process::tree::scan()
+        .into_iter()
+        .filter(|p| !p.zombie)
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/environ", p.pid))
+                .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        })
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// Issue 15: a daemon that forks its successor and exits, in a tight loop
+/// (each generation lives for about one fork, then its child is
+/// re-parented to the runner, the child subreaper), beside a double-fork +
+/// setsid daemon. Without a cgroup the sweep found each generation by pid
+/// and signalled it after it had already forked and gone: the loop
+/// outlived the turn. Nothing of the turn may remain.
+#[tokio::test]
+async fn a_re_forking_daemon_does_not_escape_the_sweep_without_a_cgroup() {
+    let out = tempfile::tempdir().unwrap();
+    let marker = format!("{}-{}", std::process::id(), line!());
+    let script = r#"
+setsid sh -c 'echo $$ > "$OUT/hopper.tmp"; mv "$OUT/hopper.tmp" "$OUT/hopper"; hop() { hop & }; hop' > /dev/null 2>&1 &
+(setsid sh -c 'echo $$ > "$OUT/daemon.tmp"; mv "$OUT/daemon.tmp" "$OUT/daemon"; exec sleep 1000' > /dev/null 2>&1 &)
+while [ ! -s "$OUT/hopper" ] || [ ! -s "$OUT/daemon" ]; do sleep 0.01; done
+sleep 0.2
+exit 0
+"#;
+    let run = supervise_with(
+        &[],
+        &["--turn-cgroup", "off", "--", "sh", "-c", script],
+        out.path(),
+        |cmd| {
+            cmd.env("HOP_MARK", &marker);
+        },
+    )
+    .await;
+    // Several looks: a generation born between two reads of /proc is seen
+    // by the next.
+    let left: Vec<i32> = (0..20).flat_map(|_| marked_alive(&marker)).collect();
+    if !left.is_empty() {
+        // The hopper keeps its group (it calls setsid once): a group kill
+        // is atomic with fork, so this ends it.
+        let hopper: i32 = std::fs::read_to_string(out.path().join("hopper"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        for _ in 0..3 {
+            super::support::kill_group(hopper);
+        }
+        for pid in marked_alive(&marker) {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid).unwrap(),
+                rustix::process::Signal::KILL,
+            );
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "processes of the turn outlived it: {left:?}; exit {:?}\n{}",
+        run.exits(),
+        run.stderr
+    );
+    assert_eq!(run.exit()["status"], "succeeded", "{}", run.stderr);
+}
+
 #[tokio::test]
 async fn the_drain_bound_closes_a_pipe_the_sweep_cannot_empty() {
     let out = tempfile::tempdir().unwrap();
