@@ -14,7 +14,7 @@ use crate::wire::{ClientInfo, EnvBundle, ErrorCode};
 /// A connector the runner refuses (`reserved_connector_env`, PROTOCOL.md
 /// 2.3): the message names the variable, never its value.
 #[derive(Debug, thiserror::Error)]
-#[error("the env bundle sets {name:?}, {why}; remove it from the session's connectors")]
+#[error("the env bundle sets `{}`, {why}; remove it from the session's connectors", .name.escape_debug())]
 pub struct ReservedConnector {
     /// The variable name.
     pub name: String,

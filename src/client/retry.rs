@@ -713,26 +713,85 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     )
 }
 
-/// A transport error as text, without the URL.
+/// A transport error in words, naming the host and port but not the rest
+/// of the URL (a query may carry a token): `connection refused by
+/// HOST:PORT (nothing listens there)`, `TLS handshake with HOST:PORT
+/// failed: …`, `no answer from HOST:PORT in time`, `cannot resolve HOST`.
+/// Never the HTTP stack's internal names (`client error (SendRequest)`).
 pub fn describe(error: reqwest::Error) -> String {
-    let kind = if error.is_timeout() {
-        "timed out"
-    } else if error.is_connect() {
-        "connection failed"
-    } else if error.is_body() || error.is_decode() {
-        "the response body failed"
-    } else {
-        "request failed"
-    };
+    let at = error
+        .url()
+        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
+        .unwrap_or_else(|| "the server".to_string());
     let error = error.without_url();
-    let mut text = format!("{kind}: {error}");
-    let mut source = std::error::Error::source(&error);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
+    let chain: Vec<&(dyn std::error::Error + 'static)> =
+        std::iter::successors(Some(&error as &(dyn std::error::Error + 'static)), |e| {
+            e.source()
+        })
+        .collect();
+    let io = chain
+        .iter()
+        .find_map(|e| e.downcast_ref::<std::io::Error>());
+    let tls = chain.iter().find_map(|e| {
+        e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()?
+                .get_ref()?
+                .downcast_ref::<rustls::Error>()
+        })
+    });
+    if let Some(tls) = tls {
+        return format!("TLS handshake with {at} failed: {tls}");
     }
-    text
+    if error.is_timeout() {
+        return format!("no answer from {at} in time (timed out)");
+    }
+    if let Some(io) = io {
+        use std::io::ErrorKind::*;
+        let what = match io.kind() {
+            ConnectionRefused => Some("connection refused by"),
+            ConnectionReset => Some("connection reset by"),
+            ConnectionAborted => Some("connection aborted by"),
+            TimedOut => Some("no answer (timed out) from"),
+            HostUnreachable | NetworkUnreachable => Some("no route to"),
+            _ => None,
+        };
+        if let Some(what) = what {
+            let hint = if io.kind() == ConnectionRefused {
+                " (nothing listens there)"
+            } else {
+                ""
+            };
+            return format!("{what} {at}{hint}");
+        }
+    }
+    let words: Vec<String> = chain
+        .iter()
+        .map(|e| e.to_string())
+        .filter(|t| !internal_text(t))
+        .collect();
+    if error.is_connect() && chain.iter().any(|e| e.to_string().starts_with("dns error")) {
+        return format!("cannot resolve {at}: {}", words.join(": "));
+    }
+    let kind = if error.is_connect() {
+        format!("cannot connect to {at}")
+    } else if error.is_body() || error.is_decode() {
+        format!("the response body from {at} failed")
+    } else {
+        format!("the request to {at} failed")
+    };
+    if words.is_empty() {
+        kind
+    } else {
+        format!("{kind}: {}", words.join(": "))
+    }
+}
+
+/// Whether `text` is one of the HTTP stack's own layers' messages, which
+/// say nothing to a reader (`error sending request`, `client error
+/// (SendRequest)`, `tcp connect error`).
+fn internal_text(text: &str) -> bool {
+    text.starts_with("client error (")
+        || ["error sending request", "tcp connect error", "dns error"].contains(&text)
 }
 
 #[cfg(test)]

@@ -444,8 +444,9 @@ async fn a_reserved_connector_fails_the_boot_naming_the_variable() {
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.status_names(), vec!["failed"]);
     let reason = snap.statuses[0].reason.clone().unwrap();
+    // Named in backticks, not as Rust's Debug text ("LD_PRELOAD").
     assert!(
-        reason.starts_with("reserved_connector_env: ") && reason.contains("LD_PRELOAD"),
+        reason.starts_with("reserved_connector_env: the env bundle sets `LD_PRELOAD`, "),
         "{reason}"
     );
     assert!(!reason.contains("evil-library"), "{reason}");
@@ -674,6 +675,35 @@ async fn a_trust_store_with_one_malformed_certificate_skips_it_and_boots() {
         )),
         "{output}"
     );
+}
+
+/// Issue 15: a transport error once read `connection failed: error
+/// sending request: client error (Connect): tcp connect error: Connection
+/// refused (os error 111)`, the HTTP stack's layers by their internal
+/// names. It says what happened, and where, in words.
+#[tokio::test]
+async fn a_refused_connection_is_said_in_words_naming_the_host_and_port() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cmd = sb.runner(&sb.script(OBSERVER));
+    cmd.env(
+        "ORIZU_AGENT_TOKEN_URL",
+        format!("http://127.0.0.1:{port}/api/cli/sessions/s1/agent-token"),
+    );
+    let (status, output) = finish(cmd.spawn().unwrap()).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert!(
+        output.contains(&format!(
+            "agent-token pull failed after 10 attempts: connection refused by 127.0.0.1:{port} (nothing listens there)"
+        )),
+        "{output}"
+    );
+    assert!(!output.contains("client error ("), "{output}");
+    assert!(!output.contains("error sending request"), "{output}");
 }
 
 #[tokio::test]
