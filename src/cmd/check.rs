@@ -4,8 +4,10 @@
 //! minted and no status is posted), and checks that `git` and the agent
 //! program are present and runnable, that the root is a directory this user
 //! can write (what `run` needs: PROTOCOL.md 3) and that the CA file, when
-//! set, is usable. It prints one line per check with a hint for each
-//! failure, never a secret, and exits 0 only when all pass.
+//! set, is usable, that no other runner holds the root's lock, and whether
+//! the agent has a provider key or gets the placeholder (a warning). It
+//! prints one line per check with a hint for each failure or warning,
+//! never a secret, and exits 0 only when none failed.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -26,6 +28,9 @@ pub struct CheckLine {
     pub name: &'static str,
     /// `None`: passed; `Some(hint)`: failed.
     pub failure: Option<String>,
+    /// A hint for a check that passed but needs a look (`warn`): `run`
+    /// boots, yet the agent may not work (a placeholder provider key).
+    pub warning: Option<String>,
     /// What was found (passed) or what went wrong (failed); redacted.
     pub detail: String,
 }
@@ -35,6 +40,16 @@ impl CheckLine {
         CheckLine {
             name,
             failure: None,
+            warning: None,
+            detail: detail.into(),
+        }
+    }
+
+    fn warn(name: &'static str, detail: impl Into<String>, hint: impl Into<String>) -> Self {
+        CheckLine {
+            name,
+            failure: None,
+            warning: Some(hint.into()),
             detail: detail.into(),
         }
     }
@@ -43,6 +58,7 @@ impl CheckLine {
         CheckLine {
             name,
             failure: Some(hint.into()),
+            warning: None,
             detail: detail.into(),
         }
     }
@@ -62,22 +78,29 @@ pub async fn run(
     let lines = checks(&env, &args, boot_secret, &redactor).await;
     let width = lines.iter().map(|l| l.name.len()).max().unwrap_or(0);
     for line in &lines {
-        let mark = if line.failure.is_none() {
-            "ok  "
-        } else {
-            "FAIL"
+        let mark = match (&line.failure, &line.warning) {
+            (Some(_), _) => "FAIL",
+            (None, Some(_)) => "warn",
+            (None, None) => "ok  ",
         };
         println!(
             "{mark}  {:<width$}  {}",
             line.name,
             redactor.redact(&line.detail)
         );
-        if let Some(hint) = &line.failure {
+        if let Some(hint) = line.failure.as_ref().or(line.warning.as_ref()) {
             println!("      {:<width$}  hint: {}", "", redactor.redact(hint));
         }
     }
     let failed = lines.iter().filter(|l| l.failure.is_some()).count();
-    if failed == 0 {
+    let warned = lines.iter().filter(|l| l.warning.is_some()).count();
+    if failed == 0 && warned > 0 {
+        println!(
+            "all {} checks passed, {warned} with a warning: `hosted-boot run` can boot; read the warnings",
+            lines.len()
+        );
+        0
+    } else if failed == 0 {
         println!(
             "all {} checks passed: `hosted-boot run` can boot",
             lines.len()
@@ -120,7 +143,12 @@ async fn checks(
             config.api.session_id, config.api.api_base
         ),
     )];
-    lines.push(root_line(&config.root));
+    let root = root_line(&config.root);
+    let root_usable = root.failure.is_none();
+    lines.push(root);
+    if root_usable {
+        lines.push(lock_line(&config.root));
+    }
     if let Some(ca) = &config.ca_file {
         lines.push(match crate::tls::http_client(Some(ca)) {
             Ok(_) => CheckLine::pass("ca file", format!("{} is a usable PEM file", ca.display())),
@@ -131,17 +159,91 @@ async fn checks(
             ),
         });
     }
-    lines.extend(coordinator_lines(&config, redactor).await);
+    let (coordinator, connectors) = coordinator_lines(&config, redactor).await;
+    lines.extend(coordinator);
     lines.push(tool_line("git", Path::new("git"), env));
     lines.push(tool_line(
         "agent program",
         Path::new(&config.agent.program),
         env,
     ));
+    lines.extend(key_line(&config, &connectors));
     lines
 }
 
-async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<CheckLine> {
+/// The provider key (README, "Provider key placeholder"): with neither a
+/// key variable (the image's environment, `--agent-env`, a connector of
+/// the env bundle) nor the CLI's login file, `run` sets the key variable
+/// to a placeholder that only an egress proxy injecting the real key makes
+/// work. `None` for an agent that needs no key (`command`).
+fn key_line(config: &BootConfig, connectors: &[String]) -> Option<CheckLine> {
+    let mut env: BTreeMap<OsString, OsString> = config.base_env.iter().cloned().collect();
+    for (k, v) in &config.agent.env {
+        env.insert(k.into(), v.into());
+    }
+    for name in connectors {
+        env.insert(name.into(), "set".into());
+    }
+    let kind = config.agent.kind;
+    if kind == crate::agent::AgentKind::Command {
+        return None;
+    }
+    Some(match crate::agent::env::missing_key(kind, &env, None) {
+        None => CheckLine::pass(
+            "provider key",
+            format!(
+                "the {} agent has a key variable or a login file",
+                kind.name()
+            ),
+        ),
+        Some(var) => CheckLine::warn(
+            "provider key",
+            format!(
+                "no {var} (nor another key variable or a login file) for the {} agent: `run` sets {var}={} (not a secret), which works only where the sandbox's egress proxy injects the real key",
+                kind.name(),
+                crate::agent::env::PLACEHOLDER_KEY
+            ),
+            format!(
+                "set {var} in the image or as a connector of the session's env bundle, unless the egress proxy injects it"
+            ),
+        ),
+    })
+}
+
+/// The root's lock (PROTOCOL.md 3, one runner per root): `run` refuses a
+/// root another runner holds. Taken and released at once, writing nothing.
+fn lock_line(root: &Path) -> CheckLine {
+    match crate::workspace::lock::probe(root) {
+        Ok(()) => CheckLine::pass("root lock", "no other runner holds the root"),
+        Err(e @ crate::workspace::lock::LockError::Held { .. }) => CheckLine::fail(
+            "root lock",
+            e.to_string(),
+            "stop the runner that holds it (the pid above), or give this sandbox another HOSTED_BOOT_ROOT",
+        ),
+        Err(e) => CheckLine::fail(
+            "root lock",
+            e.to_string(),
+            "set HOSTED_BOOT_ROOT (--root) to a directory this user can write",
+        ),
+    }
+}
+
+/// The coordinator's routes, reading only; also the names of the env
+/// bundle's connectors (empty when it was not read).
+async fn coordinator_lines(
+    config: &BootConfig,
+    redactor: &Redactor,
+) -> (Vec<CheckLine>, Vec<String>) {
+    let mut names = Vec::new();
+    let lines = coordinator_checks(config, redactor, &mut names).await;
+    (lines, names)
+}
+
+async fn coordinator_checks(
+    config: &BootConfig,
+    redactor: &Redactor,
+    names: &mut Vec<String>,
+) -> Vec<CheckLine> {
     let http = match crate::tls::http_client(config.ca_file.as_deref()) {
         Ok(h) => h,
         Err(e) => {
@@ -228,7 +330,10 @@ async fn coordinator_lines(config: &BootConfig, redactor: &Redactor) -> Vec<Chec
         Ok(bundle) => {
             let count = bundle.connectors.len();
             match environment::apply_bundle(bundle, &config.base_env, redactor) {
-                Ok(_) => lines.push(CheckLine::pass("env bundle", format!("{count} connectors"))),
+                Ok(applied) => {
+                    names.extend(applied.connectors.into_iter().map(|(n, _)| n));
+                    lines.push(CheckLine::pass("env bundle", format!("{count} connectors")));
+                }
                 Err(e) => lines.push(CheckLine::fail(
                     "env bundle",
                     environment::ReservedConnector::CODE.reason(e),

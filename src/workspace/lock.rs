@@ -98,44 +98,63 @@ impl RootLock {
     /// process holds the lock; [`LockError::Io`] naming the path otherwise.
     pub fn acquire(root: &Path) -> Result<RootLock, LockError> {
         let path = root.join(LOCK_FILE);
-        let io = |action: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source: io::Error| LockError::Io {
-                action,
-                path,
-                source,
-            }
-        };
-        if std::fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
-            return Err(LockError::NotADirectory {
-                root: root.to_path_buf(),
-            });
-        }
-        let dir = rustix::fs::open(
-            root,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| io("open the root for", &path)(e.into()))?;
-        match rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                let pid = holder_pid(&path).or_else(|| lock_owner(&dir));
-                return Err(LockError::Held {
-                    root: root.to_path_buf(),
-                    pid,
-                    path,
-                });
-            }
-            Err(e) => return Err(io("lock the root for", &path)(e.into())),
-        }
+        let dir = lock_root(root)?;
         let pid = std::process::id();
-        let file = write_pid_file(&dir, pid).map_err(io("write the pid into", &path))?;
+        let file = write_pid_file(&dir, pid).map_err(io_error("write the pid into", &path))?;
         Ok(RootLock {
             _root: dir,
             _pid_file: file,
         })
     }
+}
+
+/// A [`LockError::Io`] of `action` on `path`.
+fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> LockError {
+    let path = path.to_path_buf();
+    move |source: io::Error| LockError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// The root's directory descriptor with the exclusive `flock` held
+/// (released when it is closed).
+fn lock_root(root: &Path) -> Result<OwnedFd, LockError> {
+    let path = root.join(LOCK_FILE);
+    if std::fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
+        return Err(LockError::NotADirectory {
+            root: root.to_path_buf(),
+        });
+    }
+    let dir = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_error("open the root for", &path)(e.into()))?;
+    match rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            let pid = holder_pid(&path).or_else(|| lock_owner(&dir));
+            return Err(LockError::Held {
+                root: root.to_path_buf(),
+                pid,
+                path,
+            });
+        }
+        Err(e) => return Err(io_error("lock the root for", &path)(e.into())),
+    }
+    Ok(dir)
+}
+
+/// Whether `root` is free: takes its lock and releases it at once, writing
+/// nothing (`hosted-boot check`). A runner that starts in that instant is
+/// refused as by any holder.
+///
+/// Errors: as [`RootLock::acquire`] ([`LockError::Held`] naming the holder).
+pub fn probe(root: &Path) -> Result<(), LockError> {
+    lock_root(root).map(drop)
 }
 
 /// Writes `<pid>\n` to `.hosted-boot/lock` under the root descriptor

@@ -22,6 +22,7 @@ async fn a_good_environment_passes_and_only_reads() {
     for name in [
         "environment",
         "root",
+        "root lock",
         "agent token",
         "session",
         "env bundle",
@@ -34,7 +35,7 @@ async fn a_good_environment_passes_and_only_reads() {
         );
     }
     assert!(
-        out.contains("all 7 checks passed: `hosted-boot run` can boot"),
+        out.contains("all 8 checks passed: `hosted-boot run` can boot"),
         "{out}"
     );
     // The bearer's lifetime in words, not Rust's debug text.
@@ -53,6 +54,72 @@ async fn a_good_environment_passes_and_only_reads() {
         vec![Route::AgentToken, Route::EnvBundle, Route::Session],
         "{routes:?}"
     );
+}
+
+/// Issue 15: `check` said "all passed" while another runner held the root,
+/// which `run` refuses (one runner per root, PROTOCOL.md 3). The lock is
+/// held here as a runner holds it (`RootLock`, in this test process).
+#[tokio::test]
+async fn a_root_another_runner_holds_fails_the_check_naming_its_pid() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let held = hosted_boot::workspace::lock::RootLock::acquire(&sb.root()).unwrap();
+    let (code, out) = check(&sb, |_| {}).await;
+    assert_eq!(code, 1, "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("FAIL  root lock"))
+        .unwrap_or_else(|| panic!("no failed root lock line: {out}"));
+    assert!(
+        line.contains(&format!(
+            "another hosted-boot runner (pid {}",
+            std::process::id()
+        )),
+        "{line}"
+    );
+    assert!(out.contains("hint: stop the runner that holds it"), "{out}");
+    assert!(
+        out.contains("checks failed: `hosted-boot run` would fail"),
+        "{out}"
+    );
+    drop(held);
+    let (code, out) = check(&sb, |_| {}).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ok    root lock"), "{out}");
+}
+
+/// Issue 15: with `--agent claude` and no provider key (nor a login file)
+/// `check` said nothing of it; `run` then gives the CLI a placeholder key
+/// that only an egress proxy injecting the real one makes work (README,
+/// "Provider key placeholder"). A warning, naming the variable.
+#[tokio::test]
+async fn claude_without_a_provider_key_is_warned_of_the_placeholder() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let (_, out) = check(&sb, |c| {
+        c.env("HOSTED_BOOT_AGENT", "claude")
+            .env_remove("HOSTED_BOOT_AGENT_COMMAND");
+    })
+    .await;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("warn  provider key"))
+        .unwrap_or_else(|| panic!("no provider key warning: {out}"));
+    assert!(
+        line.contains("no ANTHROPIC_API_KEY")
+            && line.contains("ANTHROPIC_API_KEY=HOSTED_BOOT_PROVIDER_PLACEHOLDER_KEY"),
+        "{line}"
+    );
+    assert!(
+        out.contains("hint: set ANTHROPIC_API_KEY in the image or as a connector"),
+        "{out}"
+    );
+    // With a key: no warning.
+    let (_, out) = check(&sb, |c| {
+        c.env("HOSTED_BOOT_AGENT", "claude")
+            .env_remove("HOSTED_BOOT_AGENT_COMMAND")
+            .env("ANTHROPIC_API_KEY", "sk-test-provider-key-value");
+    })
+    .await;
+    assert!(out.contains("ok    provider key"), "{out}");
 }
 
 #[tokio::test]
@@ -78,7 +145,7 @@ async fn each_kind_of_failure_is_named_with_a_hint() {
         "{out}"
     );
     assert!(
-        out.contains("2 of 7 checks failed: `hosted-boot run` would fail"),
+        out.contains("2 of 8 checks failed: `hosted-boot run` would fail"),
         "{out}"
     );
 
