@@ -11,6 +11,8 @@ use hosted_boot::wire::AnswerToQuestion;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
+use super::support::pull_bearer;
+
 const WAIT: Duration = Duration::from_secs(10);
 
 fn client() -> reqwest::Client {
@@ -28,19 +30,6 @@ async fn start(opts: CoordinatorOptions) -> Coordinator {
 
 fn url(c: &Coordinator, path: &str) -> String {
     format!("{}{}", c.base_url(), path)
-}
-
-/// Pulls a bearer with the boot secret.
-async fn bearer(c: &Coordinator, http: &reqwest::Client) -> String {
-    let resp = http
-        .get(c.agent_token_url())
-        .bearer_auth(c.boot_secret())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let body: Value = resp.json().await.unwrap();
-    body["token"].as_str().unwrap().to_string()
 }
 
 async fn get_json(http: &reqwest::Client, url: &str, bearer: &str) -> (u16, Value) {
@@ -105,7 +94,7 @@ async fn agent_token_needs_the_boot_secret() {
     assert_eq!(body.as_object().unwrap().len(), 2, "{body}");
 
     // A fresh bearer per pull; every bearer stays valid until its TTL.
-    let second = bearer(&c, &http).await;
+    let second = pull_bearer(&http, &c).await;
     assert_ne!(first, second);
     session(&c, &http, &first).await;
     session(&c, &http, &second).await;
@@ -145,7 +134,7 @@ async fn an_expired_bearer_is_refused() {
     })
     .await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     let (status, _) = get_json(&http, &url(&c, "api/cli/sessions/s1"), &b).await;
     assert_eq!(status, 401);
 }
@@ -163,7 +152,7 @@ async fn session_and_env_bundle_match_the_contract() {
     })
     .await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     assert_eq!(
         session(&c, &http, &b).await,
         json!({"session": {
@@ -207,7 +196,7 @@ async fn session_and_env_bundle_match_the_contract() {
 async fn turns_move_pending_turn_along() {
     let c = start(CoordinatorOptions::default()).await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
 
     // Queued over the dev API while run-1 (the initial task) is unfinished:
     // pendingTurn stays null until run-1 is sealed.
@@ -356,7 +345,7 @@ async fn an_idle_start_has_no_run_until_a_turn_is_queued() {
     })
     .await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     let s = session(&c, &http, &b).await;
     assert_eq!(s["session"]["runs"], json!([]));
     assert_eq!(s["session"]["pendingTurn"], Value::Null);
@@ -376,7 +365,7 @@ async fn counts_only_keeps_each_events_seq_and_type_but_no_body() {
     })
     .await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     let body = "x".repeat(100_000);
     let ev = |seq: u64| json!({"seq": seq, "type": "output", "at": "2024-01-01T00:00:00Z", "data": {"text": body}});
     let events_url = url(&c, "api/cli/workbench-runs/run-1/events");
@@ -406,7 +395,7 @@ async fn counts_only_keeps_each_events_seq_and_type_but_no_body() {
 async fn events_are_accepted_in_order_and_the_cursor_follows() {
     let c = start(CoordinatorOptions::default()).await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     let ev = |seq: u64| json!({"seq": seq, "type": "output", "at": "2024-01-01T00:00:00Z", "data": {"text": seq}});
     let events_url = url(&c, "api/cli/workbench-runs/run-1/events");
     let cursor_url = url(&c, "api/cli/workbench-runs/run-1/events/cursor");
@@ -463,7 +452,7 @@ async fn boot_statuses_and_requests_are_recorded_in_order() {
             .unwrap();
         assert_eq!(resp.status(), 200);
     }
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     // A bearer is not the boot secret.
     let resp = http
         .post(&status_url)
@@ -537,7 +526,7 @@ async fn boot_statuses_and_requests_are_recorded_in_order() {
 async fn a_503_fault_answers_count_times_then_the_normal_answer() {
     let c = start(CoordinatorOptions::default()).await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     c.add_fault(
         Fault::status(Route::Session, 503)
             .times(2)
@@ -607,7 +596,7 @@ async fn a_reset_fault_is_a_transport_error() {
     assert!(err.status().is_none(), "no HTTP status: {err:?}");
     assert!(!err.is_timeout(), "{err:?}");
     // The next request is answered normally.
-    bearer(&c, &http).await;
+    pull_bearer(&http, &c).await;
     let reqs = c.requests();
     assert_eq!(reqs.len(), 2);
     assert_eq!(reqs[0].response_status, None);
@@ -620,7 +609,7 @@ async fn a_reset_fault_is_a_transport_error() {
 async fn a_delay_fault_delays_the_normal_answer() {
     let c = start(CoordinatorOptions::default()).await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     c.add_fault(Fault::delay(Route::Cursor, Duration::from_millis(300)))
         .unwrap();
     let t = Instant::now();
@@ -638,7 +627,7 @@ async fn a_delay_fault_delays_the_normal_answer() {
 async fn a_pad_fault_streams_the_normal_answer_then_spaces() {
     let c = start(CoordinatorOptions::default()).await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     let normal = http
         .get(url(&c, "api/cli/sessions/s1"))
         .bearer_auth(&b)
@@ -671,7 +660,7 @@ async fn a_pad_fault_streams_the_normal_answer_then_spaces() {
 async fn a_stall_fault_pauses_the_body_after_its_first_chunk() {
     let c = start(CoordinatorOptions::default()).await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     c.add_fault(Fault::stall(Route::Cursor, Duration::from_millis(400)))
         .unwrap();
     let t = Instant::now();
@@ -698,7 +687,7 @@ async fn a_stall_fault_pauses_the_body_after_its_first_chunk() {
 async fn an_after_fault_applies_the_request_and_loses_the_answer() {
     let c = start(CoordinatorOptions::default()).await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     c.add_fault(Fault::status(Route::Finish, 503).after_handling())
         .unwrap();
     let finish_url = url(&c, "api/cli/workbench-runs/run-1/finish");
@@ -768,7 +757,7 @@ async fn the_dev_api_needs_a_token_off_loopback() {
 async fn the_dev_api_returns_the_request_log_as_a_table() {
     let c = start(CoordinatorOptions::default()).await;
     let http = client();
-    let b = bearer(&c, &http).await;
+    let b = pull_bearer(&http, &c).await;
     let (status, _) = get_json(&http, &url(&c, "api/cli/sessions/s1"), &b).await;
     assert_eq!(status, 200);
     let (status, _) = get_json(&http, &url(&c, "dev/state"), "").await;
@@ -903,7 +892,7 @@ async fn startup_text_has_the_env_docker_and_curl_lines() {
 // ---- git ----
 
 async fn repo_token(c: &Coordinator, http: &reqwest::Client, access: &str) -> String {
-    let b = bearer(c, http).await;
+    let b = pull_bearer(http, c).await;
     let (status, body) = post_json(
         http,
         &url(c, "api/cli/sessions/s1/repo-token"),

@@ -10,7 +10,7 @@ use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, RecordedRequest,
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::support::{Sandbox, WAIT};
+use super::support::{Sandbox, WAIT, pull_bearer};
 
 /// Runners of these tests: 1 s ticks and `Prefer: wait=6` (the holds are
 /// long beside the few steps a test takes between seeing a read in flight
@@ -236,19 +236,6 @@ async fn the_session_read_is_held_until_the_session_changes() {
     assert_eq!(resp.status(), 200);
     assert!(resp.headers().get("etag").is_none());
     assert!(resp.headers().get("preference-applied").is_none());
-}
-
-async fn pull_bearer(http: &reqwest::Client, c: &Coordinator) -> String {
-    let token: Value = http
-        .get(c.agent_token_url())
-        .bearer_auth(c.boot_secret())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    token["token"].as_str().unwrap().to_string()
 }
 
 /// A fleet: two runners, each on a session of its own, against one

@@ -15,7 +15,7 @@ use hosted_boot::wire::{
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::support::{Sandbox, assert_no_secret, finish};
+use super::support::{Sandbox, assert_no_secret, finish, pull_bearer};
 
 fn doc() -> Document {
     Document::load().unwrap()
@@ -307,14 +307,7 @@ async fn openapi_validates_the_reference_coordinators_answers() {
     let doc = doc();
     let http = client();
     let secret = c.boot_secret();
-    let token = http
-        .get(c.agent_token_url())
-        .bearer_auth(&secret)
-        .send()
-        .await
-        .unwrap();
-    let token: Value = token.json().await.unwrap();
-    let bearer = token["token"].as_str().unwrap().to_string();
+    let bearer = pull_bearer(&http, c).await;
     let event = json!({"seq": 1, "type": "output", "at": "2024-01-01T00:00:00Z", "data": {}});
     let finish = json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null, "result": null});
     let calls: Vec<(Route, Option<Value>)> = vec![
@@ -413,16 +406,7 @@ async fn openapi_documents_the_long_poll_of_the_session_read() {
             .collect()
     };
     let http = client();
-    let token: Value = http
-        .get(c.agent_token_url())
-        .bearer_auth(c.boot_secret())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let bearer = token["token"].as_str().unwrap().to_string();
+    let bearer = pull_bearer(&http, c).await;
     let url = format!("{}{}", c.base_url(), Route::Session.path("s1"));
     // A first read with the preference: answered at once (nothing to match).
     let first = http

@@ -310,6 +310,20 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// Pulls a bearer from `c`'s agent-token route with its boot secret, as a
+/// runner does (PROTOCOL.md 2.1); panics unless the answer is `200`.
+pub async fn pull_bearer(http: &reqwest::Client, c: &Coordinator) -> String {
+    let resp = http
+        .get(c.agent_token_url())
+        .bearer_auth(c.boot_secret())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    body["token"].as_str().unwrap().to_string()
+}
+
 /// Sends `signal` to process `pid`.
 pub fn signal(pid: u32, signal: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
