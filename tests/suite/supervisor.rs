@@ -497,9 +497,10 @@ fn marked_alive(marker: &str) -> Vec<i32> {
 }
 
 /// Issue 15: a daemon that forks its successor and exits, in a tight loop
-/// (each generation lives for about one fork, then its child is
-/// re-parented to the runner, the child subreaper), beside a double-fork +
-/// setsid daemon. Without a cgroup the sweep found each generation by pid
+/// (each generation, `sh hop.sh`, starts the next and exits: it lives
+/// about one fork and exec; a shell function calling itself would stop at
+/// dash's recursion depth of 1000); its child is re-parented to the
+/// runner, the child subreaper. Beside it, a double-fork + setsid daemon. Without a cgroup the sweep found each generation by pid
 /// and signalled it after it had already forked and gone: the loop
 /// outlived the turn. Nothing of the turn may remain.
 #[tokio::test]
@@ -507,7 +508,8 @@ async fn a_re_forking_daemon_does_not_escape_the_sweep_without_a_cgroup() {
     let out = tempfile::tempdir().unwrap();
     let marker = format!("{}-{}", std::process::id(), line!());
     let script = r#"
-setsid sh -c 'echo $$ > "$OUT/hopper.tmp"; mv "$OUT/hopper.tmp" "$OUT/hopper"; hop() { hop & }; hop' > /dev/null 2>&1 &
+printf '%s\n' 'sh "$0" &' > "$OUT/hop.sh"
+setsid sh -c 'echo $$ > "$OUT/hopper.tmp"; mv "$OUT/hopper.tmp" "$OUT/hopper"; sh "$OUT/hop.sh" &' > /dev/null 2>&1 &
 (setsid sh -c 'echo $$ > "$OUT/daemon.tmp"; mv "$OUT/daemon.tmp" "$OUT/daemon"; exec sleep 1000' > /dev/null 2>&1 &)
 while [ ! -s "$OUT/hopper" ] || [ ! -s "$OUT/daemon" ]; do sleep 0.01; done
 sleep 0.2
