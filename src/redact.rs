@@ -30,18 +30,19 @@
 //! too, in any output, and the literal forms above need not list them.
 
 use std::cell::Cell;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use aho_corasick::automaton::Automaton;
-use aho_corasick::nfa::contiguous::NFA as ContiguousNfa;
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, Anchored, MatchKind};
 use base64::Engine;
 use serde_json::Value;
 
 use crate::secret::Secret;
 
 mod decoded;
+mod matcher;
+
+use matcher::{Matcher, Pattern, matches_into};
 
 /// The replacement text.
 pub const REDACTED: &str = "[REDACTED]";
@@ -78,9 +79,10 @@ pub struct Redactor {
 /// Shows how many patterns the redactor holds, never one of them.
 impl std::fmt::Debug for Redactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let patterns = crate::sync::read(&self.shared.state).patterns.len();
+        let state = crate::sync::read(&self.shared.state);
         f.debug_struct("Redactor")
-            .field("patterns", &patterns)
+            .field("patterns", &state.known.len())
+            .field("compiled", &state.compiled)
             .finish_non_exhaustive()
     }
 }
@@ -96,163 +98,52 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    patterns: Vec<Vec<u8>>,
+    /// Every pattern held (each is in one level of the matcher).
+    known: HashSet<Pattern>,
     matcher: Option<Arc<Matcher>>,
+    /// Patterns compiled into automata since the redactor was made (the
+    /// cost of the additions; the tests bound it).
+    compiled: usize,
 }
 
-/// The compiled pattern set.
-struct Matcher {
-    /// The overlapping search (a compact NFA: hundreds of patterns).
-    automaton: AhoCorasick,
-    /// Where a pattern may occur (see [`Prefilter`]): most output holds no
-    /// secret, and the overlapping search runs only in those windows.
-    filter: Prefilter,
-    /// The same patterns, searched anchored: whether the end of a read may be
-    /// the start of a secret that the next read completes.
-    prefixes: ContiguousNfa,
-    /// Bytes that start some pattern.
-    first: [bool; 256],
-    /// Bytes that occur in some pattern: an escape standing for none of
-    /// them cannot be part of a match (see [`decoded`]).
-    bytes: [bool; 256],
-    /// Length in bytes of the longest pattern.
-    longest: usize,
-}
-
-/// Length of the grams the prefilter indexes.
-const GRAM: usize = 4;
-/// The prefilter looks at every `STRIDE`-th position; every pattern of at
-/// least `GRAM + STRIDE - 1` bytes has one of its first `STRIDE` grams at
-/// such a position.
-const STRIDE: usize = 3;
-/// Shortest pattern the gram index covers; shorter ones are found by a
-/// small automaton.
-const INDEXED_LEN: usize = GRAM + STRIDE - 1;
-
-/// A q-gram prefilter: the grams starting at offsets `0..STRIDE` of every
-/// pattern, checked at every `STRIDE`-th position of the input (a bit in an
-/// L1-sized bitmap, then the exact gram). An occurrence `[a, b)` of a
-/// pattern contains, at the one position `p` in `a..a + STRIDE` that is a
-/// multiple of `STRIDE`, a gram of that pattern, so it lies in the window
-/// `[p - (STRIDE - 1), p + longest)`. This looks at a third of the bytes
-/// with a few instructions each, several times faster than any automaton
-/// over hundreds of patterns (aho-corasick's DFA reached ~500 MB/s here,
-/// this ~2 GB/s; see BENCHMARKS.md).
-struct Prefilter {
-    bits: Vec<u64>,
-    grams: Vec<u32>,
-    /// Patterns shorter than [`INDEXED_LEN`], if any (short credentials).
-    short: Option<AhoCorasick>,
-}
-
-const BITMAP_BITS: usize = 1 << 16;
-
-fn gram_at(hay: &[u8], p: usize) -> u32 {
-    u32::from_le_bytes([hay[p], hay[p + 1], hay[p + 2], hay[p + 3]])
-}
-
-fn gram_bit(gram: u32) -> usize {
-    (gram.wrapping_mul(0x9E37_79B1) >> 16) as usize
-}
-
-impl Prefilter {
-    fn build(patterns: &[Vec<u8>]) -> Result<Prefilter, aho_corasick::BuildError> {
-        let mut grams = Vec::new();
-        let mut short = Vec::new();
-        for p in patterns {
-            if p.len() < INDEXED_LEN {
-                short.push(p.as_slice());
-                continue;
-            }
-            for o in 0..STRIDE {
-                grams.push(gram_at(p, o));
+impl State {
+    /// Adds the `forms` not yet held, as a new level of the matcher (see
+    /// [`matcher`]). `what` names the values in the error.
+    fn insert(&mut self, forms: Vec<Vec<u8>>, generation: &AtomicU64, what: &str) {
+        let mut fresh: Vec<Pattern> = Vec::new();
+        for form in forms {
+            let form: Pattern = form.into();
+            if !self.known.contains(&form) {
+                self.known.insert(form.clone());
+                fresh.push(form);
             }
         }
-        grams.sort_unstable();
-        grams.dedup();
-        let mut bits = vec![0u64; BITMAP_BITS / 64];
-        for &g in &grams {
-            let b = gram_bit(g);
-            bits[b / 64] |= 1 << (b % 64);
+        if fresh.is_empty() {
+            return;
         }
-        let short = if short.is_empty() {
-            None
-        } else {
-            Some(
-                AhoCorasickBuilder::new()
-                    .match_kind(MatchKind::LeftmostFirst)
-                    .build(&short)?,
-            )
-        };
-        Ok(Prefilter { bits, grams, short })
-    }
-
-    /// Appends the windows of `hay` where an occurrence may be (unsorted,
-    /// possibly overlapping); an occurrence is always inside one.
-    fn windows(&self, hay: &[u8], longest: usize, out: &mut Vec<(usize, usize)>) {
-        let n = hay.len();
-        let mut p = 0;
-        while p + GRAM <= n {
-            let g = gram_at(hay, p);
-            let b = gram_bit(g);
-            if self.bits[b / 64] & (1 << (b % 64)) != 0 && self.grams.binary_search(&g).is_ok() {
-                out.push((p.saturating_sub(STRIDE - 1), n.min(p + longest)));
+        match Matcher::extended(self.matcher.as_deref(), fresh.clone()) {
+            Ok((matcher, compiled)) => {
+                self.matcher = Some(Arc::new(matcher));
+                self.compiled += compiled;
+                generation.fetch_add(1, Ordering::SeqCst);
             }
-            p += STRIDE;
+            Err(e) => {
+                // Only a pattern set beyond the crate's size limits gets
+                // here; keep the previous matcher and say so (no value). The
+                // patterns are forgotten, so a later addition tries again.
+                for form in &fresh {
+                    self.known.remove(form);
+                }
+                tracing::error!(error = %e, patterns = self.known.len(), "cannot build the redaction automaton; the newest {what} not redacted");
+            }
         }
-        if let Some(short) = &self.short {
-            // Leftmost-first from each end on: an occurrence starts at a
-            // reported start, inside a reported match (and ends before its
-            // end - 1 + longest), or at a later report.
-            out.extend(
-                short
-                    .find_iter(hay)
-                    .map(|m| (m.start(), n.min(m.end() - 1 + longest))),
-            );
-        }
-    }
-
-    fn may_match(&self, hay: &[u8], longest: usize) -> bool {
-        let mut w = Vec::new();
-        self.windows(hay, longest, &mut w);
-        !w.is_empty()
     }
 }
 
 impl Matcher {
-    fn build(patterns: &[Vec<u8>]) -> Result<Matcher, aho_corasick::BuildError> {
-        // Standard semantics: the only kind that supports an overlapping
-        // search, which the union of occurrences needs.
-        let automaton = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::Standard)
-            .build(patterns)?;
-        let filter = Prefilter::build(patterns)?;
-        let prefixes = aho_corasick::nfa::contiguous::Builder::new()
-            .match_kind(MatchKind::Standard)
-            .build(patterns)?;
-        let mut first = [false; 256];
-        let mut bytes = [false; 256];
-        for p in patterns {
-            if let Some(&b) = p.first() {
-                first[usize::from(b)] = true;
-            }
-            for &b in p {
-                bytes[usize::from(b)] = true;
-            }
-        }
-        Ok(Matcher {
-            automaton,
-            filter,
-            prefixes,
-            first,
-            bytes,
-            longest: patterns.iter().map(Vec::len).max().unwrap_or(0),
-        })
-    }
-
     /// Whether `hay` holds an occurrence, raw or in its decoded view.
     fn may_match(&self, hay: &[u8]) -> bool {
-        if self.filter.may_match(hay, self.longest) && self.automaton.is_match(hay) {
+        if self.is_match(hay) {
             return true;
         }
         if memchr::memchr2(b'\\', b'%', hay).is_none() {
@@ -267,31 +158,6 @@ impl Matcher {
             &mut found,
         );
         !found.is_empty()
-    }
-
-    /// Length of the longest suffix of `buf` (shorter than the longest
-    /// pattern) that is the beginning of some pattern: the bytes a stream
-    /// must hold back, since the next read may complete a secret there. At
-    /// the end of a line this is almost always 0, so output is not delayed.
-    fn pending_prefix(&self, buf: &[u8]) -> usize {
-        let window = buf.len().min(self.longest.saturating_sub(1));
-        let nfa = &self.prefixes;
-        for p in buf.len() - window..buf.len() {
-            if !self.first[usize::from(buf[p])] {
-                continue;
-            }
-            let Ok(mut sid) = nfa.start_state(Anchored::Yes) else {
-                return window; // cannot check: hold the whole window
-            };
-            let alive = buf[p..].iter().all(|&b| {
-                sid = nfa.next_state(Anchored::Yes, sid, b);
-                !nfa.is_dead(sid)
-            });
-            if alive {
-                return buf.len() - p;
-            }
-        }
-        0
     }
 }
 
@@ -318,27 +184,8 @@ impl Redactor {
         if value.is_empty() || (kind == SecretKind::Configured && value.len() < MIN_REDACTED_LEN) {
             return false;
         }
-        let forms = value_forms(value);
         let mut state = crate::sync::write(&self.shared.state);
-        let before = state.patterns.len();
-        for form in forms {
-            if !state.patterns.contains(&form) {
-                state.patterns.push(form);
-            }
-        }
-        if state.patterns.len() != before {
-            match Matcher::build(&state.patterns) {
-                Ok(matcher) => {
-                    state.matcher = Some(Arc::new(matcher));
-                    self.shared.generation.fetch_add(1, Ordering::SeqCst);
-                }
-                Err(e) => {
-                    // Only a pattern set beyond the crate's size limits gets
-                    // here; keep the previous matcher and say so (no value).
-                    tracing::error!(error = %e, patterns = state.patterns.len(), "cannot build the redaction automaton; the newest secret is not redacted");
-                }
-            }
-        }
+        state.insert(value_forms(value), &self.shared.generation, "secret is");
         true
     }
 
@@ -347,10 +194,7 @@ impl Redactor {
     /// bundle of 10,000 connectors, PROTOCOL.md 2.3). Returns, for each
     /// secret in order, whether it is redacted (see [`Redactor::add`]).
     pub fn add_many(&self, secrets: &[&Secret], kind: SecretKind) -> Vec<bool> {
-        let mut state = crate::sync::write(&self.shared.state);
-        let before = state.patterns.len();
-        let mut known: std::collections::HashSet<Vec<u8>> =
-            state.patterns.iter().cloned().collect();
+        let mut forms = Vec::new();
         let mut added = Vec::with_capacity(secrets.len());
         for secret in secrets {
             let value = secret.expose();
@@ -360,24 +204,11 @@ impl Redactor {
                 added.push(false);
                 continue;
             }
-            for form in value_forms(value) {
-                if known.insert(form.clone()) {
-                    state.patterns.push(form);
-                }
-            }
+            forms.extend(value_forms(value));
             added.push(true);
         }
-        if state.patterns.len() != before {
-            match Matcher::build(&state.patterns) {
-                Ok(matcher) => {
-                    state.matcher = Some(Arc::new(matcher));
-                    self.shared.generation.fetch_add(1, Ordering::SeqCst);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, patterns = state.patterns.len(), "cannot build the redaction automaton; the newest secrets are not redacted");
-                }
-            }
-        }
+        let mut state = crate::sync::write(&self.shared.state);
+        state.insert(forms, &self.shared.generation, "secrets are");
         added
     }
 
@@ -580,32 +411,6 @@ fn forms(value: &str) -> Vec<Vec<u8>> {
     forms.retain(|f| !f.is_empty());
     forms.dedup();
     forms
-}
-
-/// Every match of `m` in `hay`, as `(start, end)` sorted by start.
-fn matches_into(m: &Matcher, hay: &[u8], out: &mut Vec<(usize, usize)>) {
-    out.clear();
-    let mut windows = Vec::new();
-    m.filter.windows(hay, m.longest, &mut windows);
-    if windows.is_empty() {
-        return;
-    }
-    windows.sort_unstable();
-    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(windows.len());
-    for (s, e) in windows {
-        match merged.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => merged.push((s, e)),
-        }
-    }
-    for (ws, we) in merged {
-        out.extend(
-            m.automaton
-                .find_overlapping_iter(&hay[ws..we])
-                .map(|x| (ws + x.start(), ws + x.end())),
-        );
-    }
-    out.sort_unstable();
 }
 
 /// Redacts `input` whole into `out`; returns whether anything matched (when
@@ -1027,16 +832,18 @@ mod tests {
         assert_eq!(chunked(&r, b"0123456789abcdef", &[8]), b"[REDACTED]");
     }
 
+    /// `input`, `x` + overlapping secrets + `y`, becomes `x[REDACTED]y`
+    /// whole and cut at several reads (one a byte).
+    fn one_redaction_whatever_the_reads(r: &Redactor, input: &[u8]) {
+        for cuts in [vec![], vec![4], vec![2, 5, 7], (1..input.len()).collect()] {
+            assert_eq!(chunked(r, input, &cuts), b"x[REDACTED]y", "{cuts:?}");
+        }
+    }
+
     #[test]
     fn overlapping_secrets_across_reads_become_one_redaction() {
         let r = r(&["abcdef", "defghi"]);
-        for cuts in [vec![], vec![4], vec![2, 5, 7], (1..12).collect()] {
-            assert_eq!(
-                chunked(&r, b"xabcdefghiy", &cuts),
-                b"x[REDACTED]y",
-                "{cuts:?}"
-            );
-        }
+        one_redaction_whatever_the_reads(&r, b"xabcdefghiy");
         // A chain of touching occurrences grows one redaction without
         // holding its bytes: at most the longest form (here the git
         // Basic-auth form, 28 bytes) minus one is held back.
@@ -1050,6 +857,61 @@ mod tests {
         s.push(b">", &mut out);
         s.finish(&mut out);
         assert_eq!(out, b"<[REDACTED]>");
+    }
+
+    /// The number of levels of `r`'s matcher.
+    fn levels(r: &Redactor) -> usize {
+        let state = crate::sync::read(&r.shared.state);
+        state.matcher.as_ref().map_or(0, |m| m.levels())
+    }
+
+    #[test]
+    fn an_addition_compiles_a_logarithmic_share_of_the_patterns() {
+        // 1,000 additions of one credential each, as a long session makes
+        // them: each pattern is compiled again at most log2(1,000) = 10
+        // times (levels merged as a binary counter); one automaton rebuilt
+        // over everything at each addition compiled 500 times as many.
+        let r = Redactor::new();
+        let n = 1000;
+        for i in 0..n {
+            assert!(r.add(
+                &Secret::new(format!("ghs_{i:04}-0123456789abcdefghij")),
+                SecretKind::Credential
+            ));
+        }
+        let (known, compiled) = {
+            let state = crate::sync::read(&r.shared.state);
+            (state.known.len(), state.compiled)
+        };
+        assert!(
+            compiled <= known * 11,
+            "{compiled} patterns compiled for {known} held over {n} additions"
+        );
+        assert!(levels(&r) <= 11, "{} levels", levels(&r));
+        // Every value is still found, from the oldest level to the newest.
+        for i in [0, 1, 511, 512, 998, 999] {
+            let v = format!("ghs_{i:04}-0123456789abcdefghij");
+            assert_eq!(r.redact(&format!("a {v} b")), "a [REDACTED] b");
+            assert_eq!(
+                chunked(&r, format!("a {v} b").as_bytes(), &[5, 9]),
+                b"a [REDACTED] b"
+            );
+        }
+    }
+
+    #[test]
+    fn overlapping_secrets_in_different_levels_become_one_redaction() {
+        // Added apart, so each is in a level of its own (or merged): the
+        // union of occurrences and the stream's held-back prefix span levels.
+        let r = r(&["abcdef", "defghi", "ghijkl-mn"]);
+        assert!(levels(&r) >= 2, "{} levels", levels(&r));
+        one_redaction_whatever_the_reads(&r, b"xabcdefghijkl-mny");
+        let mut s = r.stream();
+        let mut out = Vec::new();
+        s.push(b"x ghijkl-", &mut out);
+        assert_eq!(out, b"x ");
+        s.push(b"mn!", &mut out);
+        assert_eq!(out, b"x [REDACTED]!");
     }
 
     #[test]
@@ -1236,6 +1098,40 @@ mod tests {
             for line in out.lines() {
                 prop_assert!(!spelled.iter().any(|s| s == line), "{:?} left in {:?}", line, out);
             }
+        }
+
+        /// Secrets added in many separate additions (so held in several
+        /// levels) redact exactly as the same secrets added at once (one
+        /// level, one automaton), whole and cut at random reads, raw and
+        /// spelled with escapes.
+        #[test]
+        fn levels_redact_as_one_automaton(
+            secrets in prop::collection::vec("[abc\"\\\\/%]{1,12}", 2..40),
+            filler in prop::collection::vec("[abcx\\\\u0%2\n]{0,16}", 1..16),
+            picks in prop::collection::vec((any::<prop::sample::Index>(), prop::collection::vec(any::<u8>(), 12)), 1..16),
+            cuts in prop::collection::vec(0usize..800, 0..30),
+        ) {
+            let apart = Redactor::new();
+            for s in &secrets {
+                apart.add(&Secret::new(s.clone()), SecretKind::Credential);
+            }
+            let values: Vec<Secret> = secrets.iter().cloned().map(Secret::new).collect();
+            let together = Redactor::new();
+            together.add_many(&values.iter().collect::<Vec<_>>(), SecretKind::Credential);
+            prop_assert_eq!(levels(&together), 1);
+            let mut text = String::new();
+            for (i, f) in filler.iter().enumerate() {
+                text.push_str(f);
+                if let Some((p, how)) = picks.get(i) {
+                    text.push_str(&spell(p.get(&secrets[..]).as_str(), how));
+                }
+            }
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            let whole = together.redact_bytes(text.as_bytes());
+            prop_assert_eq!(&apart.redact_bytes(text.as_bytes()), &whole);
+            prop_assert_eq!(&chunked(&apart, text.as_bytes(), &cuts), &whole);
+            prop_assert_eq!(apart.contains(text.as_bytes()), together.contains(text.as_bytes()));
         }
 
         /// Random text over a small alphabet (so secrets overlap and recur)
