@@ -56,6 +56,7 @@ pub async fn complete(
     let mut done = Completion::default();
     let mut levels = vec![Level {
         dir: repo_dir.clone(),
+        remote: session.clone(),
         prefix: String::new(),
         depth: 0,
     }];
@@ -87,6 +88,7 @@ pub async fn complete(
         };
         for p in &planned {
             if let Some(url) = &p.url
+                && p.refused.is_none()
                 && submodules::on_session_host(url, &session)
             {
                 allow(url);
