@@ -299,6 +299,15 @@ fn finish_repo(
     }
     let oid = fetched?;
     if !reused || half_made {
+        // Before the checkout: a boot killed from here to the end of the
+        // completion leaves the marker for the next boot.
+        super::completion::mark_pending(repo.path()).map_err(|e| {
+            WorkspaceError::io(
+                "write",
+                &repo.path().join("hosted-boot-completion-pending"),
+                e,
+            )
+        })?;
         check_out(repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
     }
     Ok(oid)

@@ -421,6 +421,12 @@ pub fn update(
 /// the level's configuration (`submodule.<name>.url`, `.active`).
 fn check_out(run: &GitRun<'_>, level: &Level, p: &Planned, url: &Url) -> Result<(), String> {
     let dest = level.dir.join(&p.path);
+    // What a killed boot's completion left there (the agent never had
+    // repo/ before the completion's end): cloned again from nothing.
+    if std::fs::read_dir(&dest).is_ok_and(|mut entries| entries.next().is_some()) {
+        std::fs::remove_dir_all(&dest)
+            .map_err(|e| format!("cannot empty {} for its clone: {e}", dest.display()))?;
+    }
     git(
         run,
         &level.dir,

@@ -628,3 +628,93 @@ async fn one_bad_gitmodules_entry_skips_that_submodule_and_checks_out_the_others
     assert_eq!(sb.read_out("empty"), "cmd:\n\nnone:\n", "{output}");
     assert!(!ran.exists(), "the update command of .gitmodules ran");
 }
+
+/// A boot killed (SIGKILL) during the completion's `git lfs pull` leaves
+/// `repo/` with its completion unfinished; the restarted boot reuses
+/// `repo/` and finishes the completion (PROTOCOL.md 3, "A complete
+/// workspace": the marker `.git/hosted-boot-completion-pending`): the
+/// submodule is checked out, the LFS file smudged, and the agent's work is
+/// pushed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_killed_during_the_lfs_pull_is_completed_by_the_restarted_boot() {
+    let bin = tempfile::tempdir().unwrap();
+    let marker = bin.path().join("pulling");
+    let fake = bin.path().join("git-lfs");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in\n  version) echo 'git-lfs/3.3.0 (a test stand-in)'; exit 0;;\n  pull) sleep 600 & echo \"$(ps -o pgid= $$)\" > '{m}.tmp'; mv '{m}.tmp' '{m}'; wait; exit 0;;\nesac\nexit 0\n",
+            m = marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let stand_in_path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let src = tempfile::tempdir().unwrap();
+    let lib = repo_with(&src.path().join("lib"), &[("lib.txt", "library\n")]);
+    let recorded = git(&lib, &["rev-parse", "HEAD"]);
+    let app = lfs_sources(src.path());
+    add_gitlink(&app, "lib", "lib", "../lib.git", &recorded);
+    let commits_before: usize = git(&app, &["rev-list", "--count", "HEAD"]).parse().unwrap();
+    let sb = sandbox_of(app).await;
+    sb.coordinator.add_repository("acme/lib", &lib).unwrap();
+    sb.coordinator.add_lfs_object(LFS_CONTENT.as_bytes());
+    let script = sb.script(
+        "cat assets/model.bin > \"$AGENT_OUT/model\"; cat lib/lib.txt > \"$AGENT_OUT/lib\"; echo work > notes.txt",
+    );
+    let mut cmd = sb.runner(&script);
+    cmd.env("PATH", stand_in_path);
+    let first = Runner::reading(cmd.spawn().unwrap());
+    super::support::wait_for_file(&marker).await;
+    let pgid: i32 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let first_output = first.kill().await;
+    super::support::kill_group(pgid);
+    assert!(
+        !sb.out().join("model").exists(),
+        "the agent ran before the completion: {first_output}"
+    );
+    let (snapshot, output) = sb
+        .end_after_seal("run-1", Runner::spawn(&sb, &script))
+        .await;
+    assert_eq!(sb.read_out("model"), LFS_CONTENT, "{output}");
+    assert_eq!(sb.read_out("lib"), "library\n", "{output}");
+    let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
+    let data = workspace_event(&run.events);
+    assert_eq!(data["submodules"][0]["outcome"], "checkedOut", "{data}");
+    assert_eq!(data["lfs"]["pointers"], json!([]), "{data}");
+    assert_eq!(
+        remote_file(&sb, "notes.txt").as_deref(),
+        Some("work\n"),
+        "{output}"
+    );
+    let out = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(sb.coordinator.bare_repo())
+        .args([
+            "rev-list",
+            "--count",
+            &format!("refs/heads/{}", sb.coordinator.branch()),
+        ])
+        .output()
+        .unwrap();
+    let commits_after: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(
+        commits_after,
+        commits_before + 1,
+        "one harvest commit: {output}"
+    );
+    assert!(
+        !sb.root()
+            .join("repo/.git/hosted-boot-completion-pending")
+            .exists(),
+        "the marker stays after the completion"
+    );
+}
