@@ -434,14 +434,12 @@ async fn the_demo_serves_a_submodule_and_an_lfs_file_with_complete_workspace() {
     assert_eq!(data["lfs"]["files"], 1, "{line}");
 }
 
-/// A stop signal while the completion's `git` runs (here a `git lfs pull`
-/// that hangs, with a child of its own) kills that git's whole process
-/// group: nothing the runner started outlives it (PROTOCOL.md 4.4).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stop_signal_during_the_lfs_pull_leaves_no_git_process_running() {
-    let bin = tempfile::tempdir().unwrap();
-    let marker = bin.path().join("pulling");
-    let fake = bin.path().join("git-lfs");
+/// A stand-in `git-lfs` in `bin` whose `pull` hangs with a child of its
+/// own, after writing its process group's id to the returned marker; and
+/// a PATH with it first.
+fn lfs_pull_stand_in(bin: &Path) -> (PathBuf, String) {
+    let marker = bin.join("pulling");
+    let fake = bin.join("git-lfs");
     std::fs::write(
         &fake,
         format!(
@@ -453,9 +451,19 @@ async fn a_stop_signal_during_the_lfs_pull_leaves_no_git_process_running() {
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let path = format!(
         "{}:{}",
-        bin.path().display(),
+        bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    (marker, path)
+}
+
+/// A stop signal while the completion's `git` runs (here a `git lfs pull`
+/// that hangs, with a child of its own) kills that git's whole process
+/// group: nothing the runner started outlives it (PROTOCOL.md 4.4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_signal_during_the_lfs_pull_leaves_no_git_process_running() {
+    let bin = tempfile::tempdir().unwrap();
+    let (marker, path) = lfs_pull_stand_in(bin.path());
     let src = tempfile::tempdir().unwrap();
     let sb = Sandbox::start(CoordinatorOptions {
         source_repo: Some(lfs_sources(src.path())),
@@ -638,22 +646,7 @@ async fn one_bad_gitmodules_entry_skips_that_submodule_and_checks_out_the_others
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_boot_killed_during_the_lfs_pull_is_completed_by_the_restarted_boot() {
     let bin = tempfile::tempdir().unwrap();
-    let marker = bin.path().join("pulling");
-    let fake = bin.path().join("git-lfs");
-    std::fs::write(
-        &fake,
-        format!(
-            "#!/bin/sh\ncase \"$1\" in\n  version) echo 'git-lfs/3.3.0 (a test stand-in)'; exit 0;;\n  pull) sleep 600 & echo \"$(ps -o pgid= $$)\" > '{m}.tmp'; mv '{m}.tmp' '{m}'; wait; exit 0;;\nesac\nexit 0\n",
-            m = marker.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let stand_in_path = format!(
-        "{}:{}",
-        bin.path().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let (marker, stand_in_path) = lfs_pull_stand_in(bin.path());
     let src = tempfile::tempdir().unwrap();
     let lib = repo_with(&src.path().join("lib"), &[("lib.txt", "library\n")]);
     let recorded = git(&lib, &["rev-parse", "HEAD"]);
