@@ -893,8 +893,10 @@ async fn clone_repo(
     };
     let branch = harvester.branch.as_str();
     let prepared = workspace::prepare_repo_async(spec).await?;
-    let completion = if prepared.reused {
-        // A reused repo/ is the agent's: its submodules are as it left them.
+    let completion = if prepared.reused && !workspace::completion::is_pending(&prepared.path) {
+        // A reused repo/ is the agent's: its submodules are as it left them
+        // (unless a killed boot left its completion unfinished: then the
+        // agent never had it).
         workspace::completion::Completion::default()
     } else {
         let remote = Url::parse(&harvester.remote_url).map_err(|e| WorkspaceError::Git {

@@ -299,6 +299,15 @@ fn finish_repo(
     }
     let oid = fetched?;
     if !reused || half_made {
+        // Before the checkout: a boot killed from here to the end of the
+        // completion leaves the marker for the next boot.
+        super::completion::mark_pending(repo.path()).map_err(|e| {
+            WorkspaceError::io(
+                "write",
+                &repo.path().join("hosted-boot-completion-pending"),
+                e,
+            )
+        })?;
         check_out(repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
     }
     Ok(oid)
@@ -583,8 +592,26 @@ fn check_out(repo: &Repository, branch: &str, oid: git2::Oid) -> Result<(), git2
     repo.set_head(&format!("refs/heads/{branch}"))?;
     let mut checkout = git2::build::CheckoutBuilder::new();
     checkout.force();
-    repo.checkout_head(Some(&mut checkout))
+    if commit.tree()?.get_name(GITMODULES).is_none() {
+        return repo.checkout_head(Some(&mut checkout));
+    }
+    // libgit2 parses the work tree's .gitmodules when it makes a gitlink's
+    // directory and fails the whole checkout on one entry it refuses
+    // (`update = !command`): the rest first, with no .gitmodules in the
+    // work tree yet, then .gitmodules alone. The completion
+    // ([`super::submodules`]) judges each entry on its own.
+    checkout.path(format!("!{GITMODULES}")).path("*");
+    repo.checkout_head(Some(&mut checkout))?;
+    let mut gitmodules = git2::build::CheckoutBuilder::new();
+    gitmodules
+        .force()
+        .disable_pathspec_match(true)
+        .path(GITMODULES);
+    repo.checkout_head(Some(&mut gitmodules))
 }
+
+/// The superproject's submodule list, read by libgit2's checkout.
+const GITMODULES: &str = ".gitmodules";
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,7 @@
 //! objects ([`super::lfs`]), reported as the first turn's
 //! `hosted_boot.workspace` event when there is either.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -56,6 +56,7 @@ pub async fn complete(
     let mut done = Completion::default();
     let mut levels = vec![Level {
         dir: repo_dir.clone(),
+        remote: session.clone(),
         prefix: String::new(),
         depth: 0,
     }];
@@ -87,6 +88,7 @@ pub async fn complete(
         };
         for p in &planned {
             if let Some(url) = &p.url
+                && p.refused.is_none()
                 && submodules::on_session_host(url, &session)
             {
                 allow(url);
@@ -113,6 +115,7 @@ pub async fn complete(
             levels.extend(next.into_iter().rev());
         }
     }
+    let marker_dir = repo_dir.clone();
     let (s, h, r, c) = (session, helper, redactor, cancelled.clone());
     done.lfs = tokio::task::spawn_blocking(move || {
         let run = GitRun {
@@ -126,7 +129,33 @@ pub async fn complete(
     .await
     .ok()
     .flatten();
+    if let Err(e) = std::fs::remove_file(repo_dir_marker(&marker_dir)) {
+        tracing::warn!(error = %e, "cannot remove the marker of the pending completion");
+    }
     done
+}
+
+fn repo_dir_marker(repo_dir: &Path) -> PathBuf {
+    repo_dir.join(".git").join(PENDING)
+}
+
+/// The marker of a completion not finished yet, in `repo/.git`: written
+/// before a fresh clone's checkout, removed when [`complete`] has run to
+/// its end. A restarted boot that finds `repo/` with it (a boot killed
+/// before its first turn: the agent never had `repo/`) completes the
+/// workspace again (PROTOCOL.md 3, "A complete workspace").
+const PENDING: &str = "hosted-boot-completion-pending";
+
+/// Writes the marker of a pending completion into `git_dir` (`repo/.git`).
+///
+/// Errors: the file cannot be written.
+pub(super) fn mark_pending(git_dir: &Path) -> std::io::Result<()> {
+    std::fs::write(git_dir.join(PENDING), b"")
+}
+
+/// Whether the clone at `repo_dir` has a completion still to run.
+pub fn is_pending(repo_dir: &Path) -> bool {
+    repo_dir.join(".git").join(PENDING).is_file()
 }
 
 /// Sets its flag when dropped.

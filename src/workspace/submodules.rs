@@ -2,13 +2,15 @@
 //! workspace"), checked out at the commits the session branch records, with
 //! the `git` CLI through the repository's credential helper.
 //!
-//! One level at a time ([`plan`], then [`update`]): `git submodule init`
-//! resolves each URL (a relative one against the superproject's remote,
-//! the session's repository for the first level); only a URL of the
+//! One level at a time ([`plan`], then [`update`]): each entry of
+//! `.gitmodules` is read and judged on its own (a malformed or unsafe one,
+//! `update = none` or `!command`, is skipped with its reason; the others
+//! go on); a relative URL resolves against the level's remote (the
+//! session's repository for the first level); only a URL of the
 //! session's scheme, host and port is fetched, after the caller has let the
 //! credential helper answer for it ([`super::Broker::allow_submodule_remote`],
-//! or the boot context's `submoduleRemotes`). Any other is skipped: its
-//! configuration is removed, it is never contacted, and the report says so.
+//! or the boot context's `submoduleRemotes`). Any other is skipped: nothing
+//! of it is configured, it is never contacted, and the report says so.
 //! git runs with the system and global configuration ignored, no hooks,
 //! and only the `https` transport allowed (`http` too when the session's
 //! remote is `http`): no `file://`, `ext::`, `ssh` or local path.
@@ -27,19 +29,28 @@ use crate::redact::Redactor;
 /// Nesting beyond this many levels is not followed.
 pub const MAX_DEPTH: usize = 4;
 
-/// One submodule to bring at one level: its name, path (from the level's
-/// work tree) and resolved URL.
+/// One entry of a level's `.gitmodules` (or a gitlink it does not name):
+/// its name, path (from the level's work tree), resolved URL, the commit
+/// the level records, and why it is refused, if it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Planned {
-    /// `submodule.<name>` in `.gitmodules`.
+    /// `submodule.<name>` in `.gitmodules` (the path for a gitlink it does
+    /// not name).
     pub name: String,
-    /// Its path in the level's work tree.
+    /// Its path in the level's work tree, as `.gitmodules` writes it.
     pub path: String,
-    /// Its URL, resolved by `git submodule init`; `None` when it does not
-    /// parse as a URL (a local path, `ext::…`).
+    /// Its URL, a relative one resolved against the level's remote as git
+    /// does; `None` when it does not parse as a URL git and the runner read
+    /// alike (a local path, `ext::…`).
     pub url: Option<Url>,
     /// The text of the URL (shown when it does not parse).
     pub url_text: String,
+    /// The commit of the gitlink at `path` (40 hex digits; empty when none).
+    pub commit: String,
+    /// Why this entry is never fetched (malformed, unsafe, `update = none`
+    /// or a command); `None` for one to check out if its URL is on the
+    /// session's host.
+    pub refused: Option<String>,
 }
 
 /// What became of a submodule, as the first turn's `hosted_boot.workspace`
@@ -67,6 +78,9 @@ pub struct SubmoduleReport {
 pub struct Level {
     /// The level's work tree.
     pub dir: PathBuf,
+    /// The remote its relative URLs resolve against: the session's for
+    /// `repo/`, the submodule's own URL for a nested level.
+    pub remote: Url,
     /// Its path from `repo/` (empty for `repo/` itself).
     pub prefix: String,
     /// How deep it is (0 for `repo/`).
@@ -126,57 +140,207 @@ fn parse_as_git_reads(text: &str) -> Option<Url> {
     authority.eq_ignore_ascii_case(&expected).then_some(url)
 }
 
-/// The submodules of `level` (none without a `.gitmodules`), after `git
-/// submodule init` has resolved their URLs.
+/// The entries of `level`'s `.gitmodules` and the gitlinks of its index
+/// (none without a `.gitmodules`), each checked on its own: one that is
+/// malformed or unsafe is refused with its reason ([`Planned::refused`])
+/// and the others go on. `git submodule` is not used to read them: it
+/// stops the whole level at one entry it refuses (`update = !command`).
 ///
-/// Errors: a failing `git` (its redacted message).
+/// Errors: `git ls-files` failing (its redacted message).
 pub fn plan(run: &GitRun<'_>, level: &Level) -> Result<Vec<Planned>, String> {
     if !level.dir.join(".gitmodules").is_file() {
         return Ok(Vec::new());
     }
-    git(run, &level.dir, &["submodule", "init"])?;
-    let listed = git(
+    let staged = git(run, &level.dir, &["ls-files", "--stage", "-z"])?;
+    let gitlinks: Vec<(String, String)> = staged
+        .split('\0')
+        .filter_map(|line| {
+            let (meta, path) = line.split_once('\t')?;
+            let mut meta = meta.split(' ');
+            let (mode, commit) = (meta.next()?, meta.next()?);
+            (mode == "160000").then(|| (path.to_string(), commit.to_string()))
+        })
+        .collect();
+    let (entries, unreadable) = match git(
         run,
         &level.dir,
-        &["config", "--local", "--get-regexp", r"^submodule\..*\.url$"],
-    )
-    .unwrap_or_default();
-    let mut out = Vec::new();
-    for line in listed.lines() {
-        // The URL has no space (one that has is refused below); a name may.
-        let Some((key, url_text)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Some(name) = key
-            .strip_prefix("submodule.")
-            .and_then(|k| k.strip_suffix(".url"))
-        else {
-            continue;
-        };
-        let path = git(
-            run,
-            &level.dir,
-            &[
-                "config",
-                "--file",
-                ".gitmodules",
-                &format!("submodule.{name}.path"),
-            ],
-        )
-        .unwrap_or_else(|_| name.to_string());
-        out.push(Planned {
-            name: name.to_string(),
-            path: path.trim().to_string(),
-            url: parse_as_git_reads(url_text.trim()),
-            url_text: url_text.trim().to_string(),
-        });
+        &["config", "--file", ".gitmodules", "--null", "--list"],
+    ) {
+        Ok(listed) => (entries_of(&listed), None),
+        Err(reason) => (
+            Vec::new(),
+            Some(format!(".gitmodules does not parse: {reason}")),
+        ),
+    };
+    let mut out: Vec<Planned> = entries
+        .iter()
+        .map(|e| {
+            let path = e.path.first().cloned().unwrap_or_default();
+            let url_text = e.url.first().cloned().unwrap_or_default();
+            let commit = gitlinks
+                .iter()
+                .find(|(p, _)| *p == path)
+                .map(|(_, c)| c.clone())
+                .unwrap_or_default();
+            let refused = refusal(e, &commit).err();
+            let url = if refused.is_none() {
+                resolve(&url_text, &level.remote)
+            } else {
+                None
+            };
+            Planned {
+                name: e.name.clone(),
+                path,
+                url,
+                url_text,
+                commit,
+                refused,
+            }
+        })
+        .collect();
+    // Two entries for one path: which URL is meant is not for the runner
+    // to guess.
+    let paths: Vec<String> = out.iter().map(|p| p.path.clone()).collect();
+    for p in &mut out {
+        if p.refused.is_none() && paths.iter().filter(|q| **q == p.path).count() > 1 {
+            p.refused = Some(format!(
+                "two .gitmodules entries give the path {:?}",
+                p.path
+            ));
+        }
+    }
+    for (path, commit) in gitlinks {
+        if !out.iter().any(|p| p.path == path) {
+            out.push(Planned {
+                name: path.clone(),
+                path,
+                url: None,
+                url_text: String::new(),
+                commit,
+                refused: Some(
+                    unreadable
+                        .clone()
+                        .unwrap_or_else(|| "no entry of .gitmodules gives this path".to_string()),
+                ),
+            });
+        }
     }
     Ok(out)
 }
 
-/// Checks out each submodule of `planned` on the session's host (the caller
-/// has let the credential helper answer for it) and skips the others;
-/// returns the reports and the next levels (the submodules checked out).
+/// One `[submodule "name"]` of `.gitmodules`: every value of each key
+/// (more than one is an entry defined twice).
+#[derive(Debug, Default)]
+struct Entry {
+    name: String,
+    path: Vec<String>,
+    url: Vec<String>,
+    update: Vec<String>,
+}
+
+/// The entries of `git config --null --list` output, in order.
+fn entries_of(listed: &str) -> Vec<Entry> {
+    let mut entries: Vec<Entry> = Vec::new();
+    for item in listed.split('\0').filter(|i| !i.is_empty()) {
+        let (key, value) = item.split_once('\n').unwrap_or((item, ""));
+        let Some((name, var)) = key
+            .strip_prefix("submodule.")
+            .and_then(|k| k.rsplit_once('.'))
+        else {
+            continue;
+        };
+        let at = match entries.iter().position(|e| e.name == name) {
+            Some(at) => at,
+            None => {
+                entries.push(Entry {
+                    name: name.to_string(),
+                    ..Entry::default()
+                });
+                entries.len() - 1
+            }
+        };
+        let entry = &mut entries[at];
+        match var {
+            "path" => entry.path.push(value.to_string()),
+            "url" => entry.url.push(value.to_string()),
+            "update" => entry.update.push(value.to_string()),
+            _ => {}
+        }
+    }
+    entries
+}
+
+/// Why `entry` (whose path's gitlink records `commit`, empty when there is
+/// none) is not checked out, or `Ok` when it may be (its URL is checked
+/// after).
+fn refusal(entry: &Entry, commit: &str) -> Result<(), String> {
+    let name = &entry.name;
+    if name.is_empty() || name.split(['/', '\\']).any(|c| c == "..") {
+        return Err(format!("the submodule name {name:?} is not a safe name"));
+    }
+    if entry.path.len() > 1 || entry.url.len() > 1 || entry.update.len() > 1 {
+        return Err(format!(
+            "the submodule {name:?} is defined more than once in .gitmodules"
+        ));
+    }
+    let Some(path) = entry.path.first() else {
+        return Err(format!("the submodule {name:?} has no path in .gitmodules"));
+    };
+    if path.starts_with('/')
+        || path.starts_with('-')
+        || path
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == ".." || c.eq_ignore_ascii_case(".git"))
+    {
+        return Err(format!(
+            "the path {path:?} is not a path inside the work tree (empty, '.', '..', '.git' or an option)"
+        ));
+    }
+    if commit.is_empty() {
+        return Err(format!("no gitlink of the tree is at {path:?}"));
+    }
+    let Some(url) = entry.url.first().filter(|u| !u.trim().is_empty()) else {
+        return Err(format!("the submodule {name:?} has no url in .gitmodules"));
+    };
+    if url.starts_with('-') {
+        return Err("its url starts with '-' (it would read as an option)".to_string());
+    }
+    match entry.update.first().map(String::as_str) {
+        None | Some("checkout" | "rebase" | "merge") => Ok(()),
+        Some("none") => {
+            Err("update = none in .gitmodules: left empty, as git leaves it".to_string())
+        }
+        Some(cmd) if cmd.starts_with('!') => Err(
+            "update = !command in .gitmodules: the command is never run, the submodule left empty"
+                .to_string(),
+        ),
+        Some(other) => Err(format!("unknown update = {other:?} in .gitmodules")),
+    }
+}
+
+/// `text` as git reads a submodule's URL: `./…` and `../…` against
+/// `remote` (each `../` drops one component of the remote's path, as git
+/// does), anything else as it is; `None` when the result is not a URL git
+/// and the runner read alike ([`parse_as_git_reads`]).
+fn resolve(text: &str, remote: &Url) -> Option<Url> {
+    let text = text.trim();
+    if text.starts_with("./") || text.starts_with("../") {
+        let mut base = remote.clone();
+        if !base.path().ends_with('/') {
+            base.set_path(&format!("{}/", base.path()));
+        }
+        return parse_as_git_reads(base.join(text).ok()?.as_str());
+    }
+    parse_as_git_reads(text)
+}
+
+/// Checks out each submodule of `planned` that is not refused and is on
+/// the session's host (the caller has let the credential helper answer for
+/// it): `git clone --no-checkout`, then the recorded commit detached (a
+/// fresh checkout, as git does for a submodule it has just cloned, whatever
+/// `update` of checkout, rebase or merge says), and records its URL in the
+/// level's configuration as `git submodule init` does; skips the others.
+/// Returns the reports and the next levels (the submodules checked out).
 pub fn update(
     run: &GitRun<'_>,
     level: &Level,
@@ -197,24 +361,20 @@ pub fn update(
             .map(displayable)
             .unwrap_or_else(|| "(not a URL)".to_string());
         let fetchable = p.url.as_ref().is_some_and(|u| on_session_host(u, session));
-        if !fetchable || level.depth >= MAX_DEPTH {
-            let reason = if fetchable {
-                format!("nested deeper than {MAX_DEPTH} levels")
-            } else {
+        let skip = match &p.refused {
+            Some(reason) => Some(reason.clone()),
+            None if !fetchable => Some(
                 "not on the session's host: fetched with no credentials, so not fetched at all"
-                    .to_string()
-            };
+                    .to_string(),
+            ),
+            None if level.depth >= MAX_DEPTH => {
+                Some(format!("nested deeper than {MAX_DEPTH} levels"))
+            }
+            None => None,
+        };
+        let (Some(url), None) = (&p.url, &skip) else {
+            let reason = run.redactor.redact(&skip.unwrap_or_default());
             tracing::warn!(path = %full_path, url = %shown, reason, "submodule skipped");
-            let _ = git(
-                run,
-                &level.dir,
-                &[
-                    "config",
-                    "--local",
-                    "--remove-section",
-                    &format!("submodule.{}", p.name),
-                ],
-            );
             reports.push(SubmoduleReport {
                 path: full_path,
                 url: shown,
@@ -223,25 +383,13 @@ pub fn update(
                 reason: Some(reason),
             });
             continue;
-        }
-        let result = git(
-            run,
-            &level.dir,
-            &[
-                "submodule",
-                "update",
-                "--init",
-                "--no-recommend-shallow",
-                "--",
-                &p.path,
-            ],
-        )
-        .and_then(|_| git(run, &level.dir.join(&p.path), &["rev-parse", "HEAD"]));
-        match result {
-            Ok(commit) => {
-                tracing::info!(path = %full_path, url = %shown, commit = commit.trim(), "submodule checked out");
+        };
+        match check_out(run, level, p, url) {
+            Ok(()) => {
+                tracing::info!(path = %full_path, url = %shown, commit = %p.commit, "submodule checked out");
                 next.push(Level {
                     dir: level.dir.join(&p.path),
+                    remote: url.clone(),
                     prefix: full_path.clone(),
                     depth: level.depth + 1,
                 });
@@ -249,7 +397,7 @@ pub fn update(
                     path: full_path,
                     url: shown,
                     outcome: "checkedOut",
-                    commit: Some(commit.trim().to_string()),
+                    commit: Some(p.commit.clone()),
                     reason: None,
                 });
             }
@@ -266,6 +414,57 @@ pub fn update(
         }
     }
     (reports, next)
+}
+
+/// Clones `p` from `url` into its path, checks out its recorded commit
+/// (fetched by id when no branch of the remote holds it) and records it in
+/// the level's configuration (`submodule.<name>.url`, `.active`).
+fn check_out(run: &GitRun<'_>, level: &Level, p: &Planned, url: &Url) -> Result<(), String> {
+    let dest = level.dir.join(&p.path);
+    // What a killed boot's completion left there (the agent never had
+    // repo/ before the completion's end): cloned again from nothing.
+    if std::fs::read_dir(&dest).is_ok_and(|mut entries| entries.next().is_some()) {
+        std::fs::remove_dir_all(&dest)
+            .map_err(|e| format!("cannot empty {} for its clone: {e}", dest.display()))?;
+    }
+    git(
+        run,
+        &level.dir,
+        &[
+            "clone",
+            "--quiet",
+            "--no-checkout",
+            "--",
+            url.as_str(),
+            &p.path,
+        ],
+    )?;
+    let detach = ["checkout", "--quiet", "--detach", p.commit.as_str()];
+    if git(run, &dest, &detach).is_err() {
+        git(run, &dest, &["fetch", "--quiet", "origin", &p.commit])?;
+        git(run, &dest, &detach)?;
+    }
+    let head = git(run, &dest, &["rev-parse", "HEAD"])?;
+    if head.trim() != p.commit {
+        return Err(format!(
+            "checked out {} instead of the recorded {}",
+            head.trim(),
+            p.commit
+        ));
+    }
+    for (key, value) in [("url", url.as_str()), ("active", "true")] {
+        git(
+            run,
+            &level.dir,
+            &[
+                "config",
+                "--local",
+                &format!("submodule.{}.{key}", p.name),
+                value,
+            ],
+        )?;
+    }
+    Ok(())
 }
 
 fn displayable(url: &Url) -> String {

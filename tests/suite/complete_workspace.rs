@@ -51,6 +51,32 @@ fn add_gitlink(dir: &Path, name: &str, path: &str, url: &str, commit: &str) {
     git(dir, &["commit", "-q", "-m", &format!("submodule {name}")]);
 }
 
+/// A sandbox whose session repository is a copy of `app`.
+async fn sandbox_of(app: PathBuf) -> Sandbox {
+    Sandbox::start(CoordinatorOptions {
+        source_repo: Some(app),
+        ..CoordinatorOptions::default()
+    })
+    .await
+}
+
+/// Each submodule of a `hosted_boot.workspace` event: path, outcome,
+/// commit.
+fn outcomes(data: &Value) -> Vec<(String, String, Option<String>)> {
+    data["submodules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["path"].as_str().unwrap().to_string(),
+                s["outcome"].as_str().unwrap().to_string(),
+                s["commit"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
 fn workspace_event(events: &[Event]) -> Value {
     let found: Vec<&Event> = events
         .iter()
@@ -121,11 +147,7 @@ echo work > notes.txt
 async fn submodule_turn(mode: &str) {
     let src = tempfile::tempdir().unwrap();
     let (lib, app, recorded) = submodule_sources(src.path());
-    let sb = Sandbox::start(CoordinatorOptions {
-        source_repo: Some(app),
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = sandbox_of(app).await;
     if mode == "file" {
         // Through the dev API, as a platform's test would.
         let resp = reqwest::Client::new()
@@ -200,11 +222,7 @@ async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_c
     // On the session's host, but its path is pathspec magic that, read as
     // magic, would select every submodule, the skipped ones too.
     add_gitlink(&app, "magic", ":(exclude)zz", "../lib.git", &commit);
-    let sb = Sandbox::start(CoordinatorOptions {
-        source_repo: Some(app),
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = sandbox_of(app).await;
     sb.coordinator.add_repository("acme/lib", &lib).unwrap();
     let script =
         sb.script("ls -A elsewhere local > \"$AGENT_OUT/listing\" 2>&1; echo ok > notes.txt");
@@ -214,16 +232,9 @@ async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_c
     let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
     assert_eq!(run.status, "succeeded", "{output}");
     let data = workspace_event(&run.events);
-    let outcomes: Vec<(String, String)> = data["submodules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            (
-                s["path"].as_str().unwrap().to_string(),
-                s["outcome"].as_str().unwrap().to_string(),
-            )
-        })
+    let outcomes: Vec<(String, String)> = outcomes(&data)
+        .into_iter()
+        .map(|(path, outcome, _)| (path, outcome))
         .filter(|(path, _)| path != ":(exclude)zz")
         .collect();
     assert_eq!(
@@ -398,14 +409,12 @@ async fn the_demo_serves_a_submodule_and_an_lfs_file_with_complete_workspace() {
     assert_eq!(data["lfs"]["files"], 1, "{line}");
 }
 
-/// A stop signal while the completion's `git` runs (here a `git lfs pull`
-/// that hangs, with a child of its own) kills that git's whole process
-/// group: nothing the runner started outlives it (PROTOCOL.md 4.4).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stop_signal_during_the_lfs_pull_leaves_no_git_process_running() {
-    let bin = tempfile::tempdir().unwrap();
-    let marker = bin.path().join("pulling");
-    let fake = bin.path().join("git-lfs");
+/// A stand-in `git-lfs` in `bin` whose `pull` hangs with a child of its
+/// own, after writing its process group's id to the returned marker; and
+/// a PATH with it first.
+fn lfs_pull_stand_in(bin: &Path) -> (PathBuf, String) {
+    let marker = bin.join("pulling");
+    let fake = bin.join("git-lfs");
     std::fs::write(
         &fake,
         format!(
@@ -417,9 +426,19 @@ async fn a_stop_signal_during_the_lfs_pull_leaves_no_git_process_running() {
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let path = format!(
         "{}:{}",
-        bin.path().display(),
+        bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    (marker, path)
+}
+
+/// A stop signal while the completion's `git` runs (here a `git lfs pull`
+/// that hangs, with a child of its own) kills that git's whole process
+/// group: nothing the runner started outlives it (PROTOCOL.md 4.4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_signal_during_the_lfs_pull_leaves_no_git_process_running() {
+    let bin = tempfile::tempdir().unwrap();
+    let (marker, path) = lfs_pull_stand_in(bin.path());
     let src = tempfile::tempdir().unwrap();
     let sb = Sandbox::start(CoordinatorOptions {
         source_repo: Some(lfs_sources(src.path())),
@@ -467,11 +486,7 @@ async fn an_lfsconfig_naming_another_endpoint_is_not_followed() {
     .unwrap();
     git(&app, &["add", ".lfsconfig"]);
     git(&app, &["commit", "-q", "-m", "lfsconfig"]);
-    let sb = Sandbox::start(CoordinatorOptions {
-        source_repo: Some(app),
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = sandbox_of(app).await;
     sb.coordinator.add_lfs_object(LFS_CONTENT.as_bytes());
     let (_snapshot, output) = sb
         .end_after_seal("run-1", Runner::spawn(&sb, &sb.script(LFS_AGENT)))
@@ -488,11 +503,7 @@ async fn an_lfsconfig_naming_another_endpoint_is_not_followed() {
 async fn a_path_lfs_tracked_by_a_nested_gitattributes_is_never_committed() {
     let src = tempfile::tempdir().unwrap();
     let app = repo_with(&src.path().join("app"), &[("README.md", "app\n")]);
-    let sb = Sandbox::start(CoordinatorOptions {
-        source_repo: Some(app),
-        ..CoordinatorOptions::default()
-    })
-    .await;
+    let sb = sandbox_of(app).await;
     let script = sb.script(
         "mkdir sub; printf '*.dat filter=lfs diff=lfs merge=lfs -text\\n' > sub/.gitattributes; echo 'BIG LFS CONTENT' > sub/x.dat; echo work > notes.txt",
     );
@@ -508,5 +519,170 @@ async fn a_path_lfs_tracked_by_a_nested_gitattributes_is_never_committed() {
         remote_file(&sb, "sub/x.dat"),
         None,
         "an LFS-tracked file was committed as a blob"
+    );
+}
+
+/// One malformed or refused entry of `.gitmodules` skips that submodule
+/// alone (PROTOCOL.md 3, "A complete workspace"): no URL, a URL that reads
+/// as an option, `update = !command` (never run) or `none`, a path `.`,
+/// `../x` or into `.git`, a name defined twice; the others of the same
+/// level are checked out (`update = rebase` as a fresh checkout, as git
+/// does for a submodule it has just cloned).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_gitmodules_entry_skips_that_submodule_and_checks_out_the_others() {
+    let src = tempfile::tempdir().unwrap();
+    let lib = repo_with(&src.path().join("lib"), &[("lib.txt", "library\n")]);
+    let commit = git(&lib, &["rev-parse", "HEAD"]);
+    let ran = src.path().join("update-command-ran");
+    let app = repo_with(&src.path().join("app"), &[("README.md", "app\n")]);
+    for path in ["good", "nourl", "cmd", "none", "rebase", "dash", "dup"] {
+        git(
+            &app,
+            &[
+                "update-index",
+                "--add",
+                "--cacheinfo",
+                &format!("160000,{commit},{path}"),
+            ],
+        );
+    }
+    std::fs::write(
+        app.join(".gitmodules"),
+        format!(
+            "[submodule \"good\"]\n\tpath = good\n\turl = ../lib.git\n\
+             [submodule \"nourl\"]\n\tpath = nourl\n\
+             [submodule \"cmd\"]\n\tpath = cmd\n\turl = ../lib.git\n\tupdate = !touch {}\n\
+             [submodule \"none\"]\n\tpath = none\n\turl = ../lib.git\n\tupdate = none\n\
+             [submodule \"rebase\"]\n\tpath = rebase\n\turl = ../lib.git\n\tupdate = rebase\n\
+             [submodule \"dash\"]\n\tpath = dash\n\turl = -oProxyCommand=x\n\
+             [submodule \"dup\"]\n\tpath = dup\n\turl = ../lib.git\n\
+             [submodule \"dup\"]\n\tpath = dup2\n\turl = ../lib.git\n\
+             [submodule \"dot\"]\n\tpath = .\n\turl = ../lib.git\n\
+             [submodule \"up\"]\n\tpath = ../x\n\turl = ../lib.git\n\
+             [submodule \"ingit\"]\n\tpath = .git/hooks\n\turl = ../lib.git\n",
+            ran.display()
+        ),
+    )
+    .unwrap();
+    git(&app, &["add", ".gitmodules"]);
+    git(&app, &["commit", "-q", "-m", "submodules"]);
+    let sb = sandbox_of(app).await;
+    sb.coordinator.add_repository("acme/lib", &lib).unwrap();
+    let script = sb.script("cat good/lib.txt rebase/lib.txt > \"$AGENT_OUT/libs\"; ls -A none cmd > \"$AGENT_OUT/empty\" 2>&1");
+    let (snapshot, output) = sb
+        .end_after_seal("run-1", Runner::spawn(&sb, &script))
+        .await;
+    let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
+    assert_eq!(run.status, "succeeded", "{output}");
+    let data = workspace_event(&run.events);
+    let mut outcomes = outcomes(&data);
+    outcomes.sort();
+    let checked_out = |p: &str| {
+        (
+            p.to_string(),
+            "checkedOut".to_string(),
+            Some(commit.clone()),
+        )
+    };
+    let skipped = |p: &str| (p.to_string(), "skipped".to_string(), None);
+    let mut expected = vec![
+        checked_out("good"),
+        checked_out("rebase"),
+        skipped("nourl"),
+        skipped("cmd"),
+        skipped("none"),
+        skipped("dash"),
+        skipped("dup"),
+        skipped("."),
+        skipped("../x"),
+        skipped(".git/hooks"),
+    ];
+    expected.sort();
+    assert_eq!(outcomes, expected, "{data}\n{output}");
+    for s in data["submodules"].as_array().unwrap() {
+        if s["outcome"] == "skipped" {
+            assert!(
+                s["reason"].as_str().is_some_and(|r| !r.is_empty()),
+                "a skipped submodule with no reason: {s}"
+            );
+        }
+    }
+    assert_eq!(sb.read_out("libs"), "library\nlibrary\n", "{output}");
+    assert_eq!(sb.read_out("empty"), "cmd:\n\nnone:\n", "{output}");
+    assert!(!ran.exists(), "the update command of .gitmodules ran");
+}
+
+/// A boot killed (SIGKILL) during the completion's `git lfs pull` leaves
+/// `repo/` with its completion unfinished; the restarted boot reuses
+/// `repo/` and finishes the completion (PROTOCOL.md 3, "A complete
+/// workspace": the marker `.git/hosted-boot-completion-pending`): the
+/// submodule is checked out, the LFS file smudged, and the agent's work is
+/// pushed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_killed_during_the_lfs_pull_is_completed_by_the_restarted_boot() {
+    let bin = tempfile::tempdir().unwrap();
+    let (marker, stand_in_path) = lfs_pull_stand_in(bin.path());
+    let src = tempfile::tempdir().unwrap();
+    let lib = repo_with(&src.path().join("lib"), &[("lib.txt", "library\n")]);
+    let recorded = git(&lib, &["rev-parse", "HEAD"]);
+    let app = lfs_sources(src.path());
+    add_gitlink(&app, "lib", "lib", "../lib.git", &recorded);
+    let commits_before: usize = git(&app, &["rev-list", "--count", "HEAD"]).parse().unwrap();
+    let sb = sandbox_of(app).await;
+    sb.coordinator.add_repository("acme/lib", &lib).unwrap();
+    sb.coordinator.add_lfs_object(LFS_CONTENT.as_bytes());
+    let script = sb.script(
+        "cat assets/model.bin > \"$AGENT_OUT/model\"; cat lib/lib.txt > \"$AGENT_OUT/lib\"; echo work > notes.txt",
+    );
+    let mut cmd = sb.runner(&script);
+    cmd.env("PATH", stand_in_path);
+    let first = Runner::reading(cmd.spawn().unwrap());
+    super::support::wait_for_file(&marker).await;
+    let pgid: i32 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let first_output = first.kill().await;
+    super::support::kill_group(pgid);
+    assert!(
+        !sb.out().join("model").exists(),
+        "the agent ran before the completion: {first_output}"
+    );
+    let (snapshot, output) = sb
+        .end_after_seal("run-1", Runner::spawn(&sb, &script))
+        .await;
+    assert_eq!(sb.read_out("model"), LFS_CONTENT, "{output}");
+    assert_eq!(sb.read_out("lib"), "library\n", "{output}");
+    let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
+    let data = workspace_event(&run.events);
+    assert_eq!(data["submodules"][0]["outcome"], "checkedOut", "{data}");
+    assert_eq!(data["lfs"]["pointers"], json!([]), "{data}");
+    assert_eq!(
+        remote_file(&sb, "notes.txt").as_deref(),
+        Some("work\n"),
+        "{output}"
+    );
+    let out = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(sb.coordinator.bare_repo())
+        .args([
+            "rev-list",
+            "--count",
+            &format!("refs/heads/{}", sb.coordinator.branch()),
+        ])
+        .output()
+        .unwrap();
+    let commits_after: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(
+        commits_after,
+        commits_before + 1,
+        "one harvest commit: {output}"
+    );
+    assert!(
+        !sb.root()
+            .join("repo/.git/hosted-boot-completion-pending")
+            .exists(),
+        "the marker stays after the completion"
     );
 }
