@@ -82,8 +82,18 @@ pub const INSTRUCTIONS_FILE: &str = "instructions.md";
 
 /// Writes `contents` to `path` atomically (PROTOCOL.md 3): a temporary file
 /// in the same directory, mode 0600 from creation, the contents plus a
-/// trailing newline when missing, `fsync`, rename over the target, `fsync`
-/// of the directory. Readers see the old file or the new one, never a part.
+/// trailing newline when missing, rename over the target. Readers (the
+/// credential helper, the agent) see the old file or the new one, never a
+/// part: the rename is what they need.
+///
+/// No `fsync`: what it writes is needed only while this boot runs (the
+/// session directory's files are removed at exit, and a boot after a crash
+/// or a power loss removes the session directory before anything else; a
+/// run's `task.txt` and `instructions.md` are the agent's during its turn;
+/// a setup fingerprint lost to a power loss runs setup once more), so
+/// durability across a power loss buys nothing, and the two `fsync`s per
+/// file were on the boot's critical path and each turn's (BENCHMARKS.md,
+/// "Time to first turn").
 ///
 /// Errors: [`SessionDirError::Io`] naming the path (the contents are never in
 /// an error).
@@ -133,16 +143,12 @@ pub fn write_file_owned(
         if !contents.ends_with(b"\n") {
             file.write_all(b"\n")?;
         }
-        file.sync_all()
+        Ok(())
     };
     write(tmp.as_file_mut()).map_err(|e| SessionDirError::io("write", path, e))?;
     tmp.persist(path)
-        .map_err(|e| SessionDirError::io("rename into place", path, e.error))?;
-    sync_dir(dir).map_err(|e| SessionDirError::io("sync the directory of", path, e))
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+        .map(drop)
+        .map_err(|e| SessionDirError::io("rename into place", path, e.error))
 }
 
 /// Creates `path` (and missing parents) with mode 0700 and forces the mode.

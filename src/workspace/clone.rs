@@ -1,10 +1,12 @@
 //! `repo/`: the clone of the session branch (PROTOCOL.md 3 and 4 step 5).
 //!
-//! A fresh clone is `git init`, then the configuration (first, so that a
-//! boot killed mid-clone leaves a `repo/` the next boot recognises and
-//! reuses), then a depth-1 fetch of the session branch through
-//! [`super::transport`], then the local session branch, its upstream and a
-//! forced checkout. An existing `repo/` whose `origin` is the session remote
+//! A fresh clone is `git init` (libgit2's built-in template: the system's
+//! template hooks are not copied), then the configuration in one write of
+//! `repo/.git/config` (first, so that a boot killed mid-clone leaves a
+//! `repo/` the next boot recognises and reuses; the session branch's
+//! upstream with it), then a depth-1 fetch of the session branch through
+//! [`super::transport`], then the local session branch and a forced
+//! checkout. An existing `repo/` whose `origin` is the session remote
 //! is reused (configuration rewritten, session branch fetched, work tree
 //! untouched; only one a killed clone left before its checkout, with an
 //! unborn `HEAD` and no file, is checked out); anything else there is an
@@ -274,7 +276,15 @@ fn finish_repo(
     registration: &mut Option<super::RemoteRegistration>,
 ) -> Result<git2::Oid, WorkspaceError> {
     let url = spec.remote_url.as_str();
-    configure(repo, spec).map_err(git_error("configuration", url))?;
+    let half_made = reused && half_made(repo);
+    let upstream = !reused || half_made;
+    let settings = Settings {
+        remote_url: url,
+        branch: &spec.branch,
+        credential_helper: &spec.credential_helper,
+        upstream,
+    };
+    configure(repo, &settings).map_err(git_error("configuration", url))?;
     let local = repo
         .config()
         .and_then(|c| c.open_level(ConfigLevel::Local))
@@ -283,7 +293,6 @@ fn finish_repo(
     *registration =
         Some(register_remote(url, spec.http.clone(), local).map_err(git_error("fetch", url))?);
 
-    let half_made = reused && half_made(repo);
     if reused && !half_made {
         keep_last_seen(repo, &spec.branch).map_err(git_error("fetch", url))?;
     }
@@ -449,8 +458,14 @@ fn open_or_init(path: &Path, url: &str) -> Result<(Repository, bool), WorkspaceE
         Err(_) => false,
     };
     if empty_dir {
-        // Absent, or an empty directory (a mounted volume): clone into it.
-        let repo = Repository::init(path).map_err(git_error("init", url))?;
+        // Absent, or an empty directory (a mounted volume): clone into it,
+        // with libgit2's built-in template (`hooks/README.sample`, `info/exclude`,
+        // `description`), not the system's (`/usr/share/git-core/templates`,
+        // `init.templateDir`): copying its files was a tenth of the boot's
+        // critical path, and the runner runs no hook (PROTOCOL.md 3).
+        let mut options = git2::RepositoryInitOptions::new();
+        options.external_template(false);
+        let repo = Repository::init_opts(path, &options).map_err(git_error("init", url))?;
         return Ok((repo, false));
     }
     let foreign = |found: String| WorkspaceError::ForeignRepo {
@@ -493,24 +508,50 @@ fn unset_all(config: &mut git2::Config, name: &str) -> Result<(), git2::Error> {
     }
 }
 
-/// Writes the repository's local configuration: `origin` fetching only the
-/// session branch, the credential helper (after an empty entry, which makes
-/// git ignore helpers of the global and system configuration), the HTTP
-/// path in credential requests, proactive Basic auth (git ≥ 2.46; older
-/// versions ignore it), the agent's identity.
-fn configure(repo: &Repository, spec: &RepoSpec) -> Result<(), git2::Error> {
+/// What [`configure`] writes.
+struct Settings<'a> {
+    remote_url: &'a str,
+    branch: &'a str,
+    credential_helper: &'a str,
+    /// A clone to be checked out: `origin/<branch>` is the local session
+    /// branch's upstream.
+    upstream: bool,
+}
+
+/// Writes the repository's local configuration, in one write of
+/// `repo/.git/config` ([`super::git_config::edit_at_once`]): `origin`
+/// fetching only the session branch, the credential helper (after an empty
+/// entry, which makes git ignore helpers of the global and system
+/// configuration), the HTTP path in credential requests, proactive Basic
+/// auth (git ≥ 2.46; older versions ignore it), the agent's identity, and
+/// the session branch's upstream when [`Settings::upstream`].
+fn configure(repo: &Repository, settings: &Settings<'_>) -> Result<(), git2::Error> {
     let mut config = repo.config()?.open_level(ConfigLevel::Local)?;
-    unset_all(&mut config, "remote.origin.fetch")?;
-    config.set_str("remote.origin.url", &spec.remote_url)?;
-    config.set_multivar("remote.origin.fetch", "^$", &refspec(&spec.branch))?;
-    unset_all(&mut config, "credential.helper")?;
+    super::git_config::edit_at_once(&mut config, |config| set_all(config, settings))
+}
+
+fn set_all(config: &mut git2::Config, spec: &Settings<'_>) -> Result<(), git2::Error> {
+    unset_all(config, "remote.origin.fetch")?;
+    config.set_str("remote.origin.url", spec.remote_url)?;
+    config.set_multivar("remote.origin.fetch", "^$", &refspec(spec.branch))?;
+    unset_all(config, "credential.helper")?;
     // With no value left, each call appends (the pattern matches nothing).
     config.set_multivar("credential.helper", "^$", "")?;
-    config.set_multivar("credential.helper", "^.+$", &spec.credential_helper)?;
+    config.set_multivar("credential.helper", "^.+$", spec.credential_helper)?;
     config.set_bool("credential.useHttpPath", true)?;
     config.set_str("http.proactiveAuth", "basic")?;
     config.set_str("user.name", GIT_USER_NAME)?;
     config.set_str("user.email", GIT_USER_EMAIL)?;
+    if spec.upstream {
+        // What `git branch --set-upstream-to origin/<branch>` writes; the
+        // branch itself is made by the checkout.
+        let branch = spec.branch;
+        config.set_str(&format!("branch.{branch}.remote"), "origin")?;
+        config.set_str(
+            &format!("branch.{branch}.merge"),
+            &format!("refs/heads/{branch}"),
+        )?;
+    }
     Ok(())
 }
 
@@ -583,12 +624,12 @@ fn fetch_branch(
     Ok(oid)
 }
 
-/// Creates the local session branch at `oid`, sets its upstream to
-/// `origin/<branch>`, makes it `HEAD` and checks it out (forced).
+/// Creates the local session branch at `oid` (its upstream, `origin/<branch>`,
+/// is in the configuration already: [`configure`]), makes it `HEAD` and
+/// checks it out (forced).
 fn check_out(repo: &Repository, branch: &str, oid: git2::Oid) -> Result<(), git2::Error> {
     let commit = repo.find_commit(oid)?;
-    let mut local = repo.branch(branch, &commit, true)?;
-    local.set_upstream(Some(&format!("origin/{branch}")))?;
+    repo.branch(branch, &commit, true)?;
     repo.set_head(&format!("refs/heads/{branch}"))?;
     let mut checkout = git2::build::CheckoutBuilder::new();
     checkout.force();
@@ -628,6 +669,68 @@ mod tests {
             cmd,
             "!'/opt/hosted-boot' credential --context '/r/.orizu-session/s1/boot-context.json'"
         );
+    }
+
+    /// The clone step's configuration is one write of `repo/.git/config`
+    /// (one rename onto it), not one per setting, and every setting is in
+    /// it; a fresh `repo/` gets libgit2's built-in template, none of the
+    /// system template's hook samples.
+    #[test]
+    fn a_fresh_repo_is_configured_in_one_write_without_the_system_template() {
+        use rustix::fs::inotify;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("repo");
+        let url = "https://git.example/o/r.git";
+        let (repo, reused) = open_or_init(&path, url).unwrap();
+        assert!(!reused);
+        let hooks: Vec<_> = std::fs::read_dir(path.join(".git/hooks"))
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        // libgit2's own template has a README there, the system's (git's)
+        // thirteen hook samples.
+        assert_eq!(hooks, ["README.sample"]);
+        let watch =
+            inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC).unwrap();
+        // The lock file's creation too: the kernel merges an event into an
+        // identical one unread before it (two renames in a row would count
+        // one).
+        let flags = inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO;
+        inotify::add_watch(&watch, &path.join(".git"), flags).unwrap();
+        let settings = Settings {
+            remote_url: url,
+            branch: "feature/x",
+            credential_helper: "!'/opt/hb' credential --context '/r/c.json'",
+            upstream: true,
+        };
+        configure(&repo, &settings).unwrap();
+        let mut buf = [std::mem::MaybeUninit::uninit(); 4096];
+        let mut events = inotify::Reader::new(&watch, &mut buf);
+        let mut renames = 0;
+        while let Ok(event) = events.next() {
+            if event.events().contains(inotify::ReadFlags::MOVED_TO)
+                && event.file_name().is_some_and(|n| n.to_bytes() == b"config")
+            {
+                renames += 1;
+            }
+        }
+        assert_eq!(renames, 1, "renames onto .git/config");
+        let config = Repository::open(&path).unwrap().config().unwrap();
+        let config = config.open_level(ConfigLevel::Local).unwrap();
+        for (key, value) in [
+            ("remote.origin.url", url),
+            (
+                "remote.origin.fetch",
+                "+refs/heads/feature/x:refs/remotes/origin/feature/x",
+            ),
+            ("branch.feature/x.remote", "origin"),
+            ("branch.feature/x.merge", "refs/heads/feature/x"),
+            ("http.proactiveAuth", "basic"),
+            ("user.name", GIT_USER_NAME),
+            ("user.email", GIT_USER_EMAIL),
+        ] {
+            assert_eq!(config.get_string(key).unwrap(), value, "{key}");
+        }
+        assert!(config.get_bool("credential.useHttpPath").unwrap());
     }
 
     #[test]

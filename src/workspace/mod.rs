@@ -34,6 +34,7 @@ pub mod clone;
 mod commit;
 pub mod completion;
 pub mod credential;
+mod git_config;
 pub mod harvest;
 mod lfs;
 mod local_branch;
