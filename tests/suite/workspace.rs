@@ -473,15 +473,11 @@ fn a_fresh_clone_is_checked_out_as_its_attributes_say() {
             "attributes",
         ],
     );
-    git_ok(
-        &w,
-        &[
-            "push",
-            "-q",
-            "origin",
-            &format!("HEAD:{}", env.coord.branch()),
-        ],
-    );
+    // Into the bare repository directly: its pre-receive hook takes only
+    // the session's pushes.
+    let into = format!("+HEAD:refs/heads/{}", env.coord.branch());
+    let from = w.to_str().unwrap();
+    git_ok(&bare, &["fetch", "-q", "--update-head-ok", from, &into]);
     let blob = git_ok(&w, &["rev-parse", "HEAD:src/deep/id.c"]);
 
     prepare_repo(&env.spec(env.real_helper())).unwrap();
