@@ -10,12 +10,18 @@
 //!   it: the real transport, the real credential helper in file mode) vs
 //!   `git clone --depth 1 --single-branch --branch <session branch>` of the
 //!   same URL with the same credential helper;
+//! - the runner's clone with libgit2's checkout filters loaded for every
+//!   file (as before they were skipped where none can apply) vs skipped;
 //! - the runner's clone with a warm mirror (a `git clone --mirror` made 20
 //!   commits before the session branch's tip) vs without (cold).
 //!
 //! Each line: best and median seconds, the median of the per-pair ratios,
 //! and the bytes the coordinator's git answers carried (its request
 //! record's `responseLen`, summed over the clone's git requests).
+//!
+//! Options (after `--`): `--pairs N` (default [`TRIALS`]; each pair is two
+//! clones of 20,000 files, about a minute on a loaded 2-core machine),
+//! `--no-mirror` (only the runner / git CLI pairs).
 
 #![allow(
     clippy::unwrap_used,
@@ -45,6 +51,7 @@ const FILES: usize = 20_000;
 const NEW_COMMITS: usize = 20;
 /// Files each later commit changes.
 const CHANGED_PER_COMMIT: usize = 4;
+/// Pairs of each comparison unless `--pairs N` says otherwise.
 const TRIALS: usize = 5;
 /// Bump when the generator changes, so a stale cache is not reused.
 const CACHE_VERSION: &str = "v1";
@@ -314,6 +321,30 @@ async fn runner_clone(sb: &Sandbox, mirror: Option<&Path>) -> Sample {
     }
 }
 
+/// The runner's clone with libgit2's checkout filters loaded for every
+/// file, as before the checkout skipped them where none can apply (main
+/// before 2026-12-02's third session): an empty attributes file at the XDG
+/// place (`$XDG_CONFIG_HOME/git/attributes`) is a place filters could come
+/// from, so the runner loads them, and the attributes it finds are none,
+/// as before. The variable is set only around this clone.
+async fn runner_clone_with_filters(sb: &Sandbox) -> Sample {
+    let xdg = sb.root.path().join("xdg");
+    std::fs::create_dir_all(xdg.join("git")).unwrap();
+    std::fs::write(xdg.join("git/attributes"), "").unwrap();
+    let before = std::env::var_os("XDG_CONFIG_HOME");
+    // SAFETY: the bench's other threads (the runtime's, the coordinator's)
+    // read no environment variable while a clone runs; set back after it.
+    unsafe { std::env::set_var("XDG_CONFIG_HOME", &xdg) };
+    let sample = runner_clone(sb, None).await;
+    match before {
+        // SAFETY: as above.
+        Some(v) => unsafe { std::env::set_var("XDG_CONFIG_HOME", v) },
+        // SAFETY: as above.
+        None => unsafe { std::env::remove_var("XDG_CONFIG_HOME") },
+    }
+    sample
+}
+
 async fn cli_clone(sb: &Sandbox) -> Sample {
     let root = tempfile::tempdir_in(sb.root.path()).unwrap();
     let home = tempfile::tempdir().unwrap();
@@ -368,8 +399,38 @@ fn line(name: &str, samples: &[Sample]) {
     );
 }
 
-/// Runs `a` and `b` [`TRIALS`] times, alternating which goes first.
-async fn pairwise<FA, FB, A, B>(mut a: FA, mut b: FB) -> (Vec<Sample>, Vec<Sample>)
+/// What the command line asks for: pairs per comparison, and whether the
+/// mirror comparison runs. Cargo's own `--bench` and anything unknown are
+/// ignored.
+struct Args {
+    pairs: usize,
+    mirror: bool,
+}
+
+fn args() -> Args {
+    let mut out = Args {
+        pairs: TRIALS,
+        mirror: true,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--pairs" => {
+                out.pairs = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .expect("--pairs takes a number of pairs, at least 1");
+            }
+            "--no-mirror" => out.mirror = false,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Runs `a` and `b` `pairs` times, alternating which goes first.
+async fn pairwise<FA, FB, A, B>(pairs: usize, mut a: FA, mut b: FB) -> (Vec<Sample>, Vec<Sample>)
 where
     FA: FnMut() -> A,
     FB: FnMut() -> B,
@@ -377,7 +438,7 @@ where
     B: std::future::Future<Output = Sample>,
 {
     let (mut xs, mut ys) = (Vec::new(), Vec::new());
-    for trial in 0..TRIALS {
+    for trial in 0..pairs {
         if trial % 2 == 0 {
             xs.push(a().await);
             ys.push(b().await);
@@ -404,6 +465,7 @@ fn ratio(name: &str, xs: &[Sample], ys: &[Sample]) {
 
 fn main() {
     hosted_boot::tls::install_crypto_provider();
+    let args = args();
     let (source, mirror) = repositories();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -416,12 +478,28 @@ fn main() {
         runner_clone(&sb, None).await;
         cli_clone(&sb).await;
 
-        let (runner, cli) = pairwise(|| runner_clone(&sb, None), || cli_clone(&sb)).await;
+        let (runner, cli) =
+            pairwise(args.pairs, || runner_clone(&sb, None), || cli_clone(&sb)).await;
         line("runner's clone (depth 1)", &runner);
         line("git clone --depth 1 --single-branch", &cli);
         ratio("runner / git CLI", &runner, &cli);
 
+        let (filtered, plain) = pairwise(
+            args.pairs,
+            || runner_clone_with_filters(&sb),
+            || runner_clone(&sb, None),
+        )
+        .await;
+        line("runner's clone, filters loaded (main's)", &filtered);
+        line("runner's clone, filters skipped", &plain);
+        ratio("filters loaded / skipped", &filtered, &plain);
+
+        if !args.mirror {
+            sb.coord.shutdown().await;
+            return;
+        }
         let (warm, cold) = pairwise(
+            args.pairs,
             || runner_clone(&sb, Some(&mirror)),
             || runner_clone(&sb, None),
         )

@@ -626,14 +626,18 @@ fn fetch_branch(
 
 /// Creates the local session branch at `oid` (its upstream, `origin/<branch>`,
 /// is in the configuration already: [`configure`]), makes it `HEAD` and
-/// checks it out (forced).
+/// checks it out (forced), with libgit2's filters off when none can apply
+/// ([`filters_can_apply`]).
 fn check_out(repo: &Repository, branch: &str, oid: git2::Oid) -> Result<(), git2::Error> {
     let commit = repo.find_commit(oid)?;
     repo.branch(branch, &commit, true)?;
     repo.set_head(&format!("refs/heads/{branch}"))?;
     let mut checkout = git2::build::CheckoutBuilder::new();
     checkout.force();
-    if commit.tree()?.get_name(GITMODULES).is_none() {
+    let tree = commit.tree()?;
+    let no_filters = !filters_can_apply(repo, &tree)?;
+    checkout.disable_filters(no_filters);
+    if tree.get_name(GITMODULES).is_none() {
         return repo.checkout_head(Some(&mut checkout));
     }
     // libgit2 parses the work tree's .gitmodules when it makes a gitlink's
@@ -646,6 +650,7 @@ fn check_out(repo: &Repository, branch: &str, oid: git2::Oid) -> Result<(), git2
     let mut gitmodules = git2::build::CheckoutBuilder::new();
     gitmodules
         .force()
+        .disable_filters(no_filters)
         .disable_pathspec_match(true)
         .path(GITMODULES);
     repo.checkout_head(Some(&mut gitmodules))
@@ -653,6 +658,74 @@ fn check_out(repo: &Repository, branch: &str, oid: git2::Oid) -> Result<(), git2
 
 /// The superproject's submodule list, read by libgit2's checkout.
 const GITMODULES: &str = ".gitmodules";
+
+/// Whether a checkout of `tree` in `repo` may run one of libgit2's filters
+/// (`crlf` for `text`, `eol`, `crlf` or `core.autocrlf`, `ident`; libgit2
+/// runs no other, not even `filter=lfs`, see [`super::lfs`]): when it
+/// cannot, the checkout skips loading each file's filters, which is two
+/// attribute look-ups per file, each a `realpath(3)` of its directory (one
+/// `readlink` per path component) and a `stat` of every `.gitattributes`
+/// above it: 16 system calls or more per file, most of the checkout's
+/// own work on a tree of 20,000 files (BENCHMARKS.md, "Clone"). They can
+/// apply when any attributes file exists that libgit2 reads (a
+/// `.gitattributes` anywhere in the tree, `.git/info/attributes`,
+/// `core.attributesFile` or its XDG default, the system's
+/// `gitattributes`), or when `core.autocrlf` is `true` or `core.eol` is
+/// `crlf`; any doubt (a value that does not parse) counts as "may".
+///
+/// Errors: the tree cannot be walked (a missing object).
+fn filters_can_apply(repo: &Repository, tree: &git2::Tree<'_>) -> Result<bool, git2::Error> {
+    let config = repo.config()?.snapshot()?;
+    match config.get_bool("core.autocrlf") {
+        Ok(false) => {}
+        Err(e) if e.code() == git2::ErrorCode::NotFound => {}
+        // `true`, or `input` (no effect on a checkout, but not worth telling
+        // apart), or unparsable.
+        _ => return Ok(true),
+    }
+    match config.get_str("core.eol") {
+        Ok(eol) if !eol.eq_ignore_ascii_case("crlf") => {}
+        Err(e) if e.code() == git2::ErrorCode::NotFound => {}
+        _ => return Ok(true),
+    }
+    let attributes_file = match config.get_path("core.attributesFile") {
+        Ok(path) => Some(path),
+        Err(e) if e.code() == git2::ErrorCode::NotFound => xdg_attributes(),
+        Err(_) => return Ok(true),
+    };
+    let outside = [
+        Some(repo.path().join("info/attributes")),
+        attributes_file,
+        Some(PathBuf::from("/etc/gitattributes")),
+    ];
+    // `exists` is false for a file that cannot be stat'ed: libgit2 could
+    // not read it either.
+    if outside.iter().flatten().any(|p| p.exists()) {
+        return Ok(true);
+    }
+    let mut in_tree = false;
+    tree.walk(git2::TreeWalkMode::PreOrder, |_, entry| {
+        if entry.name_bytes() == b".gitattributes" {
+            in_tree = true;
+            git2::TreeWalkResult::Abort
+        } else {
+            git2::TreeWalkResult::Ok
+        }
+    })
+    .or_else(|e| if in_tree { Ok(()) } else { Err(e) })?;
+    Ok(in_tree)
+}
+
+/// Where git (and libgit2) look for attributes when `core.attributesFile`
+/// is unset: `$XDG_CONFIG_HOME/git/attributes`, else
+/// `$HOME/.config/git/attributes`.
+fn xdg_attributes() -> Option<PathBuf> {
+    let non_empty = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+    non_empty("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| non_empty("HOME").map(|home| Path::new(&home).join(".config")))
+        .map(|dir| dir.join("git/attributes"))
+}
 
 #[cfg(test)]
 mod tests {
@@ -748,6 +821,89 @@ mod tests {
             "https://github.com/o/r.git",
             "https://github.com/o/x.git"
         ));
+    }
+
+    /// A tree of `files` (path, content) in a fresh repository, and the
+    /// repository.
+    fn repo_with(files: &[(&str, &str)]) -> (tempfile::TempDir, Repository, git2::Oid) {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repository::init(dir.path()).unwrap();
+        let mut index = repo.index().unwrap();
+        for (path, content) in files {
+            let blob = repo.blob(content.as_bytes()).unwrap();
+            let mut entry = git2::IndexEntry {
+                ctime: git2::IndexTime::new(0, 0),
+                mtime: git2::IndexTime::new(0, 0),
+                dev: 0,
+                ino: 0,
+                mode: 0o100644,
+                uid: 0,
+                gid: 0,
+                file_size: 0,
+                id: blob,
+                flags: 0,
+                flags_extended: 0,
+                path: path.as_bytes().to_vec(),
+            };
+            entry.file_size = content.len() as u32;
+            index.add(&entry).unwrap();
+        }
+        let tree = index.write_tree_to(&repo).unwrap();
+        (dir, repo, tree)
+    }
+
+    /// The checkout skips libgit2's filters only where none can apply: an
+    /// attributes file in the tree at any depth, `.git/info/attributes`, or
+    /// `core.autocrlf` / `core.eol` make it load them (the suite's
+    /// `a_fresh_clone_is_checked_out_as_its_attributes_say` checks the files
+    /// that result).
+    #[test]
+    fn filters_are_skipped_only_where_none_can_apply() {
+        let outside = [Some(PathBuf::from("/etc/gitattributes")), xdg_attributes()];
+        if outside.iter().flatten().any(|p| p.exists()) {
+            eprintln!("SKIPPED: this machine has a global attributes file");
+            return;
+        }
+        let can_apply = |repo: &Repository, tree| {
+            filters_can_apply(repo, &repo.find_tree(tree).unwrap()).unwrap()
+        };
+        let plain = [("a.txt", "a\n"), ("src/m/b.rs", "b\n")];
+        let (_dir, repo, tree) = repo_with(&plain);
+        assert!(!can_apply(&repo, tree), "no attributes anywhere");
+
+        for attributes in [
+            ".gitattributes",
+            "src/.gitattributes",
+            "src/m/.gitattributes",
+        ] {
+            let mut files = plain.to_vec();
+            files.push((attributes, "*.txt eol=crlf\n"));
+            let (_dir, repo, tree) = repo_with(&files);
+            assert!(can_apply(&repo, tree), "{attributes}");
+        }
+
+        std::fs::create_dir_all(repo.path().join("info")).unwrap();
+        std::fs::write(repo.path().join("info/attributes"), "* ident\n").unwrap();
+        assert!(can_apply(&repo, tree), "info/attributes");
+        std::fs::remove_file(repo.path().join("info/attributes")).unwrap();
+        assert!(!can_apply(&repo, tree));
+
+        let mut config = repo
+            .config()
+            .unwrap()
+            .open_level(ConfigLevel::Local)
+            .unwrap();
+        for (key, value, applies) in [
+            ("core.autocrlf", "false", false),
+            ("core.autocrlf", "true", true),
+            ("core.autocrlf", "input", true),
+            ("core.autocrlf", "false", false),
+            ("core.eol", "lf", false),
+            ("core.eol", "crlf", true),
+        ] {
+            config.set_str(key, value).unwrap();
+            assert_eq!(can_apply(&repo, tree), applies, "{key}={value}");
+        }
     }
 
     /// The clone row of PROTOCOL.md section 2's retry table: 4 attempts,

@@ -320,32 +320,7 @@ mod tests {
         ));
     }
 
-    /// A harvester whose remote is never reached (the operations below are
-    /// scripted), and the runtime its transport would use.
-    fn harvester() -> (Harvester, tokio::runtime::Runtime) {
-        crate::tls::install_crypto_provider();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let harvester = Harvester {
-            repo_dir: "/nonexistent/repo".into(),
-            remote_url: "https://git.example/o/r.git".into(),
-            branch: "main".into(),
-            credential_helper: "!true".into(),
-            http: HttpContext {
-                client: crate::tls::http_client(None).unwrap(),
-                runtime: runtime.handle().clone(),
-                request_timeout: std::time::Duration::from_secs(10),
-                redactor: crate::redact::Redactor::new(),
-                stall: std::time::Duration::from_secs(30),
-                broker: None,
-            },
-            time_scale: 1.0,
-            max_file_size: None,
-            owner: None,
-        };
-        (harvester, runtime)
-    }
+    use super::super::harvest::tests::harvester;
 
     /// Holds [`Harvester::with_remote`] under `policy` to its row of the
     /// retry table (3 attempts, 1 s doubling to 4 s, within the caller's

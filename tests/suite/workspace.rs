@@ -437,6 +437,61 @@ fn reused_repo_is_fetched_not_recloned() {
     assert_eq!(env.count(Route::RepoToken), 1);
 }
 
+/// The clone's checkout runs libgit2's filters when the tree has
+/// attributes (it skips them only where none can apply, for speed): an
+/// `eol=crlf` of the root's `.gitattributes` and an `ident` of a nested one
+/// are applied, other files are written as committed, and nothing shows as
+/// modified to the agent's git afterwards.
+#[test]
+fn a_fresh_clone_is_checked_out_as_its_attributes_say() {
+    let env = env();
+    let work = tempfile::tempdir().unwrap();
+    let bare = env.coord.bare_repo();
+    git_ok(work.path(), &["clone", "-q", bare.to_str().unwrap(), "w"]);
+    let w = work.path().join("w");
+    std::fs::create_dir_all(w.join("src/deep")).unwrap();
+    for (path, content) in [
+        (".gitattributes", "*.txt eol=crlf\n"),
+        ("notes.txt", "one\ntwo\n"),
+        ("plain.md", "one\ntwo\n"),
+        ("src/.gitattributes", "*.c ident\n"),
+        ("src/deep/id.c", "/* $Id$ */\n"),
+    ] {
+        std::fs::write(w.join(path), content).unwrap();
+    }
+    git_ok(&w, &["add", "-A"]);
+    git_ok(
+        &w,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.invalid",
+            "commit",
+            "-q",
+            "-m",
+            "attributes",
+        ],
+    );
+    // Into the bare repository directly: its pre-receive hook takes only
+    // the session's pushes.
+    let into = format!("+HEAD:refs/heads/{}", env.coord.branch());
+    let from = w.to_str().unwrap();
+    git_ok(&bare, &["fetch", "-q", "--update-head-ok", from, &into]);
+    let blob = git_ok(&w, &["rev-parse", "HEAD:src/deep/id.c"]);
+
+    prepare_repo(&env.spec(env.real_helper())).unwrap();
+    let read = |p: &str| std::fs::read_to_string(env.repo().join(p)).unwrap();
+    assert_eq!(read("notes.txt"), "one\r\ntwo\r\n", "eol=crlf");
+    assert_eq!(read("plain.md"), "one\ntwo\n");
+    assert_eq!(
+        read("src/deep/id.c"),
+        format!("/* $Id: {blob} $ */\n"),
+        "ident"
+    );
+    assert_eq!(git_ok(&env.repo(), &["status", "--porcelain"]), "");
+}
+
 #[test]
 fn half_made_repo_is_finished() {
     // A boot killed after `git init` and the configuration, before checkout.
