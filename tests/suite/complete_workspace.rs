@@ -448,12 +448,7 @@ async fn a_stop_signal_during_the_lfs_pull_leaves_no_git_process_running() {
     let mut cmd = sb.runner(&sb.script(LFS_AGENT));
     cmd.env("PATH", path);
     let runner = Runner::reading(cmd.spawn().unwrap());
-    super::support::wait_for_file(&marker).await;
-    let pgid: i32 = std::fs::read_to_string(&marker)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pgid = stand_in_group(&marker).await;
     assert!(
         !super::support::live_group_members(pgid).is_empty(),
         "the stand-in's group is not alive"
@@ -637,12 +632,7 @@ async fn a_boot_killed_during_the_lfs_pull_is_completed_by_the_restarted_boot() 
     let mut cmd = sb.runner(&script);
     cmd.env("PATH", stand_in_path);
     let first = Runner::reading(cmd.spawn().unwrap());
-    super::support::wait_for_file(&marker).await;
-    let pgid: i32 = std::fs::read_to_string(&marker)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pgid = stand_in_group(&marker).await;
     let first_output = first.kill().await;
     super::support::kill_group(pgid);
     assert!(
@@ -685,4 +675,15 @@ async fn a_boot_killed_during_the_lfs_pull_is_completed_by_the_restarted_boot() 
             .exists(),
         "the marker stays after the completion"
     );
+}
+
+/// The process group the stand-in `git lfs pull` wrote into `marker` once it
+/// runs (waits for the file).
+async fn stand_in_group(marker: &std::path::Path) -> i32 {
+    super::support::wait_for_file(marker).await;
+    std::fs::read_to_string(marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
