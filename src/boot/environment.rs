@@ -472,7 +472,7 @@ mod tests {
         let reason = ReservedConnector::CODE.reason(&e);
         assert!(
             reason.starts_with("reserved_connector_env: ")
-                && reason.contains("\"T\"")
+                && reason.contains("`T`")
                 && reason.contains("scope")
                 && !reason.contains("value-t-long"),
             "{reason}"

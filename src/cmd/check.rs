@@ -72,7 +72,13 @@ pub async fn run(
     boot_secret: Option<Secret>,
 ) -> i32 {
     let redactor = Redactor::new();
-    if let Some(s) = &boot_secret {
+    // A secret below the floor is refused by the environment check; added
+    // here, it would redact the words of that refusal ("short" in
+    // "shorter") and tell the value back.
+    if let Some(s) = boot_secret
+        .as_ref()
+        .filter(|s| s.expose().len() >= config::BOOT_SECRET_MIN_LEN)
+    {
         redactor.add(s, crate::redact::SecretKind::Credential);
     }
     let lines = checks(&env, &args, boot_secret, &redactor).await;

@@ -310,12 +310,9 @@ fn finish_repo(
     if !reused || half_made {
         // Before the checkout: a boot killed from here to the end of the
         // completion leaves the marker for the next boot.
-        super::completion::mark_pending(repo.path()).map_err(|e| {
-            WorkspaceError::io(
-                "write",
-                &repo.path().join("hosted-boot-completion-pending"),
-                e,
-            )
+        let work_tree = repo.workdir().unwrap_or(repo.path());
+        super::completion::mark_pending(work_tree).map_err(|e| {
+            WorkspaceError::io("write", &super::completion::repo_dir_marker(work_tree), e)
         })?;
         check_out(repo, &spec.branch, oid).map_err(git_error("checkout", url))?;
     }
@@ -768,7 +765,7 @@ mod tests {
         // identical one unread before it (two renames in a row would count
         // one).
         let flags = inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO;
-        inotify::add_watch(&watch, &path.join(".git"), flags).unwrap();
+        inotify::add_watch(&watch, path.join(".git"), flags).unwrap();
         let settings = Settings {
             remote_url: url,
             branch: "feature/x",

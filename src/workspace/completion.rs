@@ -135,27 +135,39 @@ pub async fn complete(
     done
 }
 
-fn repo_dir_marker(repo_dir: &Path) -> PathBuf {
-    repo_dir.join(".git").join(PENDING)
+/// The marker of a completion not finished yet: written before a fresh
+/// clone's checkout, removed when [`complete`] has run to its end. A
+/// restarted boot that finds `repo/` with it (a boot killed before its
+/// first turn: the agent never had `repo/`) completes the workspace again
+/// (PROTOCOL.md 3, "A complete workspace"). It lives in the root's runner
+/// directory (`<root>/.hosted-boot/`, beside the lock), never in `repo/`:
+/// `repo/` is the agent's once a turn ran, and a marker the agent could
+/// plant there would make the next boot re-run the completion over the
+/// agent's tree (deleting through its symlinks, running its git config).
+pub(super) fn repo_dir_marker(repo_dir: &Path) -> PathBuf {
+    repo_dir
+        .parent()
+        .unwrap_or(repo_dir)
+        .join(super::lock::LOCK_DIR)
+        .join(PENDING)
 }
 
-/// The marker of a completion not finished yet, in `repo/.git`: written
-/// before a fresh clone's checkout, removed when [`complete`] has run to
-/// its end. A restarted boot that finds `repo/` with it (a boot killed
-/// before its first turn: the agent never had `repo/`) completes the
-/// workspace again (PROTOCOL.md 3, "A complete workspace").
-const PENDING: &str = "hosted-boot-completion-pending";
+const PENDING: &str = "completion-pending";
 
-/// Writes the marker of a pending completion into `git_dir` (`repo/.git`).
+/// Writes the marker of a pending completion for the clone at `repo_dir`.
 ///
 /// Errors: the file cannot be written.
-pub(super) fn mark_pending(git_dir: &Path) -> std::io::Result<()> {
-    std::fs::write(git_dir.join(PENDING), b"")
+pub(super) fn mark_pending(repo_dir: &Path) -> std::io::Result<()> {
+    let marker = repo_dir_marker(repo_dir);
+    if let Some(dir) = marker.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(marker, b"")
 }
 
 /// Whether the clone at `repo_dir` has a completion still to run.
 pub fn is_pending(repo_dir: &Path) -> bool {
-    repo_dir.join(".git").join(PENDING).is_file()
+    repo_dir_marker(repo_dir).is_file()
 }
 
 /// Sets its flag when dropped.

@@ -30,7 +30,7 @@ use rustix::fs::{FlockOperation, Mode, OFlags, RenameFlags};
 pub const LOCK_FILE: &str = ".hosted-boot/lock";
 
 /// The pid file's directory and name under the root.
-const LOCK_DIR: &str = ".hosted-boot";
+pub(super) const LOCK_DIR: &str = ".hosted-boot";
 const LOCK_NAME: &str = "lock";
 
 /// How long a refused runner waits for the holder's pid to appear (the

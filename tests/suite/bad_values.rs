@@ -169,7 +169,7 @@ fn all_bad() -> Vec<Bad> {
         v.push(connector(
             &format!("connector name {name:?}"),
             &[(name, "connector-value-123")],
-            &format!("{name:?}"),
+            &format!("`{}`", name.escape_debug()),
         ));
     }
     v.push(connector(
@@ -178,12 +178,12 @@ fn all_bad() -> Vec<Bad> {
             ("ACME_KEY", "first-value-123"),
             ("ACME_KEY", "second-value-456"),
         ],
-        "\"ACME_KEY\"",
+        "`ACME_KEY`",
     ));
     v.push(connector(
         "a NUL in a connector value",
         &[("ACME_KEY", "before\u{0}after-nul")],
-        "\"ACME_KEY\"",
+        "`ACME_KEY`",
     ));
     v
 }

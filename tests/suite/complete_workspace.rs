@@ -610,7 +610,7 @@ async fn one_bad_gitmodules_entry_skips_that_submodule_and_checks_out_the_others
 /// A boot killed (SIGKILL) during the completion's `git lfs pull` leaves
 /// `repo/` with its completion unfinished; the restarted boot reuses
 /// `repo/` and finishes the completion (PROTOCOL.md 3, "A complete
-/// workspace": the marker `.git/hosted-boot-completion-pending`): the
+/// workspace": the marker `<root>/.hosted-boot/completion-pending`): the
 /// submodule is checked out, the LFS file smudged, and the agent's work is
 /// pushed once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -670,9 +670,7 @@ async fn a_boot_killed_during_the_lfs_pull_is_completed_by_the_restarted_boot() 
         "one harvest commit: {output}"
     );
     assert!(
-        !sb.root()
-            .join("repo/.git/hosted-boot-completion-pending")
-            .exists(),
+        !sb.root().join(".hosted-boot/completion-pending").exists(),
         "the marker stays after the completion"
     );
 }
