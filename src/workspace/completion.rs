@@ -178,3 +178,25 @@ impl Drop for CancelOnDrop {
         self.0.store(true, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_marker_is_never_in_the_work_tree_the_agent_gets() {
+        let root = tempfile::tempdir().unwrap();
+        let repo = root.path().join("repo");
+        std::fs::create_dir_all(repo.join(".git")).unwrap();
+        assert!(!is_pending(&repo));
+        // A marker planted where an agent can write it counts for nothing.
+        std::fs::write(repo.join(".git/hosted-boot-completion-pending"), b"").unwrap();
+        std::fs::write(repo.join(".git").join(PENDING), b"").unwrap();
+        assert!(!is_pending(&repo));
+        mark_pending(&repo).unwrap();
+        assert!(is_pending(&repo));
+        let marker = repo_dir_marker(&repo);
+        assert!(!marker.starts_with(&repo), "{}", marker.display());
+        assert_eq!(marker, root.path().join(".hosted-boot/completion-pending"));
+    }
+}

@@ -154,7 +154,21 @@ fn lock_root(root: &Path) -> Result<OwnedFd, LockError> {
 ///
 /// Errors: as [`RootLock::acquire`] ([`LockError::Held`] naming the holder).
 pub fn probe(root: &Path) -> Result<(), LockError> {
-    lock_root(root).map(drop)
+    lock_root(root)?;
+    // What makes `write_pid_file` fail without writing: its directory not a
+    // directory, or a directory where the pid file goes (its rename cannot
+    // replace one). A link there is fine: the rename replaces it.
+    let path = root.join(LOCK_FILE);
+    let kind = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| m.file_type());
+    let refused = match (kind(&root.join(LOCK_DIR)), kind(&path)) {
+        (Some(dir), _) if !dir.is_dir() => Some(io::ErrorKind::NotADirectory),
+        (_, Some(file)) if file.is_dir() => Some(io::ErrorKind::IsADirectory),
+        _ => None,
+    };
+    match refused {
+        Some(kind) => Err(io_error("write the pid into", &path)(kind.into())),
+        None => Ok(()),
+    }
 }
 
 /// Writes `<pid>\n` to `.hosted-boot/lock` under the root descriptor
@@ -277,6 +291,25 @@ mod tests {
             std::fs::read_to_string(&pid_file).unwrap(),
             format!("{}\n", std::process::id())
         );
+    }
+
+    #[test]
+    fn the_probe_refuses_what_acquire_would_fail_on() {
+        let root = tempfile::tempdir().unwrap();
+        probe(root.path()).unwrap();
+        std::fs::create_dir_all(root.path().join(LOCK_FILE)).unwrap();
+        assert!(matches!(
+            RootLock::acquire(root.path()),
+            Err(LockError::Io { .. })
+        ));
+        match probe(root.path()) {
+            Err(LockError::Io { path, .. }) => assert_eq!(path, root.path().join(LOCK_FILE)),
+            other => panic!("the probe passed a root acquire refuses: {other:?}"),
+        }
+        std::fs::remove_dir_all(root.path().join(LOCK_DIR)).unwrap();
+        std::fs::write(root.path().join(LOCK_DIR), "x").unwrap();
+        assert!(RootLock::acquire(root.path()).is_err());
+        assert!(probe(root.path()).is_err());
     }
 
     #[test]
