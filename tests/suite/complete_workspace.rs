@@ -77,6 +77,15 @@ fn outcomes(data: &Value) -> Vec<(String, String, Option<String>)> {
         .collect()
 }
 
+/// Runs `script` as the agent of run-1, asserts the run succeeded, and
+/// returns its `hosted_boot.workspace` event's data and the runner's output.
+async fn first_turn_workspace(sb: &Sandbox, script: &std::path::Path) -> (Value, String) {
+    let (snapshot, output) = sb.end_after_seal("run-1", Runner::spawn(sb, script)).await;
+    let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
+    assert_eq!(run.status, "succeeded", "{output}");
+    (workspace_event(&run.events), output)
+}
+
 fn workspace_event(events: &[Event]) -> Value {
     let found: Vec<&Event> = events
         .iter()
@@ -226,12 +235,7 @@ async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_c
     sb.coordinator.add_repository("acme/lib", &lib).unwrap();
     let script =
         sb.script("ls -A elsewhere local > \"$AGENT_OUT/listing\" 2>&1; echo ok > notes.txt");
-    let (snapshot, output) = sb
-        .end_after_seal("run-1", Runner::spawn(&sb, &script))
-        .await;
-    let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
-    assert_eq!(run.status, "succeeded", "{output}");
-    let data = workspace_event(&run.events);
+    let (data, output) = first_turn_workspace(&sb, &script).await;
     let outcomes: Vec<(String, String)> = outcomes(&data)
         .into_iter()
         .map(|(path, outcome, _)| (path, outcome))
@@ -564,12 +568,7 @@ async fn one_bad_gitmodules_entry_skips_that_submodule_and_checks_out_the_others
     let sb = sandbox_of(app).await;
     sb.coordinator.add_repository("acme/lib", &lib).unwrap();
     let script = sb.script("cat good/lib.txt rebase/lib.txt > \"$AGENT_OUT/libs\"; ls -A none cmd > \"$AGENT_OUT/empty\" 2>&1");
-    let (snapshot, output) = sb
-        .end_after_seal("run-1", Runner::spawn(&sb, &script))
-        .await;
-    let run = snapshot.runs.iter().find(|r| r.id == "run-1").unwrap();
-    assert_eq!(run.status, "succeeded", "{output}");
-    let data = workspace_event(&run.events);
+    let (data, output) = first_turn_workspace(&sb, &script).await;
     let mut outcomes = outcomes(&data);
     outcomes.sort();
     let checked_out = |p: &str| {
