@@ -235,7 +235,7 @@ async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_c
     sb.coordinator.add_repository("acme/lib", &lib).unwrap();
     let script =
         sb.script("ls -A elsewhere local > \"$AGENT_OUT/listing\" 2>&1; echo ok > notes.txt");
-    let (data, output) = first_turn_workspace(&sb, &script).await;
+    let (data, _) = first_turn_workspace(&sb, &script).await;
     let outcomes: Vec<(String, String)> = outcomes(&data)
         .into_iter()
         .map(|(path, outcome, _)| (path, outcome))
