@@ -14,6 +14,8 @@
 //! The directory is read when there is no bundle file; `SSL_CERT_FILE` and
 //! `SSL_CERT_DIR`, when set, are read as given.
 
+mod pem;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -67,20 +69,20 @@ pub fn read_ca_file(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>>
 pub fn system_roots() -> &'static [rustls::pki_types::CertificateDer<'static>] {
     static ROOTS: OnceLock<Vec<rustls::pki_types::CertificateDer<'static>>> = OnceLock::new();
     ROOTS.get_or_init(|| {
-        let file = std::env::var_os("SSL_CERT_FILE");
-        let from_env = file.is_some() || std::env::var_os("SSL_CERT_DIR").is_some();
-        if from_env {
-            // With SSL_CERT_DIR beside it, a file that gives nothing would
-            // go unnoticed in the union: it is read alone first.
-            if let Some(file) = file
-                && std::env::var_os("SSL_CERT_DIR").is_some()
-                && rustls_native_certs::load_certs_from_paths(Some(Path::new(&file)), None)
-                    .certs
-                    .is_empty()
-            {
-                CERT_FILE_GAVE_NONE.store(true, std::sync::atomic::Ordering::Relaxed);
+        let file = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
+        let dir = std::env::var_os("SSL_CERT_DIR");
+        match (file, dir) {
+            (None, None) => {}
+            // The file alone: what the system store's loader would read.
+            (Some(file), None) => return read_bundle(&file),
+            (file, Some(_)) => {
+                // With SSL_CERT_DIR beside it, a file that gives nothing
+                // would go unnoticed in the union: it is read alone first.
+                if file.is_some_and(|file| read_bundle(&file).is_empty()) {
+                    CERT_FILE_GAVE_NONE.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                return rustls_native_certs::load_native_certs().certs;
             }
-            return rustls_native_certs::load_native_certs().certs;
         }
         let probe = openssl_probe::probe();
         load_roots(probe.cert_file.as_deref(), &probe.cert_dir)
@@ -129,7 +131,7 @@ fn load_roots(
     dirs: &[PathBuf],
 ) -> Vec<rustls::pki_types::CertificateDer<'static>> {
     if let Some(file) = file {
-        let certs = rustls_native_certs::load_certs_from_paths(Some(file), None).certs;
+        let certs = read_bundle(file);
         if !certs.is_empty() {
             return certs;
         }
@@ -141,6 +143,18 @@ fn load_roots(
     certs.sort_unstable_by(|a, b| a.as_ref().cmp(b.as_ref()));
     certs.dedup();
     certs
+}
+
+/// The certificates of the PEM bundle `file` (unreadable or malformed
+/// sections skipped, as the system store's loader does): read by
+/// [`pem::certificates`] when it is plain, else by rustls-native-certs.
+fn read_bundle(file: &Path) -> Vec<CertificateDer<'static>> {
+    if let Ok(text) = std::fs::read(file)
+        && let Some(certs) = pem::certificates(&text)
+    {
+        return certs;
+    }
+    rustls_native_certs::load_certs_from_paths(Some(file), None).certs
 }
 
 /// Builds the HTTP client: no redirects (a 3xx is a verdict, PROTOCOL.md

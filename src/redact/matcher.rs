@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use aho_corasick::automaton::Automaton;
 use aho_corasick::nfa::contiguous::NFA as ContiguousNfa;
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, Anchored, BuildError, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, Anchored, BuildError, Input, MatchKind};
 
 /// One pattern, shared by the deduplication set and its level.
 pub(super) type Pattern = Arc<[u8]>;
@@ -52,11 +52,14 @@ pub(super) struct Matcher {
 /// Some of the patterns, compiled.
 struct Level {
     patterns: Vec<Pattern>,
-    /// The overlapping search.
-    automaton: AhoCorasick,
-    /// The same patterns, searched anchored: whether the end of a read may be
-    /// the start of a secret that the next read completes.
-    prefixes: ContiguousNfa,
+    /// One contiguous NFA for both searches: unanchored and overlapping for
+    /// the occurrences, anchored for whether the end of a read may be the
+    /// start of a secret that the next read completes. Not aho-corasick's
+    /// DFA, which it picks for up to 100 patterns: the DFA's build was 56 %
+    /// of the runner's start-up to its first request (the boot secret's
+    /// forms, BENCHMARKS.md "Start-up"), and its faster search buys nothing
+    /// here, where the automaton runs only in the prefilter's windows.
+    automaton: ContiguousNfa,
     /// Bytes that start a pattern of this level.
     first: [bool; 256],
     /// Length in bytes of this level's longest pattern.
@@ -67,10 +70,7 @@ impl Level {
     fn build(patterns: Vec<Pattern>) -> Result<Level, BuildError> {
         // Standard semantics: the only kind that supports an overlapping
         // search, which the union of occurrences needs.
-        let automaton = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::Standard)
-            .build(&patterns)?;
-        let prefixes = aho_corasick::nfa::contiguous::Builder::new()
+        let automaton = aho_corasick::nfa::contiguous::Builder::new()
             .match_kind(MatchKind::Standard)
             .build(&patterns)?;
         let mut first = [false; 256];
@@ -83,9 +83,24 @@ impl Level {
             longest: patterns.iter().map(|p| p.len()).max().unwrap_or(0),
             patterns,
             automaton,
-            prefixes,
             first,
         })
+    }
+
+    /// Whether `hay` holds an occurrence of a pattern of this level.
+    fn is_match(&self, hay: &[u8]) -> bool {
+        // Cannot fail: an unanchored search of an automaton that has both
+        // start states.
+        matches!(self.automaton.try_find(&Input::new(hay)), Ok(Some(_)))
+    }
+
+    /// Every occurrence, overlapping, of a pattern of this level in `hay`,
+    /// as `(start, end)` plus `offset`.
+    fn occurrences(&self, hay: &[u8], offset: usize, out: &mut Vec<(usize, usize)>) {
+        // Cannot fail: standard match semantics and an unanchored search.
+        if let Ok(found) = self.automaton.try_find_overlapping_iter(Input::new(hay)) {
+            out.extend(found.map(|m| (offset + m.start(), offset + m.end())));
+        }
     }
 
     /// Whether `suffix` is the beginning (or the whole) of a pattern here.
@@ -94,7 +109,7 @@ impl Level {
         if suffix.len() > self.longest || !self.first[usize::from(suffix[0])] {
             return Ok(false);
         }
-        let nfa = &self.prefixes;
+        let nfa = &self.automaton;
         let mut sid = nfa.start_state(Anchored::Yes).map_err(|_| ())?;
         Ok(suffix.iter().all(|&b| {
             sid = nfa.next_state(Anchored::Yes, sid, b);
@@ -314,9 +329,7 @@ impl Matcher {
     /// Whether `hay` holds an occurrence of a pattern (raw bytes only).
     pub(super) fn is_match(&self, hay: &[u8]) -> bool {
         self.merged_windows(hay).into_iter().any(|(ws, we)| {
-            self.levels
-                .iter()
-                .any(|l| l.automaton.is_match(&hay[ws..we]))
+            self.levels.iter().any(|l| l.is_match(&hay[ws..we]))
         })
     }
 
@@ -347,12 +360,7 @@ pub(super) fn matches_into(m: &Matcher, hay: &[u8], out: &mut Vec<(usize, usize)
     out.clear();
     for (ws, we) in m.merged_windows(hay) {
         for level in &m.levels {
-            out.extend(
-                level
-                    .automaton
-                    .find_overlapping_iter(&hay[ws..we])
-                    .map(|x| (ws + x.start(), ws + x.end())),
-            );
+            level.occurrences(&hay[ws..we], ws, out);
         }
     }
     out.sort_unstable();
