@@ -304,6 +304,23 @@ impl Redactor {
         Ok(stream.found)
     }
 
+    /// Whether what is parsed out of `bytes` needs no redaction by value:
+    /// `bytes` is output of a [`StreamRedactor`] of this redactor, every byte
+    /// of it decided at `generation` ([`StreamRedactor::generation`]), the
+    /// set has not changed since, and `bytes` holds no `\\`, so each string
+    /// JSON parsing takes out of it (keys and values) is a piece of it, which
+    /// holds no secret where the whole holds none. Also `false` when some
+    /// pattern holds a `[`: the stream does not search its own `[REDACTED]`
+    /// again, the pass by value does. (PROTOCOL.md 4.6: the events are still
+    /// redacted exactly as by value; this only skips a pass that would find
+    /// nothing.)
+    pub fn stream_output_is_final(&self, generation: u64, bytes: &[u8]) -> bool {
+        let (current, matcher) = self.current();
+        current == generation
+            && memchr::memchr(b'\\', bytes).is_none()
+            && matcher.is_none_or(|m| !m.bytes[usize::from(b'[')])
+    }
+
     /// Replaces every secret in the string leaves (and keys) of `value`. Does
     /// not poll the sources (it runs once per event; the caller refreshes once
     /// per batch).
@@ -522,6 +539,14 @@ pub struct StreamRedactor {
 }
 
 impl StreamRedactor {
+    /// The redactor's generation that the last [`StreamRedactor::push`] or
+    /// [`StreamRedactor::finish`] redacted with: every byte either appended
+    /// was decided at it (or, held back from before, at a later one).
+    /// Compared by [`Redactor::stream_output_is_final`].
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Redacts the next read of the stream, appending what is decided to
     /// `out` (possibly nothing yet).
     pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) {

@@ -27,17 +27,29 @@ use crate::wire::ErrorCode;
 /// (redaction of type and data by value, the runner's namespace refused).
 /// `redactor` has had its sources polled for this batch.
 pub fn event_for_line(redactor: &Redactor, stream: Stream, line: &Line) -> AgentEvent {
-    let text = line.text();
+    // Valid UTF-8 only: a lossy decoding is not a piece of the line.
+    let (text, final_) = match std::str::from_utf8(&line.bytes) {
+        Ok(text) => (
+            text.to_owned(),
+            line.redacted_at
+                .is_some_and(|g| redactor.stream_output_is_final(g, &line.bytes)),
+        ),
+        Err(_) => (line.text(), false),
+    };
+    let continued = line.continued;
     match stream {
-        Stream::Stderr => AgentEvent::text(redactor, TextStream::Stderr, text, line.continued),
+        Stream::Stderr => {
+            AgentEvent::text_with(redactor, TextStream::Stderr, text, continued, final_)
+        }
         Stream::Stdout => {
-            if !line.continued
+            if !continued
+                && text.trim_start().starts_with('{')
                 && let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&text)
-                && let Some(event) = AgentEvent::typed(redactor, map)
+                && let Some(event) = AgentEvent::typed_with(redactor, map, final_)
             {
                 return event;
             }
-            AgentEvent::text(redactor, TextStream::Stdout, text, line.continued)
+            AgentEvent::text_with(redactor, TextStream::Stdout, text, continued, final_)
         }
     }
 }
@@ -225,6 +237,7 @@ mod tests {
         Line {
             bytes: text.as_bytes().to_vec(),
             continued: false,
+            redacted_at: None,
         }
     }
 
@@ -253,10 +266,12 @@ mod tests {
         let first = Line {
             bytes: bytes[..MAX_LINE_BYTES].to_vec(),
             continued: false,
+            redacted_at: None,
         };
         let rest = Line {
             bytes: bytes[MAX_LINE_BYTES..].to_vec(),
             continued: true,
+            redacted_at: None,
         };
         assert!(j.push(&first).is_none());
         assert_eq!(j.push(&rest).unwrap()["type"], json!("result"));
@@ -282,6 +297,161 @@ mod tests {
             &line(r#"{"type":"message"}"#),
         );
         assert_eq!(e.kind(), "stderr");
+    }
+
+    /// Each line of `reads` through the runner's stream redaction and
+    /// framing, mapped twice: as the runner maps it (the pass by value
+    /// skipped when the stream's redaction is final) and with the pass by
+    /// value forced. `add` runs after each read (a secret minted while the
+    /// agent prints).
+    fn both_ways(
+        redactor: &Redactor,
+        reads: &[&[u8]],
+        mut add: impl FnMut(usize),
+    ) -> Vec<(AgentEvent, AgentEvent, bool)> {
+        let mut lines = Vec::new();
+        let mut out = crate::process::output::RedactedLines::new(redactor);
+        for (i, read) in reads.iter().enumerate() {
+            out.write(read, |l| lines.push(l));
+            add(i);
+        }
+        out.end(|l| lines.push(l));
+        lines
+            .into_iter()
+            .map(|l| {
+                let fast = event_for_line(redactor, Stream::Stdout, &l);
+                let skipped = l.redacted_at.is_some_and(|g| {
+                    std::str::from_utf8(&l.bytes).is_ok()
+                        && redactor.stream_output_is_final(g, &l.bytes)
+                });
+                let forced = Line {
+                    redacted_at: None,
+                    ..l
+                };
+                (
+                    fast,
+                    event_for_line(redactor, Stream::Stdout, &forced),
+                    skipped,
+                )
+            })
+            .collect()
+    }
+
+    fn secret(r: &Redactor, value: &str) {
+        use crate::redact::SecretKind;
+        r.add(
+            &crate::secret::Secret::new(value.into()),
+            SecretKind::Credential,
+        );
+    }
+
+    #[test]
+    fn a_line_streamed_before_a_secret_was_added_is_redacted_by_value() {
+        let r = Redactor::new();
+        secret(&r, "sk-first-0123456789");
+        let minted = "ghs_minted0123456789abcdef";
+        let line = format!(r#"{{"type":"x","v":"sk-first-0123456789 {minted}"}}"#);
+        let (got, _, skipped) = both_ways(&r, &[line.as_bytes(), b"\n"], |i| {
+            if i == 0 {
+                secret(&r, minted);
+            }
+        })
+        .remove(0);
+        assert!(!skipped, "the set changed after the line's first byte");
+        let text = serde_json::to_string(got.data()).unwrap();
+        assert!(
+            !text.contains(minted) && !text.contains("sk-first"),
+            "{text}"
+        );
+        // The same line streamed after both were known skips the pass.
+        let again = both_ways(&r, &[line.as_bytes(), b"\n"], |_| {});
+        assert!(
+            again[0].2,
+            "nothing changed: the stream's redaction is final"
+        );
+        assert_eq!(again[0].0.data(), got.data());
+    }
+
+    #[test]
+    fn a_secret_that_redaction_itself_spells_is_redacted_by_value() {
+        // The stream writes `[REDACTED]` for the first secret; with `zz..`
+        // after it that spells the second, which only a second pass finds.
+        let r = Redactor::new();
+        secret(&r, "sk-first-0123456789");
+        secret(&r, "[REDACTED]zz-0123456789");
+        let events = both_ways(
+            &r,
+            &[b"{\"type\":\"x\",\"v\":\"sk-first-0123456789zz-0123456789\"}\n"],
+            |_| {},
+        );
+        let (fast, forced, skipped) = &events[0];
+        assert!(!skipped);
+        assert_eq!(fast.data(), forced.data());
+        assert_eq!(fast.data()["v"], "[REDACTED]");
+    }
+
+    proptest::proptest! {
+        /// Whatever the lines hold (JSON or text, escapes, secrets whole,
+        /// escaped or cut across reads) and whenever secrets are added,
+        /// skipping the pass by value changes no event.
+        #[test]
+        fn skipping_the_pass_by_value_changes_no_event(
+            pieces in proptest::collection::vec((0usize..8, 0usize..4), 1..40),
+            cuts in proptest::collection::vec(1usize..64, 1..12),
+            late in proptest::option::of(0usize..12),
+        ) {
+            const SECRETS: [&str; 4] = [
+                "sk-0123456789abcdef",
+                "ghs_AbCdEf0123456789",
+                "pa\"ss word/é-0123",
+                "token-late-987654321",
+            ];
+            let r = Redactor::new();
+            for s in &SECRETS[..3] {
+                secret(&r, s);
+            }
+            let mut text = String::new();
+            for (kind, which) in pieces {
+                let value = SECRETS[which];
+                let quoted = serde_json::to_string(value).unwrap();
+                text.push_str(match kind {
+                    0 => "plain words ",
+                    1 => r#"{"type":"message","text":""#,
+                    2 => r#""}"#,
+                    3 => "\n",
+                    4 => r"\u0073k-",
+                    5 => " {\"type\":\"t\",\"k\":",
+                    6 => value,
+                    _ => &quoted[1..quoted.len() - 1],
+                });
+                if kind == 5 {
+                    text.push_str(&quoted);
+                    text.push_str("}\n");
+                }
+            }
+            let bytes = text.as_bytes();
+            let mut reads = Vec::new();
+            let mut at = 0;
+            for (i, cut) in cuts.iter().cycle().enumerate() {
+                if at >= bytes.len() || i > 400 {
+                    break;
+                }
+                let end = (at + cut).min(bytes.len());
+                reads.push(&bytes[at..end]);
+                at = end;
+            }
+            if at < bytes.len() {
+                reads.push(&bytes[at..]);
+            }
+            for (fast, forced, _) in both_ways(&r, &reads, |i| {
+                if Some(i) == late {
+                    secret(&r, SECRETS[3]);
+                }
+            }) {
+                proptest::prop_assert_eq!(fast.kind(), forced.kind());
+                proptest::prop_assert_eq!(fast.data(), forced.data());
+            }
+        }
     }
 
     fn spooled(path: &std::path::Path) -> Vec<Value> {

@@ -111,13 +111,28 @@ impl AgentEvent {
     /// `type` (the caller sends the line as text). A refused type makes an
     /// `output` event of the object.
     pub fn typed(redactor: &Redactor, object: Map<String, Value>) -> Option<AgentEvent> {
+        Self::typed_with(redactor, object, false)
+    }
+
+    /// [`AgentEvent::typed`] for an `object` parsed from a line of which
+    /// [`Redactor::stream_output_is_final`] said `final_` (`true`: the pass
+    /// by value, which would find nothing, is skipped).
+    pub fn typed_with(
+        redactor: &Redactor,
+        object: Map<String, Value>,
+        final_: bool,
+    ) -> Option<AgentEvent> {
         let kind = match object.get("type") {
             Some(Value::String(kind)) => kind.clone(),
             _ => return None,
         };
-        Some(Self::build(redactor, kind, Value::Object(object), |data| {
-            data
-        }))
+        Some(Self::build(
+            redactor,
+            kind,
+            Value::Object(object),
+            |data| data,
+            final_,
+        ))
     }
 
     /// An event of type `kind` with payload `data` taken from a larger
@@ -130,7 +145,7 @@ impl AgentEvent {
         data: Value,
         message: impl FnOnce() -> Value,
     ) -> AgentEvent {
-        Self::build(redactor, kind, data, |_| message())
+        Self::build(redactor, kind, data, |_| message(), false)
     }
 
     /// A line of the agent's text: `{"text": text}` (with `"continued":
@@ -142,6 +157,19 @@ impl AgentEvent {
         text: String,
         continued: bool,
     ) -> AgentEvent {
+        Self::text_with(redactor, stream, text, continued, false)
+    }
+
+    /// [`AgentEvent::text`] for the text of a line of which
+    /// [`Redactor::stream_output_is_final`] said `final_` (`true`: the pass
+    /// by value, which would find nothing, is skipped).
+    pub fn text_with(
+        redactor: &Redactor,
+        stream: TextStream,
+        text: String,
+        continued: bool,
+        final_: bool,
+    ) -> AgentEvent {
         let kind = match stream {
             TextStream::Stdout => OUTPUT,
             TextStream::Stderr => STDERR,
@@ -151,7 +179,9 @@ impl AgentEvent {
         } else {
             json!({"text": text})
         };
-        redactor.redact_value(&mut data);
+        if !final_ {
+            redactor.redact_value(&mut data);
+        }
         AgentEvent {
             kind: kind.to_string(),
             data,
@@ -160,16 +190,22 @@ impl AgentEvent {
 
     /// The one rule (PROTOCOL.md 4.6): refuse an empty or reserved type
     /// (then the event is `output` with the message as text), redact the
-    /// type and the data by value.
+    /// type and the data by value (unless `final_`, see
+    /// [`AgentEvent::typed_with`]).
     fn build(
         redactor: &Redactor,
         kind: String,
         data: Value,
         message: impl FnOnce(Value) -> Value,
+        final_: bool,
     ) -> AgentEvent {
         if kind.is_empty() || is_reserved(&kind) {
+            // Serializing adds escapes the line did not have: by value.
             let text = message(data).to_string();
             return Self::text(redactor, TextStream::Stdout, text, false);
+        }
+        if final_ {
+            return AgentEvent { kind, data };
         }
         let mut kind = Value::String(kind);
         redactor.redact_value(&mut kind);

@@ -7,14 +7,20 @@
 /// Longest line handed on in one piece (1 MiB).
 pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 
-/// One framed line: its bytes without the newline, and whether it continues
-/// a line that was cut at the cap.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One framed line: its bytes without the newline, whether it continues
+/// a line that was cut at the cap, and the redactor generation its bytes
+/// were stream-redacted at.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Line {
     /// The bytes, without `\n` (and without a trailing `\r`).
     pub bytes: Vec<u8>,
     /// `true` for the second and later pieces of an over-long line.
     pub continued: bool,
+    /// The generation of the redactor ([`crate::redact::StreamRedactor::generation`])
+    /// at which the stream decided this line's first byte, so every byte
+    /// of it at that generation or a later one; `None` when the framer was
+    /// not told (the line is then redacted by value as any other).
+    pub redacted_at: Option<u64>,
 }
 
 impl Line {
@@ -30,6 +36,10 @@ pub struct LineFramer {
     max: usize,
     current: Vec<u8>,
     continued: bool,
+    /// What the next [`LineFramer::push`]'s bytes were redacted at.
+    redacted_at: Option<u64>,
+    /// What the current line's first byte was redacted at.
+    started_at: Option<u64>,
 }
 
 impl LineFramer {
@@ -40,13 +50,25 @@ impl LineFramer {
             max: max.max(4),
             current: Vec::new(),
             continued: false,
+            redacted_at: None,
+            started_at: None,
         }
+    }
+
+    /// The redactor generation the bytes of the next pushes were stream-
+    /// redacted at (see [`Line::redacted_at`]): a line takes the one of
+    /// the push that brought its first byte, the oldest of its bytes'.
+    pub fn set_redacted_at(&mut self, generation: u64) {
+        self.redacted_at = Some(generation);
     }
 
     /// Frames the next bytes of the stream, handing each complete line (or
     /// piece of an over-long one) to `on_line`.
     pub fn push(&mut self, mut input: &[u8], on_line: &mut impl FnMut(Line)) {
         while !input.is_empty() {
+            if self.current.is_empty() && self.started_at.is_none() {
+                self.started_at = self.redacted_at;
+            }
             let (take, newline) = match memchr::memchr(b'\n', input) {
                 Some(i) => (i, true),
                 None => (input.len(), false),
@@ -60,8 +82,11 @@ impl LineFramer {
                 input = &input[room..];
                 let keep = utf8_cut(&self.current);
                 let carry = self.current.split_off(keep);
+                // The carry came no earlier than the piece's first byte.
+                let started_at = self.started_at;
                 self.emit(on_line);
                 self.current = carry;
+                self.started_at = started_at;
                 self.continued = true;
                 continue;
             }
@@ -85,6 +110,7 @@ impl LineFramer {
             self.emit(on_line);
         }
         self.continued = false;
+        self.started_at = None;
     }
 
     fn emit(&mut self, on_line: &mut impl FnMut(Line)) {
@@ -92,6 +118,7 @@ impl LineFramer {
         on_line(Line {
             bytes,
             continued: self.continued,
+            redacted_at: self.started_at.take(),
         });
     }
 }

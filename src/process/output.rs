@@ -92,6 +92,7 @@ impl RedactedLines {
             return;
         }
         self.redactor.push(bytes, &mut self.redacted);
+        self.framer.set_redacted_at(self.redactor.generation());
         self.framer.push(&self.redacted, &mut on_line);
         self.clear();
     }
@@ -104,6 +105,7 @@ impl RedactedLines {
         }
         self.ended = true;
         self.redactor.finish(&mut self.redacted);
+        self.framer.set_redacted_at(self.redactor.generation());
         self.framer.push(&self.redacted, &mut on_line);
         self.framer.finish(&mut on_line);
         self.clear();

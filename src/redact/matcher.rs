@@ -328,9 +328,9 @@ impl Matcher {
 
     /// Whether `hay` holds an occurrence of a pattern (raw bytes only).
     pub(super) fn is_match(&self, hay: &[u8]) -> bool {
-        self.merged_windows(hay).into_iter().any(|(ws, we)| {
-            self.levels.iter().any(|l| l.is_match(&hay[ws..we]))
-        })
+        self.merged_windows(hay)
+            .into_iter()
+            .any(|(ws, we)| self.levels.iter().any(|l| l.is_match(&hay[ws..we])))
     }
 
     /// Length of the longest suffix of `buf` (shorter than the longest

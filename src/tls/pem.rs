@@ -55,10 +55,7 @@ pub(super) fn certificates(pem: &[u8]) -> Option<Vec<CertificateDer<'static>>> {
                 }
                 // A subset of the whitespace rustls-pki-types skips (it
                 // also skips \x0b and \x0c, which fail here: its reader).
-                b64.extend(
-                    line.iter()
-                        .filter(|&&b| !matches!(b, b' ' | b'\t' | b'\r')),
-                );
+                b64.extend(line.iter().filter(|&&b| !matches!(b, b' ' | b'\t' | b'\r')));
                 if b64.len() > MAX_SECTION {
                     return None;
                 }
@@ -142,7 +139,9 @@ mod tests {
         let good = bundle("\n", "");
         let cases = [
             format!("{good}-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n"),
-            format!("{good}-----BEGIN TRUSTED CERTIFICATE-----\nAAAA\n-----END TRUSTED CERTIFICATE-----\n"),
+            format!(
+                "{good}-----BEGIN TRUSTED CERTIFICATE-----\nAAAA\n-----END TRUSTED CERTIFICATE-----\n"
+            ),
             format!("{good}-----BEGIN CERTIFICATE-----\nAAAA\n"),
             format!("{good}-----BEGIN CERTIFICATE-----\nA!AA\n-----END CERTIFICATE-----\n"),
             format!("{good}-----BEGIN CERTIFICATE-----\nAA\x0bAA\n-----END CERTIFICATE-----\n"),
