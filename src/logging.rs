@@ -36,6 +36,10 @@ pub fn no_color() -> bool {
     std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
 }
 
+/// Log lines queued for stderr before a logging call waits for the writer
+/// thread.
+const LOG_QUEUE_LINES: usize = 1024;
+
 /// Installs the global subscriber. `format` defaults to text on a terminal
 /// and JSON otherwise. Calling it twice is harmless (the second is ignored
 /// and returns no guard).
@@ -53,9 +57,14 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
     } else {
         LogFormat::Json
     });
+    // The queue's every slot is written when it is made (crossbeam's
+    // bounded channel): 16,384 lines were 512 KiB of the runner's resident
+    // memory and a fifth of its page faults before the first request
+    // (BENCHMARKS.md, "Start-up"). The runner logs a few dozen lines a
+    // turn; a full queue waits for stderr (`lossy(false)`), it drops none.
     let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
-        .buffered_lines_limit(16 * 1024)
+        .buffered_lines_limit(LOG_QUEUE_LINES)
         .finish(crate::status_line::LogWriter);
     let writer = RedactingMakeWriter { redactor, stderr };
     let builder = tracing_subscriber::fmt()

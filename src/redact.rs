@@ -93,6 +93,9 @@ struct Shared {
     /// Bumped each time the matcher changes; lets a [`StreamRedactor`] keep
     /// its copy without taking the lock on every read.
     generation: AtomicU64,
+    /// Whether some pattern holds a `[` (see
+    /// [`Redactor::stream_output_is_final`]); only ever set.
+    bracket: std::sync::atomic::AtomicBool,
     sources: Mutex<Vec<SecretSource>>,
 }
 
@@ -109,7 +112,8 @@ struct State {
 impl State {
     /// Adds the `forms` not yet held, as a new level of the matcher (see
     /// [`matcher`]). `what` names the values in the error.
-    fn insert(&mut self, forms: Vec<Vec<u8>>, generation: &AtomicU64, what: &str) {
+    fn insert(&mut self, forms: Vec<Vec<u8>>, shared: &Shared, what: &str) {
+        let generation = &shared.generation;
         let mut fresh: Vec<Pattern> = Vec::new();
         for form in forms {
             let form: Pattern = form.into();
@@ -123,6 +127,9 @@ impl State {
         }
         match Matcher::extended(self.matcher.as_deref(), fresh.clone()) {
             Ok((matcher, compiled)) => {
+                if fresh.iter().any(|p| p.contains(&b'[')) {
+                    shared.bracket.store(true, Ordering::SeqCst);
+                }
                 self.matcher = Some(Arc::new(matcher));
                 self.compiled += compiled;
                 generation.fetch_add(1, Ordering::SeqCst);
@@ -185,7 +192,7 @@ impl Redactor {
             return false;
         }
         let mut state = crate::sync::write(&self.shared.state);
-        state.insert(value_forms(value), &self.shared.generation, "secret is");
+        state.insert(value_forms(value), &self.shared, "secret is");
         true
     }
 
@@ -208,7 +215,7 @@ impl Redactor {
             added.push(true);
         }
         let mut state = crate::sync::write(&self.shared.state);
-        state.insert(forms, &self.shared.generation, "secrets are");
+        state.insert(forms, &self.shared, "secrets are");
         added
     }
 
@@ -315,10 +322,12 @@ impl Redactor {
     /// redacted exactly as by value; this only skips a pass that would find
     /// nothing.)
     pub fn stream_output_is_final(&self, generation: u64, bytes: &[u8]) -> bool {
-        let (current, matcher) = self.current();
-        current == generation
+        // Atomics only, no lock: this runs once per line. The flag is set
+        // before the generation moves, so an older generation's answer is
+        // never mixed with a newer set's flag that it needs.
+        self.shared.generation.load(Ordering::SeqCst) == generation
+            && !self.shared.bracket.load(Ordering::SeqCst)
             && memchr::memchr(b'\\', bytes).is_none()
-            && matcher.is_none_or(|m| !m.bytes[usize::from(b'[')])
     }
 
     /// Replaces every secret in the string leaves (and keys) of `value`. Does

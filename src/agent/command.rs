@@ -27,16 +27,21 @@ use crate::wire::ErrorCode;
 /// (redaction of type and data by value, the runner's namespace refused).
 /// `redactor` has had its sources polled for this batch.
 pub fn event_for_line(redactor: &Redactor, stream: Stream, line: &Line) -> AgentEvent {
-    // Valid UTF-8 only: a lossy decoding is not a piece of the line.
-    let (text, final_) = match std::str::from_utf8(&line.bytes) {
-        Ok(text) => (
-            text.to_owned(),
-            line.redacted_at
-                .is_some_and(|g| redactor.stream_output_is_final(g, &line.bytes)),
-        ),
-        Err(_) => (line.text(), false),
-    };
+    event_for_owned_line(redactor, stream, line.clone())
+}
+
+/// [`event_for_line`] taking the line, whose bytes become the event's text
+/// without a copy when they are UTF-8.
+pub fn event_for_owned_line(redactor: &Redactor, stream: Stream, line: Line) -> AgentEvent {
+    let final_ = line
+        .redacted_at
+        .is_some_and(|g| redactor.stream_output_is_final(g, &line.bytes));
     let continued = line.continued;
+    // Valid UTF-8 only: a lossy decoding is not a piece of the line.
+    let (text, final_) = match String::from_utf8(line.bytes) {
+        Ok(text) => (text, final_),
+        Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), false),
+    };
     match stream {
         Stream::Stderr => {
             AgentEvent::text_with(redactor, TextStream::Stderr, text, continued, final_)
@@ -158,10 +163,10 @@ pub async fn lines_to_events(
     let mut batch = Vec::with_capacity(LINE_BATCH);
     while let Some((stream, line)) = lines.recv().await {
         let redactor = events.fresh_redactor();
-        batch.push(event_for_line(redactor, stream, &line));
+        batch.push(event_for_owned_line(redactor, stream, line));
         while batch.len() < LINE_BATCH {
             match lines.try_recv() {
-                Some((stream, line)) => batch.push(event_for_line(redactor, stream, &line)),
+                Some((stream, line)) => batch.push(event_for_owned_line(redactor, stream, line)),
                 None => break,
             }
         }

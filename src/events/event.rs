@@ -91,7 +91,9 @@ fn is_default_ignorable(c: char) -> bool {
 /// ([`super::EventSender::fresh_redactor`] does).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentEvent {
-    kind: String,
+    /// Borrowed for the runner's own `output` and `stderr` (no allocation
+    /// per line of text).
+    kind: std::borrow::Cow<'static, str>,
     data: Value,
 }
 
@@ -183,7 +185,7 @@ impl AgentEvent {
             redactor.redact_value(&mut data);
         }
         AgentEvent {
-            kind: kind.to_string(),
+            kind: kind.into(),
             data,
         }
     }
@@ -205,7 +207,10 @@ impl AgentEvent {
             return Self::text(redactor, TextStream::Stdout, text, false);
         }
         if final_ {
-            return AgentEvent { kind, data };
+            return AgentEvent {
+                kind: kind.into(),
+                data,
+            };
         }
         let mut kind = Value::String(kind);
         redactor.redact_value(&mut kind);
@@ -214,7 +219,10 @@ impl AgentEvent {
         };
         let mut data = data;
         redactor.redact_value(&mut data);
-        AgentEvent { kind, data }
+        AgentEvent {
+            kind: kind.into(),
+            data,
+        }
     }
 
     /// The event's type.

@@ -30,12 +30,17 @@ const MAX_SECTION: usize = 64 * 1024;
 pub(super) fn certificates(pem: &[u8]) -> Option<Vec<CertificateDer<'static>>> {
     let mut certs = Vec::new();
     let mut body: Option<Vec<u8>> = None;
-    for line in pem.split(|&b| b == b'\n') {
-        let marker = line.trim_ascii_end();
+    let mut rest = pem;
+    while !rest.is_empty() {
+        let (line, next) = match memchr::memchr(b'\n', rest) {
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, &rest[rest.len()..]),
+        };
+        rest = next;
         match &mut body {
             None => {
                 if line.starts_with(b"-----BEGIN ") {
-                    if marker != BEGIN {
+                    if line.trim_ascii_end() != BEGIN {
                         return None;
                     }
                     body = Some(Vec::with_capacity(2048));
@@ -43,7 +48,7 @@ pub(super) fn certificates(pem: &[u8]) -> Option<Vec<CertificateDer<'static>>> {
             }
             Some(b64) => {
                 if line.starts_with(b"-----") {
-                    if marker != END {
+                    if line.trim_ascii_end() != END {
                         return None;
                     }
                     let der = base64::engine::general_purpose::STANDARD
@@ -55,7 +60,13 @@ pub(super) fn certificates(pem: &[u8]) -> Option<Vec<CertificateDer<'static>>> {
                 }
                 // A subset of the whitespace rustls-pki-types skips (it
                 // also skips \x0b and \x0c, which fail here: its reader).
-                b64.extend(line.iter().filter(|&&b| !matches!(b, b' ' | b'\t' | b'\r')));
+                // A bundle's lines have none but a `\r` at the end.
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                if memchr::memchr3(b' ', b'\t', b'\r', line).is_none() {
+                    b64.extend_from_slice(line);
+                } else {
+                    b64.extend(line.iter().filter(|&&b| !matches!(b, b' ' | b'\t' | b'\r')));
+                }
                 if b64.len() > MAX_SECTION {
                     return None;
                 }
