@@ -52,14 +52,17 @@ pub(super) struct Matcher {
 /// Some of the patterns, compiled.
 struct Level {
     patterns: Vec<Pattern>,
-    /// One contiguous NFA for both searches: unanchored and overlapping for
-    /// the occurrences, anchored for whether the end of a read may be the
-    /// start of a secret that the next read completes. Not aho-corasick's
-    /// DFA, which it picks for up to 100 patterns: the DFA's build was 56 %
-    /// of the runner's start-up to its first request (the boot secret's
-    /// forms, BENCHMARKS.md "Start-up"), and its faster search buys nothing
-    /// here, where the automaton runs only in the prefilter's windows.
+    /// A contiguous NFA, searched anchored: whether the end of a read may
+    /// be the start of a secret that the next read completes; and, in a
+    /// fresh level, also the overlapping search for the occurrences.
     automaton: ContiguousNfa,
+    /// The overlapping search of a merged level: aho-corasick's choice (a
+    /// DFA up to 100 patterns), faster than the NFA (the drive path's JSON
+    /// events ~1.4x, BENCHMARKS.md) but slower to build. A fresh level (one
+    /// addition's patterns) has none: the DFA's build for the boot secret's
+    /// forms was 56 % of the runner's start-up to its first request
+    /// (BENCHMARKS.md "Start-up"); it is built when the level is merged.
+    merged: Option<AhoCorasick>,
     /// Bytes that start a pattern of this level.
     first: [bool; 256],
     /// Length in bytes of this level's longest pattern.
@@ -67,12 +70,22 @@ struct Level {
 }
 
 impl Level {
-    fn build(patterns: Vec<Pattern>) -> Result<Level, BuildError> {
+    /// `merged`: the patterns of two levels (see [`Level::merged`]).
+    fn build(patterns: Vec<Pattern>, merged: bool) -> Result<Level, BuildError> {
         // Standard semantics: the only kind that supports an overlapping
         // search, which the union of occurrences needs.
         let automaton = aho_corasick::nfa::contiguous::Builder::new()
             .match_kind(MatchKind::Standard)
             .build(&patterns)?;
+        let merged = if merged {
+            Some(
+                AhoCorasickBuilder::new()
+                    .match_kind(MatchKind::Standard)
+                    .build(&patterns)?,
+            )
+        } else {
+            None
+        };
         let mut first = [false; 256];
         for p in &patterns {
             if let Some(&b) = p.first() {
@@ -83,12 +96,16 @@ impl Level {
             longest: patterns.iter().map(|p| p.len()).max().unwrap_or(0),
             patterns,
             automaton,
+            merged,
             first,
         })
     }
 
     /// Whether `hay` holds an occurrence of a pattern of this level.
     fn is_match(&self, hay: &[u8]) -> bool {
+        if let Some(ac) = &self.merged {
+            return ac.is_match(hay);
+        }
         // Cannot fail: an unanchored search of an automaton that has both
         // start states.
         matches!(self.automaton.try_find(&Input::new(hay)), Ok(Some(_)))
@@ -97,6 +114,13 @@ impl Level {
     /// Every occurrence, overlapping, of a pattern of this level in `hay`,
     /// as `(start, end)` plus `offset`.
     fn occurrences(&self, hay: &[u8], offset: usize, out: &mut Vec<(usize, usize)>) {
+        if let Some(ac) = &self.merged {
+            out.extend(
+                ac.find_overlapping_iter(hay)
+                    .map(|m| (offset + m.start(), offset + m.end())),
+            );
+            return;
+        }
         // Cannot fail: standard match semantics and an unanchored search.
         if let Ok(found) = self.automaton.try_find_overlapping_iter(Input::new(hay)) {
             out.extend(found.map(|m| (offset + m.start(), offset + m.end())));
@@ -267,7 +291,7 @@ impl Matcher {
         }
         let longest = longest.max(patterns.iter().map(|p| p.len()).max().unwrap_or(0));
         let mut compiled = patterns.len();
-        levels.push(Arc::new(Level::build(patterns)?));
+        levels.push(Arc::new(Level::build(patterns, false)?));
         while let [.., before, last] = levels.as_slice()
             && before.patterns.len() < 2 * last.patterns.len()
         {
@@ -278,7 +302,7 @@ impl Matcher {
                 .cloned()
                 .collect();
             let size = merged.len();
-            match Level::build(merged) {
+            match Level::build(merged, true) {
                 Ok(level) => {
                     levels.truncate(levels.len() - 2);
                     levels.push(Arc::new(level));
