@@ -6,8 +6,9 @@
 //! written by the thread that logs: a reader that stops draining stderr
 //! (a stalled log pipeline, a test that reads at the end) must not freeze
 //! the runtime's workers, and with them the interrupt watch and the turn.
-//! The buffer holds 16k lines (its slots are allocated up front, so it is
-//! kept small); beyond that logging waits rather than dropping lines.
+//! The buffer holds 4,096 lines (its slots are written when it is made, so
+//! it is kept small: about a hundred turns of the runner's own lines);
+//! beyond that logging waits rather than dropping lines.
 
 use std::io::{self, IsTerminal, Write};
 
@@ -38,7 +39,7 @@ pub fn no_color() -> bool {
 
 /// Log lines queued for stderr before a logging call waits for the writer
 /// thread.
-const LOG_QUEUE_LINES: usize = 1024;
+const LOG_QUEUE_LINES: usize = 4096;
 
 /// Installs the global subscriber. `format` defaults to text on a terminal
 /// and JSON otherwise. Calling it twice is harmless (the second is ignored
@@ -58,10 +59,11 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
         LogFormat::Json
     });
     // The queue's every slot is written when it is made (crossbeam's
-    // bounded channel): 16,384 lines were 512 KiB of the runner's resident
-    // memory and a fifth of its page faults before the first request
-    // (BENCHMARKS.md, "Start-up"). The runner logs a few dozen lines a
-    // turn; a full queue waits for stderr (`lossy(false)`), it drops none.
+    // bounded channel, 32 bytes a line): 16,384 lines were 512 KiB of the
+    // runner's resident memory and 128 of its ~650 page faults before the
+    // first request (BENCHMARKS.md, "Start-up"); 4,096 are 128 KiB. The
+    // runner logs a few dozen lines a turn; a full queue waits for stderr
+    // (`lossy(false)`), it drops none.
     let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
         .buffered_lines_limit(LOG_QUEUE_LINES)

@@ -93,8 +93,9 @@ struct Shared {
     /// Bumped each time the matcher changes; lets a [`StreamRedactor`] keep
     /// its copy without taking the lock on every read.
     generation: AtomicU64,
-    /// Whether some pattern holds a `[` (see
-    /// [`Redactor::stream_output_is_final`]); only ever set.
+    /// Whether some pattern could be spelled partly by a `[REDACTED]`
+    /// ([`overlaps_marker`], see [`Redactor::stream_output_is_final`]);
+    /// only ever set.
     bracket: std::sync::atomic::AtomicBool,
     sources: Mutex<Vec<SecretSource>>,
 }
@@ -107,6 +108,38 @@ struct State {
     /// Patterns compiled into automata since the redactor was made (the
     /// cost of the additions; the tests bound it).
     compiled: usize,
+}
+
+/// A generation no redactor of this process had: a [`Line`] stamped by one
+/// redactor's stream never passes another's
+/// [`Redactor::stream_output_is_final`].
+///
+/// [`Line`]: crate::process::lines::Line
+fn next_generation() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::SeqCst)
+}
+
+/// Whether `pattern` could be spelled partly by a `[REDACTED]` the stream
+/// wrote: it holds a `[` or a `]` (a prefix or suffix of the marker), or
+/// is a piece of the marker. Then only the pass by value finds it.
+fn overlaps_marker(pattern: &[u8]) -> bool {
+    pattern.iter().any(|&b| b == b'[' || b == b']')
+        || REDACTED
+            .as_bytes()
+            .windows(pattern.len().max(1))
+            .any(|w| w == pattern)
+}
+
+impl Shared {
+    /// Called before the write lock is taken to add secrets: a line stamped
+    /// with the generation before is no longer final
+    /// ([`Redactor::stream_output_is_final`]) from here on, so its pass by
+    /// value waits on the lock for the new set, as it did before the pass
+    /// could be skipped (a break-it review's race).
+    fn adding(&self) {
+        self.generation.store(next_generation(), Ordering::SeqCst);
+    }
 }
 
 impl State {
@@ -127,12 +160,12 @@ impl State {
         }
         match Matcher::extended(self.matcher.as_deref(), fresh.clone()) {
             Ok((matcher, compiled)) => {
-                if fresh.iter().any(|p| p.contains(&b'[')) {
+                if fresh.iter().any(|p| overlaps_marker(p)) {
                     shared.bracket.store(true, Ordering::SeqCst);
                 }
                 self.matcher = Some(Arc::new(matcher));
                 self.compiled += compiled;
-                generation.fetch_add(1, Ordering::SeqCst);
+                generation.store(next_generation(), Ordering::SeqCst);
             }
             Err(e) => {
                 // Only a pattern set beyond the crate's size limits gets
@@ -191,6 +224,7 @@ impl Redactor {
         if value.is_empty() || (kind == SecretKind::Configured && value.len() < MIN_REDACTED_LEN) {
             return false;
         }
+        self.shared.adding();
         let mut state = crate::sync::write(&self.shared.state);
         state.insert(value_forms(value), &self.shared, "secret is");
         true
@@ -214,6 +248,7 @@ impl Redactor {
             forms.extend(value_forms(value));
             added.push(true);
         }
+        self.shared.adding();
         let mut state = crate::sync::write(&self.shared.state);
         state.insert(forms, &self.shared, "secrets are");
         added
@@ -236,7 +271,13 @@ impl Redactor {
         REFRESHING.with(|r| r.set(true));
         let fresh: Vec<Secret> = {
             let mut sources = crate::sync::lock(&self.shared.sources);
-            sources.iter_mut().flat_map(|s| s()).collect()
+            let fresh: Vec<Secret> = sources.iter_mut().flat_map(|s| s()).collect();
+            if !fresh.is_empty() {
+                // Before the values are added: a line another stream
+                // stamped meanwhile is redacted by value.
+                self.shared.adding();
+            }
+            fresh
         };
         for secret in &fresh {
             self.add(secret, SecretKind::Credential);
@@ -317,8 +358,10 @@ impl Redactor {
     /// set has not changed since, and `bytes` holds no `\\`, so each string
     /// JSON parsing takes out of it (keys and values) is a piece of it, which
     /// holds no secret where the whole holds none. Also `false` when some
-    /// pattern holds a `[`: the stream does not search its own `[REDACTED]`
-    /// again, the pass by value does. (PROTOCOL.md 4.6: the events are still
+    /// pattern holds a `[` or `]` or is a piece of `[REDACTED]`: the stream
+    /// does not search its own `[REDACTED]` again, the pass by value does.
+    /// Generations are unique in the process, so a line of another
+    /// redactor's stream is never final here. (PROTOCOL.md 4.6: the events are still
     /// redacted exactly as by value; this only skips a pass that would find
     /// nothing.)
     pub fn stream_output_is_final(&self, generation: u64, bytes: &[u8]) -> bool {
@@ -663,6 +706,39 @@ impl StreamRedactor {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_line_is_not_final_while_a_secret_is_being_added() {
+        // A break-it review's race: the set is being built on another
+        // thread (write lock held) when the event of a line streamed
+        // before is built; the pass by value must wait for the new set.
+        let r = r(&["sk-first-0123456789"]);
+        let line = b"{\"type\":\"x\",\"v\":\"ghs_minted0123456789abcdef\"}\n";
+        let mut s = r.stream();
+        let mut out = Vec::new();
+        s.push(line, &mut out);
+        let at = s.generation();
+        assert!(r.stream_output_is_final(at, &out));
+        let adder = r.clone();
+        let adding = std::thread::spawn(move || {
+            let mut many: Vec<Secret> = (0..20_000)
+                .map(|i| Secret::new(format!("filler-secret-{i:08}-xyz")))
+                .collect();
+            many.push(Secret::new("ghs_minted0123456789abcdef".into()));
+            let refs: Vec<&Secret> = many.iter().collect();
+            adder.add_many(&refs, SecretKind::Credential);
+        });
+        while r.shared.state.try_read().is_ok() && !adding.is_finished() {
+            std::hint::spin_loop();
+        }
+        assert!(!r.stream_output_is_final(at, &out));
+        adding.join().unwrap();
+        assert!(!r.stream_output_is_final(at, &out));
+        // Another redactor's stream, at a generation equal in number to
+        // nothing here, is never final for this one.
+        let other = Redactor::new();
+        assert!(!other.stream_output_is_final(at, &out));
+    }
 
     fn r(values: &[&str]) -> Redactor {
         let r = Redactor::new();

@@ -395,6 +395,26 @@ mod tests {
         assert_eq!(fast.data()["v"], "[REDACTED]");
     }
 
+    #[test]
+    fn secrets_the_marker_helps_spell_are_redacted_by_value() {
+        // A break-it review's cases: a secret starting with the marker's
+        // tail (`CTED]...`), and one inside it (`REDACTED`).
+        for (second, read) in [
+            (
+                "CTED]tail-abcdef",
+                &b"{\"type\":\"x\",\"v\":\"sk-first-0123456789tail-abcdef\"}\n"[..],
+            ),
+            ("REDACTED", &b"plain sk-first-0123456789 text\n"[..]),
+        ] {
+            let r = Redactor::new();
+            secret(&r, "sk-first-0123456789");
+            secret(&r, second);
+            let (fast, forced, skipped) = both_ways(&r, &[read], |_| {}).remove(0);
+            assert!(!skipped, "{second}");
+            assert_eq!(fast.data(), forced.data(), "{second}");
+        }
+    }
+
     proptest::proptest! {
         /// Whatever the lines hold (JSON or text, escapes, secrets whole,
         /// escaped or cut across reads) and whenever secrets are added,

@@ -401,7 +401,9 @@ async fn run_once(
     let spawn = spawn_spec(input, &launch, env, wired.stdin);
     // Bytes are redacted as a stream before lines are cut (a secret split
     // across reads or across the 1 MiB cut is still found), then the lines
-    // go to the adapter, whose events are redacted again as values.
+    // go to the adapter, whose events are redacted again as values (unless
+    // the stream's redaction of the line is final, see
+    // `Redactor::stream_output_is_final`).
     // The factory owns the callback: when the supervisor returns, every
     // sender of the adapter's lines is gone and the adapter sees the end.
     let redactor = input.redactor.clone();

@@ -4,7 +4,8 @@
 //! framing, and the lines go to a sink: [`ChannelSink`] hands them to the
 //! adapter's task (`agent::drive`; for `command`,
 //! `agent::command::lines_to_events` maps each line to an event, which is
-//! redacted again by value, and appends the batch to the run's spool in one
+//! redacted again by value unless the stream's redaction of it is final,
+//! `Redactor::stream_output_is_final`, and appends the batch to the run's spool in one
 //! write), [`LineSink`] to a callback (`hosted-boot supervise`).
 //!
 //! Nothing here waits for the coordinator: the reader keeps draining the

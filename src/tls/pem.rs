@@ -21,6 +21,16 @@ const END: &[u8] = b"-----END CERTIFICATE-----";
 /// one is rustls-pki-types' to refuse. No root certificate comes near it.
 const MAX_SECTION: usize = 64 * 1024;
 
+/// A marker line without the trailing spaces and `\r` rustls-pki-types
+/// also ignores there (not a tab or a form feed, which it refuses).
+fn marker(line: &[u8]) -> &[u8] {
+    let end = line
+        .iter()
+        .rposition(|&b| b != b' ' && b != b'\r')
+        .map_or(0, |i| i + 1);
+    &line[..end]
+}
+
 /// The certificates (DER, in file order) of the PEM bundle `pem`, when
 /// every line of it that begins `-----BEGIN ` opens a `CERTIFICATE` section
 /// that a `-----END CERTIFICATE-----` line closes and whose body is
@@ -28,6 +38,11 @@ const MAX_SECTION: usize = 64 * 1024;
 /// sections is ignored, as rustls-pki-types ignores it. `None` for any
 /// other file: the caller reads it with rustls-pki-types instead.
 pub(super) fn certificates(pem: &[u8]) -> Option<Vec<CertificateDer<'static>>> {
+    // rustls-pki-types also ends a line at a `\r`: only `\r\n` is read
+    // here, a lone `\r` is its reader's.
+    if memchr::memchr_iter(b'\r', pem).any(|i| pem.get(i + 1) != Some(&b'\n')) {
+        return None;
+    }
     let mut certs = Vec::new();
     let mut body: Option<Vec<u8>> = None;
     let mut rest = pem;
@@ -40,7 +55,7 @@ pub(super) fn certificates(pem: &[u8]) -> Option<Vec<CertificateDer<'static>>> {
         match &mut body {
             None => {
                 if line.starts_with(b"-----BEGIN ") {
-                    if line.trim_ascii_end() != BEGIN {
+                    if marker(line) != BEGIN {
                         return None;
                     }
                     body = Some(Vec::with_capacity(2048));
@@ -48,7 +63,7 @@ pub(super) fn certificates(pem: &[u8]) -> Option<Vec<CertificateDer<'static>>> {
             }
             Some(b64) => {
                 if line.starts_with(b"-----") {
-                    if line.trim_ascii_end() != END {
+                    if marker(line) != END {
                         return None;
                     }
                     let der = base64::engine::general_purpose::STANDARD
@@ -157,6 +172,19 @@ mod tests {
             format!("{good}-----BEGIN CERTIFICATE-----\nA!AA\n-----END CERTIFICATE-----\n"),
             format!("{good}-----BEGIN CERTIFICATE-----\nAA\x0bAA\n-----END CERTIFICATE-----\n"),
             format!("-----BEGIN CERTIFICATE-----\n-----BEGIN CERTIFICATE-----\n{good}"),
+            // rustls-pki-types refuses a tab or form feed after a marker
+            // and ends a line at a lone `\r` (found by a break-it review).
+            good.replacen(
+                "-----BEGIN CERTIFICATE-----\n",
+                "-----BEGIN CERTIFICATE-----\t\n",
+                1,
+            ),
+            good.replacen(
+                "-----BEGIN CERTIFICATE-----\n",
+                "-----BEGIN CERTIFICATE-----\x0c\n",
+                1,
+            ),
+            format!("# c\r{good}"),
         ];
         for case in cases {
             assert!(certificates(case.as_bytes()).is_none(), "{case:.80}");
