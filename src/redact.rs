@@ -142,10 +142,51 @@ impl Shared {
     }
 }
 
+/// A failed build of the redaction automaton, logged by [`Trouble::log`]
+/// once the redactor's lock is released.
+enum Trouble {
+    /// The new patterns could not be compiled (forgotten; a later addition
+    /// tries again).
+    Build {
+        error: aho_corasick::BuildError,
+        patterns: usize,
+        what: &'static str,
+    },
+    /// Two levels could not be merged.
+    Merge(matcher::MergeFailure),
+}
+
+impl Trouble {
+    fn log(self) {
+        match self {
+            Trouble::Build {
+                error,
+                patterns,
+                what,
+            } => {
+                tracing::error!(error = %error, patterns, "cannot build the redaction automaton; the newest {what} not redacted")
+            }
+            Trouble::Merge(m) => {
+                tracing::warn!(error = %m.error, patterns = m.patterns, "cannot merge two levels of the redaction automaton; they stay apart (the same redaction, one more pass)")
+            }
+        }
+    }
+}
+
 impl State {
     /// Adds the `forms` not yet held, as a new level of the matcher (see
     /// [`matcher`]). `what` names the values in the error.
-    fn insert(&mut self, forms: Vec<Vec<u8>>, shared: &Shared, what: &str) {
+    ///
+    /// Returns what went wrong, for the caller to log after it released
+    /// the lock: the log writer redacts, which takes the read lock on this
+    /// same thread (a deadlock, or a panic, under the write lock).
+    #[must_use = "log the trouble once the lock is released"]
+    fn insert(
+        &mut self,
+        forms: Vec<Vec<u8>>,
+        shared: &Shared,
+        what: &'static str,
+    ) -> Option<Trouble> {
         let generation = &shared.generation;
         let mut fresh: Vec<Pattern> = Vec::new();
         for form in forms {
@@ -156,25 +197,30 @@ impl State {
             }
         }
         if fresh.is_empty() {
-            return;
+            return None;
         }
         match Matcher::extended(self.matcher.as_deref(), fresh.clone()) {
-            Ok((matcher, compiled)) => {
+            Ok((matcher, compiled, merge_failure)) => {
                 if fresh.iter().any(|p| overlaps_marker(p)) {
                     shared.bracket.store(true, Ordering::SeqCst);
                 }
                 self.matcher = Some(Arc::new(matcher));
                 self.compiled += compiled;
                 generation.store(next_generation(), Ordering::SeqCst);
+                merge_failure.map(Trouble::Merge)
             }
-            Err(e) => {
+            Err(error) => {
                 // Only a pattern set beyond the crate's size limits gets
                 // here; keep the previous matcher and say so (no value). The
                 // patterns are forgotten, so a later addition tries again.
                 for form in &fresh {
                     self.known.remove(form);
                 }
-                tracing::error!(error = %e, patterns = self.known.len(), "cannot build the redaction automaton; the newest {what} not redacted");
+                Some(Trouble::Build {
+                    error,
+                    patterns: self.known.len(),
+                    what,
+                })
             }
         }
     }
@@ -225,8 +271,14 @@ impl Redactor {
             return false;
         }
         self.shared.adding();
-        let mut state = crate::sync::write(&self.shared.state);
-        state.insert(value_forms(value), &self.shared, "secret is");
+        let trouble = crate::sync::write(&self.shared.state).insert(
+            value_forms(value),
+            &self.shared,
+            "secret is",
+        );
+        if let Some(t) = trouble {
+            t.log();
+        }
         true
     }
 
@@ -249,8 +301,11 @@ impl Redactor {
             added.push(true);
         }
         self.shared.adding();
-        let mut state = crate::sync::write(&self.shared.state);
-        state.insert(forms, &self.shared, "secrets are");
+        let trouble =
+            crate::sync::write(&self.shared.state).insert(forms, &self.shared, "secrets are");
+        if let Some(t) = trouble {
+            t.log();
+        }
         added
     }
 

@@ -49,6 +49,14 @@ pub(super) struct Matcher {
     pub(super) longest: usize,
 }
 
+/// Two levels that could not be merged (they stay apart: the same
+/// redaction, one more pass).
+pub(super) struct MergeFailure {
+    pub(super) error: BuildError,
+    /// The patterns the merged level would have held.
+    pub(super) patterns: usize,
+}
+
 /// Some of the patterns, compiled.
 struct Level {
     patterns: Vec<Pattern>,
@@ -260,11 +268,13 @@ impl Matcher {
     /// patterns were compiled (the cost, for the tests).
     ///
     /// Errors: only a level beyond the aho-corasick crate's size limits;
-    /// a merge that fails leaves the levels unmerged (the same search).
+    /// a merge that fails leaves the levels unmerged (the same search) and
+    /// is returned beside the matcher, for the caller to log once it has
+    /// released the redactor's lock (the log writer redacts).
     pub(super) fn extended(
         old: Option<&Matcher>,
         patterns: Vec<Pattern>,
-    ) -> Result<(Matcher, usize), BuildError> {
+    ) -> Result<(Matcher, usize, Option<MergeFailure>), BuildError> {
         let (mut levels, filter, mut first, mut bytes, longest) = match old {
             Some(m) => (
                 m.levels.clone(),
@@ -291,6 +301,7 @@ impl Matcher {
         }
         let longest = longest.max(patterns.iter().map(|p| p.len()).max().unwrap_or(0));
         let mut compiled = patterns.len();
+        let mut merge_failure = None;
         levels.push(Arc::new(Level::build(patterns, false)?));
         while let [.., before, last] = levels.as_slice()
             && before.patterns.len() < 2 * last.patterns.len()
@@ -308,8 +319,11 @@ impl Matcher {
                     levels.push(Arc::new(level));
                     compiled += size;
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, patterns = size, "cannot merge two levels of the redaction automaton; they stay apart (the same redaction, one more pass)");
+                Err(error) => {
+                    merge_failure = Some(MergeFailure {
+                        error,
+                        patterns: size,
+                    });
                     break;
                 }
             }
@@ -323,6 +337,7 @@ impl Matcher {
                 longest,
             },
             compiled,
+            merge_failure,
         ))
     }
 
