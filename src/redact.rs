@@ -96,7 +96,7 @@ struct Shared {
     /// Whether some pattern could be spelled partly by a `[REDACTED]`
     /// ([`overlaps_marker`], see [`Redactor::stream_output_is_final`]);
     /// only ever set.
-    bracket: std::sync::atomic::AtomicBool,
+    marker_spellable: std::sync::atomic::AtomicBool,
     sources: Mutex<Vec<SecretSource>>,
 }
 
@@ -202,7 +202,7 @@ impl State {
         match Matcher::extended(self.matcher.as_deref(), fresh.clone()) {
             Ok((matcher, compiled, merge_failure)) => {
                 if fresh.iter().any(|p| overlaps_marker(p)) {
-                    shared.bracket.store(true, Ordering::SeqCst);
+                    shared.marker_spellable.store(true, Ordering::SeqCst);
                 }
                 self.matcher = Some(Arc::new(matcher));
                 self.compiled += compiled;
@@ -424,7 +424,7 @@ impl Redactor {
         // before the generation moves, so an older generation's answer is
         // never mixed with a newer set's flag that it needs.
         self.shared.generation.load(Ordering::SeqCst) == generation
-            && !self.shared.bracket.load(Ordering::SeqCst)
+            && !self.shared.marker_spellable.load(Ordering::SeqCst)
             && memchr::memchr(b'\\', bytes).is_none()
     }
 

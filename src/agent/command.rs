@@ -33,13 +33,18 @@ pub fn event_for_line(redactor: &Redactor, stream: Stream, line: &Line) -> Agent
 /// [`event_for_line`] taking the line, whose bytes become the event's text
 /// without a copy when they are UTF-8.
 pub fn event_for_owned_line(redactor: &Redactor, stream: Stream, line: Line) -> AgentEvent {
-    let final_ = line
-        .redacted_at
-        .is_some_and(|g| redactor.stream_output_is_final(g, &line.bytes));
-    let continued = line.continued;
+    let Line {
+        bytes,
+        continued,
+        redacted_at,
+    } = line;
     // Valid UTF-8 only: a lossy decoding is not a piece of the line.
-    let (text, final_) = match String::from_utf8(line.bytes) {
-        Ok(text) => (text, final_),
+    let (text, final_) = match String::from_utf8(bytes) {
+        Ok(text) => {
+            let final_ =
+                redacted_at.is_some_and(|g| redactor.stream_output_is_final(g, text.as_bytes()));
+            (text, final_)
+        }
         Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), false),
     };
     match stream {

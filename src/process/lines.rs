@@ -10,7 +10,7 @@ pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 /// One framed line: its bytes without the newline, whether it continues
 /// a line that was cut at the cap, and the redactor generation its bytes
 /// were stream-redacted at.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Line {
     /// The bytes, without `\n` (and without a trailing `\r`).
     pub bytes: Vec<u8>,

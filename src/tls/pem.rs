@@ -75,12 +75,13 @@ pub(super) fn certificates(pem: &[u8]) -> Option<Vec<CertificateDer<'static>>> {
                 }
                 // A subset of the whitespace rustls-pki-types skips (it
                 // also skips \x0b and \x0c, which fail here: its reader).
-                // A bundle's lines have none but a `\r` at the end.
+                // Every `\r` ends its line (checked above); a bundle's
+                // lines hold no other.
                 let line = line.strip_suffix(b"\r").unwrap_or(line);
-                if memchr::memchr3(b' ', b'\t', b'\r', line).is_none() {
+                if memchr::memchr2(b' ', b'\t', line).is_none() {
                     b64.extend_from_slice(line);
                 } else {
-                    b64.extend(line.iter().filter(|&&b| !matches!(b, b' ' | b'\t' | b'\r')));
+                    b64.extend(line.iter().filter(|&&b| !matches!(b, b' ' | b'\t')));
                 }
                 if b64.len() > MAX_SECTION {
                     return None;
