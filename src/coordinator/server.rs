@@ -360,15 +360,27 @@ fn stalled(
 
 /// The `mergeFields` fault: `fields` merged into the answer's JSON object
 /// ([`merge_into`]; an answer that is not one is sent unchanged).
-async fn merged(resp: Response, fields: &serde_json::Map<String, Value>) -> Response {
+/// The answer with the `mergeFields` and `addFields` faults applied (a body
+/// that is not a JSON object is sent as it was).
+async fn edited(
+    resp: Response,
+    merge: Option<&serde_json::Map<String, Value>>,
+    add: Option<&serde_json::Map<String, Value>>,
+) -> Response {
     let (mut parts, body) = resp.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, MAX_API_BODY).await else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
     let bytes = match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(mut object)) => {
-            merge_into(&mut object, fields);
-            Bytes::from(Value::Object(object).to_string())
+            if let Some(fields) = merge {
+                merge_into(&mut object, fields);
+            }
+            let mut value = Value::Object(object);
+            if let Some(fields) = add {
+                add_everywhere(&mut value, fields);
+            }
+            Bytes::from(value.to_string())
         }
         _ => bytes,
     };
@@ -389,6 +401,22 @@ fn merge_into(
                 object.insert(k.clone(), v.clone());
             }
         }
+    }
+}
+
+/// `fields` into every object of `value` at any depth, where absent.
+fn add_everywhere(value: &mut Value, fields: &serde_json::Map<String, Value>) {
+    match value {
+        Value::Object(object) => {
+            for member in object.values_mut() {
+                add_everywhere(member, fields);
+            }
+            for (k, v) in fields {
+                object.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| add_everywhere(v, fields)),
+        _ => {}
     }
 }
 
@@ -545,9 +573,9 @@ async fn handle(
         }
         Some(resp) => match &fault {
             Some(f) => {
-                let resp = match &f.merge_fields {
-                    Some(fields) => merged(resp, fields).await,
-                    None => resp,
+                let resp = match (&f.merge_fields, &f.add_fields) {
+                    (None, None) => resp,
+                    (merge, add) => edited(resp, merge.as_ref(), add.as_ref()).await,
                 };
                 let resp = shaped(resp, f);
                 if f.reset_mid_body {

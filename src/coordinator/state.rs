@@ -203,6 +203,12 @@ pub struct Fault {
     /// answer). Not for `git`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge_fields: Option<serde_json::Map<String, Value>>,
+    /// Members added to every JSON object of the answer, at any depth,
+    /// where no member of that name is: the fields a newer coordinator
+    /// adds to its objects (a `traceparent` in `pendingTurn`, say), which
+    /// the runner ignores (PROTOCOL 2). Not for `git`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_fields: Option<serde_json::Map<String, Value>>,
 }
 
 impl Fault {
@@ -221,6 +227,7 @@ impl Fault {
             count: 1,
             reset_mid_body: false,
             merge_fields: None,
+            add_fields: None,
         }
     }
 
@@ -294,6 +301,15 @@ impl Fault {
         }
     }
 
+    /// The normal answer with `fields` added to each of its JSON objects at
+    /// any depth, once (see [`Fault::add_fields`]).
+    pub fn add_fields(route: Route, fields: serde_json::Map<String, Value>) -> Self {
+        Fault {
+            add_fields: Some(fields),
+            ..Fault::new(route)
+        }
+    }
+
     /// The same fault for the next `count` requests.
     pub fn times(mut self, count: u32) -> Self {
         self.count = count;
@@ -349,8 +365,12 @@ impl Fault {
         if self.reset && self.replaces() {
             return Err("reset drops the connection: it takes no status or body".into());
         }
-        if (self.reset_mid_body || self.merge_fields.is_some()) && self.route == Route::Git {
-            return Err("resetMidBody and mergeFields are not supported on the git route".into());
+        if (self.reset_mid_body || self.merge_fields.is_some() || self.add_fields.is_some())
+            && self.route == Route::Git
+        {
+            return Err(
+                "resetMidBody, mergeFields and addFields are not supported on the git route".into(),
+            );
         }
         if self.reset_mid_body && self.reset {
             return Err(
@@ -364,8 +384,9 @@ impl Fault {
             && self.stall_ms.is_none()
             && !self.reset_mid_body
             && self.merge_fields.is_none()
+            && self.add_fields.is_none()
         {
-            return Err("a fault needs reset, status, body, delayMs, padBytes or stallMs".into());
+            return Err("a fault needs reset, status, body, delayMs, padBytes, stallMs, resetMidBody, mergeFields or addFields".into());
         }
         if self.reset && (self.pad_bytes.is_some() || self.stall_ms.is_some()) {
             return Err("reset drops the connection: it takes no padBytes or stallMs".into());

@@ -283,9 +283,11 @@ pub struct RunRef {
     pub status: String,
 }
 
-/// `pendingTurn` (2.4).
+/// `pendingTurn` (2.4). Members it does not name are ignored (2,
+/// "2xx answers the runner cannot use"): a newer coordinator may add a
+/// trace context or a priority, and refusing them would wedge every runner.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PendingTurn {
     /// May be null.
     pub turn_id: Option<String>,

@@ -481,6 +481,57 @@ async fn an_invalid_pending_turn_fails_the_boot() {
     assert!(!snap.requests.iter().any(|r| r.route == Route::Git));
 }
 
+/// Issue 30: a coordinator that adds a member the runner does not know to
+/// `pendingTurn` (a trace context, a priority) still gets its turns run
+/// (2, "2xx answers the runner cannot use"); before, every read failed
+/// `hosted_pending_turn_invalid` and the queued turn never started.
+#[tokio::test]
+async fn a_pending_turn_with_members_the_runner_does_not_know_runs() {
+    const READS: u32 = 100_000;
+    let sb = Sandbox::start(CoordinatorOptions {
+        start_idle: true,
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let serde_json::Value::Object(extra) = json!({
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "priority": {"level": 2, "tags": ["later"]},
+    }) else {
+        unreachable!()
+    };
+    // Every session read, at every depth: pendingTurn, its
+    // answerToQuestion, runs, clientInfo.
+    sb.coordinator
+        .add_fault(Fault::add_fields(Route::Session, extra).times(READS))
+        .unwrap();
+    let child = sb.spawn(&sb.script(OBSERVER));
+    sb.coordinator
+        .wait_for(WAIT, |s| s.status_names() == vec!["ready"])
+        .await
+        .unwrap();
+    let run_id = sb.coordinator.queue_turn(
+        "go",
+        Some(AnswerToQuestion {
+            question_id: "q-1".into(),
+            question: "Which branch?".into(),
+        }),
+    );
+    sb.end_after_seal(&run_id, child).await;
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run(&run_id).unwrap().status, "succeeded");
+    assert!(sb.read_out(&format!("prompt-{run_id}")).contains("go"));
+    let left = snap.faults.iter().map(|f| f.count).sum::<u32>();
+    assert!(left < READS, "no session read carried the extra members");
+    assert!(
+        !snap.statuses.iter().any(|s| s
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("pending_turn_invalid"))),
+        "{:?}",
+        snap.statuses
+    );
+}
+
 #[tokio::test]
 async fn a_branch_starting_with_a_dash_fails_the_boot_before_the_clone() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
