@@ -35,10 +35,18 @@ WATCHED_ENV = [
 ]
 
 
+def start_time():
+    """This process's start time in clock ticks since boot: with the pid, its
+    identity (the suite's orphan check tells a recycled pid by it)."""
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
 def record_start():
     env = {k: os.environ[k] for k in WATCHED_ENV if k in os.environ}
     record("start", argv=sys.argv[1:], env=env, cwd=os.getcwd(),
-           has_password=bool(os.environ.get("OPENCODE_SERVER_PASSWORD")))
+           has_password=bool(os.environ.get("OPENCODE_SERVER_PASSWORD")),
+           start_time=start_time())
 
 
 def fail(message, code=2):

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
-use super::support::{Sandbox, WAIT, agent_events, assert_events_clean, live_group_members};
+use super::support::{Group, Sandbox, WAIT, agent_events, assert_events_clean};
 
 const FAKES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes");
 const PLACEHOLDER: &str = "HOSTED_BOOT_PROVIDER_PLACEHOLDER_KEY";
@@ -221,9 +221,11 @@ async fn wait_event(sb: &Sandbox, run: &str, kind: &str) {
 /// The stand-in's process (its own group's leader) is gone with its group.
 fn assert_group_gone(sb: &Sandbox, cli: &str) {
     for start in records(&log(sb, cli), "start") {
-        let pid = start["pid"].as_i64().unwrap() as i32;
+        let pid = start["pid"].as_i64().unwrap();
+        let started = start["start_time"].as_u64().unwrap();
+        let group = Group::recorded(&format!("{pid} {started}"));
         assert_eq!(
-            live_group_members(pid),
+            group.live_members(),
             Vec::<i32>::new(),
             "{cli} {pid} survived"
         );

@@ -14,7 +14,7 @@ use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route};
 use serde_json::{Value, json};
 
 use super::reliability_log::record;
-use super::support::{Runner, Sandbox, WAIT, assert_events_clean, live_group_members};
+use super::support::{Runner, Sandbox, WAIT, assert_events_clean};
 
 const AGENT: &str = r#"echo '{"type":"message","text":"hello"}'"#;
 
@@ -218,10 +218,9 @@ async fn bad_values_from_the_coordinator_are_refused_before_use() {
             let cloned = snap.requests.iter().any(|r| r.route == Route::Git);
             let spawned = !sb.read_out(".agent-pgids").is_empty();
             let orphans: u64 = sb
-                .read_out(".agent-pgids")
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .map(|g| live_group_members(g).len() as u64)
+                .agent_groups()
+                .iter()
+                .map(|g| g.live_members().len() as u64)
                 .sum();
             let mut secrets = sb.secrets(&[]);
             secrets.extend(

@@ -9,7 +9,7 @@ use hosted_boot::wire::AnswerToQuestion;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::support::{Sandbox, WAIT, assert_no_secret, finish, live_group_members, signal};
+use super::support::{Sandbox, WAIT, assert_no_secret, finish, signal};
 
 const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
 
@@ -257,7 +257,7 @@ async fn an_interrupted_turn_leaves_no_process_and_the_next_turn_runs() {
     let script = sb.script(&format!(
         r#"
 if [ "$ORIZU_RUN_ID" = run-1 ]; then
-  echo $$ > "$AGENT_OUT/pgid"
+  record_group > "$AGENT_OUT/pgid"
   echo '{{"type":"message","text":"sleeping"}}'
   sleep 1000 &
   wait
@@ -280,9 +280,9 @@ fi
             .error
             .is_none()
     );
-    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
+    let group = sb.read_group("pgid");
     assert_eq!(
-        live_group_members(pgid),
+        group.live_members(),
         Vec::<i32>::new(),
         "the agent's process group survived the turn"
     );
@@ -847,7 +847,7 @@ async fn sigterm_mid_turn_seals_interrupted_and_exits_143() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     let script = sb.script(
         r#"
-echo $$ > "$AGENT_OUT/pgid"
+record_group > "$AGENT_OUT/pgid"
 echo '{"type":"message","text":"working"}'
 sleep 1000
 "#,
@@ -861,8 +861,8 @@ sleep 1000
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.run("run-1").unwrap().status, "interrupted");
     assert_eq!(snap.status_names(), vec!["turn_started", "turn_completed"]);
-    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
-    assert_eq!(live_group_members(pgid), Vec::<i32>::new());
+    let group = sb.read_group("pgid");
+    assert_eq!(group.live_members(), Vec::<i32>::new());
     assert!(!sb.session_dir().exists());
 }
 

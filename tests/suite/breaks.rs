@@ -194,7 +194,7 @@ async fn a_restarted_runner_reuses_the_agents_repo_as_the_agent_user_not_as_root
 o="$AGENT_OUT/$ORIZU_RUN_ID"; mkdir -p "$o"
 cat "{victim}" > /dev/null 2>&1; echo "direct=$?" > "$o/direct"
 rm -f .git/config && ln -s "{victim}" .git/config
-echo $$ > "$AGENT_OUT/pgid.tmp"; mv "$AGENT_OUT/pgid.tmp" "$AGENT_OUT/pgid"
+record_group > "$AGENT_OUT/pgid.tmp"; mv "$AGENT_OUT/pgid.tmp" "$AGENT_OUT/pgid"
 exec sleep 1000
 "#,
         victim = victim.display()
@@ -204,8 +204,8 @@ exec sleep 1000
     // The sandbox dies mid-turn: the next runner reuses repo/.
     first.kill().await.unwrap();
     let _ = first.wait().await;
-    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
-    super::support::kill_group(pgid);
+    let group = sb.read_group("pgid");
+    super::support::kill_group(&group);
     assert!(
         sb.read_out("run-1/direct").contains("direct=1"),
         "the agent user could read the file itself: the test proves nothing"

@@ -452,14 +452,14 @@ async fn a_stop_signal_during_the_lfs_pull_leaves_no_git_process_running() {
     let mut cmd = sb.runner(&sb.script(LFS_AGENT));
     cmd.env("PATH", path);
     let runner = Runner::reading(cmd.spawn().unwrap());
-    let pgid = stand_in_group(&marker).await;
+    let group = stand_in_group(&marker).await;
     assert!(
-        !super::support::live_group_members(pgid).is_empty(),
+        !group.live_members().is_empty(),
         "the stand-in's group is not alive"
     );
     super::support::signal(runner.pid(), rustix::process::Signal::TERM);
     let (_status, output) = runner.finish().await;
-    super::support::assert_groups_empty(&[pgid]);
+    super::support::assert_groups_empty(&[group]);
     assert!(
         !sb.out().join("model").exists(),
         "the agent ran after a stop during the clone step: {output}"
@@ -631,9 +631,9 @@ async fn a_boot_killed_during_the_lfs_pull_is_completed_by_the_restarted_boot() 
     let mut cmd = sb.runner(&script);
     cmd.env("PATH", stand_in_path);
     let first = Runner::reading(cmd.spawn().unwrap());
-    let pgid = stand_in_group(&marker).await;
+    let group = stand_in_group(&marker).await;
     let first_output = first.kill().await;
-    super::support::kill_group(pgid);
+    super::support::kill_group(&group);
     assert!(
         !sb.out().join("model").exists(),
         "the agent ran before the completion: {first_output}"
@@ -676,11 +676,14 @@ async fn a_boot_killed_during_the_lfs_pull_is_completed_by_the_restarted_boot() 
 
 /// The process group the stand-in `git lfs pull` wrote into `marker` once it
 /// runs (waits for the file).
-async fn stand_in_group(marker: &std::path::Path) -> i32 {
+async fn stand_in_group(marker: &std::path::Path) -> super::support::Group {
     super::support::wait_for_file(marker).await;
-    std::fs::read_to_string(marker)
+    let pgid = std::fs::read_to_string(marker)
         .unwrap()
         .trim()
         .parse()
-        .unwrap()
+        .unwrap();
+    // The stand-in waits for its own child: the git that leads its group
+    // is alive now.
+    super::support::Group::of_live_leader(pgid)
 }

@@ -13,7 +13,7 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use super::support::{Exits, Runner, Sandbox, finish};
+use super::support::{Exits, RECORD_GROUP, Runner, Sandbox, finish};
 
 /// An agent that records that it started.
 const AGENT: &str = r#"echo started > "$AGENT_OUT/started"
@@ -447,7 +447,7 @@ async fn with_a_setup_script_the_canary_is_checked_after_setup() {
     std::fs::write(
         &setup,
         format!(
-            "echo $$ >> \"$AGENT_OUT/.agent-pgids\"\nkill {pid}\npython3 -c \"\nimport socket,time\nwhile True:\n    try:\n        socket.create_connection(('127.0.0.1',{port}),1).close()\n    except OSError:\n        break\n    time.sleep(0.02)\n\"\n"
+            "{RECORD_GROUP} >> \"$AGENT_OUT/.agent-pgids\"\nkill {pid}\npython3 -c \"\nimport socket,time\nwhile True:\n    try:\n        socket.create_connection(('127.0.0.1',{port}),1).close()\n    except OSError:\n        break\n    time.sleep(0.02)\n\"\n"
         ),
     )
     .unwrap();

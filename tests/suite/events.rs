@@ -324,7 +324,7 @@ async fn a_runner_killed_mid_turn_resumes_from_the_cursor_without_loss_or_duplic
         r#"
 if [ -e "$AGENT_OUT/first" ]; then echo "second run"; exit 0; fi
 touch "$AGENT_OUT/first"
-echo $$ > "$AGENT_OUT/pgid"
+record_group > "$AGENT_OUT/pgid"
 i=1
 while [ $i -le 5 ]; do echo "line $i"; i=$((i+1)); done
 while [ ! -e "$AGENT_OUT/go" ]; do sleep 0.02; done
@@ -354,8 +354,8 @@ sleep 1000
     signal(first.pid(), rustix::process::Signal::KILL);
     let (status, _) = first.finish().await;
     assert_eq!(status.code(), None);
-    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
-    kill_group(pgid);
+    let group = sb.read_group("pgid");
+    kill_group(&group);
     let cursor = sb.coordinator.run("run-1").unwrap().accepted_through();
     let spooled = std::fs::read_to_string(&spool).unwrap().lines().count() as u64;
     assert!(

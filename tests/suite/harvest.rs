@@ -242,7 +242,7 @@ fi
 const LEAVES_WORK_AND_SLEEPS: &str = r#"
 echo wip > WIP.md
 echo 'half done' >> README.md
-echo $$ > "$AGENT_OUT/pgid"
+record_group > "$AGENT_OUT/pgid"
 echo '{"type":"message","text":"working"}'
 sleep 1000 &
 wait
@@ -364,7 +364,7 @@ if [ ! -e "$AGENT_OUT/first-done" ]; then
   git add COMMITTED.md
   git commit -q -m "agent: committed, not pushed"
   echo left > LEFT.md
-  echo $$ > "$AGENT_OUT/pgid"
+  record_group > "$AGENT_OUT/pgid"
   echo '{"type":"message","text":"working"}'
   exec sleep 1000
 fi
@@ -378,8 +378,8 @@ git symbolic-ref HEAD > "$AGENT_OUT/symref"
     // The sandbox dies: no harvest, no seal.
     first.kill().await.unwrap();
     let _ = first.wait().await;
-    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
-    kill_group(pgid);
+    let group = sb.read_group("pgid");
+    kill_group(&group);
     let branch = sb.coordinator.branch();
     let before = tip(&sb, &branch);
     assert!(sb.coordinator.run("run-1").unwrap().finish.is_none());

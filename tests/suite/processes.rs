@@ -135,7 +135,7 @@ async fn sigkill_to_the_runner_kills_the_agent_group_and_a_restart_finds_no_stal
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     let script = sb.script(
         r#"
-echo $$ > "$AGENT_OUT/pgid"
+record_group > "$AGENT_OUT/pgid"
 sleep 1000 &
 sleep 1000 &
 echo '{"type":"message","text":"working"}'
@@ -144,14 +144,14 @@ wait
     );
     let mut child = sb.spawn(&script);
     sb.wait_text("run-1", "working").await;
-    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
+    let group = sb.read_group("pgid");
     let bearer = sb.session_dir().join("bearer");
     assert!(bearer.exists(), "the turn's bearer file is written");
     signal(child.id().unwrap(), rustix::process::Signal::KILL);
     child.wait().await.unwrap();
     // The leader dies of PR_SET_PDEATHSIG, the rest of the group through
     // the turn's guard.
-    assert_groups_empty(&[pgid]);
+    assert_groups_empty(&[group]);
     assert!(bearer.exists(), "a SIGKILLed runner cannot clean up");
 
     // A restarted runner removes the stale session directory before its
@@ -532,7 +532,7 @@ async fn a_second_runner_on_the_same_root_is_refused_and_a_sigkilled_holder_free
     let script = sb.script(
         r#"
 [ -e "$AGENT_OUT/pgid" ] && { echo again; exit 0; }
-echo $$ > "$AGENT_OUT/pgid"
+record_group > "$AGENT_OUT/pgid"
 echo '{"type":"message","text":"working"}'
 sleep 1000 &
 wait
@@ -611,7 +611,7 @@ async fn break_a_second_runner_is_refused_after_the_agent_removed_the_lock_file(
     let script = sb.script(
         r#"
 [ -e "$AGENT_OUT/pgid" ] && { echo again; exit 0; }
-echo $$ > "$AGENT_OUT/pgid"
+record_group > "$AGENT_OUT/pgid"
 rm -f ../.hosted-boot/lock
 echo '{"type":"message","text":"working"}'
 sleep 1000 &
@@ -637,7 +637,7 @@ async fn break_a_restart_keeps_the_work_of_a_repo_with_an_unborn_head() {
     let script = sb.script(
         r#"
 [ -e "$AGENT_OUT/pgid" ] && { echo again; exit 0; }
-echo $$ > "$AGENT_OUT/pgid"
+record_group > "$AGENT_OUT/pgid"
 echo 'the agent edit' >> README.md
 git checkout -q --orphan scratch
 echo '{"type":"message","text":"working"}'
@@ -677,7 +677,7 @@ async fn break_an_agent_that_kills_its_guard_outlives_a_sigkilled_runner() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     let script = sb.script(
         r#"
-echo $$ > "$AGENT_OUT/pgid"
+record_group > "$AGENT_OUT/pgid"
 sleep 1000 &
 for p in /proc/[0-9]*; do
   sid=$(cut -d' ' -f6 "$p/stat" 2>/dev/null)
@@ -694,14 +694,14 @@ wait
     // its guard kills the turn (and seals the run) before the agent gets
     // there, maybe before it records the guard's pid.
     wait_guard_killed(&sb).await;
-    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
+    let group = sb.read_group("pgid");
     tokio::time::sleep(Duration::from_millis(200)).await;
     signal(child.id().unwrap(), rustix::process::Signal::KILL);
     child.wait().await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let left = super::support::live_group_members(pgid).len();
+    let left = group.live_members().len();
     // Clean up before asserting, so a failure leaves nothing behind.
-    kill_group(pgid);
+    kill_group(&group);
     assert_eq!(
         left, 0,
         "processes of the agent's group outlived the runner"
@@ -735,7 +735,7 @@ async fn an_agent_that_kills_its_guard_fails_the_turn_with_runner_error() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     let script = sb.script(
         r#"
-echo $$ > "$AGENT_OUT/pgid"
+record_group > "$AGENT_OUT/pgid"
 sleep 1000 &
 for p in /proc/[0-9]*; do
   sid=$(cut -d' ' -f6 "$p/stat" 2>/dev/null)
@@ -751,9 +751,9 @@ echo '{"type":"message","text":"never"}'
     let snap = sb.wait_sealed("run-1").await;
     let guard = sb.read_out("guard").trim().to_string();
     assert!(!guard.is_empty(), "no guard found");
-    let pgid: i32 = sb.read_out("pgid").trim().parse().unwrap();
-    let left = super::support::live_group_members(pgid).len();
-    kill_group(pgid);
+    let group = sb.read_group("pgid");
+    let left = group.live_members().len();
+    kill_group(&group);
     assert_eq!(left, 0, "processes of the turn outlived its guard");
     let run = snap.run("run-1").unwrap();
     assert_eq!(run.status, "failed");
@@ -770,4 +770,64 @@ echo '{"type":"message","text":"never"}'
             .any(|l| l.contains("guard died") && l.contains(&format!("\"guard_pid\":{guard}"))),
         "{output}"
     );
+}
+
+/// Issue 30: the orphan check identifies an agent's group by its id and its
+/// leader's start time. After pids wrap, an unrelated group leader that
+/// holds a recorded id (here: a live leader recorded as if an older
+/// process had held the id before it) is not an orphan; a real survivor
+/// still is, with its leader alive or gone.
+#[tokio::test]
+async fn the_orphan_check_tells_a_reused_group_id_from_a_survivor() {
+    use super::support::{Group, Process};
+    use hosted_boot::process::tree::{read_proc, scan};
+
+    // A group whose leader lives.
+    let mut leader = tokio::process::Command::new("sleep")
+        .arg("1000")
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = leader.id().unwrap() as i32;
+    let start = read_proc(pid).unwrap().start_time;
+    // What a pgid-only check sees: a live process in group `pid`.
+    assert!(scan().iter().any(|p| p.pgid == pid && !p.zombie));
+    let this_one = Group::recorded(&format!("{pid} {start}"));
+    assert_eq!(
+        this_one.live_members(),
+        vec![pid],
+        "a live leader is a survivor"
+    );
+    // The same id recorded for an earlier process (its start time before
+    // this one's): the number was reused, so that group had emptied.
+    let earlier = Group::recorded(&format!("{pid} {}", start - 1));
+    assert_eq!(earlier.live_members(), Vec::<i32>::new(), "a reused id");
+    assert_eq!(
+        Group::of_exited_leader(pid).live_members(),
+        Vec::<i32>::new()
+    );
+    leader.kill().await.unwrap();
+    leader.wait().await.unwrap();
+
+    // A group whose leader is gone, with a member left: a survivor.
+    let out = tokio::process::Command::new("sh")
+        .args([
+            "-c",
+            r#"echo "$$ $(cut -d' ' -f22 /proc/$$/stat)"; sleep 1000 > /dev/null 2>&1 & echo "$!""#,
+        ])
+        .process_group(0)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    let group = Group::recorded(lines.next().unwrap());
+    let member: i32 = lines.next().unwrap().parse().unwrap();
+    let left = group.live_members();
+    kill_group(&group);
+    assert_eq!(left, vec![member], "a member outliving its leader");
+    assert!(!Process::recorded(&format!("{pid} {start}")).alive());
+    assert_groups_empty(&[group]);
 }

@@ -15,7 +15,7 @@ use hosted_boot::wire::routes::caps;
 use serde_json::json;
 
 use super::reliability_log::record;
-use super::support::{Runner, Sandbox, WAIT, live_group_members};
+use super::support::{Runner, Sandbox, WAIT};
 
 /// The routes of the matrix, in the order of PROTOCOL.md section 2.
 const ROUTES: [Route; 9] = [
@@ -206,14 +206,10 @@ async fn drive(sb: &Sandbox, mut runner: Runner) -> Outcome {
         sb.coordinator.changed(Duration::from_millis(50)).await;
     }
     let (status, output) = runner.finish().await;
-    let pgids: Vec<i32> = sb
-        .read_out(".agent-pgids")
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
-    let orphans = pgids
+    let orphans = sb
+        .agent_groups()
         .iter()
-        .map(|g| live_group_members(*g).len() as u64)
+        .map(|g| g.live_members().len() as u64)
         .sum();
     Outcome {
         code: status.code(),

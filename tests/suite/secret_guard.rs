@@ -380,7 +380,7 @@ if [ ! -e "$AGENT_OUT/first-done" ]; then
   printf 'ACME_API_KEY=%s\n' "$ACME_API_KEY" > leak.env
   echo left > LEFT.md
   git add -A && git commit -q -m "agent: committed, not pushed"
-  echo $$ > "$AGENT_OUT/pgid"
+  record_group > "$AGENT_OUT/pgid"
   echo '{"type":"message","text":"working"}'
   exec sleep 1000
 fi
@@ -392,7 +392,7 @@ fi
     // The sandbox dies: no harvest, no seal.
     first.kill().await.unwrap();
     let _ = first.wait().await;
-    kill_group(sb.read_out("pgid").trim().parse().unwrap());
+    kill_group(&sb.read_group("pgid"));
 
     let second = sb.spawn(&script);
     let (snap, _) = sb.end_after_seal("run-1", second).await;

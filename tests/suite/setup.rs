@@ -16,7 +16,10 @@ use hosted_boot::wire::{BootStatus, Event, SessionSetup};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::support::{Sandbox, assert_groups_empty, assert_no_secret, finish, signal};
+use super::support::{
+    Process, RECORD_GROUP, RECORD_PROCESS, Sandbox, assert_groups_empty, assert_no_secret, finish,
+    signal,
+};
 
 const SETUP_SECRET: &str = "setup-only-secret-5e7a9c";
 const AGENT_SECRET: &str = "agent-connector-secret-3b1d";
@@ -28,7 +31,9 @@ fn setup_script(sb: &Sandbox, body: &str) -> PathBuf {
     let path = sb.dir.path().join("setup.sh");
     std::fs::write(
         &path,
-        format!("set -u\necho $$ >> \"$AGENT_OUT/.agent-pgids\"\n{body}\n"),
+        format!(
+            "set -u\n{RECORD_PROCESS}\n{RECORD_GROUP} >> \"$AGENT_OUT/.agent-pgids\"\n{body}\n"
+        ),
     )
     .unwrap();
     path
@@ -87,12 +92,9 @@ fn seq_of(events: &[Event], what: impl Fn(&Event) -> bool) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-fn alive(pid: &str) -> bool {
-    let pid: i32 = pid.trim().parse().unwrap();
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
+/// Whether the process a setup recorded (`record_process`) is alive.
+fn alive(record: &str) -> bool {
+    Process::recorded(record).alive()
 }
 
 /// The session branch's content of `path` on the coordinator's repository.
@@ -245,9 +247,9 @@ async fn a_setup_past_its_timeout_is_stopped_with_every_process_it_started() {
         &sb,
         r#"
 sleep 1000 &
-echo $! > "$AGENT_OUT/child"
+record_process $! > "$AGENT_OUT/child"
 setsid sleep 1000 &
-echo $! > "$AGENT_OUT/daemon"
+record_process $! > "$AGENT_OUT/daemon"
 echo "downloading"
 wait
 "#,
@@ -272,12 +274,7 @@ wait
     for name in ["child", "daemon"] {
         assert!(!alive(&sb.read_out(name)), "setup's {name} survived it");
     }
-    let pgids: Vec<i32> = sb
-        .read_out(".agent-pgids")
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
-    assert_groups_empty(&pgids);
+    assert_groups_empty(&sb.agent_groups());
 }
 
 #[tokio::test]
@@ -330,8 +327,7 @@ async fn the_setup_cache_skips_setup_on_a_restart_and_a_changed_input_runs_it_ag
     // change too.
     sb.coordinator.set_setup(Some(SessionSetup {
         script: Some(
-            "echo session >> \"$AGENT_OUT/setup-count\"; echo $$ >> \"$AGENT_OUT/.agent-pgids\""
-                .to_string(),
+            format!("echo session >> \"$AGENT_OUT/setup-count\"; {RECORD_GROUP} >> \"$AGENT_OUT/.agent-pgids\""),
         ),
         inputs: None,
     }));
@@ -362,7 +358,7 @@ const SLOW_ONCE: &str = r#"
 if [ ! -e "$AGENT_OUT/setup-started" ]; then
   echo started > "$AGENT_OUT/setup-started"
   sleep 1000 &
-  echo $! > "$AGENT_OUT/child"
+  record_process $! > "$AGENT_OUT/child"
   echo "setting up"
   wait
 fi

@@ -16,7 +16,8 @@ use tokio::process::Command;
 
 use super::processes::{TTY_AGENT, assert_no_terminal};
 use super::support::{
-    Pty, WAIT, assert_groups_empty, assert_no_zombie_children, pid_namespace_wrapper,
+    Group, Process, Pty, RECORD_PROCESS, WAIT, assert_groups_empty, assert_no_zombie_children,
+    pid_namespace_wrapper,
 };
 
 /// What one `hosted-boot supervise` invocation printed.
@@ -117,22 +118,30 @@ async fn supervise_with(
         elapsed,
     };
     if wrapper.is_empty() {
-        assert_groups_empty(&result.pgids());
+        // Each exit record comes after its leader was reaped.
+        let groups: Vec<Group> = result
+            .pgids()
+            .into_iter()
+            .map(Group::of_exited_leader)
+            .collect();
+        assert_groups_empty(&groups);
     }
     assert_no_zombie_children().await;
     result
 }
 
-/// Whether a process with this pid is alive (not a zombie), and that it is
-/// the one recorded: `pid` and `start` from the file `name` in `out`.
+/// Whether the process recorded in the file `name` in `out` (`PID START`,
+/// [`Process::recorded`]) is alive, not a zombie, and not another that
+/// reuses its pid.
 fn recorded_alive(out: &Path, name: &str) -> bool {
-    let text = std::fs::read_to_string(out.join(name)).unwrap();
-    let pid: i32 = text.split_whitespace().next().unwrap().parse().unwrap();
-    hosted_boot::process::tree::read_proc(pid).is_some_and(|p| !p.zombie)
+    Process::recorded(&std::fs::read_to_string(out.join(name)).unwrap()).alive()
 }
 
 #[tokio::test]
 async fn a_grandchild_holding_stdout_neither_holds_the_turn_nor_survives_it() {
+    let script = format!(
+        r#"{RECORD_PROCESS}; sleep 1000 & record_process $! > "$OUT/holder"; echo started; exit 0"#
+    );
     for cgroup in ["auto", "off"] {
         let out = tempfile::tempdir().unwrap();
         // The drain bound is long: the turn must end because the sweep
@@ -147,7 +156,7 @@ async fn a_grandchild_holding_stdout_neither_holds_the_turn_nor_survives_it() {
                 "--",
                 "sh",
                 "-c",
-                r#"sleep 1000 & echo $! > "$OUT/holder"; echo started; exit 0"#,
+                &script,
             ],
             out.path(),
         )
@@ -173,7 +182,7 @@ async fn a_setsid_daemon_does_not_survive_the_turn() {
         // A double fork into a new session, as a tool shell's daemon does;
         // the agent exits once the daemon is in its own session.
         let script = r#"
-(setsid sh -c 'echo "$$ $(cut -d" " -f6 /proc/$$/stat)" > "$OUT/daemon.tmp"; mv "$OUT/daemon.tmp" "$OUT/daemon"; exec sleep 1000' &)
+(setsid sh -c 'echo "$$ $(cut -d" " -f22 /proc/$$/stat) $(cut -d" " -f6 /proc/$$/stat)" > "$OUT/daemon.tmp"; mv "$OUT/daemon.tmp" "$OUT/daemon"; exec sleep 1000' &)
 while [ ! -s "$OUT/daemon" ]; do sleep 0.01; done
 echo $$ > "$OUT/agent"
 exit 0
@@ -187,12 +196,13 @@ exit 0
         let exit = run.exit();
         assert_eq!(exit["status"], "succeeded", "{}", run.stderr);
         let daemon = std::fs::read_to_string(out.path().join("daemon")).unwrap();
-        let fields: Vec<i32> = daemon
+        // pid, start time, session id.
+        let fields: Vec<i64> = daemon
             .split_whitespace()
             .map(|f| f.parse().unwrap())
             .collect();
-        assert_eq!(fields[0], fields[1], "the daemon leads its own session");
-        assert_ne!(Some(fields[1] as i64), exit["pgid"].as_i64());
+        assert_eq!(fields[0], fields[2], "the daemon leads its own session");
+        assert_ne!(Some(fields[2]), exit["pgid"].as_i64());
         assert!(!recorded_alive(out.path(), "daemon"), "{cgroup}");
         if cgroup == "off" {
             // The subreaper path: the /proc sweep found and killed it.
@@ -459,7 +469,7 @@ async fn the_sweep_catches_what_forks_while_it_runs() {
     // A daemon in its own session that keeps forking (100 a second), so
     // that some of its children are born between a scan and a kill.
     let script = r#"
-setsid sh -c 'echo $$ > "$OUT/forker"; while :; do sleep 1000 & sleep 0.01; done' > /dev/null 2>&1 &
+setsid sh -c 'echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > "$OUT/forker.tmp"; mv "$OUT/forker.tmp" "$OUT/forker"; while :; do sleep 1000 & sleep 0.01; done' > /dev/null 2>&1 &
 while [ ! -s "$OUT/forker" ]; do sleep 0.01; done
 sleep 0.2
 exit 0
@@ -473,11 +483,7 @@ exit 0
     let exit = run.exit();
     assert_eq!(exit["status"], "succeeded", "{}", run.stderr);
     assert!(exit["swept"].as_u64().unwrap() >= 2, "{exit}");
-    let forker: i32 = std::fs::read_to_string(out.path().join("forker"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let forker = Group::recorded(&std::fs::read_to_string(out.path().join("forker")).unwrap());
     // The forker leads its own session and group; nothing of it is left.
     assert_groups_empty(&[forker]);
 }
@@ -510,7 +516,7 @@ async fn a_re_forking_daemon_does_not_escape_the_sweep_without_a_cgroup() {
     let marker = format!("{}-{}", std::process::id(), line!());
     let script = r#"
 printf '%s\n' 'sh "$0" &' > "$OUT/hop.sh"
-setsid sh -c 'echo $$ > "$OUT/hopper.tmp"; mv "$OUT/hopper.tmp" "$OUT/hopper"; sh "$OUT/hop.sh" &' > /dev/null 2>&1 &
+setsid sh -c 'echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > "$OUT/hopper.tmp"; mv "$OUT/hopper.tmp" "$OUT/hopper"; sh "$OUT/hop.sh" &' > /dev/null 2>&1 &
 (setsid sh -c 'echo $$ > "$OUT/daemon.tmp"; mv "$OUT/daemon.tmp" "$OUT/daemon"; exec sleep 1000' > /dev/null 2>&1 &)
 while [ ! -s "$OUT/hopper" ] || [ ! -s "$OUT/daemon" ]; do sleep 0.01; done
 sleep 0.2
@@ -531,13 +537,9 @@ exit 0
     if !left.is_empty() {
         // The hopper keeps its group (it calls setsid once): a group kill
         // is atomic with fork, so this ends it.
-        let hopper: i32 = std::fs::read_to_string(out.path().join("hopper"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let hopper = Group::recorded(&std::fs::read_to_string(out.path().join("hopper")).unwrap());
         for _ in 0..3 {
-            super::support::kill_group(hopper);
+            super::support::kill_group(&hopper);
         }
         for pid in marked_alive(&marker) {
             let _ = rustix::process::kill_process(
@@ -639,13 +641,15 @@ async fn sigkill_to_the_runner_kills_the_agents_whole_session_without_a_cgroup()
     // With job control the background job gets a process group of its own,
     // in the agent's session: only the guard's session sweep finds it once
     // the runner is dead (no cgroup, no subreaper left).
-    let script = r#"
+    let script = format!(
+        r#"{RECORD_PROCESS}
 set -m
 echo $$ > "$OUT/agent"
 sleep 1000 &
-echo "$!" > "$OUT/job.tmp"; mv "$OUT/job.tmp" "$OUT/job"
+record_process $! > "$OUT/job.tmp"; mv "$OUT/job.tmp" "$OUT/job"
 wait
-"#;
+"#
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
         .args([
             "supervise",
@@ -654,7 +658,7 @@ wait
             "--",
             "bash",
             "-c",
-            script,
+            &script,
         ])
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -671,14 +675,18 @@ wait
         assert!(Instant::now() < deadline, "the agent did not start its job");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let read = |name: &str| -> i32 {
-        let text = std::fs::read_to_string(out.path().join(name)).unwrap();
-        text.trim().parse().unwrap()
-    };
-    let (job_pid, agent) = (read("job"), read("agent"));
-    let info = hosted_boot::process::tree::read_proc(job_pid).unwrap();
+    let read = |name: &str| std::fs::read_to_string(out.path().join(name)).unwrap();
+    let job = Process::recorded(&read("job"));
+    let agent: i32 = read("agent").trim().parse().unwrap();
+    let info = hosted_boot::process::tree::read_proc(job.pid).unwrap();
+    assert_eq!(info.start_time, job.start, "the job exited early");
     assert_eq!(info.sid, agent, "the job is in the agent's session");
     assert_ne!(info.pgid, agent, "the job left the agent's process group");
+    // Both leaders wait (the agent for its job), so both are alive here.
+    let groups = [
+        Group::of_live_leader(agent),
+        Group::of_live_leader(info.pgid),
+    ];
     let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
     child.wait().await.unwrap();
@@ -702,6 +710,6 @@ wait
         stderr.contains("turn-guard: the runner is gone"),
         "{stderr}"
     );
-    assert_groups_empty(&[agent, info.pgid]);
+    assert_groups_empty(&groups);
     assert_no_zombie_children().await;
 }

@@ -60,15 +60,19 @@ impl Sandbox {
     }
 
     /// Writes an agent script (run with `sh`) and returns its path. The
-    /// script first records its process group (its own pid: the runner
-    /// makes it a group leader) for the check that runs when the sandbox
-    /// is dropped, unless it runs in another PID namespace.
+    /// script first records its process group (its own pid, as the runner
+    /// makes it a group leader, with its start time: [`RECORD_GROUP`]) for
+    /// the check that runs when the sandbox is dropped, unless it runs in
+    /// another PID namespace. `body` can record it elsewhere too with the
+    /// shell function `record_group` (read back with
+    /// [`Sandbox::read_group`]), and any process with `record_process PID`
+    /// ([`RECORD_PROCESS`]).
     pub fn script(&self, body: &str) -> PathBuf {
         let path = self.dir.path().join("agent.sh");
         std::fs::write(
             &path,
             format!(
-                "set -u\n[ -n \"${{{IN_PID_NAMESPACE}:-}}\" ] || echo $$ >> \"$AGENT_OUT/{PGIDS_FILE}\"\n{body}\n"
+                "set -u\nrecord_group() {{ {RECORD_GROUP}; }}\n{RECORD_PROCESS}\n[ -n \"${{{IN_PID_NAMESPACE}:-}}\" ] || record_group >> \"$AGENT_OUT/{PGIDS_FILE}\"\n{body}\n"
             ),
         )
         .unwrap();
@@ -190,6 +194,17 @@ impl Sandbox {
 
     pub fn read_out(&self, name: &str) -> String {
         std::fs::read_to_string(self.out().join(name)).unwrap_or_default()
+    }
+
+    /// The process group an agent recorded in `name` with [`RECORD_GROUP`].
+    pub fn read_group(&self, name: &str) -> Group {
+        Group::recorded(&self.read_out(name))
+    }
+
+    /// The process groups of every agent the sandbox ran, as its scripts
+    /// recorded them ([`Sandbox::script`]).
+    pub fn agent_groups(&self) -> Vec<Group> {
+        Group::all_recorded(&self.read_out(PGIDS_FILE))
     }
 }
 
@@ -332,11 +347,17 @@ pub fn signal(pid: u32, signal: rustix::process::Signal) {
 
 /// SIGKILLs every process of group `pgid` (a test's clean-up: errors, such
 /// as an empty group, are ignored).
-pub fn kill_group(pgid: i32) {
-    let _ = rustix::process::kill_process_group(
-        rustix::process::Pid::from_raw(pgid).unwrap(),
-        rustix::process::Signal::KILL,
-    );
+/// SIGKILLs `group` whole (a test's cleanup; one kill of the group is
+/// atomic with fork, so it ends a process that forks its successor in a
+/// loop), when it still has members: never a group that reuses its id (the
+/// id stays reserved while the group has a member).
+pub fn kill_group(group: &Group) {
+    if !group.live_members().is_empty() {
+        let _ = rustix::process::kill_process_group(
+            rustix::process::Pid::from_raw(group.pgid).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+    }
 }
 
 /// Waits (bounded) until `path` exists. It says nothing of the file's
@@ -368,19 +389,152 @@ impl Drop for Sandbox {
         if std::thread::panicking() {
             return;
         }
-        let text = std::fs::read_to_string(self.out().join(PGIDS_FILE)).unwrap_or_default();
-        let pgids: Vec<i32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
-        assert_groups_empty(&pgids);
+        assert_groups_empty(&self.agent_groups());
     }
 }
 
-/// Asserts that no live process is in any of `pgids`, waiting up to 5 s.
-pub fn assert_groups_empty(pgids: &[i32]) {
+/// Shell that prints the shell's pid and its start time (clock ticks since
+/// boot, field 22 of `/proc/$$/stat`; the shell's name has no space): an
+/// agent records its process group with it while it leads the group.
+pub const RECORD_GROUP: &str = r#"echo "$$ $(cut -d' ' -f22 /proc/$$/stat)""#;
+
+/// Shell that defines `record_process PID`, which prints `PID START` for a
+/// live process (read back with [`Process::recorded`]); prepend it to a
+/// script that records a child (`sleep 1000 & record_process $!`).
+pub const RECORD_PROCESS: &str =
+    r#"record_process() { echo "$1 $(cut -d' ' -f22 "/proc/$1/stat")"; }"#;
+
+/// One process as a script recorded it, by pid and start time (issue 30): a
+/// pid alone names whichever process holds it when the check runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Process {
+    /// Its pid.
+    pub pid: i32,
+    /// Its start time, clock ticks since boot.
+    pub start: u64,
+}
+
+impl Process {
+    /// A process from a line `PID START …` (what [`RECORD_PROCESS`] and
+    /// [`RECORD_GROUP`] print; later words are the test's own).
+    pub fn recorded(line: &str) -> Process {
+        let mut words = line.split_whitespace();
+        let (Some(pid), Some(start)) = (words.next(), words.next()) else {
+            panic!("not a process recorded as `PID START`: {line:?}");
+        };
+        Process {
+            pid: pid.parse().unwrap(),
+            start: start.parse().unwrap(),
+        }
+    }
+
+    /// Whether this very process is alive (not a zombie): not another that
+    /// reuses its pid.
+    pub fn alive(&self) -> bool {
+        hosted_boot::process::tree::read_proc(self.pid)
+            .is_some_and(|p| !p.zombie && p.start_time == self.start)
+    }
+}
+
+/// An agent's process group as the suite knows it (issue 30): its id, and
+/// its leader's start time when the leader was seen alive. An id alone
+/// names whichever group holds that number when the check runs: after pids
+/// wrap (`pid_max` is 32,768 on the CI machine, and the load row starts
+/// thousands of agents), an unrelated session leader that reuses the id is
+/// not an orphan of this group.
+///
+/// Linux keeps a number reserved while any process uses it as its pid,
+/// process group or session: so a live process holding the number that is
+/// not the recorded leader proves the recorded group emptied before it.
+/// What this cannot tell apart: a group whose leader is gone, holding
+/// members, from a group that reused the number after this one emptied and
+/// whose own leader is gone too; such members count as survivors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// The process group id (its leader's pid).
+    pub pgid: i32,
+    /// The leader's start time; `None`: the leader is known to have exited
+    /// (and been reaped) before any check.
+    leader_start: Option<u64>,
+}
+
+impl Group {
+    /// A group as [`RECORD_GROUP`] printed it (`PGID START`): its leader,
+    /// recorded while it led the group.
+    pub fn recorded(line: &str) -> Group {
+        Group::led_by(Process::recorded(line))
+    }
+
+    /// The group `leader` led when it was recorded.
+    pub fn led_by(leader: Process) -> Group {
+        Group {
+            pgid: leader.pid,
+            leader_start: Some(leader.start),
+        }
+    }
+
+    /// Every group of a file that each agent appended a [`RECORD_GROUP`]
+    /// line to.
+    pub fn all_recorded(text: &str) -> Vec<Group> {
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(Group::recorded)
+            .collect()
+    }
+
+    /// The group led by `pid`, which must be alive now and lead it.
+    pub fn of_live_leader(pid: i32) -> Group {
+        let leader = hosted_boot::process::tree::read_proc(pid)
+            .unwrap_or_else(|| panic!("the group leader {pid} is not alive"));
+        assert!(!leader.zombie, "the group leader {pid} has exited");
+        assert_eq!(leader.pgid, pid, "{pid} leads no process group");
+        Group::led_by(Process {
+            pid,
+            start: leader.start_time,
+        })
+    }
+
+    /// The group led by `pgid`, whose leader has exited and been reaped
+    /// (as `supervise` reports it): a live process with that pid reuses
+    /// the number.
+    pub fn of_exited_leader(pgid: i32) -> Group {
+        Group {
+            pgid,
+            leader_start: None,
+        }
+    }
+
+    /// The live (non-zombie) processes of this group.
+    pub fn live_members(&self) -> Vec<i32> {
+        self.members_in(&hosted_boot::process::tree::scan())
+    }
+
+    /// [`Group::live_members`] among `procs` (one scan of `/proc`).
+    pub fn members_in(&self, procs: &[hosted_boot::process::tree::ProcInfo]) -> Vec<i32> {
+        if let Some(holder) = procs.iter().find(|p| p.pid == self.pgid) {
+            if self.leader_start != Some(holder.start_time) {
+                return Vec::new();
+            }
+        }
+        procs
+            .iter()
+            .filter(|p| !p.zombie && p.pgid == self.pgid)
+            // Nothing older than the leader joins its group: it leads its
+            // own session, which only its descendants can be in.
+            .filter(|p| self.leader_start.is_none_or(|s| p.start_time >= s))
+            .map(|p| p.pid)
+            .collect()
+    }
+}
+
+/// Asserts that no live process is in any of `groups`, waiting up to 5 s.
+pub fn assert_groups_empty(groups: &[Group]) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let left: Vec<(i32, Vec<i32>)> = pgids
+        let procs = hosted_boot::process::tree::scan();
+        let left: Vec<(i32, Vec<i32>)> = groups
             .iter()
-            .map(|g| (*g, live_group_members(*g)))
+            .map(|g| (g.pgid, g.members_in(&procs)))
             .filter(|(_, m)| !m.is_empty())
             .collect();
         if left.is_empty() {
@@ -434,28 +588,6 @@ pub async fn assert_no_zombie_children() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// Live (non-zombie) processes whose process group is `pgid`.
-pub fn live_group_members(pgid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Fields after the command name: state ppid pgrp …
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string() {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 /// Asserts that `output` contains none of `secrets`.
