@@ -258,11 +258,45 @@ impl Become {
     ///
     /// Errors: the OS refused a call (the exec must then not happen).
     pub fn now(&self) -> io::Result<()> {
+        regain_root_effective()?;
         rustix::thread::set_thread_groups(&self.groups)?;
         rustix::thread::set_thread_gid(self.gid)?;
         rustix::thread::set_thread_uid(self.uid)?;
         Ok(())
     }
+}
+
+/// In a child forked by a thread that acts as another user
+/// ([`AgentUser::act_as`]: root only as the real and saved uid), takes root
+/// back as the effective uid: `setuid` by a non-root effective uid changes
+/// that one id alone, and would leave the child a way back to root.
+/// Nothing for a thread whose effective uid is its real one.
+fn regain_root_effective() -> io::Result<()> {
+    if rustix::process::getuid().is_root() && !rustix::process::geteuid().is_root() {
+        rustix::thread::set_thread_res_uid(None, Some(Uid::ROOT), None)?;
+    }
+    Ok(())
+}
+
+/// In a child forked by a thread that acts as another user
+/// ([`AgentUser::act_as`]), between fork and exec: makes that user's ids
+/// (effective uid and gid, the groups the thread set) the child's real,
+/// effective and saved ids, so that nothing it runs can switch back to root
+/// (a shell does when its effective uid is not its real one: issue 31).
+/// Nothing for a child of a thread that acts as nobody else.
+/// Async-signal-safe; allocates nothing.
+///
+/// Errors: the OS refused a call (the exec must then not happen).
+pub fn settle_acting_user_in_child() -> io::Result<()> {
+    let (uid, euid) = (rustix::process::getuid(), rustix::process::geteuid());
+    let (gid, egid) = (rustix::process::getgid(), rustix::process::getegid());
+    if uid == euid && gid == egid {
+        return Ok(());
+    }
+    regain_root_effective()?;
+    rustix::thread::set_thread_res_gid(Some(egid), Some(egid), Some(egid))?;
+    rustix::thread::set_thread_res_uid(Some(euid), Some(euid), Some(euid))?;
+    Ok(())
 }
 
 /// The groups and gid the process started with, for [`reset_thread_identity`].

@@ -403,18 +403,23 @@ async fn prepare_workspace(
         }
     }
     write_session_files(b.config, session_dir, &resolved.remote)?;
-    let broker = match b.config.credential_mode {
+    // The runner's own git work (clone, sync, harvest) always asks the
+    // broker in process, in both credential modes: it never runs the
+    // credential helper, which reads boot-context.json, a file the agent
+    // user can write (issue 31: in file mode a root-run helper followed the
+    // agent's rewritten paths and URLs). Only broker mode serves it on the
+    // socket, for the agent's git.
+    let broker = new_broker(b, resolved);
+    match b.config.credential_mode {
         CredentialMode::File => {
             b.redactor
                 .add_source(issued_tokens_source(session_dir.issued_tokens_path()));
-            None
         }
         CredentialMode::Broker => {
-            let (broker, server) = start_broker(b, session_dir, resolved)?;
-            cleanup.broker = Some(server);
-            Some(broker)
+            cleanup.broker = Some(serve_broker(b, session_dir, &broker)?);
         }
-    };
+    }
+    let broker = Some(broker);
     let harvester = harvester(
         b.config,
         b.http.clone(),
@@ -459,26 +464,31 @@ fn broker_peers(config: &BootConfig) -> Vec<u32> {
 /// Broker mode (PROTOCOL.md 3): the credential broker, seeded with the
 /// boot's own read token (step 3) so the clone mints nothing, serving its
 /// socket in the session directory.
-fn start_broker(
-    b: &Boot<'_>,
-    session_dir: &SessionDir,
-    resolved: &Resolved,
-) -> Result<(workspace::Broker, workspace::BrokerServer), SessionDirError> {
+/// The credential broker, seeded with the boot's read token.
+fn new_broker(b: &Boot<'_>, resolved: &Resolved) -> workspace::Broker {
     let broker = workspace::Broker::new(b.api.clone(), resolved.remote.clone(), b.redactor.clone());
     let seeded = broker.seed_read(&resolved.read_token, resolved.read_token_at);
     tracing::debug!(
         seeded,
         "credential broker seeded with the boot's read token"
     );
+    broker
+}
+
+/// Serves `broker` on the session's socket (broker mode).
+fn serve_broker(
+    b: &Boot<'_>,
+    session_dir: &SessionDir,
+    broker: &workspace::Broker,
+) -> Result<workspace::BrokerServer, SessionDirError> {
     let socket = session_dir.credential_socket_path();
-    let server = broker
+    broker
         .serve(
             &socket,
             broker_peers(b.config),
             b.config.timings.request_timeout,
         )
-        .map_err(|e| SessionDirError::io("serve the credential broker on", &socket, e))?;
-    Ok((broker, server))
+        .map_err(|e| SessionDirError::io("serve the credential broker on", &socket, e))
 }
 
 /// What every turn of the drain (step 6) shares; starts the agent API
@@ -905,12 +915,14 @@ async fn clone_repo(
             message: e.to_string(),
         })?;
         let broker = harvester.http.broker.clone();
-        let allow = |url: &Url| allow_submodule_remote(broker.as_ref(), session_dir, url);
+        let mode = config.credential_mode;
+        let allow = |url: &Url| allow_submodule_remote(broker.as_ref(), mode, session_dir, url);
         workspace::completion::complete(
             prepared.path.clone(),
             remote,
             harvester.credential_helper.clone(),
             harvester.http.redactor.clone(),
+            config.agent_user.clone(),
             allow,
         )
         .await
@@ -922,22 +934,22 @@ async fn clone_repo(
     Ok((prepared.reused, completion))
 }
 
-/// Lets the credential helper answer for a submodule's remote on the
-/// session's host: the broker in memory, or (file mode) the boot context.
-fn allow_submodule_remote(broker: Option<&workspace::Broker>, session_dir: &SessionDir, url: &Url) {
+/// Lets the credential helpers answer for a submodule's remote on the
+/// session's host: the broker in memory and, in file mode, the file helper
+/// through the boot context (rewritten from the runner's own copy).
+fn allow_submodule_remote(
+    broker: Option<&workspace::Broker>,
+    mode: CredentialMode,
+    session_dir: &SessionDir,
+    url: &Url,
+) {
     if let Some(broker) = broker {
         broker.allow_submodule_remote(url);
-        return;
     }
-    let path = session_dir.context_path();
-    let written = BootContext::read(&path).and_then(|mut context| {
-        if !context.submodule_remotes.iter().any(|u| u == url.as_str()) {
-            context.submodule_remotes.push(url.to_string());
+    if mode == CredentialMode::File {
+        if let Err(e) = session_dir.allow_submodule_remote(url.as_str()) {
+            tracing::warn!(remote = %url, error = %e, "cannot let the credential helper answer for a submodule's remote");
         }
-        session_dir.write_context(&context)
-    });
-    if let Err(e) = written {
-        tracing::warn!(remote = %url, error = %e, "cannot let the credential helper answer for a submodule's remote");
     }
 }
 

@@ -6,6 +6,7 @@ use std::fs::{self, DirBuilder, File};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 pub mod context;
 
@@ -202,6 +203,11 @@ pub struct SessionDir {
     path: PathBuf,
     /// `--agent-user`: the files the agent reads during a turn are its.
     agent: Option<AgentFiles>,
+    /// `boot-context.json` as the runner last wrote it: the runner rewrites
+    /// the file from this copy and never reads it back, since the agent
+    /// user may own it (issue 31: no root process reads a file the agent
+    /// can write).
+    context: Arc<Mutex<Option<BootContext>>>,
 }
 
 /// Which session files belong to the agent user (PROTOCOL.md 3, "The agent
@@ -243,6 +249,7 @@ impl SessionDir {
             parent,
             path,
             agent: None,
+            context: Arc::default(),
         })
     }
 
@@ -358,7 +365,9 @@ impl SessionDir {
     /// Errors: [`SessionDirError::Io`], or [`SessionDirError::Context`] if it
     /// cannot be serialized.
     pub fn write_context(&self, context: &BootContext) -> Result<(), SessionDirError> {
+        let mut kept = self.context.lock().unwrap_or_else(|e| e.into_inner());
         context.write(&self.context_path())?;
+        *kept = Some(context.clone());
         match self.owner_of(CONTEXT_FILE) {
             // Written before the agent ever runs: the change of owner
             // after the rename is not seen.
@@ -369,6 +378,30 @@ impl SessionDir {
             }
             None => Ok(()),
         }
+    }
+
+    /// Adds `url` to the context's `submoduleRemotes` (the file credential
+    /// helper then answers for it), rewriting `boot-context.json` from the
+    /// runner's own copy.
+    ///
+    /// Errors: no context was written yet, or [`SessionDir::write_context`]'s.
+    pub fn allow_submodule_remote(&self, url: &str) -> Result<(), SessionDirError> {
+        let kept = self
+            .context
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(mut context) = kept else {
+            return Err(SessionDirError::Context {
+                path: self.context_path(),
+                reason: "not written yet".to_string(),
+            });
+        };
+        if context.submodule_remotes.iter().any(|u| u == url) {
+            return Ok(());
+        }
+        context.submodule_remotes.push(url.to_string());
+        self.write_context(&context)
     }
 
     /// Creates the credential helper's files empty (0600, atomic; each holds

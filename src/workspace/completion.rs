@@ -47,6 +47,7 @@ pub async fn complete(
     session: Url,
     helper: String,
     redactor: Redactor,
+    owner: Option<crate::agent_user::AgentUser>,
     allow: impl Fn(&Url),
 ) -> Completion {
     // Dropped with this future (a stop during the clone step): the git
@@ -61,12 +62,13 @@ pub async fn complete(
         depth: 0,
     }];
     while let Some(level) = levels.pop() {
-        let (s, h, r, l, c) = (
+        let (s, h, r, l, c, o) = (
             session.clone(),
             helper.clone(),
             redactor.clone(),
             level.clone(),
             cancelled.clone(),
+            owner.clone(),
         );
         let planned = tokio::task::spawn_blocking(move || {
             let run = GitRun {
@@ -74,6 +76,7 @@ pub async fn complete(
                 helper: &h,
                 redactor: &r,
                 cancelled: &c,
+                owner: o.as_ref(),
             };
             submodules::plan(&run, &l)
         })
@@ -94,11 +97,12 @@ pub async fn complete(
                 allow(url);
             }
         }
-        let (s, h, r, c) = (
+        let (s, h, r, c, o) = (
             session.clone(),
             helper.clone(),
             redactor.clone(),
             cancelled.clone(),
+            owner.clone(),
         );
         let updated = tokio::task::spawn_blocking(move || {
             let run = GitRun {
@@ -106,6 +110,7 @@ pub async fn complete(
                 helper: &h,
                 redactor: &r,
                 cancelled: &c,
+                owner: o.as_ref(),
             };
             submodules::update(&run, &level, &planned)
         })
@@ -116,13 +121,14 @@ pub async fn complete(
         }
     }
     let marker_dir = repo_dir.clone();
-    let (s, h, r, c) = (session, helper, redactor, cancelled.clone());
+    let (s, h, r, c, o) = (session, helper, redactor, cancelled.clone(), owner);
     done.lfs = tokio::task::spawn_blocking(move || {
         let run = GitRun {
             session: &s,
             helper: &h,
             redactor: &r,
             cancelled: &c,
+            owner: o.as_ref(),
         };
         lfs::complete(&run, &repo_dir)
     })

@@ -103,6 +103,10 @@ pub struct GitRun<'a> {
     /// the clone step): the running `git` and its process group are
     /// killed at once instead of running on past the runner.
     pub cancelled: &'a AtomicBool,
+    /// `--agent-user`: every `git` runs wholly as that user (real,
+    /// effective and saved ids) in its `repo/`, as does the credential
+    /// helper it starts (issue 31).
+    pub owner: Option<&'a crate::agent_user::AgentUser>,
 }
 
 /// Whether `url` may be fetched with the session's credentials: the session
@@ -528,10 +532,20 @@ pub(super) fn git(run: &GitRun<'_>, dir: &Path, args: &[&str]) -> Result<String,
     // remote helpers and git-lfs it started; and killed with the runner if
     // the runner dies before it can (no orphan holds a token's transfer).
     cmd.process_group(0);
-    // SAFETY: prctl is async-signal-safe; nothing else runs between fork
-    // and exec.
+    let become_owner = run.owner.map(|o| o.become_in_child());
+    if let Some(owner) = run.owner {
+        // The runner's HOME is root's, which the agent user cannot read.
+        cmd.env("HOME", &owner.home).env_remove("XDG_CONFIG_HOME");
+    }
+    // SAFETY: prctl and the raw identity calls of `Become::now` are
+    // async-signal-safe and allocate nothing; nothing else runs between
+    // fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            // First: a change of identity clears the parent-death signal.
+            if let Some(b) = &become_owner {
+                b.now()?;
+            }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             Ok(())
         });

@@ -34,6 +34,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -209,12 +210,21 @@ fn run_helper(
     input: &str,
     deadline: Duration,
 ) -> Result<HelperOutput, TransportError> {
-    let mut child = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .arg("-c")
         .arg(format!("{cmd} {action}"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    // From a thread that acts as the agent user, the helper is wholly that
+    // user: with root left as its real uid, the shell would take it back.
+    // SAFETY: raw identity system calls only, nothing allocates between
+    // fork and exec.
+    unsafe {
+        command.pre_exec(crate::agent_user::settle_acting_user_in_child);
+    }
+    let mut child = command
         .spawn()
         .map_err(|e| TransportError::Helper(format!("cannot start the credential helper: {e}")))?;
     if let Some(mut stdin) = child.stdin.take() {

@@ -76,7 +76,12 @@ impl Drop for TestUser {
 /// A sandbox the agent user can work in: the test's directory traversable,
 /// `$AGENT_OUT` its own.
 pub(super) async fn sandbox_for(user: &TestUser) -> Sandbox {
-    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    sandbox_with(user, CoordinatorOptions::default()).await
+}
+
+/// [`sandbox_for`] with a coordinator of `opts`.
+pub(super) async fn sandbox_with(user: &TestUser, opts: CoordinatorOptions) -> Sandbox {
+    let sb = Sandbox::start(opts).await;
     std::fs::set_permissions(sb.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(sb.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(sb.out(), Some(user.uid), Some(user.uid)).unwrap();
@@ -91,7 +96,7 @@ pub(super) fn runner_as(sb: &Sandbox, script: &Path, user: &str) -> Child {
 }
 
 /// [`runner_as`] with `--credential-mode` `mode` (`broker` or `file`).
-fn runner_in_mode(sb: &Sandbox, script: &Path, user: &str, mode: &str) -> Child {
+pub(super) fn runner_in_mode(sb: &Sandbox, script: &Path, user: &str, mode: &str) -> Child {
     sb.wrapped_command(&["env"], "run", script)
         .env("HOSTED_BOOT_AGENT_USER", user)
         .env("HOSTED_BOOT_CREDENTIAL_MODE", mode)

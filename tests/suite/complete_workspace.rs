@@ -266,7 +266,7 @@ async fn a_submodule_on_another_host_or_a_local_transport_is_skipped_and_never_c
 
 const LFS_CONTENT: &str = "binary-ish content served from LFS, 0123456789\n";
 
-fn lfs_sources(dir: &Path) -> PathBuf {
+pub(super) fn lfs_sources(dir: &Path) -> PathBuf {
     repo_with(
         &dir.join("app"),
         &[

@@ -32,6 +32,7 @@ mod secrets;
 mod self_protection;
 mod setup;
 mod status;
+mod steering;
 mod supervisor;
 mod support;
 mod workspace;

@@ -196,6 +196,21 @@ impl Sandbox {
         std::fs::read_to_string(self.out().join(name)).unwrap_or_default()
     }
 
+    /// The content of `path` at the tip of the session branch in the
+    /// coordinator's repository, `None` when it is not there.
+    pub fn remote_file(&self, path: &str) -> Option<String> {
+        let out = std::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(self.coordinator.bare_repo())
+            .arg("show")
+            .arg(format!("refs/heads/{}:{path}", self.coordinator.branch()))
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// The process group an agent recorded in `name` with [`RECORD_GROUP`].
     pub fn read_group(&self, name: &str) -> Group {
         Group::recorded(&self.read_out(name))

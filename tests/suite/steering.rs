@@ -1,0 +1,175 @@
+//! The agent cannot steer the runner (issue 31): no root process trusts a
+//! file the agent user can write or follows its links, and every process
+//! started for git work in `repo/` is wholly the agent user. The runner is
+//! root and the agent a throwaway user (`--agent-user`): these tests need
+//! root, as CI has; without it they fail.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hosted_boot::coordinator::CoordinatorOptions;
+
+use super::agent_user::{TestUser, runner_in_mode, sandbox_for, sandbox_with};
+use super::support::{Sandbox, finish};
+
+/// A user for the test; these tests do not skip.
+fn test_user() -> TestUser {
+    TestUser::create().unwrap_or_else(|reason| panic!("{reason}"))
+}
+
+/// Everything sent to a loopback listener (each connection read for up to
+/// 2 s, answered by a close): where an agent would point a stolen request.
+fn listener() -> (u16, Arc<Mutex<Vec<u8>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = conn.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                kept.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        }
+    });
+    (port, seen)
+}
+
+/// Item 1. In file mode `boot-context.json` is the agent user's: the agent
+/// points its boot secret at a root-only file, its token URLs at its own
+/// listener and the helper's cache, lock and token files into a root-only
+/// directory, then leaves work for the harvest. The runner's push must not
+/// run that helper as root (before the fix its `sh` took root back and
+/// sent the root-only file to the listener): the work is pushed, the
+/// listener hears nothing, the directory gets nothing.
+#[tokio::test]
+async fn in_file_mode_a_rewritten_helper_context_steers_no_root_process() {
+    let user = test_user();
+    let sb = sandbox_for(&user).await;
+    let vault = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(vault.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let marker = format!("root-only-{}", std::process::id());
+    let secret = vault.path().join("secret");
+    std::fs::write(&secret, &marker).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (port, heard) = listener();
+    let script = sb.script(&format!(
+        r#"
+ctx="$(dirname "$ORIZU_TOKEN_FILE")/boot-context.json"
+python3 - "$ctx" <<'PY'
+import json, sys
+path = sys.argv[1]
+c = json.load(open(path))
+c["bootSecretPath"] = "{secret}"
+c["agentTokenUrl"] = "http://127.0.0.1:{port}/agent-token"
+c["apiBaseUrl"] = "http://127.0.0.1:{port}/"
+c["credentialCachePath"] = "{vault}/cache"
+c["credentialLockPath"] = "{vault}/lock"
+c["issuedTokensPath"] = "{vault}/issued"
+c["insecureHttp"] = True
+open(path, "w").write(json.dumps(c))
+PY
+echo "rewrote=$?" > "$AGENT_OUT/rewrote"
+echo "work of the turn" > left.md
+"#,
+        secret = secret.display(),
+        vault = vault.path().display(),
+    ));
+    let child = runner_in_mode(&sb, &script, &user.name, "file");
+    let snap = sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(sb.read_out("rewrote").trim(), "rewrote=0", "{output}");
+    let heard = String::from_utf8_lossy(&heard.lock().unwrap()).into_owned();
+    assert!(
+        !heard.contains(&marker),
+        "the root-only file reached the agent's listener: {heard}"
+    );
+    assert_eq!(heard, "", "a runner process followed the rewritten URLs");
+    let planted: Vec<_> = std::fs::read_dir(vault.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(planted, vec!["secret".to_string()], "{output}");
+    let finish = snap.run("run-1").unwrap().finish.as_ref().unwrap();
+    let result = serde_json::to_value(&finish.result).unwrap();
+    assert_eq!(
+        result["pushed"],
+        serde_json::json!(true),
+        "{result}\n{output}"
+    );
+    assert_eq!(
+        sb.remote_file("left.md").as_deref(),
+        Some("work of the turn\n")
+    );
+    assert_eq!(status.code(), Some(0), "{output}");
+}
+
+/// Item 1. Every process started for the runner's git work in `repo/` is
+/// wholly the agent user (real, effective and saved ids): here the git of
+/// the clone's completion, through the `git-lfs` it runs (a stand-in that
+/// records its ids). Before, it ran as root in the agent's `repo/`.
+#[tokio::test]
+async fn the_completions_git_runs_wholly_as_the_agent_user() {
+    let user = test_user();
+    let src = tempfile::tempdir().unwrap();
+    let sb = sandbox_with(
+        &user,
+        CoordinatorOptions {
+            source_repo: Some(super::complete_workspace::lfs_sources(src.path())),
+            ..CoordinatorOptions::default()
+        },
+    )
+    .await;
+    let bin = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let stand_in = bin.path().join("git-lfs");
+    std::fs::write(
+        &stand_in,
+        "#!/bin/sh\ngrep -E '^(Uid|Gid):' /proc/self/status > \"$IDS_DIR/lfs-$1\"\n[ \"$1\" = version ] && echo 'git-lfs/3.3.0 (a test stand-in)'\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = sb.script("echo ran > \"$AGENT_OUT/ran\"");
+    let child = runner_cmd(&sb, &script, &user.name)
+        .env("PATH", path)
+        .env("IDS_DIR", sb.out())
+        .spawn()
+        .unwrap();
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let ids = sb.read_out("lfs-version");
+    let (uid, gid) = (user.uid, user_gid(&user));
+    assert_eq!(
+        ids,
+        format!("Uid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{gid}\t{gid}\t{gid}\t{gid}\n"),
+        "{output}"
+    );
+}
+
+/// The runner command of [`runner_in_mode`] (broker mode), not spawned.
+fn runner_cmd(sb: &Sandbox, script: &std::path::Path, user: &str) -> tokio::process::Command {
+    let mut cmd = sb.wrapped_command(&["env"], "run", script);
+    cmd.env("HOSTED_BOOT_AGENT_USER", user);
+    cmd
+}
+
+fn user_gid(user: &TestUser) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(&user.home).unwrap().gid()
+}
