@@ -21,9 +21,11 @@ RUN stub-targets > /tmp/stubs \
  && xargs rm -f < /tmp/stubs \
  && rm -rf /tmp/stubs target/release/.fingerprint/hosted-boot-* \
            target/release/deps/hosted_boot-* target/release/deps/libhosted_boot-*
-# The lib and the bin are all this build needs: the benches' paths are
-# explicit in Cargo.toml, so cargo does not look for their files.
+# The lib and the bin are all this build needs (the benches' paths are
+# explicit in Cargo.toml, so cargo does not look for their files), and the
+# files their code includes (`include_str!`): the OpenAPI document.
 COPY src ./src
+COPY docs/openapi.yaml ./docs/openapi.yaml
 RUN cargo build --release --locked \
  && install -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot
 

@@ -331,10 +331,14 @@ proptest! {
         let Ok(turn) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
             return Ok(());
         };
+        // A session of every required field, so that each case reaches
+        // pending_turn (the fuzzed member is any JSON value).
         let text = format!(
-            r#"{{"session":{{"id":"s1","status":"active","pendingTurn":{turn},"interruptRequestedRunId":null}}}}"#
+            r#"{{"session":{{"workspaceId":"w1","repoBranch":"orizu/s1","status":"active","clientInfo":{{"task":"t"}},"runs":[{{"id":"run-2","status":"pending"}},{{"id":"run-1","status":"succeeded"}}],"pendingTurn":{turn},"interruptRequestedRunId":null}}}}"#
         );
-        if let Ok(envelope) = serde_json::from_str::<crate::wire::SessionEnvelope>(&text) {
+        let parsed = serde_json::from_str::<crate::wire::SessionEnvelope>(&text);
+        prop_assert!(parsed.is_ok(), "the session around the case does not parse: {parsed:?}");
+        if let Ok(envelope) = parsed {
             let _ = envelope.session.pending_turn();
             let _ = crate::boot::idle::select_turn(&envelope.session, at_boot, &HashSet::new());
         }

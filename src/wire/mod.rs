@@ -239,6 +239,11 @@ impl Session {
     pub fn pending_turn(&self) -> Result<Option<PendingTurn>, String> {
         match &self.pending_turn {
             None | Some(Value::Null) => Ok(None),
+            // serde's derive would take an array as the fields in order.
+            Some(v) if !v.is_object() => Err(format!(
+                "pendingTurn has the wrong shape: expected an object or null, got {}",
+                json_kind(v)
+            )),
             Some(v) => serde_json::from_value::<PendingTurn>(v.clone())
                 .map(Some)
                 .map_err(|e| format!("pendingTurn has the wrong shape: {e}")),
@@ -289,7 +294,8 @@ pub struct RunRef {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingTurn {
-    /// May be null.
+    /// May be null, but not absent.
+    #[serde(deserialize_with = "nullable")]
     pub turn_id: Option<String>,
     /// At least 1.
     pub ordinal: u64,
@@ -299,8 +305,34 @@ pub struct PendingTurn {
     pub body: String,
     /// The client's id of that message.
     pub client_message_id: String,
-    /// Set when the turn answers a question the agent asked (4.3).
+    /// Set when the turn answers a question the agent asked (4.3); null
+    /// otherwise, never absent (a misspelt member, ignored as unknown,
+    /// would otherwise turn an answer into a plain message).
+    #[serde(deserialize_with = "nullable")]
     pub answer_to_question: Option<AnswerToQuestion>,
+}
+
+/// A member that must be present and may be null: with a `deserialize_with`
+/// serde reports a missing member, where a plain `Option` would read it as
+/// null.
+fn nullable<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d)
+}
+
+/// The JSON type of `v`, for error messages.
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
 
 /// `answerToQuestion` (2.4).
@@ -970,5 +1002,29 @@ mod tests {
         assert_eq!(s.pending_turn().unwrap().unwrap().run_id, "r");
         s.pending_turn = Some(json!({"runId": 3}));
         assert!(s.pending_turn().is_err());
+        let valid = json!({"turnId": null, "ordinal": 1, "runId": "r", "body": "x",
+            "clientMessageId": "c", "answerToQuestion": null});
+        // Members it does not name are ignored (issue 30).
+        let mut extra = valid.clone();
+        extra["traceparent"] = json!("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        s.pending_turn = Some(extra);
+        assert_eq!(s.pending_turn().unwrap().unwrap().run_id, "r");
+        // The nullable members are required: a misspelt answerToQuestion
+        // is not read as a plain message.
+        for member in ["turnId", "answerToQuestion"] {
+            let mut missing = valid.clone();
+            let value = missing.as_object_mut().unwrap().remove(member).unwrap();
+            missing["answer_to_question"] = value;
+            s.pending_turn = Some(missing);
+            let e = s.pending_turn().unwrap_err();
+            assert!(e.contains(&format!("missing field `{member}`")), "{e}");
+        }
+        // Not an object: not the fields in order.
+        s.pending_turn = Some(json!([null, 1, "r", "x", "c", null]));
+        let e = s.pending_turn().unwrap_err();
+        assert!(e.contains("expected an object or null, got an array"), "{e}");
+        s.pending_turn = Some(json!({"turnId": null, "ordinal": "1", "runId": "r", "body": "x",
+            "clientMessageId": "c", "answerToQuestion": null}));
+        assert!(s.pending_turn().is_err(), "a known member of the wrong type");
     }
 }

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
-use super::support::{Group, Sandbox, WAIT, agent_events, assert_events_clean};
+use super::support::{Group, Sandbox, WAIT, agent_events, assert_events_clean, kill_group};
 
 const FAKES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes");
 const PLACEHOLDER: &str = "HOSTED_BOOT_PROVIDER_PLACEHOLDER_KEY";
@@ -155,12 +155,10 @@ async fn sealed_or_log(sb: &Sandbox, runner: &mut Runner, run: &str) -> Snapshot
             // A runner killed outright leaves its agent's group behind.
             for cli in ["claude", "codex", "opencode"] {
                 for start in records(&log(sb, cli), "start") {
-                    if let Some(pid) = start["pid"]
-                        .as_i64()
-                        .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+                    if let (Some(pid), Some(started)) =
+                        (start["pid"].as_i64(), start["start_time"].as_u64())
                     {
-                        let _ =
-                            rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+                        kill_group(&Group::recorded(&format!("{pid} {started}")));
                     }
                 }
             }

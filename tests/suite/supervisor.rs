@@ -182,7 +182,7 @@ async fn a_setsid_daemon_does_not_survive_the_turn() {
         // A double fork into a new session, as a tool shell's daemon does;
         // the agent exits once the daemon is in its own session.
         let script = r#"
-(setsid sh -c 'echo "$$ $(cut -d" " -f22 /proc/$$/stat) $(cut -d" " -f6 /proc/$$/stat)" > "$OUT/daemon.tmp"; mv "$OUT/daemon.tmp" "$OUT/daemon"; exec sleep 1000' &)
+(setsid sh -c 'echo "$$ $(sed "s/.*) //" /proc/$$/stat | cut -d" " -f20) $(cut -d" " -f6 /proc/$$/stat)" > "$OUT/daemon.tmp"; mv "$OUT/daemon.tmp" "$OUT/daemon"; exec sleep 1000' &)
 while [ ! -s "$OUT/daemon" ]; do sleep 0.01; done
 echo $$ > "$OUT/agent"
 exit 0
@@ -235,7 +235,7 @@ async fn supervise_names_the_daemons_the_cgroup_or_the_sweep_killed() {
         // program (the name is the symlink's: `/proc/<pid>/comm`).
         let script = r#"
 for d in daemon-one daemon-two; do
-  (setsid sh -c 'echo $$ > "$OUT/$1.tmp"; mv "$OUT/$1.tmp" "$OUT/$1.pid"; exec "$OUT/$1" 1000' sh "$d" > /dev/null 2>&1 &)
+  (setsid sh -c 'echo "$$ $(sed "s/.*) //" /proc/$$/stat | cut -d" " -f20)" > "$OUT/$1.tmp"; mv "$OUT/$1.tmp" "$OUT/$1.pid"; exec "$OUT/$1" 1000' sh "$d" > /dev/null 2>&1 &)
 done
 "$OUT/helper-child" 1000 > /dev/null 2>&1 &
 while [ ! -s "$OUT/daemon-one.pid" ] || [ ! -s "$OUT/daemon-two.pid" ]; do sleep 0.01; done
@@ -268,21 +268,16 @@ exit 0
         let daemon_by = if cgroup == "auto" { "cgroup" } else { "sweep" };
         for d in ["daemon-one", "daemon-two"] {
             assert_eq!(by(d), vec![daemon_by], "{d} ({cgroup}): {exit}");
-            let pid: i64 = std::fs::read_to_string(out.path().join(format!("{d}.pid")))
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap();
+            let daemon = Process::recorded(
+                &std::fs::read_to_string(out.path().join(format!("{d}.pid"))).unwrap(),
+            );
             assert!(
                 killed
                     .iter()
-                    .any(|k| k["name"] == d && k["pid"].as_i64() == Some(pid)),
+                    .any(|k| k["name"] == d && k["pid"].as_i64() == Some(i64::from(daemon.pid))),
                 "{d} ({cgroup}): {exit}"
             );
-            assert!(
-                hosted_boot::process::tree::read_proc(pid as i32).is_none_or(|p| p.zombie),
-                "{d} survived ({cgroup})"
-            );
+            assert!(!daemon.alive(), "{d} survived ({cgroup})");
         }
         assert_eq!(
             by("helper-child"),
@@ -469,7 +464,7 @@ async fn the_sweep_catches_what_forks_while_it_runs() {
     // A daemon in its own session that keeps forking (100 a second), so
     // that some of its children are born between a scan and a kill.
     let script = r#"
-setsid sh -c 'echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > "$OUT/forker.tmp"; mv "$OUT/forker.tmp" "$OUT/forker"; while :; do sleep 1000 & sleep 0.01; done' > /dev/null 2>&1 &
+setsid sh -c 'echo "$$ $(sed "s/.*) //" /proc/$$/stat | cut -d" " -f20)" > "$OUT/forker.tmp"; mv "$OUT/forker.tmp" "$OUT/forker"; while :; do sleep 1000 & sleep 0.01; done' > /dev/null 2>&1 &
 while [ ! -s "$OUT/forker" ]; do sleep 0.01; done
 sleep 0.2
 exit 0
@@ -516,7 +511,7 @@ async fn a_re_forking_daemon_does_not_escape_the_sweep_without_a_cgroup() {
     let marker = format!("{}-{}", std::process::id(), line!());
     let script = r#"
 printf '%s\n' 'sh "$0" &' > "$OUT/hop.sh"
-setsid sh -c 'echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > "$OUT/hopper.tmp"; mv "$OUT/hopper.tmp" "$OUT/hopper"; sh "$OUT/hop.sh" &' > /dev/null 2>&1 &
+setsid sh -c 'echo "$$ $(sed "s/.*) //" /proc/$$/stat | cut -d" " -f20)" > "$OUT/hopper.tmp"; mv "$OUT/hopper.tmp" "$OUT/hopper"; sh "$OUT/hop.sh" &' > /dev/null 2>&1 &
 (setsid sh -c 'echo $$ > "$OUT/daemon.tmp"; mv "$OUT/daemon.tmp" "$OUT/daemon"; exec sleep 1000' > /dev/null 2>&1 &)
 while [ ! -s "$OUT/hopper" ] || [ ! -s "$OUT/daemon" ]; do sleep 0.01; done
 sleep 0.2

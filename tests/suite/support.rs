@@ -409,15 +409,16 @@ impl Drop for Sandbox {
 }
 
 /// Shell that prints the shell's pid and its start time (clock ticks since
-/// boot, field 22 of `/proc/$$/stat`; the shell's name has no space): an
-/// agent records its process group with it while it leads the group.
-pub const RECORD_GROUP: &str = r#"echo "$$ $(cut -d' ' -f22 /proc/$$/stat)""#;
+/// boot, field 22 of `/proc/$$/stat`, counted after the name, which may
+/// hold spaces and parentheses): an agent records its process group with
+/// it while it leads the group.
+pub const RECORD_GROUP: &str = r#"echo "$$ $(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f20)""#;
 
 /// Shell that defines `record_process PID`, which prints `PID START` for a
 /// live process (read back with [`Process::recorded`]); prepend it to a
 /// script that records a child (`sleep 1000 & record_process $!`).
 pub const RECORD_PROCESS: &str =
-    r#"record_process() { echo "$1 $(cut -d' ' -f22 "/proc/$1/stat")"; }"#;
+    r#"record_process() { echo "$1 $(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f20)"; }"#;
 
 /// One process as a script recorded it, by pid and start time (issue 30): a
 /// pid alone names whichever process holds it when the check runs.
@@ -437,10 +438,14 @@ impl Process {
         let (Some(pid), Some(start)) = (words.next(), words.next()) else {
             panic!("not a process recorded as `PID START`: {line:?}");
         };
-        Process {
+        let process = Process {
             pid: pid.parse().unwrap(),
             start: start.parse().unwrap(),
-        }
+        };
+        // No process starts at boot's first tick: a 0 is a misread field,
+        // and would make every check on this process pass.
+        assert!(process.start > 0, "a start time of 0 recorded: {line:?}");
+        process
     }
 
     /// Whether this very process is alive (not a zombie): not another that
