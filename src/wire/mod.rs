@@ -1022,9 +1022,17 @@ mod tests {
         // Not an object: not the fields in order.
         s.pending_turn = Some(json!([null, 1, "r", "x", "c", null]));
         let e = s.pending_turn().unwrap_err();
-        assert!(e.contains("expected an object or null, got an array"), "{e}");
-        s.pending_turn = Some(json!({"turnId": null, "ordinal": "1", "runId": "r", "body": "x",
-            "clientMessageId": "c", "answerToQuestion": null}));
-        assert!(s.pending_turn().is_err(), "a known member of the wrong type");
+        assert!(
+            e.contains("expected an object or null, got an array"),
+            "{e}"
+        );
+        s.pending_turn = Some(
+            json!({"turnId": null, "ordinal": "1", "runId": "r", "body": "x",
+            "clientMessageId": "c", "answerToQuestion": null}),
+        );
+        assert!(
+            s.pending_turn().is_err(),
+            "a known member of the wrong type"
+        );
     }
 }
