@@ -155,6 +155,9 @@ async fn checks(
     if root_usable {
         lines.push(lock_line(&config.root));
     }
+    if config.credential_mode == crate::session_dir::CredentialMode::Broker {
+        lines.push(socket_line(&config.root, &config.api.session_id));
+    }
     if let Some(ca) = &config.ca_file {
         lines.push(match crate::tls::http_client(Some(ca)) {
             Ok(_) => CheckLine::pass("ca file", format!("{} is a usable PEM file", ca.display())),
@@ -218,6 +221,32 @@ fn key_line(config: &BootConfig, connectors: &[String]) -> Option<CheckLine> {
 
 /// The root's lock (PROTOCOL.md 3, one runner per root): `run` refuses a
 /// root another runner holds. Taken and released at once, writing nothing.
+/// Whether the credential broker's socket can be bound and reached at its
+/// place, however long its path (a socket address holds 107 bytes; a
+/// longer path goes through `/proc/self/fd`).
+fn socket_line(root: &Path, session_id: &str) -> CheckLine {
+    let path = std::path::absolute(root)
+        .unwrap_or_else(|_| root.to_path_buf())
+        .join(crate::session_dir::SESSION_PARENT)
+        .join(session_id)
+        .join(crate::session_dir::CREDENTIAL_SOCKET_FILE);
+    match crate::workspace::socket_path::limit(&path) {
+        None => CheckLine::pass(
+            "credential socket",
+            format!(
+                "{} ({} bytes) can be bound and reached",
+                path.display(),
+                path.as_os_str().len()
+            ),
+        ),
+        Some(why) => CheckLine::fail(
+            "credential socket",
+            why,
+            "mount /proc in the sandbox, or use the file credential mode (HOSTED_BOOT_CREDENTIAL_MODE=file)",
+        ),
+    }
+}
+
 fn lock_line(root: &Path) -> CheckLine {
     match crate::workspace::lock::probe(root) {
         Ok(()) => CheckLine::pass("root lock", "no other runner holds the root"),

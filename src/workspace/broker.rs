@@ -394,7 +394,7 @@ impl Broker {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        let listener = UnixListener::bind(path)?;
+        let listener = UnixListener::bind(super::socket_path::SocketPath::new(path)?.as_path())?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
         let broker = self.clone();
         let allowed: Arc<[u32]> = allowed_uids.into();
@@ -530,7 +530,9 @@ pub fn relay(
             socket.display()
         )
     };
-    let mut stream = std::os::unix::net::UnixStream::connect(socket).map_err(unreachable)?;
+    let address = super::socket_path::SocketPath::new(socket).map_err(unreachable)?;
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(address.as_path()).map_err(unreachable)?;
     stream.set_read_timeout(Some(wait)).map_err(unreachable)?;
     stream.set_write_timeout(Some(wait)).map_err(unreachable)?;
     // Built in one buffer of its final size, zeroized with the Secret (an

@@ -46,6 +46,7 @@ mod remote;
 mod secret_guard;
 mod setup_changes;
 mod size_limit;
+pub mod socket_path;
 pub mod submodules;
 mod sync;
 pub mod transport;

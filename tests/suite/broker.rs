@@ -186,6 +186,57 @@ git rev-parse HEAD > "$AGENT_OUT/head"
     assert_no_secret("runner output", &output, &sb.secrets(&[]));
 }
 
+/// Issue 31, item 5: a session id of 120 characters (the check allows 128)
+/// puts the broker's socket past the 107 bytes of a socket address; the
+/// broker binds it and the agent's git reaches it (through the directory),
+/// at its documented place. Before, the boot failed binding it.
+#[tokio::test]
+async fn a_socket_path_over_a_socket_address_is_served_and_reached() {
+    let id = format!("s-{}", "0123456789".repeat(12))
+        .chars()
+        .take(120)
+        .collect::<String>();
+    let sb = Sandbox::start(CoordinatorOptions {
+        session_id: id,
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let socket = sb.session_dir().join("credential.sock");
+    assert!(socket.as_os_str().len() > 107, "{}", socket.display());
+    let script = sb.script(&format!(
+        r#"
+[ -S "{socket}" ] && echo socket > "$AGENT_OUT/socket"
+echo change > CHANGE.md
+git add CHANGE.md
+git commit -q -m "agent change"
+git push -q origin HEAD 2>&1
+git rev-parse HEAD > "$AGENT_OUT/head"
+"#,
+        socket = socket.display()
+    ));
+    let child = sb.spawn(&script);
+    let (_, output) = sb.end_after_seal("run-1", child).await;
+    assert_eq!(
+        sb.coordinator.run("run-1").unwrap().status,
+        "succeeded",
+        "{output}"
+    );
+    assert_eq!(sb.read_out("socket"), "socket\n", "{output}");
+    let remote = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.coordinator.bare_repo())
+        .args(["rev-parse", &sb.coordinator.branch()])
+        .output()
+        .unwrap();
+    let head = sb.read_out("head");
+    assert!(!head.trim().is_empty(), "{output}");
+    assert_eq!(String::from_utf8_lossy(&remote.stdout).trim(), head.trim());
+    assert!(
+        !log_lines(&output, "credential broker answered").is_empty(),
+        "{output}"
+    );
+}
+
 #[tokio::test]
 async fn the_broker_gives_nothing_for_another_host_or_repository() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;

@@ -23,6 +23,7 @@ async fn a_good_environment_passes_and_only_reads() {
         "environment",
         "root",
         "root lock",
+        "credential socket",
         "agent token",
         "session",
         "env bundle",
@@ -35,7 +36,7 @@ async fn a_good_environment_passes_and_only_reads() {
         );
     }
     assert!(
-        out.contains("all 8 checks passed: `hosted-boot run` can boot"),
+        out.contains("all 9 checks passed: `hosted-boot run` can boot"),
         "{out}"
     );
     // The bearer's lifetime in words, not Rust's debug text.
@@ -145,7 +146,7 @@ async fn each_kind_of_failure_is_named_with_a_hint() {
         "{out}"
     );
     assert!(
-        out.contains("2 of 8 checks failed: `hosted-boot run` would fail"),
+        out.contains("2 of 9 checks failed: `hosted-boot run` would fail"),
         "{out}"
     );
 
@@ -265,7 +266,7 @@ async fn a_root_this_user_cannot_write_fails_the_check() {
         "{out}"
     );
     assert!(!out.contains("checks passed"), "{out}");
-    assert!(out.contains("1 of 7 checks failed"), "{out}");
+    assert!(out.contains("1 of 8 checks failed"), "{out}");
 }
 
 #[tokio::test]
