@@ -109,6 +109,46 @@ impl AgentUser {
         Ok(before)
     }
 
+    /// Makes `root` the runner's (root's, not writable by group or others:
+    /// mode 0755 at most) when this user could write it, as an
+    /// `emptyDir` mounted at `/workspace` (0777) lets everyone: an agent
+    /// that can write the root can put links where the runner keeps its
+    /// own directories (issue 31, SECURITY.md). Returns whether it changed
+    /// anything. Call it before the runner writes under the root.
+    ///
+    /// Errors: the root cannot be opened or changed; the message names it,
+    /// its owner and mode, and what to do.
+    pub fn secure_root(&self, root: &Path) -> Result<bool, AgentUserError> {
+        let fail = |what: String| {
+            AgentUserError(format!(
+                "the root {} {what}; the agent user {} must not be able to write it (it could put links where the runner keeps its files): make it root's and 0755, or let the runner (root) change it",
+                root.display(),
+                self.name
+            ))
+        };
+        let dir = rustix::fs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| fail(format!("cannot be opened ({e})")))?;
+        let stat = rustix::fs::fstat(&dir).map_err(|e| fail(format!("cannot be read ({e})")))?;
+        let mode = stat.st_mode & 0o7777;
+        let writable_by_others = mode & 0o022 != 0;
+        if stat.st_uid == 0 && stat.st_gid == 0 && !writable_by_others {
+            return Ok(false);
+        }
+        let described = format!(
+            "(owner uid {}, gid {}, mode {mode:04o})",
+            stat.st_uid, stat.st_gid
+        );
+        rustix::fs::fchown(&dir, Some(Uid::ROOT), Some(Gid::ROOT))
+            .map_err(|e| fail(format!("{described} cannot be made root's ({e})")))?;
+        rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode & !0o7022))
+            .map_err(|e| fail(format!("{described} cannot be made 0755 ({e})")))?;
+        Ok(true)
+    }
+
     /// What a child needs to become this user between fork and exec,
     /// allocated beforehand ([`Become::now`] allocates nothing).
     pub fn become_in_child(&self) -> Become {

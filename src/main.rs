@@ -230,6 +230,23 @@ fn run(args: RunArgs, env: BTreeMap<OsString, OsString>, boot_secret: Option<Sec
     // until the process exits (runtime shutdown included): a second runner
     // on the root would destroy this one's session (PROTOCOL.md 3, 4 step 1).
     // Here, in the process that boots: under PID 1 that is the worker.
+    // With --agent-user the root is the runner's before it writes there
+    // (issue 31): an agent that can write it can put links in the runner's
+    // place.
+    if let Some(user) = &config.agent_user {
+        match user.secure_root(&config.root) {
+            Ok(true) => eprintln!(
+                "hosted-boot: the root {} was writable by the agent user {}: made root's, not writable by group or others",
+                config.root.display(),
+                user.name
+            ),
+            Ok(false) => {}
+            Err(e) => {
+                eprintln!("hosted-boot: configuration error: {e}");
+                return 2;
+            }
+        }
+    }
     let _lock = match workspace::RootLock::acquire(&config.root) {
         Ok(lock) => lock,
         Err(e) => {

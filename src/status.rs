@@ -305,7 +305,8 @@ impl StatusFile {
 
 fn write(path: &Path, status: &Status) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
+    // `.hosted-boot`, never through a link (issue 31).
+    crate::session_dir::runner_dir::runner_dir(dir, 0o755)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     let mut json = serde_json::to_vec_pretty(status).map_err(std::io::Error::other)?;
     json.push(b'\n');

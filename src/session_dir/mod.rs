@@ -2,13 +2,14 @@
 //! written whole or not at all, mode 0600 from creation, ending with a
 //! newline; the session directory is 0700 and removed on every exit path.
 
-use std::fs::{self, DirBuilder, File};
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub mod context;
+pub mod runner_dir;
 
 pub use context::{BootContext, CredentialMode};
 
@@ -152,15 +153,12 @@ pub fn write_file_owned(
         .map_err(|e| SessionDirError::io("rename into place", path, e.error))
 }
 
-/// Creates `path` (and missing parents) with mode 0700 and forces the mode.
+/// Creates `path` with mode 0700 and forces the mode, never through a
+/// link (see [`runner_dir`]); its parent must exist.
 fn create_private_dir(path: &Path) -> Result<(), SessionDirError> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
-        .map_err(|e| SessionDirError::io("create directory", path, e))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
-        .map_err(|e| SessionDirError::io("set mode 0700 on", path, e))
+    runner_dir::runner_dir(path, 0o700)
+        .map(drop)
+        .map_err(|e| SessionDirError::io("create directory", path, e))
 }
 
 /// Removes whatever is at `path` (a directory tree, a file or a symbolic
@@ -226,10 +224,9 @@ struct AgentFiles {
 /// list nothing.
 pub const TRAVERSE_ONLY: u32 = 0o711;
 
-/// Sets `mode` on the directory `path`.
+/// Sets `mode` on the directory `path`, never through a link.
 fn set_dir_mode(path: &Path, mode: u32) -> Result<(), SessionDirError> {
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .map_err(|e| SessionDirError::io("set the mode of", path, e))
+    runner_dir::set_mode(path, mode).map_err(|e| SessionDirError::io("set the mode of", path, e))
 }
 
 impl SessionDir {

@@ -99,6 +99,11 @@ impl RootLock {
     pub fn acquire(root: &Path) -> Result<RootLock, LockError> {
         let path = root.join(LOCK_FILE);
         let dir = lock_root(root)?;
+        // `.hosted-boot` is the runner's own: a link or another uid's
+        // directory there is replaced, never followed (issue 31).
+        let lock_dir = root.join(LOCK_DIR);
+        crate::session_dir::runner_dir::runner_dir(&lock_dir, 0o755)
+            .map_err(io_error("make the runner's directory", &lock_dir))?;
         let pid = std::process::id();
         let file = write_pid_file(&dir, pid).map_err(io_error("write the pid into", &path))?;
         Ok(RootLock {
@@ -155,14 +160,14 @@ fn lock_root(root: &Path) -> Result<OwnedFd, LockError> {
 /// Errors: as [`RootLock::acquire`] ([`LockError::Held`] naming the holder).
 pub fn probe(root: &Path) -> Result<(), LockError> {
     lock_root(root)?;
-    // What makes `write_pid_file` fail without writing: its directory not a
-    // directory, or a directory where the pid file goes (its rename cannot
-    // replace one). A link there is fine: the rename replaces it.
+    // What makes `write_pid_file` fail without writing: a directory where
+    // the pid file goes (its rename cannot replace one). A link there is
+    // fine: the rename replaces it; so is anything but the runner's own
+    // directory at `.hosted-boot`: acquire replaces it (issue 31).
     let path = root.join(LOCK_FILE);
     let kind = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| m.file_type());
-    let refused = match (kind(&root.join(LOCK_DIR)), kind(&path)) {
-        (Some(dir), _) if !dir.is_dir() => Some(io::ErrorKind::NotADirectory),
-        (_, Some(file)) if file.is_dir() => Some(io::ErrorKind::IsADirectory),
+    let refused = match kind(&path) {
+        Some(file) if file.is_dir() => Some(io::ErrorKind::IsADirectory),
         _ => None,
     };
     match refused {
@@ -307,9 +312,16 @@ mod tests {
             other => panic!("the probe passed a root acquire refuses: {other:?}"),
         }
         std::fs::remove_dir_all(root.path().join(LOCK_DIR)).unwrap();
+        // A file or a link at `.hosted-boot` is replaced, never followed.
         std::fs::write(root.path().join(LOCK_DIR), "x").unwrap();
-        assert!(RootLock::acquire(root.path()).is_err());
-        assert!(probe(root.path()).is_err());
+        probe(root.path()).unwrap();
+        drop(RootLock::acquire(root.path()).unwrap());
+        assert!(root.path().join(LOCK_DIR).is_dir());
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::remove_dir_all(root.path().join(LOCK_DIR)).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), root.path().join(LOCK_DIR)).unwrap();
+        drop(RootLock::acquire(root.path()).unwrap());
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
     }
 
     #[test]

@@ -173,3 +173,58 @@ fn user_gid(user: &TestUser) -> u32 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(&user.home).unwrap().gid()
 }
+
+/// Item 2. The documented root Pod mounts an `emptyDir` (0777) at the
+/// root. The agent swaps `.orizu-run` for a link to a root-only directory;
+/// before, the runner made that directory 0711, wrote the next run's files
+/// through the link, and the next agent read what it held. Now the root is
+/// made root's and 0755 at boot, so the swap fails, and the runner's
+/// directories are never made through a link.
+#[tokio::test]
+async fn an_agent_cannot_put_a_link_where_the_runner_keeps_its_run_files() {
+    use std::os::unix::fs::MetadataExt;
+    let user = test_user();
+    let sb = sandbox_for(&user).await;
+    std::fs::set_permissions(sb.root(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let vault = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(vault.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(vault.path().join("secret"), "root-only").unwrap();
+    std::fs::set_permissions(
+        vault.path().join("secret"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let script = sb.script(&format!(
+        r#"
+root="{root}"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  mv "$root/.orizu-run" "$root/.orizu-run-moved" 2>/dev/null
+  ln -s "{vault}" "$root/.orizu-run" 2>/dev/null
+  echo "planted=$?" > "$AGENT_OUT/planted"
+else
+  cat "$root/.orizu-run/secret" > "$AGENT_OUT/read" 2>/dev/null
+  echo "read=$?" >> "$AGENT_OUT/read"
+fi
+"#,
+        root = sb.root().display(),
+        vault = vault.path().display(),
+    ));
+    let child = runner_in_mode(&sb, &script, &user.name, "broker");
+    sb.wait_sealed("run-1").await;
+    let second = sb.coordinator.queue_turn("second", None);
+    sb.wait_sealed(&second).await;
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let root = std::fs::metadata(sb.root()).unwrap();
+    assert_eq!((root.uid(), root.mode() & 0o7777), (0, 0o755), "{output}");
+    assert_eq!(sb.read_out("planted").trim(), "planted=1", "{output}");
+    assert_eq!(sb.read_out("read").trim(), "read=1", "{output}");
+    let vault_mode = std::fs::metadata(vault.path()).unwrap().mode() & 0o7777;
+    assert_eq!(vault_mode, 0o700, "the runner changed the link's target");
+    let held: Vec<_> = std::fs::read_dir(vault.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(held, vec!["secret".to_string()], "{output}");
+}
