@@ -202,8 +202,8 @@ fn attempt(spec: &RepoSpec) -> Result<PreparedRepo, AttemptFailure> {
     let existed = path.exists();
     // Dropped at the end of this attempt, after every git call on `repo`.
     let _acting = act_as_owner_of(spec.owner.as_ref(), &path)?;
-    // A reused repo/ is the agent's: nothing in its .git may block git.
-    super::harvest::special_file_in_git_dir(&path).map_err(|why| WorkspaceError::ForeignRepo {
+    // A reused repo/ is the agent's: nothing it planted may block git.
+    super::harvest::clear_special_files(&path).map_err(|why| WorkspaceError::ForeignRepo {
         path: path.clone(),
         found: why,
         expected: url.to_string(),

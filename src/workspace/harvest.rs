@@ -103,72 +103,15 @@ impl Drop for RepoHold<'_> {
     }
 }
 
-/// Refuses a `repo/.git` that holds anything but directories, regular files
-/// and symbolic links to them: libgit2 opens what it finds there without
-/// `O_NONBLOCK`, so a FIFO the agent left (at `config`, a ref, an object)
-/// would block the runner's git work in `open(2)` for good, with the lock on
-/// `repo/` held and no turn able to seal after it. A symbolic link is
-/// judged by what it points to (without descending into a linked
-/// directory); a `.git` that is not a directory is refused too.
+/// Clears what the agent may have planted to block the runner's git
+/// ([`super::special_files::clear`]), logging each removal.
 ///
-/// Errors: the first such entry, named, with what to do.
-pub(super) fn special_file_in_git_dir(repo_dir: &Path) -> Result<(), String> {
-    let git = repo_dir.join(".git");
-    let refuse = |path: &Path, what: &str| {
-        format!(
-            "{} is {what}, not a regular file or directory: the runner does not open it (the agent may have left it there to block git); remove it from repo/.git",
-            path.display()
-        )
-    };
-    match std::fs::symlink_metadata(&git) {
-        Ok(m) if m.is_dir() => {}
-        // No repository yet (a fresh clone makes it): nothing to refuse.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Ok(_) => return Err(refuse(&git, "not a directory")),
-        Err(e) => return Err(format!("cannot read {}: {e}", git.display())),
-    }
-    let mut stack = vec![git];
-    while let Some(dir) = stack.pop() {
-        let entries =
-            std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
-            let path = entry.path();
-            let kind = entry
-                .file_type()
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            if kind.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            // What a link points to; a dangling one opens nothing.
-            let target = if kind.is_symlink() {
-                match std::fs::metadata(&path) {
-                    Ok(m) => m.file_type(),
-                    Err(_) => continue,
-                }
-            } else {
-                kind
-            };
-            if !(target.is_file() || target.is_dir()) {
-                return Err(refuse(&path, special_kind(target)));
-            }
-        }
+/// Errors: what cannot be cleared, named, with what to do.
+pub(super) fn clear_special_files(repo_dir: &Path) -> Result<(), String> {
+    for (path, kind) in super::special_files::clear(repo_dir)? {
+        tracing::warn!(path = %path.display(), kind, "removed a special file where the runner's git opens a file (it would block git; it cannot hold work)");
     }
     Ok(())
-}
-
-fn special_kind(kind: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_socket() {
-        "a socket"
-    } else if kind.is_char_device() || kind.is_block_device() {
-        "a device"
-    } else {
-        "a special file"
-    }
 }
 
 /// What every harvest of a boot shares: where `repo/` is and how to reach
@@ -238,7 +181,7 @@ impl Harvester {
             ),
         };
         if refused.is_none() {
-            refused = special_file_in_git_dir(&self.repo_dir).err();
+            refused = clear_special_files(&self.repo_dir).err();
         }
         RepoHold {
             _lock: lock,

@@ -47,6 +47,7 @@ mod secret_guard;
 mod setup_changes;
 mod size_limit;
 pub mod socket_path;
+mod special_files;
 pub mod submodules;
 mod sync;
 pub mod transport;

@@ -228,3 +228,51 @@ fi
         .collect();
     assert_eq!(held, vec!["secret".to_string()], "{output}");
 }
+
+/// Item 3. A FIFO where libgit2 opens a file by name (a `.gitignore`, a
+/// `sub/.gitattributes`) or a FIFO ref behind a linked `.git/refs/heads`
+/// blocked the harvest in `open(2)` with `repo/` held: the turn ended
+/// `harvest_timeout` with nothing pushed and the next turn never sealed.
+/// Now every harvest pushes and the runner ends.
+#[tokio::test]
+async fn a_fifo_the_agent_plants_wedges_no_harvest() {
+    for plant in [
+        "mkfifo .gitignore",
+        "mkdir -p sub && mkfifo sub/.gitattributes && echo x > sub/file.txt",
+        "mv .git/refs/heads \"$AGENT_OUT/heads\" && ln -s \"$AGENT_OUT/heads\" .git/refs/heads && mkfifo \"$AGENT_OUT/heads/stuck\"",
+    ] {
+        let sb = Sandbox::start(CoordinatorOptions::default()).await;
+        let script = sb.script(&format!(
+            r#"
+echo "work of $ORIZU_RUN_ID" > "work-$ORIZU_RUN_ID.md"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  {plant}
+  echo "planted=$?" > "$AGENT_OUT/planted"
+fi
+"#
+        ));
+        let child = sb.spawn(&script);
+        let first = sb.wait_sealed("run-1").await;
+        let second = sb.coordinator.queue_turn("second", None);
+        let (snap, output) = sb.end_after_seal(&second, child).await;
+        assert_eq!(
+            sb.read_out("planted").trim(),
+            "planted=0",
+            "{plant}: {output}"
+        );
+        for (run, snap) in [("run-1", &first), (second.as_str(), &snap)] {
+            let finish = snap.run(run).unwrap().finish.as_ref().unwrap();
+            let result = serde_json::to_value(&finish.result).unwrap();
+            assert_eq!(
+                result["pushed"],
+                serde_json::json!(true),
+                "{plant}: {run}: {result}\n{output}"
+            );
+            assert_eq!(
+                sb.remote_file(&format!("work-{run}.md")).as_deref(),
+                Some(format!("work of {run}\n").as_str()),
+                "{plant}: {run}"
+            );
+        }
+    }
+}
