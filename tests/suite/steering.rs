@@ -240,6 +240,9 @@ async fn a_fifo_the_agent_plants_wedges_no_harvest() {
         "mkfifo .gitignore",
         "mkdir -p sub && mkfifo sub/.gitattributes && echo x > sub/file.txt",
         "mv .git/refs/heads \"$AGENT_OUT/heads\" && ln -s \"$AGENT_OUT/heads\" .git/refs/heads && mkfifo \"$AGENT_OUT/heads/stuck\"",
+        // Where the harvest reads the work tree itself: an untracked FIFO,
+        // a tracked file replaced by one.
+        "mkfifo untracked-pipe && f=$(git ls-files | head -n 1) && rm \"$f\" && mkfifo \"$f\"",
     ] {
         let sb = Sandbox::start(CoordinatorOptions::default()).await;
         let script = sb.script(&format!(
