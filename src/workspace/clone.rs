@@ -28,7 +28,7 @@
 
 use std::path::{Path, PathBuf};
 
-use git2::{AutotagOption, ConfigLevel, Direction, FetchOptions, RemoteUpdateFlags, Repository};
+use git2::{AutotagOption, ConfigLevel, Direction, FetchOptions, Repository};
 
 use super::WorkspaceError;
 use super::transport::{CredentialHelpers, HttpContext, register_remote};
@@ -203,11 +203,13 @@ fn attempt(spec: &RepoSpec) -> Result<PreparedRepo, AttemptFailure> {
     // Dropped at the end of this attempt, after every git call on `repo`.
     let _acting = act_as_owner_of(spec.owner.as_ref(), &path)?;
     // A reused repo/ is the agent's: nothing it planted may block git.
-    super::harvest::clear_special_files(&path).map_err(|why| WorkspaceError::ForeignRepo {
-        path: path.clone(),
-        found: why,
-        expected: url.to_string(),
-    })?;
+    super::harvest::clear_special_files(&path)
+        .and_then(|()| super::repo_config::check_includes(&path))
+        .map_err(|why| WorkspaceError::ForeignRepo {
+            path: path.clone(),
+            found: why,
+            expected: url.to_string(),
+        })?;
     let (mut repo, reused) = open_or_init(&path, url)?;
     let mirror = if reused {
         None
@@ -290,6 +292,14 @@ fn finish_repo(
         .and_then(|c| c.open_level(ConfigLevel::Local))
         .and_then(|c| CredentialHelpers::from_config(&c))
         .map_err(git_error("configuration", url))?;
+    if reused {
+        // The agent's configuration is written to, never applied: no
+        // `insteadOf`, `http.*` or excludes file of its changes what the
+        // runner's fetch contacts or opens (issue 31).
+        git2::Config::new()
+            .and_then(|clean| repo.set_config(&clean))
+            .map_err(git_error("configuration", url))?;
+    }
     *registration =
         Some(register_remote(url, spec.http.clone(), local).map_err(git_error("fetch", url))?);
 
@@ -478,8 +488,14 @@ fn open_or_init(path: &Path, url: &str) -> Result<(Repository, bool), WorkspaceE
         )),
         _ => foreign("is not a git repository".to_string()),
     })?;
-    let origin = match repo.find_remote("origin") {
-        Ok(remote) => remote.url().ok().map(str::to_string),
+    // The value as written: `find_remote` would apply the agent's
+    // `url.<x>.insteadOf` (issue 31).
+    let origin = match repo
+        .config()
+        .and_then(|mut c| c.snapshot())
+        .and_then(|c| c.get_bytes("remote.origin.url").map(<[u8]>::to_vec))
+    {
+        Ok(bytes) => String::from_utf8(bytes).ok(),
         Err(_) => return Err(foreign("has no origin remote".to_string())),
     };
     match origin {
@@ -585,7 +601,9 @@ fn fetch_branch(
     shallow: bool,
 ) -> Result<git2::Oid, WorkspaceError> {
     let fetch_err = git_error("fetch", url);
-    let mut remote = repo.find_remote("origin").map_err(&fetch_err)?;
+    // The runner's own URL, not `origin` as configured: no `insteadOf` of
+    // the agent's reaches this fetch (issue 31).
+    let mut remote = repo.remote_anonymous(url).map_err(&fetch_err)?;
     let mut connection = remote
         .connect_auth(Direction::Fetch, None, None)
         .map_err(&fetch_err)?;
@@ -609,15 +627,14 @@ fn fetch_branch(
     remote
         .download(&[refspec(branch)], Some(&mut options))
         .map_err(&fetch_err)?;
-    remote
-        .update_tips(
-            None,
-            RemoteUpdateFlags::UPDATE_FETCHHEAD,
-            AutotagOption::None,
-            Some("hosted-boot: fetch the session branch"),
-        )
-        .map_err(&fetch_err)?;
     remote.disconnect().map_err(&fetch_err)?;
+    repo.reference(
+        &format!("refs/remotes/origin/{branch}"),
+        oid,
+        true,
+        "hosted-boot: fetch the session branch",
+    )
+    .map_err(&fetch_err)?;
     Ok(oid)
 }
 

@@ -45,8 +45,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use git2::Repository;
-
 use super::commit::{commit_uncommitted, status_options};
 use super::remote::RemoteError;
 use super::secret_guard::PushGate;
@@ -181,7 +179,9 @@ impl Harvester {
             ),
         };
         if refused.is_none() {
-            refused = clear_special_files(&self.repo_dir).err();
+            refused = clear_special_files(&self.repo_dir)
+                .and_then(|()| super::repo_config::check_includes(&self.repo_dir))
+                .err();
         }
         RepoHold {
             _lock: lock,
@@ -219,7 +219,7 @@ impl Harvester {
             if hold.refused().is_some() {
                 return true;
             }
-            let Ok(repo) = Repository::open(dir) else {
+            let Ok(repo) = super::repo_config::open(dir) else {
                 return true;
             };
             let dirty = repo
@@ -318,7 +318,7 @@ impl Harvester {
         if let Some(why) = hold.refused() {
             return fail(r, PushErrorCode::HarvestFailed, why.to_string());
         }
-        let repo = match Repository::open(&self.repo_dir) {
+        let repo = match super::repo_config::open(&self.repo_dir) {
             Ok(repo) => repo,
             Err(e) => {
                 return fail(

@@ -43,6 +43,7 @@ pub mod mirror;
 mod push;
 mod recovery;
 mod remote;
+mod repo_config;
 mod secret_guard;
 mod setup_changes;
 mod size_limit;

@@ -4,7 +4,7 @@
 //! track (dependencies, build caches, tools); the agent starts from the
 //! session branch as the workspace sync left it.
 
-use git2::{Repository, ResetType, Status, StatusOptions};
+use git2::{ResetType, Status, StatusOptions};
 
 use super::harvest::{Harvester, message};
 
@@ -36,7 +36,7 @@ impl Harvester {
             if hold.refused().is_some() {
                 return None;
             }
-            let repo = Repository::open(&this.repo_dir).ok()?;
+            let repo = super::repo_config::open(&this.repo_dir).ok()?;
             let head = repo.head().ok()?.target()?;
             Some(head.to_string())
         })
@@ -59,7 +59,7 @@ impl Harvester {
             if let Some(why) = hold.refused() {
                 return Err(why.to_string());
             }
-            let repo = Repository::open(&this.repo_dir).map_err(|e| message(&e))?;
+            let repo = super::repo_config::open(&this.repo_dir).map_err(|e| message(&e))?;
             let mut options = StatusOptions::new();
             options.include_untracked(false).include_ignored(false);
             let statuses = repo.statuses(Some(&mut options)).map_err(|e| message(&e))?;

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use git2::{Oid, Repository};
+use git2::Oid;
 
 use super::harvest::{Harvester, message};
 use super::local_branch::{Saved, bring_local_to, save_local_branch};
@@ -66,7 +66,7 @@ impl Harvester {
         if let Some(why) = hold.refused() {
             return warn(s, SyncWarningCode::RepoUnreadable, why.to_string());
         }
-        let repo = match Repository::open(&self.repo_dir) {
+        let repo = match super::repo_config::open(&self.repo_dir) {
             Ok(repo) => repo,
             Err(e) => {
                 let text = format!("cannot open {}: {}", self.repo_dir.display(), message(&e));

@@ -13,7 +13,7 @@ use std::time::Duration;
 use hosted_boot::coordinator::CoordinatorOptions;
 
 use super::agent_user::{TestUser, runner_in_mode, sandbox_for, sandbox_with};
-use super::support::{Sandbox, finish};
+use super::support::{Runner, Sandbox, finish};
 
 /// A user for the test; these tests do not skip.
 fn test_user() -> TestUser {
@@ -278,4 +278,83 @@ fi
             );
         }
     }
+}
+
+/// Item 4. `repo/.git/config` is the agent's, and none of its settings
+/// changes what the runner's git work contacts or opens: a rewrite of the
+/// session remote (`insteadOf`, `pushInsteadOf`) to a dead port, a proxy,
+/// an excludes file that ignores everything, an attributes file that is a
+/// FIFO. Before, the rewrite made every later harvest fail `push_failed`.
+/// Every turn's work is pushed, by a restarted runner too (it reuses
+/// `repo/` with that configuration).
+#[tokio::test]
+async fn no_line_of_the_agents_git_config_redirects_the_runners_git() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+echo "work of $ORIZU_RUN_ID" > "work-$ORIZU_RUN_ID.md"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  u=$(git config --get remote.origin.url)
+  git config url."http://127.0.0.1:9/nowhere/".insteadOf "$u" &&
+  git config url."http://127.0.0.1:9/nowhere/".pushInsteadOf "$u" &&
+  git config http.proxy http://127.0.0.1:9 &&
+  echo '*' > "$AGENT_OUT/ignore-all" &&
+  git config core.excludesFile "$AGENT_OUT/ignore-all" &&
+  mkfifo "$AGENT_OUT/attributes" &&
+  git config core.attributesFile "$AGENT_OUT/attributes"
+  echo "configured=$?" > "$AGENT_OUT/configured"
+fi
+if [ "$ORIZU_RUN_ID" = run-3 ] && [ ! -e "$AGENT_OUT/restarted" ]; then
+  touch "$AGENT_OUT/restarted"
+  echo '{"type":"message","text":"waiting"}'
+  sleep 1000
+fi
+"#,
+    );
+    let first = Runner::spawn(&sb, &script);
+    sb.wait_sealed("run-1").await;
+    let second = sb.coordinator.queue_turn("second", None);
+    sb.wait_sealed(&second).await;
+    let third = sb.coordinator.queue_turn("third", None);
+    sb.wait_event(&third, "message", |e| e.kind == "message")
+        .await;
+    // The sandbox dies mid-turn: the next runner reuses repo/.
+    let first_output = first.kill().await;
+    let second_runner = Runner::spawn(&sb, &script);
+    let sealed = sb
+        .coordinator
+        .wait_for(super::support::WAIT, |s| {
+            s.run(&third).is_some_and(|r| r.finish.is_some())
+        })
+        .await;
+    if sealed.is_err() {
+        let output = second_runner.kill().await;
+        panic!("the restarted runner never sealed {third}: {output}");
+    }
+    let (snap, output) = sb.end_after_seal(&third, second_runner).await;
+    assert_eq!(
+        sb.read_out("configured").trim(),
+        "configured=0",
+        "{first_output}"
+    );
+    for run in ["run-1", second.as_str(), third.as_str()] {
+        assert_eq!(
+            sb.remote_file(&format!("work-{run}.md")).as_deref(),
+            Some(format!("work of {run}\n").as_str()),
+            "{run}: {first_output}\n{output}"
+        );
+    }
+    for run in ["run-1", second.as_str()] {
+        let first_snap = sb.coordinator.snapshot();
+        let finish = first_snap.run(run).unwrap().finish.clone().unwrap();
+        let result = serde_json::to_value(&finish.result).unwrap();
+        assert_eq!(result["pushed"], serde_json::json!(true), "{run}: {result}");
+    }
+    let finish = snap.run(&third).unwrap().finish.as_ref().unwrap();
+    let result = serde_json::to_value(&finish.result).unwrap();
+    assert_eq!(
+        result["pushed"],
+        serde_json::json!(true),
+        "{result}\n{output}"
+    );
 }

@@ -1,0 +1,204 @@
+//! `repo/.git/config` is the agent's (issue 31): nothing in it may change
+//! what the runner's git work contacts, runs or opens. libgit2 applies a
+//! repository's configuration as it goes (`url.<x>.insteadOf` rewrote the
+//! runner's push URL, and every later sync and harvest of the boot failed
+//! `push_failed`; `core.excludesFile`, `core.attributesFile` and the
+//! `http.*` settings name files and hosts), so the runner opens `repo/`
+//! with [`open`]: as a bare repository (its `core.worktree` and
+//! `core.bare` never read), `repo/` set as the work tree, and an empty
+//! configuration in place of the agent's before any other work. The
+//! runner's own values (its identity, its remote) are passed explicitly.
+//!
+//! libgit2 still reads the file as it opens the repository (its format
+//! version), with the files it includes (`include.path`,
+//! `includeIf.*.path`): [`check_includes`] refuses, before that, an include
+//! that is not a regular file of at most 1 MiB (a FIFO would block the
+//! open for good, `/dev/zero` would fill the runner's memory). What an
+//! included regular file says is read, as the agent user, and unused.
+
+use std::path::{Path, PathBuf};
+
+use git2::{Config, Repository, RepositoryOpenFlags};
+
+/// Largest file libgit2 may read as configuration for the runner.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Include depth libgit2 follows at most.
+const MAX_DEPTH: usize = 10;
+
+/// Opens `repo_dir` for the runner's git work (see the module
+/// documentation).
+///
+/// Errors: libgit2's, when it cannot be opened.
+pub fn open(repo_dir: &Path) -> Result<Repository, git2::Error> {
+    let repo = Repository::open_ext(
+        repo_dir.join(".git"),
+        RepositoryOpenFlags::NO_SEARCH | RepositoryOpenFlags::BARE,
+        std::iter::empty::<&std::ffi::OsStr>(),
+    )?;
+    repo.set_workdir(repo_dir, false)?;
+    repo.set_config(&Config::new()?)?;
+    Ok(repo)
+}
+
+/// Refuses a `repo/.git/config` whose includes libgit2 must not read (see
+/// the module documentation), or that is itself too large.
+///
+/// Errors: the first such file, named, with what to do.
+pub fn check_includes(repo_dir: &Path) -> Result<(), String> {
+    let config = repo_dir.join(".git").join("config");
+    let mut pending = vec![(config, 0)];
+    while let Some((file, depth)) = pending.pop() {
+        let meta = match std::fs::metadata(&file) {
+            Ok(m) => m,
+            // libgit2 skips an include it cannot find.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+        };
+        if !meta.is_file() || meta.len() > MAX_CONFIG_BYTES {
+            let what = if meta.is_file() {
+                format!("{} bytes", meta.len())
+            } else {
+                super::special_files::kind_name(meta.file_type()).to_string()
+            };
+            return Err(format!(
+                "{} is {what}, not a regular file of at most 1 MiB: the runner does not read it as git configuration (it would block or fill the runner's git); remove it, or the include that names it from repo/.git/config",
+                file.display()
+            ));
+        }
+        if depth == MAX_DEPTH {
+            continue;
+        }
+        let text =
+            std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let base = file.parent().unwrap_or(Path::new("/")).to_path_buf();
+        for path in include_paths(&String::from_utf8_lossy(&text)) {
+            pending.push((resolve(&base, &path), depth + 1));
+        }
+    }
+    Ok(())
+}
+
+/// An include's path as libgit2 resolves it: `~/` in `HOME`, a relative
+/// path from the including file's directory.
+fn resolve(base: &Path, path: &str) -> PathBuf {
+    match path.strip_prefix("~/") {
+        Some(rest) => std::env::var_os("HOME")
+            .map_or_else(|| PathBuf::from("/"), PathBuf::from)
+            .join(rest),
+        None => base.join(path),
+    }
+}
+
+/// The `path` values of the `include` and `includeIf` sections of a git
+/// configuration file (a key on its section's line too; quotes and
+/// escapes as git reads them). Over-inclusive when in doubt: a value is
+/// checked, not trusted.
+fn include_paths(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_include = false;
+    for raw in text.lines() {
+        let mut line = raw.trim_start();
+        if line.starts_with('[') {
+            let Some(end) = line.find(']') else {
+                in_include = false;
+                continue;
+            };
+            let header = line.get(1..end).unwrap_or("");
+            let name = header
+                .split(|c: char| c.is_whitespace() || c == '"' || c == '.')
+                .next()
+                .unwrap_or("");
+            in_include =
+                name.eq_ignore_ascii_case("include") || name.eq_ignore_ascii_case("includeif");
+            line = line.get(end + 1..).unwrap_or("").trim_start();
+        }
+        if !in_include {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        if key.trim().eq_ignore_ascii_case("path") {
+            out.push(value_of(value));
+        }
+    }
+    out
+}
+
+/// A configuration value: quotes removed, `\` escapes read, an unquoted
+/// comment dropped, surrounding blanks trimmed.
+fn value_of(raw: &str) -> String {
+    let mut out = String::new();
+    let (mut quoted, mut chars) = (false, raw.trim().chars());
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => quoted = !quoted,
+            '\\' => match chars.next() {
+                Some('n') => out.push('\n'),
+                Some('t') => out.push('\t'),
+                Some(other) => out.push(other),
+                None => {}
+            },
+            '#' | ';' if !quoted => break,
+            c => out.push(c),
+        }
+    }
+    out.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn include_paths_are_found_however_written() {
+        let text = "[core]\n\tpath = not-an-include\n[include]\n\tpath = a\n[INCLUDE] PATH = \"b c\" ; comment\n[includeIf \"gitdir:/x/\"]\n path=d\\\"e\n[remote \"origin\"]\n\tpath = no\n";
+        assert_eq!(include_paths(text), vec!["a", "b c", "d\"e"]);
+    }
+
+    #[test]
+    fn an_include_that_is_a_fifo_or_too_large_is_refused_and_a_config_never_redirects() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repository::init(dir.path()).unwrap();
+        drop(repo);
+        let config = dir.path().join(".git/config");
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        text.push_str(
+            "[url \"http://127.0.0.1:1/\"]\n\tinsteadOf = https://example.invalid/\n[include]\n\tpath = more\n",
+        );
+        std::fs::write(&config, &text).unwrap();
+        std::fs::write(
+            dir.path().join(".git/more"),
+            "[include]\n\tpath = ../pipe\n",
+        )
+        .unwrap();
+        check_includes(dir.path()).unwrap();
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            dir.path().join("pipe"),
+            rustix::fs::Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+        let e = check_includes(dir.path()).unwrap_err();
+        assert!(e.contains("pipe is a FIFO"), "{e}");
+        std::fs::remove_file(dir.path().join("pipe")).unwrap();
+        let big = std::fs::File::create(dir.path().join("pipe")).unwrap();
+        big.set_len(MAX_CONFIG_BYTES + 1).unwrap();
+        assert!(check_includes(dir.path()).unwrap_err().contains("bytes"));
+        std::fs::remove_file(dir.path().join("pipe")).unwrap();
+        // Opened for the runner: no rewrite of a URL, the work tree repo/.
+        let repo = open(dir.path()).unwrap();
+        let remote = repo
+            .remote_anonymous("https://example.invalid/o/r.git")
+            .unwrap();
+        assert_eq!(remote.url().unwrap(), "https://example.invalid/o/r.git");
+        assert_eq!(repo.workdir(), Some(&*dir.path().join("")));
+        // The plain open applies the agent's rewrite (what the runner avoids).
+        let plain = Repository::open(dir.path()).unwrap();
+        let rewritten = plain
+            .remote_anonymous("https://example.invalid/o/r.git")
+            .unwrap();
+        assert_eq!(rewritten.url().unwrap(), "http://127.0.0.1:1/o/r.git");
+    }
+}
