@@ -95,16 +95,9 @@ pub fn clear(repo_dir: &Path) -> Result<Vec<(PathBuf, &'static str)>, String> {
                 git.display()
             ));
         }
-        for entry in read_dir(&dir)? {
-            let (path, kind) = entry;
-            let target = if kind.is_symlink() {
-                // What a link points to; a dangling one opens nothing.
-                match std::fs::metadata(&path) {
-                    Ok(m) => m.file_type(),
-                    Err(_) => continue,
-                }
-            } else {
-                kind
+        for (path, kind) in read_dir(&dir)? {
+            let Some(target) = opened(&path, kind) else {
+                continue;
             };
             if target.is_dir() {
                 stack.push(path);
@@ -127,13 +120,8 @@ pub fn clear(repo_dir: &Path) -> Result<Vec<(PathBuf, &'static str)>, String> {
             if !OPENED_BY_NAME.contains(&name) {
                 continue;
             }
-            let target = if kind.is_symlink() {
-                match std::fs::metadata(&path) {
-                    Ok(m) => m.file_type(),
-                    Err(_) => continue,
-                }
-            } else {
-                kind
+            let Some(target) = opened(&path, kind) else {
+                continue;
             };
             if special(target) {
                 remove(&path, target)?;
@@ -141,6 +129,16 @@ pub fn clear(repo_dir: &Path) -> Result<Vec<(PathBuf, &'static str)>, String> {
         }
     }
     Ok(removed)
+}
+
+/// What opening `path` (an entry of type `kind`) would open: a link's
+/// target; `None` for a dangling link, which opens nothing.
+fn opened(path: &Path, kind: FileType) -> Option<FileType> {
+    if kind.is_symlink() {
+        std::fs::metadata(path).ok().map(|m| m.file_type())
+    } else {
+        Some(kind)
+    }
 }
 
 /// The entries of `dir` with their own types (links not followed).

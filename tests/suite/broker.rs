@@ -151,21 +151,19 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-#[tokio::test]
-async fn the_agent_pushes_its_branch_through_the_broker() {
-    let sb = Sandbox::start(CoordinatorOptions::default()).await;
-    let script = sb.script(
-        r#"
+/// An agent that commits and pushes through git's credential helper, and
+/// records its `HEAD`.
+const PUSHES: &str = r#"
 echo change > CHANGE.md
 git add CHANGE.md
 git commit -q -m "agent change"
 git push -q origin HEAD 2>&1
 git rev-parse HEAD > "$AGENT_OUT/head"
-"#,
-    );
-    let child = sb.spawn(&script);
-    let (_, output) = sb.end_after_seal("run-1", child).await;
-    assert_eq!(sb.coordinator.run("run-1").unwrap().status, "succeeded");
+"#;
+
+/// The session branch on the coordinator is the `HEAD` the agent
+/// recorded ([`PUSHES`]).
+fn assert_remote_is_agents_head(sb: &Sandbox, output: &str) {
     let remote = std::process::Command::new("git")
         .arg("-C")
         .arg(sb.coordinator.bare_repo())
@@ -173,8 +171,22 @@ git rev-parse HEAD > "$AGENT_OUT/head"
         .output()
         .unwrap();
     let head = sb.read_out("head");
-    assert!(!head.trim().is_empty());
-    assert_eq!(String::from_utf8_lossy(&remote.stdout).trim(), head.trim());
+    assert!(!head.trim().is_empty(), "{output}");
+    assert_eq!(
+        String::from_utf8_lossy(&remote.stdout).trim(),
+        head.trim(),
+        "{output}"
+    );
+}
+
+#[tokio::test]
+async fn the_agent_pushes_its_branch_through_the_broker() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(PUSHES);
+    let child = sb.spawn(&script);
+    let (_, output) = sb.end_after_seal("run-1", child).await;
+    assert_eq!(sb.coordinator.run("run-1").unwrap().status, "succeeded");
+    assert_remote_is_agents_head(&sb, &output);
     // The push's token came from the broker (a socket request of the
     // runner's uid), logged without its value.
     let answered = log_lines(&output, "credential broker answered");
@@ -204,15 +216,8 @@ async fn a_socket_path_over_a_socket_address_is_served_and_reached() {
     let socket = sb.session_dir().join("credential.sock");
     assert!(socket.as_os_str().len() > 107, "{}", socket.display());
     let script = sb.script(&format!(
-        r#"
-[ -S "{socket}" ] && echo socket > "$AGENT_OUT/socket"
-echo change > CHANGE.md
-git add CHANGE.md
-git commit -q -m "agent change"
-git push -q origin HEAD 2>&1
-git rev-parse HEAD > "$AGENT_OUT/head"
-"#,
-        socket = socket.display()
+        "[ -S \"{}\" ] && echo socket > \"$AGENT_OUT/socket\"\n{PUSHES}",
+        socket.display()
     ));
     let child = sb.spawn(&script);
     let (_, output) = sb.end_after_seal("run-1", child).await;
@@ -222,15 +227,7 @@ git rev-parse HEAD > "$AGENT_OUT/head"
         "{output}"
     );
     assert_eq!(sb.read_out("socket"), "socket\n", "{output}");
-    let remote = std::process::Command::new("git")
-        .arg("-C")
-        .arg(sb.coordinator.bare_repo())
-        .args(["rev-parse", &sb.coordinator.branch()])
-        .output()
-        .unwrap();
-    let head = sb.read_out("head");
-    assert!(!head.trim().is_empty(), "{output}");
-    assert_eq!(String::from_utf8_lossy(&remote.stdout).trim(), head.trim());
+    assert_remote_is_agents_head(&sb, &output);
     assert!(
         !log_lines(&output, "credential broker answered").is_empty(),
         "{output}"
