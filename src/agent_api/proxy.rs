@@ -7,8 +7,9 @@
 //! of the table (`wire::routes`) for this boot's session (or, for a run
 //! route, the turn's run) that the allowlist holds. Then the request goes
 //! to the coordinator with the runner's current bearer instead of the proxy
-//! token, and the answer streams back: status, end-to-end headers
-//! (`Retry-After` among them), the body up to the route's cap. Anything
+//! token and only the contract's request headers, and the answer streams
+//! back: status, the contract's answer headers (`Retry-After` among them),
+//! the body up to the route's cap. Anything
 //! else is answered by the proxy itself with a JSON error
 //! (`{"error", "route", "refusal"}`) and logged; nothing of it reaches the
 //! coordinator.
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use futures_util::StreamExt;
 use reqwest::Url;
@@ -263,38 +264,30 @@ fn refuse(refusal: Refusal, route: Option<Route>, method: &str, path: &str, why:
     response
 }
 
-/// Hop-by-hop headers (RFC 9110 7.6.1), plus those a `Connection` header
-/// names, and what the proxy sets itself.
-fn hop_by_hop(headers: &HeaderMap) -> Vec<HeaderName> {
-    let mut names: Vec<HeaderName> = [
-        header::CONNECTION,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ]
-    .to_vec();
-    for value in headers.get_all(header::CONNECTION) {
-        if let Ok(text) = value.to_str() {
-            names.extend(
-                text.split(',')
-                    .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
-            );
-        }
-    }
-    names
-}
+/// The request headers the proxy forwards to the coordinator, on every
+/// route: those the contract uses (PROTOCOL.md 2, 2.4's long-poll, trace
+/// context). Every other header stays with the proxy (issue 32): an
+/// `X-Original-URL`, `X-HTTP-Method-Override`, `X-Rewrite-URL`,
+/// `X-Forwarded-Host`, `Forwarded` or `X-Forwarded-Prefix` re-routed an
+/// allowed session read, behind middleware that honours them, to the env
+/// bundle or a repo token, with the runner's bearer.
+const REQUEST_HEADERS: &[&str] = &[
+    "content-type",
+    "accept",
+    "prefer",
+    "if-none-match",
+    "traceparent",
+    "tracestate",
+];
 
-/// `headers` without the hop-by-hop ones and without `drop`.
-fn end_to_end(headers: &HeaderMap, drop: &[HeaderName]) -> HeaderMap {
-    let skip = hop_by_hop(headers);
+/// The answer headers the proxy passes back to the agent.
+const ANSWER_HEADERS: &[&str] = &["content-type", "etag", "preference-applied", "retry-after"];
+
+/// The headers of `headers` that `allowed` names (every value of each).
+fn only(headers: &HeaderMap, allowed: &[&str]) -> HeaderMap {
     let mut out = HeaderMap::new();
     for (name, value) in headers {
-        if !skip.contains(name) && !drop.contains(name) {
+        if allowed.contains(&name.as_str()) {
             out.append(name.clone(), value.clone());
         }
     }
@@ -410,10 +403,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             );
         }
     };
-    let headers = end_to_end(
-        &parts.headers,
-        &[header::AUTHORIZATION, header::HOST, header::CONTENT_LENGTH],
-    );
+    let headers = only(&parts.headers, REQUEST_HEADERS);
     match forward(&shared, route, &value, headers, body).await {
         Ok(response) => {
             // Debug, not info: an agent may poll its session in a loop.
@@ -495,7 +485,7 @@ fn transport(shared: &Shared, e: reqwest::Error) -> String {
 }
 
 /// The coordinator's answer as the agent gets it: its status, its
-/// end-to-end headers, its body read through `cap` (a `Content-Length` over
+/// headers of the contract ([`ANSWER_HEADERS`]), its body read through `cap` (a `Content-Length` over
 /// it is refused before any byte; a longer body is cut off there, which the
 /// agent sees as a connection closed mid-body).
 fn streamed(upstream: reqwest::Response, cap: usize) -> Result<Response, String> {
@@ -507,7 +497,7 @@ fn streamed(upstream: reqwest::Response, cap: usize) -> Result<Response, String>
         ));
     }
     let status = upstream.status();
-    let headers = end_to_end(upstream.headers(), &[]);
+    let headers = only(upstream.headers(), ANSWER_HEADERS);
     let mut seen = 0usize;
     let body = upstream.bytes_stream().map(move |chunk| {
         let chunk = chunk.map_err(std::io::Error::other)?;
@@ -529,6 +519,8 @@ fn streamed(upstream: reqwest::Response, cap: usize) -> Result<Response, String>
 
 #[cfg(test)]
 mod tests {
+    use axum::http::HeaderName;
+
     use super::*;
 
     #[test]
@@ -549,26 +541,44 @@ mod tests {
     }
 
     #[test]
-    fn hop_by_hop_headers_are_dropped() {
+    fn only_the_contracts_headers_pass_either_way() {
         let mut h = HeaderMap::new();
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("close, x-private"),
+        for (name, value) in [
+            ("connection", "close, x-private"),
+            ("x-private", "1"),
+            ("transfer-encoding", "chunked"),
+            ("authorization", "Bearer x"),
+            ("host", "example.invalid"),
+            ("x-original-url", "/api/cli/sessions/s1/env-bundle"),
+            ("x-http-method-override", "POST"),
+            ("x-rewrite-url", "/x"),
+            ("x-forwarded-host", "evil.invalid"),
+            ("forwarded", "host=evil.invalid"),
+            ("x-forwarded-prefix", "/api"),
+            ("content-type", "application/json"),
+            ("prefer", "wait=20"),
+            ("if-none-match", "\"v1\""),
+            (
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+            ("retry-after", "2"),
+            ("etag", "\"v2\""),
+        ] {
+            h.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        let names =
+            |m: HeaderMap| -> Vec<String> { m.keys().map(|k| k.as_str().to_string()).collect() };
+        assert_eq!(
+            names(only(&h, REQUEST_HEADERS)),
+            vec!["content-type", "prefer", "if-none-match", "traceparent"]
         );
-        h.insert("x-private", HeaderValue::from_static("1"));
-        h.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
+        assert_eq!(
+            names(only(&h, ANSWER_HEADERS)),
+            vec!["content-type", "retry-after", "etag"]
         );
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
-        let out = end_to_end(&h, &[header::AUTHORIZATION]);
-        let names: Vec<&str> = out.keys().map(HeaderName::as_str).collect();
-        assert_eq!(names, vec!["retry-after", "content-type"]);
     }
 }

@@ -14,8 +14,9 @@ use super::support::{Runner, Sandbox, assert_no_secret, finish, wait_for_file};
 
 /// The header every request of the test agents carries: a request the
 /// coordinator records with it came from the agent (through the proxy,
-/// which forwards end-to-end headers, or directly).
-const MARK: &str = "x-test-agent";
+/// which forwards the contract's headers, trace context among them, or
+/// directly). The runner sends no trace context of its own.
+const MARK: &str = "tracestate";
 
 /// Python for the agent scripts: `call(method, path, body, auth)` against
 /// `ORIZU_API_BASE_URL` with the token of `ORIZU_TOKEN_FILE`, returning
@@ -34,7 +35,7 @@ def call(method, path, body=None, auth=token, url=None):
     req = urllib.request.Request((url or base) + path, data=data, method=method)
     if auth is not None:
         req.add_header("Authorization", "Bearer " + auth)
-    req.add_header("x-test-agent", "1")
+    req.add_header("tracestate", "hbtest=agent")
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
@@ -244,7 +245,7 @@ else:
     let between = reqwest::Client::new()
         .get(&url)
         .bearer_auth(&token)
-        .header(MARK, "1")
+        .header(MARK, "hbtest=agent")
         .send()
         .await
         .unwrap();
@@ -586,4 +587,184 @@ save("calls.json", {
     assert_eq!(marked_routes(&sb), vec![Route::Session]);
     assert!(!output.contains("agent API proxy listening"), "{output}");
     assert_eq!(sb.coordinator.run("run-1").unwrap().status, "succeeded");
+}
+
+/// A coordinator behind middleware that honours the override headers
+/// (IIS URL Rewrite's `X-Original-URL` and `X-Rewrite-URL`, the
+/// `X-HTTP-Method-Override` of Symfony, Laravel and Express,
+/// `X-Forwarded-Prefix`): a stand-in on loopback in front of the reference
+/// coordinator that re-routes a request as they say, then forwards it.
+async fn overriding_front(
+    coordinator: reqwest::Url,
+) -> (reqwest::Url, tokio::task::JoinHandle<()>) {
+    use axum::body::Bytes;
+    use axum::http::{HeaderMap, Method, Uri};
+    let client = reqwest::Client::new();
+    let front = move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+        let (client, coordinator) = (client.clone(), coordinator.clone());
+        async move {
+            let get = |name: &str| {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string)
+            };
+            let mut path = uri.path().to_string();
+            for name in ["x-original-url", "x-rewrite-url"] {
+                if let Some(p) = get(name) {
+                    path = p;
+                }
+            }
+            if let Some(prefix) = get("x-forwarded-prefix") {
+                path = format!("{}{path}", prefix.trim_end_matches('/'));
+            }
+            let method = get("x-http-method-override")
+                .and_then(|m| Method::from_bytes(m.as_bytes()).ok())
+                .unwrap_or(method);
+            let url = coordinator.join(path.trim_start_matches('/')).unwrap();
+            let mut request = client.request(method, url).body(body.to_vec());
+            for (name, value) in &headers {
+                if name != "host" && name != "content-length" {
+                    request = request.header(name, value);
+                }
+            }
+            let answer = request.send().await.unwrap();
+            let status = answer.status();
+            let body = answer.bytes().await.unwrap();
+            (status, body)
+        }
+    };
+    let app = axum::Router::new().fallback(front);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = reqwest::Url::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, task)
+}
+
+/// Issue 32, item 3: the proxy forwards only the contract's headers. With
+/// a coordinator that honours override headers, an allowed session read
+/// carrying them got the env bundle (a setup-only connector in it) and a
+/// write repo token minted with the runner's bearer; now it stays a session
+/// read, and no request of the agent reaches another route.
+#[tokio::test]
+async fn headers_that_re_route_requests_never_leave_the_proxy() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        connectors: vec![("ACME_KEY".into(), "acme-connector-value-31".into())],
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let (front, _task) = overriding_front(sb.coordinator.base_url()).await;
+    let script = python_agent(
+        &sb,
+        r#"
+def call_with(headers, method="GET", path=f"api/cli/sessions/{sid}"):
+    req = urllib.request.Request(base + path, method=method)
+    req.add_header("Authorization", "Bearer " + token)
+    req.add_header("tracestate", "hbtest=agent")
+    for k, v in headers.items():
+        req.add_header(k, v)
+    try:
+        with opener.open(req, timeout=20) as r:
+            return {"status": r.status, "body": r.read().decode()}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "body": e.read().decode()}
+
+bundle = f"/api/cli/sessions/{sid}/env-bundle"
+token_path = f"/api/cli/sessions/{sid}/repo-token"
+save("calls.json", {
+    "original-url": call_with({"X-Original-URL": bundle}),
+    "rewrite-url": call_with({"X-Rewrite-URL": bundle}),
+    "method-override": call_with({"X-HTTP-Method-Override": "POST", "X-Original-URL": token_path}),
+    "forwarded-prefix": call_with({"X-Forwarded-Prefix": "/api/cli/sessions/" + sid + "/env-bundle#"}),
+    "forwarded": call_with({"Forwarded": "host=evil.invalid", "X-Forwarded-Host": "evil.invalid"}),
+})
+"#,
+    );
+    let mut cmd = sb.runner(&script);
+    cmd.env("ORIZU_API_BASE_URL", front.as_str());
+    let runner = Runner::reading(cmd.spawn().unwrap());
+    sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let calls = read_json(&sb, "calls.json");
+    for (name, call) in calls.as_object().unwrap() {
+        assert_eq!(call["status"], 200, "{name}: {call}");
+        let body: Value = serde_json::from_str(call["body"].as_str().unwrap()).unwrap();
+        assert!(body["session"].is_object(), "{name} was re-routed: {body}");
+        assert!(
+            !call["body"]
+                .as_str()
+                .unwrap()
+                .contains("acme-connector-value-31"),
+            "{name}"
+        );
+    }
+    assert_eq!(marked_routes(&sb), vec![Route::Session; 5]);
+}
+
+/// Issue 32, item 3: the headers the long-poll needs still pass the proxy
+/// both ways (`Prefer`, `If-None-Match`; `ETag`, `Preference-Applied`): an
+/// agent's session read through it is held until the session changes.
+#[tokio::test]
+async fn the_agents_long_poll_is_held_through_the_proxy() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        long_poll: true,
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = python_agent(
+        &sb,
+        r#"
+def read(headers):
+    req = urllib.request.Request(base + f"api/cli/sessions/{sid}")
+    req.add_header("Authorization", "Bearer " + token)
+    req.add_header("tracestate", "hbtest=agent")
+    for k, v in headers.items():
+        req.add_header(k, v)
+    try:
+        with opener.open(req, timeout=60) as r:
+            return {"status": r.status, "body": r.read().decode(),
+                    "headers": {k.lower(): v for k, v in r.headers.items()}}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "headers": {k.lower(): v for k, v in e.headers.items()}}
+
+first = read({})
+held = read({"Prefer": "wait=30", "If-None-Match": first["headers"].get("etag", "none")})
+save("calls.json", {"first": first, "held": held})
+"#,
+    );
+    let runner = Runner::spawn(&sb, &script);
+    sb.coordinator
+        .wait_for(super::support::WAIT, |s| {
+            s.requests.iter().any(|r| {
+                r.header(MARK).is_some()
+                    && r.header("if-none-match").is_some()
+                    && r.response_status.is_none()
+            })
+        })
+        .await
+        .unwrap();
+    assert!(
+        sb.read_out("calls.json").is_empty(),
+        "answered before a change"
+    );
+    let next = sb.coordinator.queue_turn("More.", None);
+    sb.wait_sealed("run-1").await;
+    let calls = read_json(&sb, "calls.json");
+    assert_eq!(calls["held"]["status"], 200, "{calls}");
+    assert_eq!(
+        calls["held"]["headers"]["preference-applied"], "wait=30",
+        "{calls}"
+    );
+    assert_ne!(
+        calls["held"]["headers"]["etag"],
+        calls["first"]["headers"]["etag"]
+    );
+    let body: Value = serde_json::from_str(calls["held"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["session"]["runs"][0]["id"], json!(next), "{body}");
+    sb.coordinator.end_session();
+    let _ = runner.kill().await;
 }
