@@ -9,9 +9,9 @@
 //! to the coordinator with the runner's current bearer instead of the proxy
 //! token and only the contract's request headers, and the answer streams
 //! back: status, the contract's answer headers (`Retry-After` among them),
-//! the body up to the route's cap. Anything
-//! else is answered by the proxy itself with a JSON error
-//! (`{"error", "route", "refusal"}`) and logged; nothing of it reaches the
+//! the body up to the route's cap. Anything else is answered by the proxy
+//! itself with a JSON error (`{"error", "route", "refusal"}`) and logged;
+//! nothing of it reaches the
 //! coordinator.
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -484,10 +484,10 @@ fn transport(shared: &Shared, e: reqwest::Error) -> String {
         .redact(&format!("the coordinator could not be reached: {e}"))
 }
 
-/// The coordinator's answer as the agent gets it: its status, its
-/// headers of the contract ([`ANSWER_HEADERS`]), its body read through `cap` (a `Content-Length` over
-/// it is refused before any byte; a longer body is cut off there, which the
-/// agent sees as a connection closed mid-body).
+/// The coordinator's answer as the agent gets it: its status, the headers
+/// of [`ANSWER_HEADERS`], its body read through `cap` (a `Content-Length`
+/// over it is refused before any byte; a longer body is cut off there,
+/// which the agent sees as a connection closed mid-body).
 fn streamed(upstream: reqwest::Response, cap: usize) -> Result<Response, String> {
     if let Some(len) = upstream.content_length()
         && len > cap as u64

@@ -36,3 +36,4 @@ mod steering;
 mod supervisor;
 mod support;
 mod workspace;
+mod zz_break;
