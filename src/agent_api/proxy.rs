@@ -11,8 +11,7 @@
 //! back: status, the contract's answer headers (`Retry-After` among them),
 //! the body up to the route's cap. Anything else is answered by the proxy
 //! itself with a JSON error (`{"error", "route", "refusal"}`) and logged;
-//! nothing of it reaches the
-//! coordinator.
+//! nothing of it reaches the coordinator.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
