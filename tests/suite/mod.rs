@@ -36,4 +36,3 @@ mod steering;
 mod supervisor;
 mod support;
 mod workspace;
-mod zz_break;
