@@ -202,6 +202,8 @@ fn attempt(spec: &RepoSpec) -> Result<PreparedRepo, AttemptFailure> {
     let existed = path.exists();
     // Dropped at the end of this attempt, after every git call on `repo`.
     let _acting = act_as_owner_of(spec.owner.as_ref(), &path)?;
+    // A reused repo/ may lead libgit2 to a FIFO the checks below miss.
+    let _holder = super::unblock::Holder::enter();
     // A reused repo/ is the agent's: nothing it planted may block git.
     super::harvest::clear_special_files(&path)
         .and_then(|()| super::repo_config::check_includes(&path))

@@ -77,6 +77,8 @@ static REPO_LOCK: Mutex<()> = Mutex::new(());
 /// the lock still held.
 pub(super) struct RepoHold<'a> {
     _lock: MutexGuard<'static, ()>,
+    /// The watcher unblocks this thread's open of a FIFO (issue 31).
+    _holder: super::unblock::Holder,
     harvester: &'a Harvester,
     acting: Option<crate::agent_user::ActingAs>,
     refused: Option<String>,
@@ -167,6 +169,7 @@ impl Harvester {
     /// Takes the runner's hold on `repo/` (see [`RepoHold`]).
     pub(super) fn lock_repo(&self) -> RepoHold<'_> {
         let lock = REPO_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let holder = super::unblock::Holder::enter();
         let (acting, mut refused) = match self.owner.as_ref().map(|o| (o, o.act_as())) {
             None => (None, None),
             Some((_, Ok(acting))) => (Some(acting), None),
@@ -185,6 +188,7 @@ impl Harvester {
         }
         RepoHold {
             _lock: lock,
+            _holder: holder,
             harvester: self,
             acting,
             refused,

@@ -52,6 +52,7 @@ mod special_files;
 pub mod submodules;
 mod sync;
 pub mod transport;
+mod unblock;
 
 use std::path::{Path, PathBuf};
 

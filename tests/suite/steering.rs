@@ -358,3 +358,57 @@ fi
         "{result}\n{output}"
     );
 }
+
+/// Item 3, the places the removal before a hold does not know (found by
+/// the review of the fix): a FIFO behind `.git/commondir`, behind
+/// `objects/info/alternates`, as a tracked submodule's configuration or
+/// behind its `gitdir:` file, behind an include the check misreads. The
+/// watcher of the runner's git opens unblocks each (its open sees an empty
+/// file): the work is pushed and the next turn seals.
+#[tokio::test]
+async fn a_fifo_wherever_the_repository_leads_wedges_no_harvest() {
+    let nested = "mkdir nested && cd nested && git init -q && echo x > f && git add f && git -c user.name=a -c user.email=a@b commit -qm x && cd .. && git add nested && git -c user.name=a -c user.email=a@b commit -qm sub";
+    for plant in [
+        r#"mkdir -p "$AGENT_OUT/common" && cp -r .git/objects .git/refs "$AGENT_OUT/common/" && mkfifo "$AGENT_OUT/common/config" && echo "$AGENT_OUT/common" > .git/commondir"#.to_string(),
+        r#"mkdir -p "$AGENT_OUT/alt/pack" && : > "$AGENT_OUT/alt/pack/pack-0000000000000000000000000000000000000000.pack" && mkfifo "$AGENT_OUT/alt/pack/pack-0000000000000000000000000000000000000000.idx" && echo "$AGENT_OUT/alt" > .git/objects/info/alternates"#.to_string(),
+        format!("{nested} && rm nested/.git/config && mkfifo nested/.git/config && echo change > nested/f"),
+        format!(r#"{nested} && mv nested/.git "$AGENT_OUT/subgit" && echo "gitdir: $AGENT_OUT/subgit" > nested/.git && rm "$AGENT_OUT/subgit/config" && mkfifo "$AGENT_OUT/subgit/config""#),
+        r#"mkfifo pipe && printf '[core] [include] path = ../pipe\n' >> .git/config"#.to_string(),
+    ] {
+        let sb = Sandbox::start(CoordinatorOptions::default()).await;
+        let script = sb.script(&format!(
+            r#"
+echo "work of $ORIZU_RUN_ID" > "work-$ORIZU_RUN_ID.md"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  ( {plant} ) > "$AGENT_OUT/plant.log" 2>&1
+  echo "planted=$?" > "$AGENT_OUT/planted"
+fi
+"#
+        ));
+        let runner = Runner::spawn(&sb, &script);
+        let first = sb.wait_sealed("run-1").await;
+        let second = sb.coordinator.queue_turn("second", None);
+        let sealed = sb
+            .coordinator
+            .wait_for(super::support::WAIT, |s| {
+                s.run(&second).is_some_and(|r| r.finish.is_some())
+            })
+            .await;
+        let output = if sealed.is_ok() {
+            sb.coordinator.end_session();
+            runner.finish().await.1
+        } else {
+            runner.kill().await
+        };
+        assert_eq!(
+            sb.read_out("planted").trim(),
+            "planted=0",
+            "{plant}: {}",
+            sb.read_out("plant.log")
+        );
+        assert!(sealed.is_ok(), "{plant}: the second turn never sealed: {output}");
+        let finish = first.run("run-1").unwrap().finish.as_ref().unwrap();
+        let result = serde_json::to_value(&finish.result).unwrap();
+        assert_eq!(result["pushed"], serde_json::json!(true), "{plant}: {result}");
+    }
+}
