@@ -352,12 +352,19 @@ impl IssuedTokens {
 
     /// The tokens of the lines completed since the last call. A file that
     /// was replaced or truncated (a new inode, or shorter than what was
-    /// read) is read again from its start; empty lines and lines longer
-    /// than any token are skipped.
+    /// read) is read again from its start. With `--agent-user` in file mode
+    /// the file is the agent's (issue 31): only a regular file is read, at
+    /// most [`MAX_ISSUED_READ`] bytes a call, opened without following a
+    /// link or blocking, and only a line shaped like a token becomes a
+    /// secret ([`token_shaped`]): `0`…`f` or `session` as secrets made
+    /// every log line and the harvest's report unreadable.
     pub fn poll(&mut self) -> Vec<Secret> {
-        let Ok(meta) = std::fs::metadata(&self.path) else {
+        let Ok(meta) = std::fs::symlink_metadata(&self.path) else {
             return Vec::new();
         };
+        if !meta.is_file() {
+            return Vec::new();
+        }
         let (ino, len) = (meta.ino(), meta.len());
         let offset = match self.seen {
             Some((i, o)) if i == ino && o <= len => o,
@@ -366,24 +373,55 @@ impl IssuedTokens {
         if self.seen == Some((ino, len)) {
             return Vec::new();
         }
-        let Ok(mut file) = File::open(&self.path) else {
+        let Ok(mut file) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&self.path)
+        else {
             return Vec::new();
         };
         let mut bytes = Vec::new();
-        if file.seek(SeekFrom::Start(offset)).is_err() || file.read_to_end(&mut bytes).is_err() {
+        if file.seek(SeekFrom::Start(offset)).is_err()
+            || (&mut file)
+                .take(MAX_ISSUED_READ)
+                .read_to_end(&mut bytes)
+                .is_err()
+        {
             return Vec::new();
         }
         // Only complete lines: an appender's single write may still be
         // landing; the rest is read at the next poll.
         let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
-        self.seen = Some((ino, offset + complete as u64));
+        // A read with no line end and longer than any token is no token:
+        // passed over, not read again at every poll.
+        let consumed = if complete == 0 && bytes.len() > MAX_TOKEN_LEN {
+            bytes.len()
+        } else {
+            complete
+        };
+        self.seen = Some((ino, offset + consumed as u64));
         bytes[..complete]
             .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty() && l.len() <= MAX_TOKEN_LEN)
             .filter_map(|l| std::str::from_utf8(l).ok())
+            .filter(|t| token_shaped(t))
             .map(|t| Secret::new(t.to_string()))
             .collect()
     }
+}
+
+/// Most bytes [`IssuedTokens::poll`] reads in one call (the rest at the
+/// next): a file grown to gigabytes cannot fill the runner's memory.
+pub const MAX_ISSUED_READ: u64 = 1 << 20;
+
+/// Shortest line of `repo-tokens-issued` taken as a token: no repo token is
+/// this short, and a shorter secret would redact common words.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Whether `line` may be a repo token: [`MIN_TOKEN_LEN`] to
+/// [`MAX_TOKEN_LEN`] printable ASCII characters, no blank.
+pub fn token_shaped(line: &str) -> bool {
+    (MIN_TOKEN_LEN..=MAX_TOKEN_LEN).contains(&line.len())
+        && line.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// An exclusive `flock` of `repo-credential-lock`, released when dropped
@@ -778,33 +816,59 @@ mod tests {
         assert!(reader.poll().is_empty(), "absent file");
         write_secret_file(&path, b"").unwrap();
         assert!(reader.poll().is_empty(), "created empty");
-        record_issued_token(&path, &Secret::new("tok-one".into())).unwrap();
-        record_issued_token(&path, &Secret::new("tok-two".into())).unwrap();
+        record_issued_token(&path, &Secret::new("repo-token-one-0001".into())).unwrap();
+        record_issued_token(&path, &Secret::new("repo-token-two-0002".into())).unwrap();
         let got: Vec<String> = reader.poll().iter().map(|s| s.expose().into()).collect();
-        assert_eq!(got, ["tok-one", "tok-two"]);
+        assert_eq!(got, ["repo-token-one-0001", "repo-token-two-0002"]);
         assert!(reader.poll().is_empty(), "nothing new");
         // A line still being written waits for its newline.
         std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
             .unwrap()
-            .write_all(b"tok-th")
+            .write_all(b"repo-token-th")
             .unwrap();
         assert!(reader.poll().is_empty());
         std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
             .unwrap()
-            .write_all(b"ree\n")
+            .write_all(b"ree-0003\n")
             .unwrap();
         let got: Vec<String> = reader.poll().iter().map(|s| s.expose().into()).collect();
-        assert_eq!(got, ["tok-three"]);
+        assert_eq!(got, ["repo-token-three-0003"]);
         // Replaced (a new inode): read from the start again.
-        write_secret_file(&path, b"tok-four").unwrap();
+        write_secret_file(&path, b"repo-token-four-0004").unwrap();
         let got: Vec<String> = reader.poll().iter().map(|s| s.expose().into()).collect();
-        assert_eq!(got, ["tok-four"]);
+        assert_eq!(got, ["repo-token-four-0004"]);
         let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o600);
+        // The agent's lines that are no token (issue 31): short words, a
+        // blank, a control character; a file over the read cap is read a
+        // cap at a time.
+        write_secret_file(
+            &path,
+            b"0\nsession\nrepo token with blanks\nrepo-token-\x07bell-0005\nrepo-token-five-0005",
+        )
+        .unwrap();
+        let got: Vec<String> = reader.poll().iter().map(|s| s.expose().into()).collect();
+        assert_eq!(got, ["repo-token-five-0005"]);
+        let big = std::fs::File::create(dir.path().join("big")).unwrap();
+        big.set_len(MAX_ISSUED_READ * 3).unwrap();
+        std::fs::rename(dir.path().join("big"), &path).unwrap();
+        for _ in 0..3 {
+            assert!(reader.poll().is_empty());
+        }
+        assert_eq!(reader.seen.map(|(_, o)| o), Some(MAX_ISSUED_READ * 3));
+        // Not a regular file: not read (a FIFO would block).
+        std::fs::remove_file(&path).unwrap();
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        assert!(reader.poll().is_empty());
     }
 
     #[test]
