@@ -91,32 +91,45 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
 }
 
 /// The `path` values of the `include` and `includeIf` sections of a git
-/// configuration file (a key on its section's line too; quotes and
-/// escapes as git reads them). Over-inclusive when in doubt: a value is
-/// checked, not trusted.
+/// configuration file, read as libgit2 reads them: a byte-order mark
+/// skipped, a line ending in `\` continued on the next, several section
+/// headers on one line, a key on its section's line, case, quotes and
+/// escapes. Over-inclusive when in doubt: a value is checked, not trusted.
 fn include_paths(text: &str) -> Vec<String> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut out = Vec::new();
     let mut in_include = false;
-    for raw in text.lines() {
-        let mut line = raw.trim_start();
-        if line.starts_with('[') {
-            let Some(end) = line.find(']') else {
+    let mut lines = text.split('\n');
+    while let Some(first) = lines.next() {
+        let mut line = first.trim_end_matches('\r').to_string();
+        // A continuation: an odd number of backslashes at the end.
+        while (line.len() - line.trim_end_matches('\\').len()) % 2 == 1 {
+            line.pop();
+            match lines.next() {
+                Some(next) => line.push_str(next.trim_end_matches('\r')),
+                None => break,
+            }
+        }
+        let mut rest = line.trim_start();
+        while rest.starts_with('[') {
+            let Some(end) = rest.find(']') else {
                 in_include = false;
-                continue;
+                rest = "";
+                break;
             };
-            let header = line.get(1..end).unwrap_or("");
+            let header = rest.get(1..end).unwrap_or("").trim_start();
             let name = header
                 .split(|c: char| c.is_whitespace() || c == '"' || c == '.')
                 .next()
                 .unwrap_or("");
             in_include =
                 name.eq_ignore_ascii_case("include") || name.eq_ignore_ascii_case("includeif");
-            line = line.get(end + 1..).unwrap_or("").trim_start();
+            rest = rest.get(end + 1..).unwrap_or("").trim_start();
         }
         if !in_include {
             continue;
         }
-        let Some((key, value)) = line.split_once('=') else {
+        let Some((key, value)) = rest.split_once('=') else {
             continue;
         };
         if key.trim().eq_ignore_ascii_case("path") {
@@ -126,25 +139,41 @@ fn include_paths(text: &str) -> Vec<String> {
     out
 }
 
-/// A configuration value: quotes removed, `\` escapes read, an unquoted
-/// comment dropped, surrounding blanks trimmed.
+/// A configuration value: blanks before it dropped, quotes removed (a
+/// blank inside them kept), `\` escapes read, an unquoted comment dropped,
+/// unquoted trailing blanks trimmed.
 fn value_of(raw: &str) -> String {
     let mut out = String::new();
-    let (mut quoted, mut chars) = (false, raw.trim().chars());
+    // Bytes of `out` that must stay (up to the last quoted character).
+    let mut kept = 0;
+    let (mut quoted, mut chars) = (false, raw.trim_start().chars());
     while let Some(c) = chars.next() {
         match c {
-            '"' => quoted = !quoted,
-            '\\' => match chars.next() {
-                Some('n') => out.push('\n'),
-                Some('t') => out.push('\t'),
-                Some(other) => out.push(other),
-                None => {}
-            },
+            '"' => {
+                quoted = !quoted;
+                kept = out.len();
+            }
+            '\\' => {
+                match chars.next() {
+                    Some('n') => out.push('\n'),
+                    Some('t') => out.push('\t'),
+                    Some('b') => out.push('\u{8}'),
+                    Some(other) => out.push(other),
+                    None => {}
+                }
+                kept = out.len();
+            }
             '#' | ';' if !quoted => break,
-            c => out.push(c),
+            c => {
+                out.push(c);
+                if quoted || !c.is_whitespace() {
+                    kept = out.len();
+                }
+            }
         }
     }
-    out.trim_end().to_string()
+    out.truncate(kept);
+    out
 }
 
 #[cfg(test)]
@@ -153,8 +182,20 @@ mod tests {
 
     #[test]
     fn include_paths_are_found_however_written() {
-        let text = "[core]\n\tpath = not-an-include\n[include]\n\tpath = a\n[INCLUDE] PATH = \"b c\" ; comment\n[includeIf \"gitdir:/x/\"]\n path=d\\\"e\n[remote \"origin\"]\n\tpath = no\n";
-        assert_eq!(include_paths(text), vec!["a", "b c", "d\"e"]);
+        let text = "\u{feff}[core]\n\tpath = not-an-include\n[include]\n\tpath = a\n[INCLUDE] PATH = \"b c\" ; comment\n[includeIf \"gitdir:/x/\"]\n path=d\\\"e\n[remote \"origin\"]\n\tpath = no\n[core] [include] path = two-headers\n[include]\n\tpath = con\\\ntinued\n\tpath = \"quoted \" \n\tpath = tab\\t\r\n[ include ]\n\tpath = spaced\n";
+        assert_eq!(
+            include_paths(text),
+            vec![
+                "a",
+                "b c",
+                "d\"e",
+                "two-headers",
+                "continued",
+                "quoted ",
+                "tab\t",
+                "spaced"
+            ]
+        );
     }
 
     #[test]
