@@ -12,10 +12,13 @@
 //! libgit2 still reads the file as it opens the repository (its format
 //! version), with the files it includes (`include.path`,
 //! `includeIf.*.path`): [`check_includes`] refuses, before that, an include
-//! that is not a regular file of at most 1 MiB (a FIFO would block the
-//! open for good, `/dev/zero` would fill the runner's memory). What an
-//! included regular file says is read, as the agent user, and unused.
+//! that is a device or a regular file over 1 MiB (`/dev/zero` would fill the
+//! runner's memory, a terminal could block its open). A FIFO is let through:
+//! the watcher of the runner's git opens ([`super::unblock`]) unblocks it,
+//! and it reads as empty, so the work goes on. What an included file says
+//! is read, as the agent user, and unused.
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use git2::{Config, Repository, RepositoryOpenFlags};
@@ -55,14 +58,20 @@ pub fn check_includes(repo_dir: &Path) -> Result<(), String> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
         };
+        let kind = meta.file_type();
+        // A FIFO (the watcher unblocks it: it reads as empty) or a socket
+        // (its open fails at once) holds no include to follow.
+        if kind.is_fifo() || kind.is_socket() {
+            continue;
+        }
         if !meta.is_file() || meta.len() > MAX_CONFIG_BYTES {
             let what = if meta.is_file() {
                 format!("{} bytes", meta.len())
             } else {
-                super::special_files::kind_name(meta.file_type()).to_string()
+                super::special_files::kind_name(kind).to_string()
             };
             return Err(format!(
-                "{} is {what}, not a regular file of at most 1 MiB: the runner does not read it as git configuration (it would block or fill the runner's git); remove it, or the include that names it from repo/.git/config",
+                "{} is {what}, not a regular file of at most 1 MiB: the runner does not read it as git configuration (it could block or fill the runner's git); remove it, or the include that names it from repo/.git/config",
                 file.display()
             ));
         }
@@ -199,7 +208,7 @@ mod tests {
     }
 
     #[test]
-    fn an_include_that_is_a_fifo_or_too_large_is_refused_and_a_config_never_redirects() {
+    fn an_include_that_is_a_device_or_too_large_is_refused_and_a_config_never_redirects() {
         let dir = tempfile::tempdir().unwrap();
         let repo = Repository::init(dir.path()).unwrap();
         drop(repo);
@@ -221,8 +230,13 @@ mod tests {
             rustix::fs::Mode::from_raw_mode(0o644),
         )
         .unwrap();
+        // A FIFO is the watcher's (it reads as empty); a device, through a
+        // link, is refused.
+        check_includes(dir.path()).unwrap();
+        std::fs::remove_file(dir.path().join("pipe")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("pipe")).unwrap();
         let e = check_includes(dir.path()).unwrap_err();
-        assert!(e.contains("pipe is a FIFO"), "{e}");
+        assert!(e.contains("pipe is a device"), "{e}");
         std::fs::remove_file(dir.path().join("pipe")).unwrap();
         let big = std::fs::File::create(dir.path().join("pipe")).unwrap();
         big.set_len(MAX_CONFIG_BYTES + 1).unwrap();
