@@ -9,6 +9,7 @@
 //! that token when the agent's processes are gone
 //! ([`proxy::ApiProxy::revoke`]).
 
+mod listener;
 pub mod proxy;
 
 use std::sync::Arc;

@@ -40,6 +40,12 @@ pub const TOKEN_BYTES: usize = 32;
 /// A larger one is answered `413` without a request to the coordinator.
 pub const REQUEST_CAP: usize = 4 * 1024 * 1024;
 
+/// A connection to the proxy that moves no byte for this many per-attempt
+/// timeouts (60 s) is closed; at most
+/// [`MAX_CONNECTIONS`](super::listener::MAX_CONNECTIONS) are served at once
+/// (issue 32).
+pub const IDLE_TIMEOUTS: u32 = 6;
+
 /// Why the proxy answered a request itself (`refusal` in its error body).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -147,6 +153,11 @@ impl ApiProxy {
             ProxyError::Bind(std::io::Error::other(format!("no URL for {addr}: {e}")))
         })?;
         let redactor = api.redactor().clone();
+        // Longer than any request is held (the proxy's own call is bounded
+        // by the per-attempt timeout): only a connection that does nothing
+        // is closed.
+        let idle = api.timings().request_timeout * IDLE_TIMEOUTS;
+        let listener = super::listener::Capped::new(listener, idle);
         let shared = Arc::new(Shared {
             api,
             http,

@@ -768,3 +768,81 @@ save("calls.json", {"first": first, "held": held})
     sb.coordinator.end_session();
     let _ = runner.kill().await;
 }
+
+/// Issue 32, item 4: a flood of connections to the proxy takes none of the
+/// runner's file descriptors past the proxy's cap, and idle connections are
+/// closed: the agent's own request is served once they are, and the
+/// runner's work (the harvest's push, the seal) is unaffected. Before, 21,000
+/// connections reached the runner's descriptor limit.
+#[tokio::test]
+async fn a_flood_of_connections_to_the_proxy_is_capped_and_timed_out() {
+    const FLOOD: usize = 600;
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = python_agent(
+        &sb,
+        &format!(
+            r#"
+import resource, socket, urllib.parse
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+u = urllib.parse.urlparse(base)
+held = []
+for _ in range({FLOOD}):
+    # Past the proxy's slots and the kernel's listen backlog a connect
+    # times out: that is the cap.
+    try:
+        s = socket.create_connection((u.hostname, u.port), 1)
+    except OSError:
+        break
+    held.append(s)
+save("flooded", {{"connections": len(held)}})
+while not os.path.exists(os.path.join(out, "counted")):
+    time.sleep(0.05)
+# Past the slots, the rest let go: the agent's own request waits only
+# for the idle ones to be closed.
+for s in held[40:]:
+    s.close()
+held = held[:40]
+answer = call("GET", f"api/cli/sessions/{{sid}}")
+closed = 0
+for s in held:
+    s.settimeout(0.01)
+    try:
+        if s.recv(1) == b"":
+            closed += 1
+    except OSError:
+        closed += 1
+save("answer.json", {{"status": answer["status"], "closed": closed}})
+open("work.md", "w").write("work under a flood\n")
+"#
+        ),
+    );
+    let runner = Runner::spawn(&sb, &script);
+    let runner_pid = runner.pid();
+    wait_for_file(&sb.out().join("flooded")).await;
+    let fds = std::fs::read_dir(format!("/proc/{runner_pid}/fd"))
+        .unwrap()
+        .count();
+    std::fs::write(sb.out().join("counted"), "").unwrap();
+    let snap = sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert!(
+        fds < FLOOD / 2,
+        "the runner holds {fds} descriptors under a flood of {FLOOD} connections"
+    );
+    let answer = read_json(&sb, "answer.json");
+    assert_eq!(answer["status"], 200, "{answer}");
+    assert!(
+        answer["closed"].as_u64().unwrap() > 0,
+        "no idle connection was closed: {answer}"
+    );
+    let finish = snap.run("run-1").unwrap().finish.as_ref().unwrap();
+    let result = serde_json::to_value(&finish.result).unwrap();
+    assert_eq!(result["pushed"], json!(true), "{result}");
+    assert_eq!(
+        sb.remote_file("work.md").as_deref(),
+        Some("work under a flood\n")
+    );
+}
