@@ -30,7 +30,7 @@ out = os.environ["AGENT_OUT"]
 token = open(os.environ["ORIZU_TOKEN_FILE"]).read().strip()
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-def call(method, path, body=None, auth=token, url=None):
+def call(method, path, body=None, auth=token, url=None, headers=None, timeout=20):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request((url or base) + path, data=data, method=method)
     if auth is not None:
@@ -38,8 +38,10 @@ def call(method, path, body=None, auth=token, url=None):
     req.add_header("tracestate", "hbtest=agent")
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
     try:
-        with opener.open(req, timeout=20) as r:
+        with opener.open(req, timeout=timeout) as r:
             return {"status": r.status, "body": r.read().decode(),
                     "headers": {k.lower(): v for k, v in r.headers.items()}}
     except urllib.error.HTTPError as e:
@@ -659,17 +661,8 @@ async fn headers_that_re_route_requests_never_leave_the_proxy() {
     let script = python_agent(
         &sb,
         r#"
-def call_with(headers, method="GET", path=f"api/cli/sessions/{sid}"):
-    req = urllib.request.Request(base + path, method=method)
-    req.add_header("Authorization", "Bearer " + token)
-    req.add_header("tracestate", "hbtest=agent")
-    for k, v in headers.items():
-        req.add_header(k, v)
-    try:
-        with opener.open(req, timeout=20) as r:
-            return {"status": r.status, "body": r.read().decode()}
-    except urllib.error.HTTPError as e:
-        return {"status": e.code, "body": e.read().decode()}
+def call_with(headers):
+    return call("GET", f"api/cli/sessions/{sid}", headers=headers)
 
 bundle = f"/api/cli/sessions/{sid}/env-bundle"
 token_path = f"/api/cli/sessions/{sid}/repo-token"
@@ -719,17 +712,7 @@ async fn the_agents_long_poll_is_held_through_the_proxy() {
         &sb,
         r#"
 def read(headers):
-    req = urllib.request.Request(base + f"api/cli/sessions/{sid}")
-    req.add_header("Authorization", "Bearer " + token)
-    req.add_header("tracestate", "hbtest=agent")
-    for k, v in headers.items():
-        req.add_header(k, v)
-    try:
-        with opener.open(req, timeout=60) as r:
-            return {"status": r.status, "body": r.read().decode(),
-                    "headers": {k.lower(): v for k, v in r.headers.items()}}
-    except urllib.error.HTTPError as e:
-        return {"status": e.code, "headers": {k.lower(): v for k, v in e.headers.items()}}
+    return call("GET", f"api/cli/sessions/{sid}", headers=headers, timeout=60)
 
 first = read({})
 held = read({"Prefer": "wait=30", "If-None-Match": first["headers"].get("etag", "none")})
