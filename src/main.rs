@@ -226,10 +226,6 @@ fn run(args: RunArgs, env: BTreeMap<OsString, OsString>, boot_secret: Option<Sec
             return 2;
         }
     };
-    // Before the boot removes or writes anything under the root, and held
-    // until the process exits (runtime shutdown included): a second runner
-    // on the root would destroy this one's session (PROTOCOL.md 3, 4 step 1).
-    // Here, in the process that boots: under PID 1 that is the worker.
     // With --agent-user the root is the runner's before it writes there
     // (issue 31): an agent that can write it can put links in the runner's
     // place.
@@ -247,6 +243,10 @@ fn run(args: RunArgs, env: BTreeMap<OsString, OsString>, boot_secret: Option<Sec
             }
         }
     }
+    // Before the boot removes or writes anything under the root, and held
+    // until the process exits (runtime shutdown included): a second runner
+    // on the root would destroy this one's session (PROTOCOL.md 3, 4 step 1).
+    // Here, in the process that boots: under PID 1 that is the worker.
     let _lock = match workspace::RootLock::acquire(&config.root) {
         Ok(lock) => lock,
         Err(e) => {

@@ -461,10 +461,8 @@ fn broker_peers(config: &BootConfig) -> Vec<u32> {
     peers
 }
 
-/// Broker mode (PROTOCOL.md 3): the credential broker, seeded with the
-/// boot's own read token (step 3) so the clone mints nothing, serving its
-/// socket in the session directory.
-/// The credential broker, seeded with the boot's read token.
+/// The credential broker, seeded with the boot's own read token (step 3)
+/// so the clone mints nothing.
 fn new_broker(b: &Boot<'_>, resolved: &Resolved) -> workspace::Broker {
     let broker = workspace::Broker::new(b.api.clone(), resolved.remote.clone(), b.redactor.clone());
     let seeded = broker.seed_read(&resolved.read_token, resolved.read_token_at);
@@ -475,7 +473,8 @@ fn new_broker(b: &Boot<'_>, resolved: &Resolved) -> workspace::Broker {
     broker
 }
 
-/// Serves `broker` on the session's socket (broker mode).
+/// Serves `broker` on its socket in the session directory (broker mode,
+/// PROTOCOL.md 3).
 fn serve_broker(
     b: &Boot<'_>,
     session_dir: &SessionDir,

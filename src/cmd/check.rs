@@ -219,17 +219,20 @@ fn key_line(config: &BootConfig, connectors: &[String]) -> Option<CheckLine> {
     })
 }
 
-/// The root's lock (PROTOCOL.md 3, one runner per root): `run` refuses a
-/// root another runner holds. Taken and released at once, writing nothing.
 /// Whether the credential broker's socket can be bound and reached at its
 /// place, however long its path (a socket address holds 107 bytes; a
 /// longer path goes through `/proc/self/fd`).
 fn socket_line(root: &Path, session_id: &str) -> CheckLine {
-    let path = std::path::absolute(root)
-        .unwrap_or_else(|_| root.to_path_buf())
-        .join(crate::session_dir::SESSION_PARENT)
-        .join(session_id)
-        .join(crate::session_dir::CREDENTIAL_SOCKET_FILE);
+    let path = match crate::session_dir::SessionDir::path_for(root, session_id) {
+        Ok(dir) => dir.join(crate::session_dir::CREDENTIAL_SOCKET_FILE),
+        Err(e) => {
+            return CheckLine::fail(
+                "credential socket",
+                e.to_string(),
+                "set ORIZU_SESSION_ID to a path-safe id and HOSTED_BOOT_ROOT to a directory",
+            );
+        }
+    };
     match crate::workspace::socket_path::limit(&path) {
         None => CheckLine::pass(
             "credential socket",
@@ -247,6 +250,8 @@ fn socket_line(root: &Path, session_id: &str) -> CheckLine {
     }
 }
 
+/// The root's lock (PROTOCOL.md 3, one runner per root): `run` refuses a
+/// root another runner holds. Taken and released at once, writing nothing.
 fn lock_line(root: &Path) -> CheckLine {
     match crate::workspace::lock::probe(root) {
         Ok(()) => CheckLine::pass("root lock", "no other runner holds the root"),

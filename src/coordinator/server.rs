@@ -358,10 +358,9 @@ fn stalled(
     ))
 }
 
-/// The `mergeFields` fault: `fields` merged into the answer's JSON object
-/// ([`merge_into`]; an answer that is not one is sent unchanged).
-/// The answer with the `mergeFields` and `addFields` faults applied (a body
-/// that is not a JSON object is sent as it was).
+/// The answer with the `mergeFields` fault ([`merge_into`]) and the
+/// `addFields` fault ([`add_everywhere`]) applied; an answer that is not a
+/// JSON object is sent unchanged.
 async fn edited(
     resp: Response,
     merge: Option<&serde_json::Map<String, Value>>,

@@ -157,7 +157,6 @@ pub fn write_file_owned(
 /// link (see [`runner_dir`]); its parent must exist.
 fn create_private_dir(path: &Path) -> Result<(), SessionDirError> {
     runner_dir::runner_dir(path, 0o700)
-        .map(drop)
         .map_err(|e| SessionDirError::io("create directory", path, e))
 }
 
@@ -236,9 +235,8 @@ impl SessionDir {
     /// Errors: a session id that is not path-safe (section 5), or a file
     /// system error naming the path.
     pub fn create(root: &Path, session_id: &str) -> Result<SessionDir, SessionDirError> {
-        crate::validate::path_safe_id("session id", session_id)?;
+        let path = SessionDir::path_for(root, session_id)?;
         let parent = absolute(root)?.join(SESSION_PARENT);
-        let path = parent.join(session_id);
         remove_any(&path)?;
         create_private_dir(&parent)?;
         create_private_dir(&path)?;
@@ -248,6 +246,16 @@ impl SessionDir {
             agent: None,
             context: Arc::default(),
         })
+    }
+
+    /// Where the session directory of `session_id` under `root` is
+    /// (absolute), without making it.
+    ///
+    /// Errors: a session id that is not path-safe (section 5), or a root
+    /// that cannot be resolved.
+    pub fn path_for(root: &Path, session_id: &str) -> Result<PathBuf, SessionDirError> {
+        crate::validate::path_safe_id("session id", session_id)?;
+        Ok(absolute(root)?.join(SESSION_PARENT).join(session_id))
     }
 
     /// For an agent that runs as another user (`--agent-user`, PROTOCOL.md

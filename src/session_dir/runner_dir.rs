@@ -10,18 +10,18 @@
 //! so nothing the agent does can put a link there after the check.
 
 use std::io;
-use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use rustix::fs::{Mode, OFlags};
 
 /// Makes `path` a directory of this process's effective uid with `mode`,
 /// replacing what else is there (see the module documentation); its parent
-/// must exist. Returns the directory, opened without following a link.
+/// must exist. The directory is checked and its mode set through a
+/// descriptor opened without following a link.
 ///
 /// Errors: the OS refused a call; the message is the OS's, the caller
 /// names the path.
-pub fn runner_dir(path: &Path, mode: u32) -> io::Result<OwnedFd> {
+pub fn runner_dir(path: &Path, mode: u32) -> io::Result<()> {
     let mode = Mode::from_raw_mode(mode);
     let me = rustix::process::geteuid().as_raw();
     // Twice at most: a second foreign entry in the instant between the
@@ -39,7 +39,7 @@ pub fn runner_dir(path: &Path, mode: u32) -> io::Result<OwnedFd> {
             Ok(dir) => {
                 if rustix::fs::fstat(&dir)?.st_uid == me {
                     rustix::fs::fchmod(&dir, mode)?;
-                    return Ok(dir);
+                    return Ok(());
                 }
                 tracing::warn!(path = %path.display(), "a directory of another uid where the runner keeps its own: removed");
                 // std's remove_dir_all follows no link inside.

@@ -205,13 +205,11 @@ fn attempt(spec: &RepoSpec) -> Result<PreparedRepo, AttemptFailure> {
     // A reused repo/ may lead libgit2 to a FIFO the checks below miss.
     let _holder = super::unblock::Holder::enter();
     // A reused repo/ is the agent's: nothing it planted may block git.
-    super::harvest::clear_special_files(&path)
-        .and_then(|()| super::repo_config::check_includes(&path))
-        .map_err(|why| WorkspaceError::ForeignRepo {
-            path: path.clone(),
-            found: why,
-            expected: url.to_string(),
-        })?;
+    super::harvest::ready_for_git(&path).map_err(|why| WorkspaceError::ForeignRepo {
+        path: path.clone(),
+        found: why,
+        expected: url.to_string(),
+    })?;
     let (mut repo, reused) = open_or_init(&path, url)?;
     let mirror = if reused {
         None

@@ -103,15 +103,17 @@ impl Drop for RepoHold<'_> {
     }
 }
 
-/// Clears what the agent may have planted to block the runner's git
-/// ([`super::special_files::clear`]), logging each removal.
+/// Makes `repo/` safe for the runner's git before a hold's work (issue
+/// 31): clears what the agent may have planted to block it
+/// ([`super::special_files::clear`], each removal logged) and checks the
+/// files its configuration includes ([`super::repo_config::check_includes`]).
 ///
-/// Errors: what cannot be cleared, named, with what to do.
-pub(super) fn clear_special_files(repo_dir: &Path) -> Result<(), String> {
+/// Errors: what cannot be cleared or is refused, named, with what to do.
+pub(super) fn ready_for_git(repo_dir: &Path) -> Result<(), String> {
     for (path, kind) in super::special_files::clear(repo_dir)? {
         tracing::warn!(path = %path.display(), kind, "removed a special file where the runner's git opens a file (it would block git; it cannot hold work)");
     }
-    Ok(())
+    super::repo_config::check_includes(repo_dir)
 }
 
 /// What every harvest of a boot shares: where `repo/` is and how to reach
@@ -182,9 +184,7 @@ impl Harvester {
             ),
         };
         if refused.is_none() {
-            refused = clear_special_files(&self.repo_dir)
-                .and_then(|()| super::repo_config::check_includes(&self.repo_dir))
-                .err();
+            refused = ready_for_git(&self.repo_dir).err();
         }
         RepoHold {
             _lock: lock,

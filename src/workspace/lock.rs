@@ -179,12 +179,9 @@ pub fn probe(root: &Path) -> Result<(), LockError> {
 /// Writes `<pid>\n` to `.hosted-boot/lock` under the root descriptor
 /// `root`: into a new file, renamed over the old name, so a reader never
 /// sees a partial pid; no symbolic link is followed (the agent may have
-/// put one there). Returns the new file, kept open by the holder.
+/// put one there). `.hosted-boot` is made first ([`RootLock::acquire`]).
+/// Returns the new file, kept open by the holder.
 fn write_pid_file(root: &OwnedFd, pid: u32) -> io::Result<File> {
-    match rustix::fs::mkdirat(root, LOCK_DIR, Mode::from_raw_mode(0o755)) {
-        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-        Err(e) => return Err(e.into()),
-    }
     let dir = rustix::fs::openat(
         root,
         LOCK_DIR,
