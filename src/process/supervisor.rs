@@ -466,6 +466,8 @@ struct TurnProcesses {
 /// How the wait for the leader ended.
 struct Waited {
     signalled: bool,
+    /// When the first stop signal (or SIGKILL) went to the group.
+    signalled_at: Option<Instant>,
     killed: bool,
     timed_out: bool,
     guard_died: Option<i32>,
@@ -544,6 +546,7 @@ impl TurnProcesses {
         tokio::pin!(exited);
         let mut waited = Waited {
             signalled: false,
+            signalled_at: None,
             killed: false,
             timed_out: false,
             guard_died: None,
@@ -563,7 +566,18 @@ impl TurnProcesses {
             let kill_sleep = crate::sync::sleep_until(kill_at);
             let cap_sleep = crate::sync::sleep_until(cap_at);
             tokio::select! {
-                _ = &mut exited => return waited,
+                _ = &mut exited => {
+                    if let Some(at) = waited.signalled_at {
+                        // How long the CLI takes to stop: what its grace
+                        // period must cover.
+                        tracing::info!(
+                            pgid = pid,
+                            after_ms = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX),
+                            "agent exited after its stop signal"
+                        );
+                    }
+                    return waited;
+                }
                 () = &mut guard_gone, if guard_armed => {
                     tracing::warn!(pgid = pid, guard_pid = self.guard_pid, "the turn's guard died before the turn ended; killing every process of the turn, which would not die with the runner");
                     waited.guard_died = self.guard_pid;
@@ -572,12 +586,14 @@ impl TurnProcesses {
                 msg = control.recv(), if control_open => match msg {
                     Some(Control::Interrupt { grace }) => {
                         waited.signalled = true;
+                        waited.signalled_at.get_or_insert_with(Instant::now);
                         signal_group(pid, supervision.stop_signal);
                         let at = Instant::now() + grace;
                         kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
                     }
                     Some(Control::Kill) => {
                         waited.signalled = true;
+                        waited.signalled_at.get_or_insert_with(Instant::now);
                         waited.killed = true;
                         guard_armed = false;
                         signal_group(pid, Signal::KILL);
@@ -597,6 +613,7 @@ impl TurnProcesses {
                     if !waited.signalled {
                         tracing::warn!(pgid = pid, "the turn's time cap is reached; interrupting the agent");
                         waited.signalled = true;
+                        waited.signalled_at.get_or_insert_with(Instant::now);
                         waited.timed_out = true;
                         signal_group(pid, supervision.stop_signal);
                         kill_at = Some(Instant::now() + supervision.cap_grace);
