@@ -16,7 +16,7 @@
 //! guard that died before the run ended, which fails it `runner_error`), or `{"type":"spawn_failed","run":1,
 //! "error":"…"}`. The exit code is the last run's (its exit code, 128+N for
 //! signal N, 127 when it could not be started), or 128+N when SIGTERM or
-//! SIGINT stopped the runs.
+//! SIGINT stopped the runs; 2 when `--agent-user` cannot be used.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -62,6 +62,10 @@ pub struct SuperviseArgs {
     /// Working directory of the program [default: the current one].
     #[arg(long)]
     pub cwd: Option<PathBuf>,
+    /// The user (name or uid) the program runs as, as a turn's agent does
+    /// with the runner's `--agent-user` (the runner must be root).
+    #[arg(long)]
+    pub agent_user: Option<String>,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
@@ -85,6 +89,18 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
             eprintln!("hosted-boot supervise: {e}");
             return 1;
         }
+    };
+    let user = match &args.agent_user {
+        Some(spec) => {
+            match crate::agent_user::AgentUser::resolve(spec, rustix::process::geteuid().as_raw()) {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    eprintln!("hosted-boot supervise: {e}");
+                    return 2;
+                }
+            }
+        }
+        None => None,
     };
     let cwd = match &args.cwd {
         Some(c) => c.clone(),
@@ -114,7 +130,7 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
             env: env.clone(),
             stdin: Vec::new(),
             stdin_feed: None,
-            user: None,
+            user: user.clone(),
         };
         let on_line = move |stream, line: crate::process::lines::Line| {
             let stream = match stream {

@@ -4,6 +4,7 @@
 //! - [`supervisor`]: one process tree from spawn to the last reap.
 //! - [`tree`]: the tree beyond the group (subreaper, /proc scan, sweep).
 //! - [`cgroup`]: the per-turn cgroup v2, where allowed.
+//! - [`user_kill`]: `--agent-user`: every process of that user at once.
 //! - [`guard`]: `hosted-boot turn-guard`, which kills the tree when the
 //!   runner dies.
 //! - [`output`]: one output stream: streaming redaction, then lines.
@@ -19,3 +20,4 @@ pub mod output;
 pub mod reaper;
 pub mod supervisor;
 pub mod tree;
+pub mod user_kill;

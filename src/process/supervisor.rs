@@ -53,6 +53,7 @@ use super::cgroup::{self, CgroupMode, TurnCgroup};
 use super::guard;
 use super::output::{OutputSink, pump};
 use super::tree::{self, Runner};
+use super::user_kill::{self, UserKill};
 
 /// Bound on the sweep after the leader exits, and on the wait for the group
 /// to be empty (each logged when reached).
@@ -459,6 +460,8 @@ struct TurnProcesses {
     guard_watch: Option<guard::Watch>,
     /// The guard's pid, when it started.
     guard_pid: Option<i32>,
+    /// `--agent-user`: every process of it is killed at the sweep.
+    user: Option<crate::agent_user::AgentUser>,
     readers: Vec<JoinHandle<()>>,
     collector: JoinHandle<()>,
 }
@@ -490,6 +493,7 @@ impl TurnProcesses {
     {
         let cgroup = turn_cgroup(supervision.cgroup);
         let (launch, guard_watch) = prepare_guard(supervision, cgroup.as_ref());
+        let user = spec.user.clone();
         let spawned = tree::spawn(command(&spec, cgroup.as_ref(), launch)).await;
         let guard = guard_watch.as_ref().map(guard::Watch::started);
         let mut child = match spawned {
@@ -528,6 +532,7 @@ impl TurnProcesses {
             cgroup,
             guard_watch,
             guard_pid,
+            user,
             readers,
             collector,
         })
@@ -694,6 +699,23 @@ impl TurnProcesses {
             && let Err(e) = c.kill()
         {
             tracing::warn!(cgroup = %c.path().display(), error = %e, "cannot kill the turn's cgroup");
+        }
+        if let Some(user) = &self.user {
+            match user_kill::kill_agent_user(user, self.runner) {
+                UserKill::Sent => {
+                    tracing::debug!(uid = user.uid, "SIGKILL to every process of the agent user");
+                }
+                UserKill::Shared { pid: other } => {
+                    tracing::warn!(
+                        uid = user.uid,
+                        pid = other,
+                        "a process of the agent user runs outside this runner's tree, so the runner does not kill every process of that user at the turn's end: the cgroup and the sweep alone end the turn's processes; give the agent a user of its own (--agent-user)"
+                    );
+                }
+                UserKill::Failed(e) => {
+                    tracing::warn!(uid = user.uid, error = %e, "cannot kill every process of the agent user at the turn's end; the cgroup and the sweep alone end the turn's processes");
+                }
+            }
         }
         let seeds = || {
             let mut s = vec![pid];

@@ -342,6 +342,18 @@ pub fn command_name(pid: i32) -> String {
 /// (the leader, its guard, the cgroup's members). `group` is the turn's
 /// process group, already sent SIGKILL: its members are killed again if
 /// still alive but not listed in [`SweepReport::killed`].
+///
+/// Why a scan that finds nothing proves the turn empty: no reaper of the
+/// runner runs while a round scans (the spawn registry's lock is held), so
+/// a process of the turn alive when `/proc` was listed is still there when
+/// its line is read, alive or a zombie, and so is its oldest ancestor in
+/// the turn (a child of the runner, the child subreaper, which only the
+/// runner reaps). A round that finds a zombie of the turn (the leader
+/// aside, which tokio reaps) is not the last: what it forked before it
+/// died may have been born after the listing. Without a cgroup a loop that
+/// forks its successor and exits is chased a generation a round; between
+/// rounds the runner's children (every orphaned generation) are killed in
+/// a tight loop, which catches one alive within a few passes.
 pub async fn sweep<F>(runner: Runner, group: i32, seeds: F, bound: Duration) -> SweepReport
 where
     F: Fn() -> Vec<i32>,
@@ -350,13 +362,18 @@ where
     let mut killed: Vec<Victim> = Vec::new();
     let mut seen = BTreeSet::new();
     loop {
-        let procs = scan();
-        reap_adopted(&procs, runner);
-        let live: Vec<ProcInfo> = turn_members(&procs, runner, &seeds())
-            .into_iter()
-            .filter(|p| !p.zombie)
-            .collect();
-        if live.is_empty() {
+        let (procs, live, unsettled) = {
+            let registry = spawned();
+            kill_orphans(&registry, runner);
+            let procs = scan();
+            let members = turn_members(&procs, runner, &seeds());
+            let unsettled = members
+                .iter()
+                .any(|p| p.zombie && !registry.contains(&p.pid));
+            let live: Vec<ProcInfo> = members.into_iter().filter(|p| !p.zombie).collect();
+            (procs, live, unsettled)
+        };
+        if live.is_empty() && !unsettled {
             return SweepReport {
                 killed,
                 left: Vec::new(),
@@ -383,6 +400,9 @@ where
                 killed.push(v);
             }
         }
+        // The zombies of this round go now: the next round's scan must
+        // find only what is new.
+        reap_adopted(&procs, runner);
         if Instant::now() >= deadline {
             return SweepReport {
                 killed,
@@ -390,6 +410,32 @@ where
             };
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Passes of [`kill_orphans`] per round of the sweep.
+const ORPHAN_PASSES: usize = 64;
+
+/// SIGKILL to the runner's live children outside its process group that it
+/// did not spawn through [`spawn`] (the turn's orphans), pass after pass
+/// until one finds none or [`ORPHAN_PASSES`] are done. A pass reads a few
+/// small files (`/proc/self/task/*/children`): fast enough to catch a
+/// generation of a re-forking loop alive between its parent's exit and its
+/// own. `registry` is held: no pid read here can be reaped and reused
+/// before its signal.
+fn kill_orphans(registry: &BTreeSet<i32>, runner: Runner) {
+    for _ in 0..ORPHAN_PASSES {
+        let mut found = false;
+        for p in children() {
+            if p.zombie || !runner.foreign_child(&p) || registry.contains(&p.pid) {
+                continue;
+            }
+            found = true;
+            signal_exact(&p, Signal::KILL);
+        }
+        if !found {
+            return;
+        }
     }
 }
 
