@@ -41,6 +41,16 @@ impl Capped {
     }
 }
 
+/// A connection's other end, for the handler (`ConnectInfo<Client>`).
+#[derive(Clone, Copy, Debug)]
+pub struct Client(pub SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Capped>> for Client {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Capped>) -> Client {
+        Client(*stream.remote_addr())
+    }
+}
+
 impl axum::serve::Listener for Capped {
     type Io = Connection;
     type Addr = SocketAddr;

@@ -10,6 +10,7 @@
 //! ([`proxy::ApiProxy::revoke`]).
 
 mod listener;
+mod peer;
 pub mod proxy;
 
 use std::sync::Arc;

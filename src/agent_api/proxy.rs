@@ -13,12 +13,13 @@
 //! itself with a JSON error (`{"error", "route", "refusal"}`) and logged;
 //! nothing of it reaches the coordinator.
 
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use futures_util::StreamExt;
@@ -26,8 +27,9 @@ use reqwest::Url;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use super::{Allowlist, NEVER_FORWARDED};
+use super::{Allowlist, NEVER_FORWARDED, peer};
 use crate::client::{Api, Policy};
+use crate::process::tree::Runner;
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
 use crate::wire::routes::{self, Method, Param, Route};
@@ -61,6 +63,9 @@ pub enum Refusal {
     OtherSession,
     /// A run route for another run than the turn's (`403`).
     OtherRun,
+    /// The connection does not come from a process of the turn the token
+    /// was made for (`403`).
+    OutsideTurn,
     /// A request body over [`REQUEST_CAP`] (`413`).
     TooLarge,
     /// The coordinator could not be reached, or answered over the route's
@@ -78,6 +83,7 @@ impl Refusal {
             Refusal::NotAllowed => "not_allowed",
             Refusal::OtherSession => "other_session",
             Refusal::OtherRun => "other_run",
+            Refusal::OutsideTurn => "outside_turn",
             Refusal::TooLarge => "too_large",
             Refusal::Upstream => "upstream_failed",
         }
@@ -98,6 +104,9 @@ impl Refusal {
 struct Grant {
     token: Secret,
     run_id: String,
+    /// The client sockets found held by a process of the turn: a kept-alive
+    /// connection is looked up once.
+    peers: BTreeSet<u64>,
 }
 
 /// What the server's handler shares.
@@ -109,6 +118,9 @@ struct Shared {
     allow: Allowlist,
     redactor: Redactor,
     grant: Mutex<Option<Grant>>,
+    /// The proxy's own address: the remote end of its clients' sockets.
+    address: SocketAddr,
+    runner: Runner,
 }
 
 /// The running proxy. Dropping it stops the server.
@@ -166,8 +178,13 @@ impl ApiProxy {
             allow,
             redactor,
             grant: Mutex::new(None),
+            address: addr,
+            runner: Runner::current(),
         });
-        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let app = Router::new()
+            .fallback(handle)
+            .with_state(shared.clone())
+            .into_make_service_with_connect_info::<super::listener::Client>();
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "the agent API proxy stopped");
@@ -201,6 +218,7 @@ impl ApiProxy {
         *crate::sync::lock(&self.shared.grant) = Some(Grant {
             token: token.clone(),
             run_id: run_id.to_string(),
+            peers: BTreeSet::new(),
         });
         Ok(token)
     }
@@ -393,13 +411,58 @@ fn check(
     }
 }
 
-async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+/// Checks that `client` (the connection's other end) is a socket held by a
+/// process of the turn whose token the request carried (issue 32): the
+/// token alone, read by a process outside the turn, is not enough.
+///
+/// Errors: the refusal's reason, naming the client's port and, when known,
+/// nothing of the process (it is not the turn's).
+async fn from_the_turn(shared: &Arc<Shared>, client: SocketAddr) -> Result<(), String> {
+    let server = shared.address;
+    let runner = shared.runner;
+    let Some(inode) = peer::client_socket(client, server) else {
+        return Err(format!(
+            "the connection from {client} is not a socket of this network namespace"
+        ));
+    };
+    let known = crate::sync::lock(&shared.grant)
+        .as_ref()
+        .is_some_and(|g| g.peers.contains(&inode));
+    if known {
+        return Ok(());
+    }
+    let holder = tokio::task::spawn_blocking(move || peer::turn_process_holding(inode, runner))
+        .await
+        .ok()
+        .flatten();
+    match holder {
+        Some(pid) => {
+            tracing::debug!(pid, client = %client, "agent API proxy: a connection from a process of the turn");
+            if let Some(g) = crate::sync::lock(&shared.grant).as_mut() {
+                g.peers.insert(inode);
+            }
+            Ok(())
+        }
+        None => Err(format!(
+            "the connection from {client} is not held by a process of the turn (a proxy token serves only the turn it was made for, in the processes the runner started for it)"
+        )),
+    }
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    ConnectInfo(super::listener::Client(client)): ConnectInfo<super::listener::Client>,
+    request: Request,
+) -> Response {
     let method = request.method().as_str().to_string();
     let path = request.uri().path().to_string();
     let (route, value) = match check(&shared, &request) {
         Ok(ok) => ok,
         Err((refusal, route, why)) => return refuse(refusal, route, &method, &path, &why),
     };
+    if let Err(why) = from_the_turn(&shared, client).await {
+        return refuse(Refusal::OutsideTurn, Some(route), &method, &path, &why);
+    }
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, REQUEST_CAP).await {
         Ok(b) => b,

@@ -173,6 +173,46 @@ enum Early {
     Failed(String),
 }
 
+/// Kills whatever of an earlier turn is still in the runner's tree (outside
+/// its own process group) before this turn's token is written, so that no
+/// process that outlived its turn can read it (issue 32): nothing,
+/// normally, as every turn ends with a sweep that stops only on a scan that
+/// proves the tree empty, but that sweep is bounded. The agent API proxy
+/// serves only that tree (`agent_api::peer`).
+///
+/// Errors: processes still alive after the sweep's bound (uninterruptible,
+/// or outside the runner's reach): the turn does not start.
+async fn leftovers_gone() -> Result<(), String> {
+    use crate::process::tree;
+    let report = tree::sweep(
+        tree::Runner::current(),
+        0,
+        Vec::new,
+        crate::process::supervisor::SWEEP_BOUND,
+    )
+    .await;
+    if !report.killed.is_empty() {
+        let names: Vec<String> = report
+            .killed
+            .iter()
+            .map(|v| format!("{} ({})", v.pid, v.name))
+            .collect();
+        tracing::warn!(
+            processes = %names.join(", "),
+            "processes of an earlier turn were still alive at this turn's start; killed before its token was written"
+        );
+    }
+    if report.left.is_empty() {
+        return Ok(());
+    }
+    let pids: Vec<String> = report.left.iter().map(|p| p.to_string()).collect();
+    Err(format!(
+        "processes of an earlier turn (pids {}) are still alive after {} of SIGKILL; the runner starts no turn whose token they could read (look for processes in uninterruptible sleep, state D in /proc/<pid>/stat)",
+        pids.join(", "),
+        humantime::format_duration(crate::process::supervisor::SWEEP_BOUND)
+    ))
+}
+
 /// One turn in progress and what it must undo on every way out: the bearer
 /// file the agent reads (PROTOCOL.md 4.1 steps 1 and 5), the bearer rotation
 /// that rewrites it and the interrupt watch that reads it (both stopped
@@ -338,6 +378,7 @@ impl<'a> Turn<'a> {
         let bearer = fresh
             .ok_or(Early::StoppedBeforeAck)?
             .map_err(|e| Early::Failed(e.to_string()))?;
+        leftovers_gone().await.map_err(Early::Failed)?;
         let token = match &self.ctx.agent_api {
             AgentApi::Bearer => bearer.token,
             AgentApi::Proxy(proxy) => proxy

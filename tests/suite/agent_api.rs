@@ -274,6 +274,75 @@ else:
     );
 }
 
+/// Issue 32: a proxy token serves only the processes of its turn. Read
+/// from the bearer file by a process outside the runner's tree (here the
+/// test itself: a sidecar sharing the Pod's loopback, a `kubectl exec`
+/// shell, a process that outlived an earlier turn), it is refused
+/// `outside_turn` while the turn runs, and nothing reaches the coordinator;
+/// the agent's own call with it goes through.
+#[tokio::test]
+async fn a_token_taken_by_a_process_outside_the_turn_is_refused() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = python_agent(
+        &sb,
+        r#"
+import time
+open(os.path.join(out, "token.tmp"), "w").write(token)
+open(os.path.join(out, "base.tmp"), "w").write(base)
+os.rename(os.path.join(out, "base.tmp"), os.path.join(out, "base"))
+os.rename(os.path.join(out, "token.tmp"), os.path.join(out, "token"))
+while not os.path.exists(os.path.join(out, "go")):
+    time.sleep(0.01)
+save("calls.json", {"own": call("GET", f"api/cli/sessions/{sid}")})
+"#,
+    );
+    let runner = Runner::spawn(&sb, &script);
+    let deadline = std::time::Instant::now() + super::support::WAIT;
+    while !sb.out().join("token").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let token = sb.read_out("token");
+    let url = format!(
+        "{}api/cli/sessions/{}",
+        sb.read_out("base"),
+        sb.coordinator.session_id()
+    );
+    // Twice: a refused connection is not remembered as the turn's.
+    for _ in 0..2 {
+        let outside = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth(&token)
+            .header(MARK, "hbtest=agent")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(outside.status(), 403);
+        let body: Value = outside.json().await.unwrap();
+        assert_eq!(body["refusal"], "outside_turn", "{body}");
+    }
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    sb.wait_sealed("run-1").await;
+    let calls = read_json(&sb, "calls.json");
+    assert_eq!(calls["own"]["status"], 200, "{calls}");
+    sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert!(
+        output.contains("outside_turn"),
+        "the refusal is logged: {output}"
+    );
+    assert_no_secret("runner output", &output, &[token]);
+    assert_eq!(
+        marked_routes(&sb),
+        vec![Route::Session],
+        "only the agent's own read reaches the coordinator"
+    );
+}
+
 /// The coordinator's answer comes back as it gave it (status, body,
 /// `Retry-After`); one over the route's cap by
 /// its `Content-Length` is refused by the proxy.
