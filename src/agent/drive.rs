@@ -926,8 +926,17 @@ async fn cli_version(
         }
     };
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
-    Some(crate::text::head(line, 200).to_string())
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty());
+    if line.is_none() && std::os::unix::process::ExitStatusExt::signal(&out.status).is_some() {
+        // With --agent-user, the end of a turn kills every process of that
+        // user: a first turn that ends before `--version` answers ends it.
+        tracing::warn!(
+            program,
+            status = %out.status,
+            "the agent CLI was killed before it printed its version (with --agent-user, a first turn that ends first kills it); cliVersion is null in this boot's hosted_boot.runner events"
+        );
+    }
+    Some(crate::text::head(line?, 200).to_string())
 }
 
 #[cfg(test)]

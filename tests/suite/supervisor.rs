@@ -626,6 +626,53 @@ async fn a_loop_that_calls_setsid_every_generation_does_not_escape_the_sweep_wit
     re_forking_loop(None, Hop::EveryGeneration, 3).await;
 }
 
+/// Issue 32: the agent user's processes are killed at once only when all of
+/// them are the runner's: one outside its tree (the user is shared with
+/// the host) is left alone, and the runner says why.
+#[tokio::test]
+async fn a_process_of_the_agent_user_outside_the_runner_is_not_killed() {
+    let Some(user) = agent_user_or_fail() else {
+        return;
+    };
+    let out = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(out.path(), Some(user.uid), None).unwrap();
+    let mut outside = std::process::Command::new("sleep");
+    std::os::unix::process::CommandExt::uid(&mut outside, user.uid);
+    let mut outside = outside.arg("1000").spawn().unwrap();
+    let cwd = out.path().to_str().unwrap().to_string();
+    let args = [
+        "--turn-cgroup",
+        "off",
+        "--cwd",
+        &cwd,
+        "--agent-user",
+        &user.name,
+        "--",
+        "sh",
+        "-c",
+        "(setsid sleep 1000 &) ; exit 0",
+    ];
+    let run = supervise(&[], &args, out.path()).await;
+    let still = outside.try_wait().unwrap();
+    let _ = outside.kill();
+    let _ = outside.wait();
+    assert_eq!(still, None, "the process outside the runner was killed");
+    assert_eq!(run.exit()["status"], "succeeded", "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("a process of the agent user runs outside this runner's tree"),
+        "{}",
+        run.stderr
+    );
+    // The turn's own daemon still went, by the sweep.
+    assert_eq!(
+        run.exit()["killed"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        run.exit()
+    );
+}
+
 #[tokio::test]
 async fn the_drain_bound_closes_a_pipe_the_sweep_cannot_empty() {
     let out = tempfile::tempdir().unwrap();
