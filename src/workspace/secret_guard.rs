@@ -155,6 +155,9 @@ impl<'a> PushGate<'a> {
                 found.in_commits = true;
             }
             let commit = repo.find_commit(oid)?;
+            for path in new_names(repo, &commit, self.redactor)? {
+                found.paths.insert(path);
+            }
             for (path, blob) in added_blobs(repo, &commit)? {
                 if found.paths.contains(&path) {
                     continue;
@@ -205,6 +208,54 @@ pub(super) enum Refusal {
     Secret(String),
     /// The commits to push could not be read.
     Unreadable(String),
+}
+
+/// The paths of the entries of `commit`'s trees, at any depth, whose own
+/// name holds a secret (as the redactor matches) and that no parent has at
+/// that place with the same id. Every name a push brings is checked this
+/// way, a tree's included: an empty directory (built with `git mktree`)
+/// named with a secret adds no file, so no delta of [`added_blobs`] carries
+/// its name (issue 33). A subtree a parent has unchanged is not descended:
+/// its names are on the remote already or were checked with that parent.
+/// Iterative: a tree nested thousands deep must not exhaust the stack.
+fn new_names(
+    repo: &Repository,
+    commit: &git2::Commit<'_>,
+    redactor: &Redactor,
+) -> Result<Vec<Vec<u8>>, git2::Error> {
+    let parents: Vec<Oid> = commit.parents().map(|p| p.tree_id()).collect();
+    let mut out = Vec::new();
+    let mut stack: Vec<(Oid, Vec<Oid>, Vec<u8>)> = vec![(commit.tree_id(), parents, Vec::new())];
+    while let Some((tree_id, olds, prefix)) = stack.pop() {
+        let tree = repo.find_tree(tree_id)?;
+        // A parent's entry of that name that is not a tree has no entries.
+        let old_trees: Vec<git2::Tree<'_>> = olds
+            .iter()
+            .filter_map(|o| repo.find_tree(*o).ok())
+            .collect();
+        for entry in tree.iter() {
+            let name = entry.name_bytes();
+            let olds: Vec<Oid> = old_trees
+                .iter()
+                .filter_map(|t| t.get_name_bytes(name).map(|e| e.id()))
+                .collect();
+            if olds.contains(&entry.id()) {
+                continue;
+            }
+            let mut path = prefix.clone();
+            if !path.is_empty() {
+                path.push(b'/');
+            }
+            path.extend_from_slice(name);
+            if redactor.contains(name) {
+                out.push(path.clone());
+            }
+            if entry.kind() == Some(git2::ObjectType::Tree) {
+                stack.push((entry.id(), olds, path));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// An entry a commit adds: its path, and its blob when it is one.
@@ -289,7 +340,14 @@ pub(super) fn hold_back(
     let base_commit = base.map(|b| repo.find_commit(b)).transpose()?;
     let base_tree = base_commit.as_ref().map(|c| c.tree()).transpose()?;
     let mut update = git2::build::TreeUpdateBuilder::new();
-    for path in &found.paths {
+    // A path under another found one goes with it (a directory whose name
+    // holds a secret, and its files): one update may not touch both.
+    let under_another = |path: &[u8]| {
+        found.paths.iter().any(|other| {
+            path.len() > other.len() && path.starts_with(other) && path[other.len()] == b'/'
+        })
+    };
+    for path in found.paths.iter().filter(|p| !under_another(p)) {
         let at = Path::new(OsStr::from_bytes(path));
         match base_tree.as_ref().and_then(|t| t.get_path(at).ok()) {
             Some(entry) => {
@@ -415,6 +473,57 @@ mod tests {
         let r = Redactor::new();
         r.add(&Secret::new(VALUE.into()), SecretKind::Configured);
         r
+    }
+
+    /// Issue 33: a name only a tree carries (an empty directory built with
+    /// `git mktree`) is checked, and so is a directory's own name; the held
+    /// back tree has neither.
+    #[test]
+    fn names_that_only_trees_carry_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repository::init(dir.path()).unwrap();
+        let base = commit(&repo, &[("README.md", b"hello\n")], &[]);
+        let mut heads = HashMap::new();
+        heads.insert("refs/heads/main".to_string(), base);
+        let named_dir = commit(&repo, &[(&format!("{VALUE}/a.txt"), b"a\n")], &[]);
+        // `git mktree` with an empty tree named with the secret, under
+        // `deep/`: no file delta names it.
+        let empty = repo.treebuilder(None).unwrap().write().unwrap();
+        let mut deep = repo.treebuilder(None).unwrap();
+        deep.insert(VALUE, empty, 0o040000).unwrap();
+        let deep = deep.write().unwrap();
+        let head_tree = repo.find_commit(named_dir).unwrap().tree().unwrap();
+        let mut top = repo.treebuilder(Some(&head_tree)).unwrap();
+        top.insert("deep", deep, 0o040000).unwrap();
+        let tree = repo.find_tree(top.write().unwrap()).unwrap();
+        let sig = Signature::now("t", "t@example.invalid").unwrap();
+        let parent = repo.find_commit(named_dir).unwrap();
+        let head = repo
+            .commit(Some("HEAD"), &sig, &sig, "c", &tree, &[&parent])
+            .unwrap();
+        let r = redactor();
+        let gate = PushGate::new("main", &r);
+        let found = gate.scan(&repo, head, &heads).unwrap();
+        assert_eq!(
+            found.report(&r),
+            vec!["[REDACTED]", "[REDACTED]/a.txt", "deep/[REDACTED]"]
+        );
+        let (new, _) = hold_back(&repo, head, Some(base), &found, "run-1", &r).unwrap();
+        let tree = repo.find_commit(new).unwrap().tree().unwrap();
+        let mut names = Vec::new();
+        tree.walk(git2::TreeWalkMode::PreOrder, |root, e| {
+            names.push(format!("{root}{}", e.name().unwrap()));
+            git2::TreeWalkResult::Ok
+        })
+        .unwrap();
+        // `deep/` is empty without it: git keeps no empty tree.
+        assert_eq!(names, vec!["README.md"]);
+        // Unchanged trees are not descended again: a later commit that
+        // touches another file finds nothing new.
+        let mut heads = HashMap::new();
+        heads.insert("refs/heads/main".to_string(), new);
+        let later = commit(&repo, &[("README.md", b"more\n")], &[]);
+        assert!(!gate.scan(&repo, later, &heads).unwrap().any());
     }
 
     #[test]

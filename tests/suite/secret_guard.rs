@@ -118,6 +118,40 @@ if [ "$ORIZU_RUN_ID" = run-1 ]; then
 fi
 "#;
 
+/// Issue 33: an empty directory named with a connector value, built with
+/// `git mktree` (no file, so no file of the commit carries the name), was
+/// pushed. Every name in every tree a push brings is checked.
+#[tokio::test]
+async fn a_name_only_a_tree_carries_is_never_pushed() {
+    let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
+    let child = sb.spawn(&sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  empty=$(git mktree < /dev/null)
+  printf '040000 tree %s\t%s\n' "$empty" "$ACME_API_KEY" > "$AGENT_OUT/entries"
+  git ls-tree HEAD >> "$AGENT_OUT/entries"
+  tree=$(git mktree < "$AGENT_OUT/entries")
+  commit=$(git commit-tree "$tree" -p HEAD -m "agent: a named tree")
+  git reset -q --soft "$commit"
+  echo fine > FINE.md && git add FINE.md && git commit -q -m "agent: fine"
+fi
+"#,
+    ));
+    let snap = sb.wait_sealed("run-1").await;
+    assert_remote_clean(&sb, &sb.secrets(&[CONNECTOR.1]));
+    let head = tip(&sb);
+    assert_eq!(
+        files_at(&sb, &head),
+        vec!["FINE.md", "README.md", "src/greeting.txt"]
+    );
+    let result = result_of(&snap, "run-1");
+    assert_eq!(result["blockedPaths"], json!(["[REDACTED]"]), "{result}");
+    assert_eq!(result["pushed"], true, "{result}");
+    sb.coordinator.end_session();
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+}
+
 #[tokio::test]
 async fn a_connector_value_the_agent_committed_is_never_pushed_and_the_rest_is() {
     let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
