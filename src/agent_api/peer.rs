@@ -16,7 +16,7 @@
 //! Cost: one read of `/proc/net/tcp` per request, and per new connection a
 //! `/proc` scan and a `readlink` per descriptor of the turn's processes.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::process::tree::{self, Runner};
 
@@ -24,9 +24,17 @@ use crate::process::tree::{self, Runner};
 /// to `server` (as the server sees them), from `/proc/net/tcp`. `None` if
 /// no such socket is listed (the client closed it, or it is another
 /// namespace's).
+///
+/// A dual-stack client (an `AF_INET6` socket connected to
+/// `::ffff:127.0.0.1`, as the JVM makes by default) is listed in
+/// `/proc/net/tcp6` with v4-mapped addresses: looked for there too.
 pub fn client_socket(client: SocketAddr, server: SocketAddr) -> Option<u64> {
-    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    inode_in(&table, client, server)
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .find_map(|table| {
+            let text = std::fs::read_to_string(table).ok()?;
+            inode_in(&text, client, server)
+        })
 }
 
 /// The inode of the line of `table` (`/proc/net/tcp`'s text) whose local
@@ -41,13 +49,29 @@ fn inode_in(table: &str, local: SocketAddr, remote: SocketAddr) -> Option<u64> {
     })
 }
 
-/// `0100007F:1F90` → `127.0.0.1:8080`: the kernel prints the address as
-/// the 32-bit value in host byte order, the port as a number.
+/// `0100007F:1F90` → `127.0.0.1:8080`: the kernel prints an IPv4 address
+/// as one 32-bit value in host byte order, an IPv6 one as four, the port
+/// as a number. A v4-mapped IPv6 address comes back as the IPv4 one.
 fn parse_addr(text: &str) -> Option<SocketAddr> {
     let (ip, port) = text.split_once(':')?;
-    let ip = u32::from_str_radix(ip, 16).ok()?;
     let port = u16::from_str_radix(port, 16).ok()?;
-    Some(SocketAddr::from((Ipv4Addr::from(ip.to_ne_bytes()), port)))
+    let word = |i: usize| -> Option<[u8; 4]> {
+        let hex = ip.get(i * 8..i * 8 + 8)?;
+        Some(u32::from_str_radix(hex, 16).ok()?.to_ne_bytes())
+    };
+    let ip = match ip.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+        32 => {
+            let mut bytes = [0u8; 16];
+            for i in 0..4 {
+                bytes[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            let v6 = Ipv6Addr::from(bytes);
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
 }
 
 /// The pid of a process of the turn (the runner's tree outside its own
@@ -90,6 +114,29 @@ mod tests {
         assert_eq!(inode_in(TABLE, server, client), Some(3333));
         let elsewhere: SocketAddr = "127.0.0.1:54322".parse().unwrap();
         assert_eq!(inode_in(TABLE, elsewhere, server), None);
+    }
+
+    #[test]
+    fn a_dual_stack_client_is_found_in_tcp6() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = listener.local_addr().unwrap();
+        let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", server.port())
+            .parse()
+            .unwrap();
+        let stream = match std::net::TcpStream::connect(mapped) {
+            Ok(s) => s,
+            Err(e) if std::env::var_os("HOSTED_BOOT_TEST_ALLOW_SKIP").is_some() => {
+                eprintln!("SKIPPED (HOSTED_BOOT_TEST_ALLOW_SKIP): no dual-stack socket: {e}");
+                return;
+            }
+            Err(e) => panic!(
+                "no dual-stack socket to {mapped}: {e} (HOSTED_BOOT_TEST_ALLOW_SKIP=1 skips this test)"
+            ),
+        };
+        let (_, client) = listener.accept().unwrap();
+        assert!(stream.local_addr().unwrap().is_ipv6());
+        assert!(client.is_ipv4(), "the server sees {client}");
+        assert!(client_socket(client, server).is_some());
     }
 
     #[test]

@@ -367,13 +367,18 @@ where
             kill_orphans(&registry, runner);
             let procs = scan();
             let members = turn_members(&procs, runner, &seeds());
-            let unsettled = members
+            let unsettled: Vec<i32> = members
                 .iter()
-                .any(|p| p.zombie && !registry.contains(&p.pid));
-            let live: Vec<ProcInfo> = members.into_iter().filter(|p| !p.zombie).collect();
+                .filter(|p| p.zombie && !registry.contains(&p.pid) && !threads_alive(p.pid))
+                .map(|p| p.pid)
+                .collect();
+            let live: Vec<ProcInfo> = members
+                .into_iter()
+                .filter(|p| !p.zombie || threads_alive(p.pid))
+                .collect();
             (procs, live, unsettled)
         };
-        if live.is_empty() && !unsettled {
+        if live.is_empty() && unsettled.is_empty() {
             return SweepReport {
                 killed,
                 left: Vec::new(),
@@ -404,13 +409,35 @@ where
         // find only what is new.
         reap_adopted(&procs, runner);
         if Instant::now() >= deadline {
-            return SweepReport {
-                killed,
-                left: live.iter().map(|p| p.pid).collect(),
-            };
+            // A zombie nobody could reap is reported too: the turn is not
+            // proven empty.
+            let mut left: Vec<i32> = live.iter().map(|p| p.pid).collect();
+            left.extend(unsettled);
+            return SweepReport { killed, left };
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Whether a process `/proc` shows as a zombie still has a live thread: its
+/// main thread exited (`SYS_exit`) while another runs on, a classic way to
+/// hide from a scanner that skips zombies (issue 32). SIGKILL to its pid
+/// ends the whole group.
+fn threads_alive(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            .and_then(|text| {
+                let (_, rest) = text.rsplit_once(')')?;
+                rest.split_whitespace()
+                    .next()
+                    .map(|state| state != "Z" && state != "X")
+            })
+            .unwrap_or(false)
+    })
 }
 
 /// Passes of [`kill_orphans`] per round of the sweep.
@@ -427,7 +454,10 @@ fn kill_orphans(registry: &BTreeSet<i32>, runner: Runner) {
     for _ in 0..ORPHAN_PASSES {
         let mut found = false;
         for p in children() {
-            if p.zombie || !runner.foreign_child(&p) || registry.contains(&p.pid) {
+            if (p.zombie && !threads_alive(p.pid))
+                || !runner.foreign_child(&p)
+                || registry.contains(&p.pid)
+            {
                 continue;
             }
             found = true;

@@ -146,13 +146,25 @@ fn kill_all_as(user: &AgentUser) -> io::Result<()> {
             libc::_exit(0)
         });
     }
-    let status = command.status()?;
+    // An agent process can try to kill the killer between its change of
+    // user and its kill (it is one of the user's pids for that instant):
+    // one killed by a signal is started again.
+    let mut status = command.status()?;
+    for _ in 0..KILLER_ATTEMPTS {
+        if std::os::unix::process::ExitStatusExt::signal(&status).is_none() {
+            break;
+        }
+        status = command.status()?;
+    }
     if status.success() {
         Ok(())
     } else {
         Err(io::Error::other(format!("the killer exited with {status}")))
     }
 }
+
+/// Restarts of a killer that a signal ended before its `kill(-1)`.
+const KILLER_ATTEMPTS: usize = 8;
 
 #[cfg(test)]
 mod tests {

@@ -626,6 +626,71 @@ async fn a_loop_that_calls_setsid_every_generation_does_not_escape_the_sweep_wit
     re_forking_loop(None, Hop::EveryGeneration, 3).await;
 }
 
+/// Issue 32 (found by a reviewer): a process whose main thread exits while
+/// another thread runs on shows as a zombie in `/proc`; a sweep that
+/// skipped zombies left it alive, reported nothing, and it read the next
+/// turn's token. Same uid, no cgroup: it is killed like any other.
+#[tokio::test]
+async fn a_process_whose_main_thread_exited_does_not_outlive_its_turn() {
+    let out = tempfile::tempdir().unwrap();
+    let program = out.path().join("zleader.py");
+    std::fs::write(
+        &program,
+        r#"
+import ctypes, os, platform, threading, time
+out = os.environ["OUT"]
+def run_on():
+    while True:
+        time.sleep(0.05)
+threading.Thread(target=run_on).start()
+with open(os.path.join(out, "zleader.tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(out, "zleader.tmp"), os.path.join(out, "zleader"))
+# SYS_exit: this thread alone ends; the process lives on in the other.
+ctypes.CDLL(None).syscall({"x86_64": 60, "aarch64": 93}[platform.machine()], 0)
+"#,
+    )
+    .unwrap();
+    let script = format!(
+        r#"(setsid python3 {} > /dev/null 2>&1 &); while [ ! -s "$OUT/zleader" ]; do sleep 0.01; done; sleep 0.2; exit 0"#,
+        program.display()
+    );
+    let run = supervise(
+        &[],
+        &["--turn-cgroup", "off", "--", "sh", "-c", &script],
+        out.path(),
+    )
+    .await;
+    let pid: i32 = std::fs::read_to_string(out.path().join("zleader"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let running = |pid: i32| {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks.flatten().any(|t| {
+                    std::fs::read_to_string(t.path().join("stat")).is_ok_and(|text| {
+                        text.rsplit_once(')').is_some_and(|(_, rest)| {
+                            !rest.trim_start().starts_with('Z')
+                                && !rest.trim_start().starts_with('X')
+                        })
+                    })
+                })
+            })
+            .unwrap_or(false)
+    };
+    let alive = running(pid);
+    if alive {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+    }
+    assert!(!alive, "pid {pid} outlived its turn\n{}", run.stderr);
+    assert_eq!(run.exit()["status"], "succeeded", "{}", run.stderr);
+}
+
 /// Issue 32: the agent user's processes are killed at once only when all of
 /// them are the runner's: one outside its tree (the user is shared with
 /// the host) is left alone, and the runner says why.
