@@ -156,6 +156,25 @@ pub(super) fn commit_uncommitted(
             }
         }
     }
+    // A gitlink the agent staged (`git add sub` on a nested repository, or
+    // a submodule moved to another commit) would record a commit the
+    // sandbox alone may have: back to HEAD's (PROTOCOL.md 4.5).
+    let moved = moved_gitlinks(repo, &index, parent.as_ref())?;
+    if !moved.is_empty() {
+        tracing::warn!(paths = ?moved, "harvest: gitlinks the agent staged are left as HEAD has them (PROTOCOL.md 4.5)");
+        match &parent {
+            Some(parent) => {
+                index.write()?;
+                repo.reset_default(Some(parent.as_object()), &moved)?;
+                index.read(true)?;
+            }
+            None => {
+                for path in &moved {
+                    index.remove_path(Path::new(path))?;
+                }
+            }
+        }
+    }
     index.write()?;
     let tree_id = index.write_tree()?;
     if parent.as_ref().is_some_and(|p| p.tree_id() == tree_id) {
@@ -178,6 +197,33 @@ pub(super) fn commit_uncommitted(
     }
     tracing::info!(commit = %oid, name = %job.name, "harvest: committed what the agent left uncommitted");
     Ok(Some(oid))
+}
+
+/// The paths where `index` has a gitlink HEAD (`parent`'s tree) does not
+/// have there, or lacks one HEAD has: a submodule the agent added, moved or
+/// removed in the index.
+fn moved_gitlinks(
+    repo: &Repository,
+    index: &git2::Index,
+    parent: Option<&git2::Commit<'_>>,
+) -> Result<Vec<String>, git2::Error> {
+    let tree = parent.map(|p| p.tree()).transpose()?;
+    let diff = repo.diff_tree_to_index(tree.as_ref(), Some(index), None)?;
+    let mut out = Vec::new();
+    for delta in diff.deltas() {
+        let (old, new) = (delta.old_file(), delta.new_file());
+        let gitlink = |f: &git2::DiffFile<'_>| f.mode() == git2::FileMode::Commit;
+        let moved = match delta.status() {
+            git2::Delta::Added => gitlink(&new),
+            git2::Delta::Deleted => gitlink(&old),
+            git2::Delta::Modified | git2::Delta::Typechange => gitlink(&old) || gitlink(&new),
+            _ => false,
+        };
+        if moved && let Some(path) = new.path().or(old.path()) {
+            out.push(path.to_string_lossy().into_owned());
+        }
+    }
+    Ok(out)
 }
 
 /// What the harvest's commit never takes from the work tree (PROTOCOL.md

@@ -178,6 +178,41 @@ touch .git/index.lock
     assert_no_secret("runner output (trace level)", &output, &secrets);
 }
 
+/// Issue 33: a gitlink the agent staged and left uncommitted (`git add` of a
+/// nested repository: a commit that exists only in the sandbox) is not
+/// committed by the harvest; the rest of the agent's work is.
+#[tokio::test]
+async fn a_gitlink_the_agent_staged_is_not_committed_by_the_harvest() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  git init -q scaffold
+  git -C scaffold -c user.name=a -c user.email=a@example.invalid commit -q --allow-empty -m local
+  git add scaffold 2> /dev/null
+  git ls-files -s scaffold > "$AGENT_OUT/staged"
+  echo kept > KEPT.md
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (_, output) = sb.end_after_seal("run-1", child).await;
+    assert!(
+        sb.read_out("staged").starts_with("160000 "),
+        "the agent did not stage a gitlink: {:?}",
+        sb.read_out("staged")
+    );
+    let branch = sb.coordinator.branch();
+    let head = tip(&sb, &branch);
+    let tree = bare_git(&sb, &["ls-tree", "-r", &head]);
+    assert!(!tree.contains("160000"), "a gitlink was pushed: {tree}");
+    assert!(tree.contains("KEPT.md"), "{tree}");
+    assert!(
+        output.contains("gitlinks the agent staged are left as HEAD has them"),
+        "{output}"
+    );
+}
+
 #[tokio::test]
 async fn a_commit_the_agent_did_not_push_is_pushed() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
