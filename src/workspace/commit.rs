@@ -156,6 +156,22 @@ pub(super) fn commit_uncommitted(
             }
         }
     }
+    // A conflict left on a path the harvest leaves out (over the size limit,
+    // LFS-tracked, a gitlink) would fail the tree ("not fully merged") and
+    // with it every later harvest: that path goes back to HEAD's version
+    // (the work tree keeps the agent's), the rest is committed.
+    let conflicted = conflicted_paths(&index)?;
+    if !conflicted.is_empty() {
+        tracing::warn!(paths = ?conflicted, "harvest: conflicted paths the harvest leaves out stay as HEAD has them; the rest of the work is committed");
+        for path in &conflicted {
+            index.conflict_remove(Path::new(path))?;
+        }
+        if let Some(parent) = &parent {
+            index.write()?;
+            repo.reset_default(Some(parent.as_object()), &conflicted)?;
+            index.read(true)?;
+        }
+    }
     // A gitlink the agent staged (`git add sub` on a nested repository, or
     // a submodule moved to another commit) would record a commit the
     // sandbox alone may have: back to HEAD's (PROTOCOL.md 4.5).
@@ -197,6 +213,21 @@ pub(super) fn commit_uncommitted(
     }
     tracing::info!(commit = %oid, name = %job.name, "harvest: committed what the agent left uncommitted");
     Ok(Some(oid))
+}
+
+/// The paths with conflict entries (stages 1–3) in `index`.
+fn conflicted_paths(index: &git2::Index) -> Result<Vec<String>, git2::Error> {
+    if !index.has_conflicts() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for conflict in index.conflicts()? {
+        let conflict = conflict?;
+        if let Some(entry) = conflict.our.or(conflict.their).or(conflict.ancestor) {
+            out.push(String::from_utf8_lossy(&entry.path).into_owned());
+        }
+    }
+    Ok(out)
 }
 
 /// The paths where `index` has a gitlink HEAD (`parent`'s tree) does not

@@ -1230,6 +1230,57 @@ fn files_at(sb: &Sandbox, rev: &str) -> Vec<String> {
         .collect()
 }
 
+/// Issue 33: a merge the agent left conflicted on a file over the size
+/// limit kept its conflict entries in the index (the harvest leaves the
+/// file out), so the harvest's tree failed ("not fully merged") and none of
+/// the turn's work was pushed, at every later harvest too. The conflicted
+/// path stays as HEAD has it, is named, and the rest is pushed.
+#[tokio::test]
+async fn a_conflict_on_a_file_the_harvest_leaves_out_does_not_block_the_rest() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        git_max_file_size: Some(LIMIT),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  g() {{ git -c user.name=a -c user.email=a@example.invalid "$@"; }}
+  printf 'base\n' > data.txt && git add data.txt && g commit -qm base
+  git checkout -q -b side
+  head -c {BIG} /dev/zero | tr '\0' x > data.txt && g commit -qam side
+  git checkout -q -
+  printf 'ours\n' > data.txt && g commit -qam ours
+  g merge -q side > /dev/null 2>&1 || true
+  git ls-files -u > "$AGENT_OUT/unmerged"
+  echo other > OTHER.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    assert!(
+        !sb.read_out("unmerged").is_empty(),
+        "the agent's merge did not conflict"
+    );
+    let result = result_of(&snap, "run-1");
+    assert_eq!(result["pushed"], json!(true), "{result}\n{output}");
+    let head = tip(&sb, &sb.coordinator.branch());
+    assert_eq!(
+        files_at(&sb, &head),
+        vec!["OTHER.md", "README.md", "data.txt", "src/greeting.txt"]
+    );
+    assert_eq!(
+        bare_git(&sb, &["show", &format!("{head}:data.txt")]),
+        "ours"
+    );
+    let skipped = result["skippedFiles"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(skipped.iter().any(|s| s["path"] == "data.txt"), "{result}");
+}
+
 #[tokio::test]
 async fn a_file_over_the_size_limit_is_left_out_named_and_later_work_is_pushed() {
     let sb = Sandbox::start(CoordinatorOptions {
