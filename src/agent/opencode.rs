@@ -1,12 +1,14 @@
 //! opencode (`--agent opencode`): one `opencode serve` per turn, on loopback,
 //!
 //! ```text
-//! opencode serve --hostname 127.0.0.1 --port <ORIZU_OPENCODE_PORT or a free port>
+//! opencode serve --hostname 127.0.0.1 --port <ORIZU_OPENCODE_PORT or 0>
 //!                [--agent-arg …]
 //! env: OPENCODE_SERVER_USERNAME=opencode, OPENCODE_SERVER_PASSWORD=<random, per turn>
 //! ```
 //!
-//! then, over HTTP with basic auth: wait for `GET /global/health`, open the
+//! then (with port 0, once the server printed the port it got: `opencode
+//! server listening on http://127.0.0.1:<port>`, as opencode's own SDK reads
+//! it), over HTTP with basic auth: wait for `GET /global/health`, open the
 //! event stream `GET /event`, create the session (`POST /session`) or check
 //! the one to resume (`GET /session/:id`), send the prompt (`POST
 //! /session/:id/prompt_async` with the model of `clientInfo` as
@@ -36,6 +38,7 @@ use super::{
     StdinMode, Terminal, TurnSpec, Usage,
 };
 use crate::events::event::AgentEvent;
+use crate::process::supervisor::Stream;
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
 use crate::wire::ErrorCode;
@@ -45,18 +48,23 @@ pub const USERNAME: &str = "opencode";
 /// Retry notices of one turn after which the runner gives up on it.
 pub const MAX_RETRIES: u32 = 8;
 
+/// The start of the line `opencode serve` prints once it listens, before
+/// its URL.
+const LISTENING: &str = "opencode server listening on ";
+
 /// The `opencode serve` adapter for one process.
 pub struct OpenCodeAdapter {
     spec: TurnSpec,
-    port: u16,
+    /// `ORIZU_OPENCODE_PORT`; `None`: the server picks a free port itself.
+    port: Option<u16>,
     password: Secret,
 }
 
 impl OpenCodeAdapter {
-    /// For one turn: the port is `ORIZU_OPENCODE_PORT`, else a free one; the
-    /// server password is fresh and goes to `redactor` at once.
+    /// For one turn: the port is `ORIZU_OPENCODE_PORT`, else the server's
+    /// choice; the server password is fresh and goes to `redactor` at once.
     pub fn new(spec: TurnSpec, redactor: &Redactor) -> Self {
-        let port = spec.opencode_port.unwrap_or_else(free_port);
+        let port = spec.opencode_port;
         let password = Secret::new(format!(
             "{:016x}{:016x}",
             fastrand::u64(..),
@@ -71,12 +79,12 @@ impl OpenCodeAdapter {
     }
 }
 
-/// A loopback port free right now (4096, opencode's default, if none is).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(4096)
+/// The port of the line `opencode serve` prints once it listens
+/// (`opencode server listening on http://127.0.0.1:4096`).
+fn listening_port(line: &str) -> Option<u16> {
+    let url = line.trim().strip_prefix(LISTENING)?;
+    let (_, port) = url.trim_end_matches('/').rsplit_once(':')?;
+    port.parse().ok().filter(|p| *p != 0)
 }
 
 impl Adapter for OpenCodeAdapter {
@@ -86,7 +94,13 @@ impl Adapter for OpenCodeAdapter {
             "--hostname".into(),
             "127.0.0.1".into(),
             "--port".into(),
-            self.port.to_string(),
+            // Without a configured port the server binds port 0 and prints
+            // the port it got. A port the runner probed free and passed on
+            // would be free to anyone until the server binds it, seconds
+            // later under load: any bind to port 0 on the host (another
+            // runner's agent API proxy, another server) could take it, and
+            // the server would exit `EADDRINUSE` (an `agent_crashed` turn).
+            self.port.unwrap_or(0).to_string(),
         ];
         args.extend(self.spec.extra_args.iter().cloned());
         Launch {
@@ -185,27 +199,39 @@ async fn run(adapter: OpenCodeAdapter, mut io: AdapterIo) -> Observation {
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    let http = match Http::new(port, password) {
-        Ok(h) => Some(h),
-        Err(e) => {
-            io.note(Note::Abort(AgentError::new(ErrorCode::AgentCrashed, e)));
-            None
-        }
-    };
-    let setup = http
-        .clone()
-        .map(|h| tokio::spawn(connect(h, spec.clone(), tx, cancel.clone())));
+    let (mut http, mut setup) = (None, None);
+    // Without a configured port, until the server printed the one it got:
+    // the setup's sender, and the bound on that line.
+    let mut pending = None;
+    match port {
+        Some(port) => (http, setup) = start_setup(&spec, &mut io, &password, port, tx, &cancel),
+        None => pending = Some((tx, tokio::time::Instant::now() + spec.timings.server_ready)),
+    }
     let mut commands_open = true;
-    let mut server_open = setup.is_some();
-    tracing::debug!(port, "opencode adapter started");
+    let mut server_open = true;
+    tracing::debug!(?port, "opencode adapter started");
     loop {
         tokio::select! {
             line = io.lines.recv() => {
                 let Some((stream, line)) = line else { break };
+                if stream == Stream::Stdout
+                    && let Some(port) = listening_port(&line.text())
+                    && let Some((tx, _)) = pending.take()
+                {
+                    (http, setup) = start_setup(&spec, &mut io, &password, port, tx, &cancel);
+                }
                 io.events
                     .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
             }
-            msg = rx.recv(), if server_open => match msg {
+            () = crate::sync::sleep_until(pending.as_ref().map(|(_, at)| *at)), if pending.is_some() => {
+                pending = None;
+                let e = crashed(format!(
+                    "opencode serve did not print the port it listens on within {}",
+                    humantime::format_duration(spec.timings.server_ready)
+                ));
+                io.note(Note::Abort(e));
+            }
+            msg = rx.recv(), if server_open && setup.is_some() => match msg {
                 Some(msg) => server_message(&spec, &mut state, &mut io, http.as_ref(), msg),
                 None => server_open = false,
             },
@@ -233,6 +259,29 @@ async fn run(adapter: OpenCodeAdapter, mut io: AdapterIo) -> Observation {
         failure: state.error,
         usage,
         effects: state.effects,
+    }
+}
+
+/// Starts the setup ([`connect`]) on the server at `port` (the configured
+/// one, or the one the server printed): its client and task.
+fn start_setup(
+    spec: &TurnSpec,
+    io: &mut AdapterIo,
+    password: &Secret,
+    port: u16,
+    tx: mpsc::UnboundedSender<Server>,
+    cancel: &Arc<AtomicBool>,
+) -> (Option<Http>, Option<tokio::task::JoinHandle<()>>) {
+    tracing::debug!(port, "opencode serve port");
+    match Http::new(port, password.clone()) {
+        Ok(h) => {
+            let task = tokio::spawn(connect(h.clone(), spec.clone(), tx, cancel.clone()));
+            (Some(h), Some(task))
+        }
+        Err(e) => {
+            io.note(Note::Abort(AgentError::new(ErrorCode::AgentCrashed, e)));
+            (None, None)
+        }
     }
 }
 
@@ -824,6 +873,22 @@ mod tests {
             c(json!({"name": "UnknownError", "data": {"message": "segfault"}})),
             Some((ErrorCode::AgentCrashed, None))
         );
+    }
+
+    #[test]
+    fn the_listening_line_names_the_port() {
+        let p = listening_port;
+        assert_eq!(
+            p("opencode server listening on http://127.0.0.1:41873"),
+            Some(41873)
+        );
+        assert_eq!(
+            p("opencode server listening on http://127.0.0.1:4096/\r"),
+            Some(4096)
+        );
+        assert_eq!(p("opencode server listening on http://127.0.0.1:0"), None);
+        assert_eq!(p("listening on http://127.0.0.1:4096"), None);
+        assert_eq!(p("opencode server listening on http://127.0.0.1"), None);
     }
 
     #[test]
