@@ -813,6 +813,7 @@ mod tests {
                 skipped_files: vec![wire::SkippedFile {
                     path: format!("dir/{secret}.bin"),
                     bytes: 1,
+                    reason: None,
                 }],
                 oversized_ref: Some(secret.into()),
                 local_branch_recovery: Some(secret.into()),

@@ -696,8 +696,26 @@ pub struct HarvestResult {
 pub struct SkippedFile {
     /// The path in the repository.
     pub path: String,
-    /// Its size in bytes.
+    /// Its size in bytes (0 for a nested repository, a directory).
     pub bytes: u64,
+    /// Why it was left out; absent: it is over the size limit (the only
+    /// reason before issue 33, so a coordinator that reads none sees what
+    /// it saw).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<SkipReason>,
+}
+
+/// `finish.result.skippedFiles[].reason` (4.5, issue 33).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// Its attributes name a filter with a configured clean command, which
+    /// libgit2 does not run: committed, the plaintext would be pushed where
+    /// `git add` would store the clean output.
+    CleanFilter,
+    /// A directory holding its own `.git` (a repository of its own, not a
+    /// submodule): its files are not the superproject's to commit.
+    NestedRepository,
 }
 
 /// `finish.result.pushError` (4.5). A failed push does not fail the turn.

@@ -10,8 +10,8 @@ use git2::{ErrorCode, IndexAddOption, Oid, Repository, RepositoryState, Signatur
 
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::harvest::{HarvestJob, message};
-use super::size_limit::{note_skipped, staged_over};
-use crate::wire::{RunOutcome, SkippedFile};
+use super::size_limit::{note_left_out, note_skipped, staged_over};
+use crate::wire::{RunOutcome, SkipReason, SkippedFile};
 
 pub(super) fn status_options() -> StatusOptions {
     let mut opts = StatusOptions::new();
@@ -75,6 +75,27 @@ pub(super) fn commit_uncommitted(
         (meta.is_file() && meta.len() > max).then_some(meta.len())
     };
     let left_out: RefCell<Vec<(String, u64)>> = RefCell::new(Vec::new());
+    let other_reasons: RefCell<Vec<(String, u64, SkipReason)>> = RefCell::new(Vec::new());
+    // Left out whatever its size (issue 33): a directory with its own
+    // `.git`, a file with an external clean filter.
+    let left_out_for = |path: &Path| -> bool {
+        let Some(reason) = workdir
+            .as_deref()
+            .and_then(|w| left_out_reason(repo, w, path))
+        else {
+            return false;
+        };
+        let bytes = workdir
+            .as_ref()
+            .and_then(|w| std::fs::symlink_metadata(w.join(path)).ok())
+            .filter(|m| m.is_file())
+            .map_or(0, |m| m.len());
+        let text = path.to_string_lossy();
+        other_reasons
+            .borrow_mut()
+            .push((text.trim_end_matches('/').to_string(), bytes, reason));
+        true
+    };
     let kept = kept_paths(repo)?;
     let keep = |path: &Path| -> bool {
         let kept_here = kept.gitlinks.iter().any(|g| Path::new(g) == path)
@@ -86,7 +107,7 @@ pub(super) fn commit_uncommitted(
     };
     // Skipped before it is hashed: a file of gigabytes is never read.
     let mut guard = |path: &Path, _spec: &[u8]| -> i32 {
-        if keep(path) {
+        if keep(path) || left_out_for(path) {
             return 1;
         }
         match over(path) {
@@ -111,7 +132,7 @@ pub(super) fn commit_uncommitted(
         for entry in statuses.iter() {
             let Ok(path) = entry.path() else { continue };
             let path = Path::new(path);
-            if keep(path) {
+            if keep(path) || left_out_for(path) {
                 continue;
             }
             if let Some(bytes) = over(path) {
@@ -132,6 +153,9 @@ pub(super) fn commit_uncommitted(
     }
     for (path, bytes) in left_out.into_inner() {
         note_skipped(skipped, &path, bytes);
+    }
+    for (path, bytes, reason) in other_reasons.into_inner() {
+        note_left_out(skipped, &path, bytes, reason);
     }
     // An unborn HEAD (`git checkout --orphan`): the work becomes a root
     // commit of that branch.
@@ -213,6 +237,37 @@ pub(super) fn commit_uncommitted(
     }
     tracing::info!(commit = %oid, name = %job.name, "harvest: committed what the agent left uncommitted");
     Ok(Some(oid))
+}
+
+/// Why the harvest leaves `path` (of the work tree `workdir`) out whatever
+/// its size (PROTOCOL.md 4.5): a directory holding its own `.git` (a
+/// scaffolder's `git init`: libgit2 cannot add it, and its files are that
+/// repository's), or a file whose attributes name a filter other than LFS
+/// with a clean command configured (`git-crypt`, transcrypt): libgit2 runs
+/// no external filter, and would commit the plaintext.
+fn left_out_reason(repo: &Repository, workdir: &Path, path: &Path) -> Option<SkipReason> {
+    let full = workdir.join(path);
+    let meta = std::fs::symlink_metadata(&full).ok()?;
+    if meta.is_dir() {
+        return std::fs::symlink_metadata(full.join(".git"))
+            .is_ok()
+            .then_some(SkipReason::NestedRepository);
+    }
+    let driver = match repo.get_attr(path, "filter", git2::AttrCheckFlags::FILE_THEN_INDEX) {
+        Ok(Some(d)) if d != "lfs" => d.to_string(),
+        _ => return None,
+    };
+    // The runner's `Repository` carries an empty configuration (the
+    // agent's is never applied, `repo_config`): the agent's file is read
+    // here for this one question, whose answer can only leave a file out
+    // (its includes were checked before the harvest began).
+    let config = git2::Config::open(&repo.path().join("config")).ok()?;
+    let configured = |key: &str| {
+        config
+            .get_string(&format!("filter.{driver}.{key}"))
+            .is_ok_and(|v| !v.trim().is_empty())
+    };
+    (configured("clean") || configured("process")).then_some(SkipReason::CleanFilter)
 }
 
 /// The paths with conflict entries (stages 1–3) in `index`.

@@ -17,7 +17,7 @@ use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::harvest::HarvestJob;
 use super::recovery::keep_ref;
 use super::remote::RemoteState;
-use crate::wire::{HarvestResult, MAX_LISTED_COMMITS, SkippedFile};
+use crate::wire::{HarvestResult, MAX_LISTED_COMMITS, SkipReason, SkippedFile};
 
 /// Paths whose blob in `index` is new against `tree` and over `max` bytes.
 pub(super) fn staged_over(
@@ -60,6 +60,24 @@ pub(super) fn note_skipped(skipped: &mut Vec<SkippedFile>, path: &str, bytes: u6
         skipped.push(SkippedFile {
             path: path.to_string(),
             bytes,
+            reason: None,
+        });
+    }
+}
+
+/// Records `path` as left out of the harvest for `reason`, once.
+pub(super) fn note_left_out(
+    skipped: &mut Vec<SkippedFile>,
+    path: &str,
+    bytes: u64,
+    reason: SkipReason,
+) {
+    if !skipped.iter().any(|s| s.path == path) {
+        tracing::warn!(path, bytes, reason = ?reason, "harvest: a path is left out (PROTOCOL.md 4.5)");
+        skipped.push(SkippedFile {
+            path: path.to_string(),
+            bytes,
+            reason: Some(reason),
         });
     }
 }

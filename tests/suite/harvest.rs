@@ -213,6 +213,50 @@ fi
     );
 }
 
+/// Issue 33: a directory with its own `.git` (a scaffolder's `git init`)
+/// vanished from the harvest with a log line only; a file with an external
+/// clean filter (`git-crypt`, transcrypt) was committed in plaintext (libgit2
+/// runs no filter). Both are left out and named; the rest is pushed.
+#[tokio::test]
+async fn a_nested_repository_and_a_clean_filtered_file_are_left_out_and_named() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  git init -q scaffold && echo 'app' > scaffold/app.js
+  printf 'secret.env filter=crypt\n' > .gitattributes
+  git config filter.crypt.clean 'tr a-z n-za-m'
+  git config filter.crypt.smudge 'tr a-z n-za-m'
+  echo 'plaintext-value' > secret.env
+  echo kept > KEPT.md
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    let head = tip(&sb, &sb.coordinator.branch());
+    let files = bare_git(&sb, &["ls-tree", "-r", "--name-only", &head]);
+    let files: Vec<&str> = files.lines().collect();
+    assert_eq!(
+        files,
+        vec![".gitattributes", "KEPT.md", "README.md", "src/greeting.txt"],
+        "{output}"
+    );
+    let result = result_of(&snap, "run-1");
+    assert_eq!(
+        result["skippedFiles"],
+        json!([
+            {"path": "scaffold", "bytes": 0, "reason": "nested_repository"},
+            {"path": "secret.env", "bytes": 16, "reason": "clean_filter"}
+        ]),
+        "{result}"
+    );
+    assert_eq!(harvest_events(&snap, "run-1"), vec![result.clone()]);
+    // Both stay in the work tree, as the agent left them.
+    assert!(sb.root().join("repo/scaffold/app.js").exists());
+    assert!(sb.root().join("repo/secret.env").exists());
+}
+
 #[tokio::test]
 async fn a_commit_the_agent_did_not_push_is_pushed() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;

@@ -10,7 +10,7 @@ use hosted_boot::wire::routes::{Auth, Location, Route, TABLE};
 use hosted_boot::wire::{
     self, AcceptedThrough, Access, BootStatus, BootStatusBody, ErrorCode, Event, EventsBody,
     FinishBody, FinishError, HarvestResult, PushError, PushErrorCode, RepoTokenRequest, RunOutcome,
-    SkippedFile, Usage,
+    SkipReason, SkippedFile, Usage,
 };
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
@@ -231,10 +231,23 @@ fn openapi_validates_the_runners_wire_types() {
                 code: PushErrorCode::PushRejected,
                 message: "refused".into(),
             }),
-            skipped_files: vec![SkippedFile {
-                path: "big.bin".into(),
-                bytes: 9,
-            }],
+            skipped_files: vec![
+                SkippedFile {
+                    path: "big.bin".into(),
+                    bytes: 9,
+                    reason: None,
+                },
+                SkippedFile {
+                    path: "secret.env".into(),
+                    bytes: 9,
+                    reason: Some(SkipReason::CleanFilter),
+                },
+                SkippedFile {
+                    path: "scaffold".into(),
+                    bytes: 0,
+                    reason: Some(SkipReason::NestedRepository),
+                },
+            ],
             oversized_ref: Some("refs/hosted-boot/oversized/run-1".into()),
             local_branch_recovery: Some("x".into()),
             discarded_ref: Some("refs/hosted-boot/discarded/run-1".into()),
