@@ -709,9 +709,9 @@ pub struct SkippedFile {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SkipReason {
-    /// Its attributes name a filter with a configured clean command, which
-    /// libgit2 does not run: committed, the plaintext would be pushed where
-    /// `git add` would store the clean output.
+    /// Its attributes name a filter other than LFS's, which the harvest
+    /// does not run: committed, the plaintext would be pushed where `git
+    /// add` would store the filter's output.
     CleanFilter,
     /// A directory holding its own `.git` (a repository of its own, not a
     /// submodule): its files are not the superproject's to commit.

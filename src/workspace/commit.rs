@@ -62,6 +62,17 @@ pub(super) fn commit_uncommitted(
             tracing::warn!(path = %index_lock.display(), error = %e, "harvest: cannot remove the index lock");
         }
     }
+    remove_ref_locks(repo);
+    // Entries outside a sparse checkout's cone (skip-worktree) are absent
+    // from the work tree by design: libgit2 would stage their deletion
+    // (found by a review: a `git sparse-checkout set` pushed the deletion
+    // of every file outside the cone). They stay as the index has them.
+    let sparse: std::collections::HashSet<Vec<u8>> = repo
+        .index()?
+        .iter()
+        .filter(|e| e.flags_extended & SKIP_WORKTREE != 0)
+        .map(|e| e.path)
+        .collect();
     let statuses = repo.statuses(Some(&mut status_options()))?;
     if statuses.is_empty() {
         return Ok(None);
@@ -98,6 +109,9 @@ pub(super) fn commit_uncommitted(
     };
     let kept = kept_paths(repo)?;
     let keep = |path: &Path| -> bool {
+        if sparse.contains(path.as_os_str().as_encoded_bytes()) {
+            return true;
+        }
         let kept_here = kept.gitlinks.iter().any(|g| Path::new(g) == path)
             || super::lfs::is_lfs_tracked(repo, path);
         if kept_here {
@@ -243,8 +257,8 @@ pub(super) fn commit_uncommitted(
 /// its size (PROTOCOL.md 4.5): a directory holding its own `.git` (a
 /// scaffolder's `git init`: libgit2 cannot add it, and its files are that
 /// repository's), or a file whose attributes name a filter other than LFS
-/// with a clean command configured (`git-crypt`, transcrypt): libgit2 runs
-/// no external filter, and would commit the plaintext.
+/// (`git-crypt`, transcrypt, nbstripout): libgit2 runs no external filter,
+/// and would commit the plaintext.
 fn left_out_reason(repo: &Repository, workdir: &Path, path: &Path) -> Option<SkipReason> {
     let full = workdir.join(path);
     let meta = std::fs::symlink_metadata(&full).ok()?;
@@ -253,21 +267,46 @@ fn left_out_reason(repo: &Repository, workdir: &Path, path: &Path) -> Option<Ski
             .is_ok()
             .then_some(SkipReason::NestedRepository);
     }
-    let driver = match repo.get_attr(path, "filter", git2::AttrCheckFlags::FILE_THEN_INDEX) {
-        Ok(Some(d)) if d != "lfs" => d.to_string(),
-        _ => return None,
-    };
-    // The runner's `Repository` carries an empty configuration (the
-    // agent's is never applied, `repo_config`): the agent's file is read
-    // here for this one question, whose answer can only leave a file out
-    // (its includes were checked before the harvest began).
-    let config = git2::Config::open(&repo.path().join("config")).ok()?;
-    let configured = |key: &str| {
-        config
-            .get_string(&format!("filter.{driver}.{key}"))
-            .is_ok_and(|v| !v.trim().is_empty())
-    };
-    (configured("clean") || configured("process")).then_some(SkipReason::CleanFilter)
+    // Any filter but LFS's, configured or not: where its clean command is
+    // set (the repository's configuration, an `includeIf`, the agent's
+    // global one: a review found each) is the agent's git's business, and
+    // a wrong guess pushes plaintext. An agent that means the file
+    // committed commits it with its own git, which runs the filter.
+    match repo.get_attr(path, "filter", git2::AttrCheckFlags::FILE_THEN_INDEX) {
+        Ok(Some(driver)) if driver != "lfs" => Some(SkipReason::CleanFilter),
+        _ => None,
+    }
+}
+
+/// The skip-worktree bit of an index entry's extended flags.
+const SKIP_WORKTREE: u16 = 1 << 14;
+
+/// Removes the lock files a git command killed mid-way left under
+/// `.git/refs` (`refs/heads/<branch>.lock` after a killed `git commit`):
+/// the agent's processes are gone, and such a lock failed every later
+/// harvest (found by a review). The walk follows no link and stops 16
+/// levels down.
+fn remove_ref_locks(repo: &Repository) {
+    let mut stack = vec![(repo.path().join("refs"), 0usize)];
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let path = entry.path();
+            if kind.is_dir() && depth < 16 {
+                stack.push((path, depth + 1));
+            } else if kind.is_file() && path.extension().is_some_and(|e| e == "lock") {
+                tracing::warn!(path = %path.display(), "harvest: removing a ref lock a killed git command left");
+                if let Err(e) = std::fs::remove_file(&path) {
+                    tracing::warn!(path = %path.display(), error = %e, "harvest: cannot remove the ref lock");
+                }
+            }
+        }
+    }
 }
 
 /// The paths with conflict entries (stages 1–3) in `index`.
@@ -286,8 +325,7 @@ fn conflicted_paths(index: &git2::Index) -> Result<Vec<String>, git2::Error> {
 }
 
 /// The paths where `index` has a gitlink HEAD (`parent`'s tree) does not
-/// have there, or lacks one HEAD has: a submodule the agent added, moved or
-/// removed in the index.
+/// have there: a submodule the agent added or moved in the index.
 fn moved_gitlinks(
     repo: &Repository,
     index: &git2::Index,
@@ -299,10 +337,12 @@ fn moved_gitlinks(
     for delta in diff.deltas() {
         let (old, new) = (delta.old_file(), delta.new_file());
         let gitlink = |f: &git2::DiffFile<'_>| f.mode() == git2::FileMode::Commit;
+        // Only a gitlink that points somewhere new: removing a submodule
+        // (or making its files plain ones) brings no sandbox-only commit,
+        // and undoing half of it (`.gitmodules` goes, the gitlink stays)
+        // would break the branch (found by a review).
         let moved = match delta.status() {
-            git2::Delta::Added => gitlink(&new),
-            git2::Delta::Deleted => gitlink(&old),
-            git2::Delta::Modified | git2::Delta::Typechange => gitlink(&old) || gitlink(&new),
+            git2::Delta::Added | git2::Delta::Modified | git2::Delta::Typechange => gitlink(&new),
             _ => false,
         };
         if moved && let Some(path) = new.path().or(old.path()) {

@@ -257,6 +257,40 @@ fi
     assert!(sb.root().join("repo/secret.env").exists());
 }
 
+/// Found by a review (issue 33): in a sparse checkout the files outside it
+/// are absent from the work tree by design; the harvest staged their
+/// deletion and pushed it. A stale lock of the session branch's ref (a
+/// `git commit` killed mid-way) failed every harvest. Neither does now.
+#[tokio::test]
+async fn a_sparse_checkout_and_a_stale_ref_lock_lose_nothing() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  git sparse-checkout set --no-cone '/README.md' 2> /dev/null
+  ls src > "$AGENT_OUT/src" 2>&1 || true
+  touch ".git/refs/heads/$(git symbolic-ref --short HEAD).lock"
+  echo new > NEW.md
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    assert!(
+        !sb.read_out("src").contains("greeting"),
+        "the sparse checkout did not take src/ out of the work tree"
+    );
+    let result = result_of(&snap, "run-1");
+    assert_eq!(result["pushed"], json!(true), "{result}\n{output}");
+    assert_eq!(result["deletions"], json!(0), "{result}");
+    let head = tip(&sb, &sb.coordinator.branch());
+    let files = bare_git(&sb, &["ls-tree", "-r", "--name-only", &head]);
+    assert_eq!(
+        files.lines().collect::<Vec<_>>(),
+        vec!["NEW.md", "README.md", "src/greeting.txt"]
+    );
+}
+
 #[tokio::test]
 async fn a_commit_the_agent_did_not_push_is_pushed() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
