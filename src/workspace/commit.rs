@@ -4,6 +4,7 @@
 //! over the size limit stay out of it ([`super::size_limit`]).
 
 use std::cell::RefCell;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use git2::{ErrorCode, IndexAddOption, Oid, Repository, RepositoryState, Signature, StatusOptions};
@@ -144,8 +145,9 @@ pub(super) fn commit_uncommitted(
         tracing::warn!(error = %message(&e), "harvest: adding everything failed; adding path by path");
         index.read(true)?;
         for entry in statuses.iter() {
-            let Ok(path) = entry.path() else { continue };
-            let path = Path::new(path);
+            // By its bytes: a name that is not UTF-8 (`café` in Latin-1)
+            // is the agent's work all the same (found by a review).
+            let path = Path::new(std::ffi::OsStr::from_bytes(entry.path_bytes()));
             if keep(path) || left_out_for(path) {
                 continue;
             }

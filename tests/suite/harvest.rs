@@ -291,6 +291,37 @@ fi
     );
 }
 
+/// Found by a review (issue 33): when libgit2 refuses one path (a
+/// `.git`-like name) the harvest adds path by path, and a name that is not
+/// UTF-8 was then dropped without a word.
+#[tokio::test]
+async fn a_name_that_is_not_utf8_is_committed_when_another_path_is_refused() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  mkdir 'git~1' && echo x > 'git~1/config'
+  echo latin > "$(printf 'caf\351.txt')"
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (_, output) = sb.end_after_seal("run-1", child).await;
+    let head = tip(&sb, &sb.coordinator.branch());
+    let files = bare_git(
+        &sb,
+        &[
+            "-c",
+            "core.quotePath=true",
+            "ls-tree",
+            "-r",
+            "--name-only",
+            &head,
+        ],
+    );
+    assert!(files.contains(r#""caf\351.txt""#), "{files}\n{output}");
+}
+
 #[tokio::test]
 async fn a_commit_the_agent_did_not_push_is_pushed() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
