@@ -411,7 +411,7 @@ impl Harvester {
                 r,
                 PushErrorCode::HarvestFailed,
                 format!(
-                    "cannot leave the files over the size limit out of the agent's commits in {}: {text}",
+                    "the harvest's local git work in {} failed before its push (leaving out files over the size limit or holding a secret, reading the commits to push): {text}; the work stays in the sandbox for the next harvest",
                     self.repo_dir.display()
                 ),
             ),
