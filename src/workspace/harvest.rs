@@ -334,20 +334,30 @@ impl Harvester {
         };
 
         // 1. Commit what the agent left (files over the size limit left out).
-        match commit_uncommitted(&repo, job, self.max_file_size, &mut r.skipped_files) {
-            Ok(commit) => r.harvest_commit = commit.map(|c| c.to_string()),
-            Err(e) => {
-                return fail(
-                    r,
-                    PushErrorCode::HarvestFailed,
-                    format!(
-                        "cannot commit the work left in {}: {}",
-                        self.repo_dir.display(),
-                        message(&e)
-                    ),
-                );
+        // A work tree libgit2 cannot commit (an index with an extension it
+        // does not know: a split or sparse index) must not keep the agent's
+        // own commits from the remote: they are pushed, and the report says
+        // what was not (found by a review, issue 33).
+        let uncommitted = match commit_uncommitted(
+            &repo,
+            job,
+            self.max_file_size,
+            &mut r.skipped_files,
+        ) {
+            Ok(commit) => {
+                r.harvest_commit = commit.map(|c| c.to_string());
+                None
             }
-        }
+            Err(e) => {
+                let text = format!(
+                    "cannot commit the work left uncommitted in {}: {}; the agent's own commits are pushed without it, and it stays in the work tree for the next harvest",
+                    self.repo_dir.display(),
+                    message(&e)
+                );
+                tracing::warn!("harvest: {text}");
+                Some(text)
+            }
+        };
         let head = match repo.head().and_then(|h| h.peel_to_commit()) {
             Ok(c) => c.id(),
             Err(e) => {
@@ -399,6 +409,14 @@ impl Harvester {
         match outcome {
             Ok(()) => {
                 r.pushed = true;
+                // `headSha` is on the remote; what the work tree held is
+                // not, and `pushError` says so (PROTOCOL.md 4.5).
+                if let Some(text) = uncommitted {
+                    r.push_error = Some(PushError {
+                        code: PushErrorCode::HarvestFailed,
+                        message: text,
+                    });
+                }
                 r
             }
             Err(RemoteError::NoTime) => fail(

@@ -322,6 +322,42 @@ fi
     assert!(files.contains(r#""caf\351.txt""#), "{files}\n{output}");
 }
 
+/// Found by a review (issue 33): an index libgit2 cannot read (`git
+/// update-index --split-index`) failed the harvest's commit, and with it the
+/// push of the agent's own commits. They are pushed now, and `pushError`
+/// says the work left uncommitted is not.
+#[tokio::test]
+async fn the_agents_commits_are_pushed_when_its_uncommitted_work_cannot_be() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  echo committed > COMMITTED.md && git add COMMITTED.md
+  git -c user.name=a -c user.email=a@example.invalid commit -q -m "agent: committed"
+  git update-index --split-index
+  echo left > LEFT.md
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    assert_eq!(result["pushed"], json!(true), "{result}\n{output}");
+    assert_eq!(
+        result["pushError"]["code"],
+        json!("harvest_failed"),
+        "{result}"
+    );
+    let head = tip(&sb, &sb.coordinator.branch());
+    assert_eq!(result["headSha"], json!(head), "{result}");
+    let files = bare_git(&sb, &["ls-tree", "-r", "--name-only", &head]);
+    assert_eq!(
+        files.lines().collect::<Vec<_>>(),
+        vec!["COMMITTED.md", "README.md", "src/greeting.txt"]
+    );
+    assert!(sb.root().join("repo/LEFT.md").exists());
+}
+
 #[tokio::test]
 async fn a_commit_the_agent_did_not_push_is_pushed() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
