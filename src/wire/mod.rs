@@ -716,6 +716,9 @@ pub enum SkipReason {
     /// A directory holding its own `.git` (a repository of its own, not a
     /// submodule): its files are not the superproject's to commit.
     NestedRepository,
+    /// A new or changed LFS-tracked file: the harvest commits no pointer
+    /// for it (libgit2 runs no filter) and uploads no LFS object.
+    Lfs,
 }
 
 /// `finish.result.pushError` (4.5). A failed push does not fail the turn.

@@ -113,12 +113,30 @@ pub(super) fn commit_uncommitted(
         if sparse.contains(path.as_os_str().as_encoded_bytes()) {
             return true;
         }
-        let kept_here = kept.gitlinks.iter().any(|g| Path::new(g) == path)
-            || super::lfs::is_lfs_tracked(repo, path);
-        if kept_here {
-            tracing::warn!(path = %path.display(), "harvest: a submodule or an LFS-tracked path is left as it is (PROTOCOL.md 4.5)");
+        if kept.gitlinks.iter().any(|g| Path::new(g) == path) {
+            tracing::warn!(path = %path.display(), "harvest: a submodule is left as it is (PROTOCOL.md 4.5)");
+            return true;
         }
-        kept_here
+        if !super::lfs::is_lfs_tracked(repo, path) {
+            return false;
+        }
+        // A new or changed LFS file is named, so that the coordinator
+        // knows work stays in the sandbox (found by a review); a deleted
+        // one is left as it is, as before.
+        match workdir
+            .as_ref()
+            .and_then(|w| std::fs::symlink_metadata(w.join(path)).ok())
+        {
+            Some(meta) if meta.is_file() => other_reasons.borrow_mut().push((
+                path.to_string_lossy().into_owned(),
+                meta.len(),
+                SkipReason::Lfs,
+            )),
+            _ => {
+                tracing::warn!(path = %path.display(), "harvest: an LFS-tracked path is left as it is (PROTOCOL.md 4.5)");
+            }
+        }
+        true
     };
     // Skipped before it is hashed: a file of gigabytes is never read.
     let mut guard = |path: &Path, _spec: &[u8]| -> i32 {

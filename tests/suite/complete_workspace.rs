@@ -506,7 +506,7 @@ async fn a_path_lfs_tracked_by_a_nested_gitattributes_is_never_committed() {
     let script = sb.script(
         "mkdir sub; printf '*.dat filter=lfs diff=lfs merge=lfs -text\\n' > sub/.gitattributes; echo 'BIG LFS CONTENT' > sub/x.dat; echo work > notes.txt",
     );
-    let (_snapshot, output) = sb
+    let (snapshot, output) = sb
         .end_after_seal("run-1", Runner::spawn(&sb, &script))
         .await;
     assert_eq!(
@@ -518,6 +518,23 @@ async fn a_path_lfs_tracked_by_a_nested_gitattributes_is_never_committed() {
         remote_file(&sb, "sub/x.dat"),
         None,
         "an LFS-tracked file was committed as a blob"
+    );
+    // Named, so that the coordinator knows work stays in the sandbox
+    // (issue 33).
+    let result = serde_json::to_value(
+        &snapshot
+            .run("run-1")
+            .unwrap()
+            .finish
+            .as_ref()
+            .unwrap()
+            .result,
+    )
+    .unwrap();
+    assert_eq!(
+        result["skippedFiles"],
+        serde_json::json!([{"path": "sub/x.dat", "bytes": 16, "reason": "lfs"}]),
+        "{result}"
     );
 }
 

@@ -247,6 +247,11 @@ fn openapi_validates_the_runners_wire_types() {
                     bytes: 0,
                     reason: Some(SkipReason::NestedRepository),
                 },
+                SkippedFile {
+                    path: "design.psd".into(),
+                    bytes: 9,
+                    reason: Some(SkipReason::Lfs),
+                },
             ],
             oversized_ref: Some("refs/hosted-boot/oversized/run-1".into()),
             local_branch_recovery: Some("x".into()),
