@@ -468,8 +468,8 @@ struct TurnProcesses {
 
 /// How the wait for the leader ended.
 struct Waited {
-    signalled: bool,
-    /// When the first stop signal (or SIGKILL) went to the group.
+    /// When the first stop signal (or SIGKILL) went to the group: set
+    /// once the runner signalled it.
     signalled_at: Option<Instant>,
     killed: bool,
     timed_out: bool,
@@ -550,7 +550,6 @@ impl TurnProcesses {
         let exited = tokio::task::spawn_blocking(move || wait_without_reaping(pid));
         tokio::pin!(exited);
         let mut waited = Waited {
-            signalled: false,
             signalled_at: None,
             killed: false,
             timed_out: false,
@@ -590,14 +589,12 @@ impl TurnProcesses {
                 }
                 msg = control.recv(), if control_open => match msg {
                     Some(Control::Interrupt { grace }) => {
-                        waited.signalled = true;
                         waited.signalled_at.get_or_insert_with(Instant::now);
                         signal_group(pid, supervision.stop_signal);
                         let at = Instant::now() + grace;
                         kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
                     }
                     Some(Control::Kill) => {
-                        waited.signalled = true;
                         waited.signalled_at.get_or_insert_with(Instant::now);
                         waited.killed = true;
                         guard_armed = false;
@@ -615,9 +612,8 @@ impl TurnProcesses {
                 }
                 _ = cap_sleep => {
                     cap_at = None;
-                    if !waited.signalled {
+                    if waited.signalled_at.is_none() {
                         tracing::warn!(pgid = pid, "the turn's time cap is reached; interrupting the agent");
-                        waited.signalled = true;
                         waited.signalled_at.get_or_insert_with(Instant::now);
                         waited.timed_out = true;
                         signal_group(pid, supervision.stop_signal);
@@ -649,7 +645,7 @@ impl TurnProcesses {
         }
         Exit {
             status,
-            signalled: waited.signalled,
+            signalled: waited.signalled_at.is_some(),
             killed: waited.killed,
             pgid: pid,
             timed_out: waited.timed_out,

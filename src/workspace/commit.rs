@@ -205,10 +205,8 @@ pub(super) fn commit_uncommitted(
         // the index already: back to HEAD's version for those paths.
         let staged = staged_over(repo, &index, &parent.tree()?, max)?;
         if !staged.is_empty() {
-            index.write()?;
             let paths: Vec<&str> = staged.iter().map(|(p, _)| p.as_str()).collect();
-            repo.reset_default(Some(parent.as_object()), paths)?;
-            index.read(true)?;
+            back_to_head(repo, &mut index, Some(parent), &paths)?;
             for (path, bytes) in &staged {
                 note_skipped(skipped, path, *bytes);
             }
@@ -224,11 +222,7 @@ pub(super) fn commit_uncommitted(
         for path in &conflicted {
             index.conflict_remove(Path::new(path))?;
         }
-        if let Some(parent) = &parent {
-            index.write()?;
-            repo.reset_default(Some(parent.as_object()), &conflicted)?;
-            index.read(true)?;
-        }
+        back_to_head(repo, &mut index, parent.as_ref(), &conflicted)?;
     }
     // A gitlink the agent staged (`git add sub` on a nested repository, or
     // a submodule moved to another commit) would record a commit the
@@ -236,18 +230,7 @@ pub(super) fn commit_uncommitted(
     let moved = moved_gitlinks(repo, &index, parent.as_ref())?;
     if !moved.is_empty() {
         tracing::warn!(paths = ?moved, "harvest: gitlinks the agent staged are left as HEAD has them (PROTOCOL.md 4.5)");
-        match &parent {
-            Some(parent) => {
-                index.write()?;
-                repo.reset_default(Some(parent.as_object()), &moved)?;
-                index.read(true)?;
-            }
-            None => {
-                for path in &moved {
-                    index.remove_path(Path::new(path))?;
-                }
-            }
-        }
+        back_to_head(repo, &mut index, parent.as_ref(), &moved)?;
     }
     index.write()?;
     let tree_id = index.write_tree()?;
@@ -295,6 +278,30 @@ fn left_out_reason(repo: &Repository, workdir: &Path, path: &Path) -> Option<Ski
     match repo.get_attr(path, "filter", git2::AttrCheckFlags::FILE_THEN_INDEX) {
         Ok(Some(driver)) if driver != "lfs" => Some(SkipReason::CleanFilter),
         _ => None,
+    }
+}
+
+/// Puts `paths` of `index` back as `parent` (HEAD) has them, present or
+/// absent; with no parent (an unborn HEAD) they are removed.
+fn back_to_head<P: AsRef<str>>(
+    repo: &Repository,
+    index: &mut git2::Index,
+    parent: Option<&git2::Commit<'_>>,
+    paths: &[P],
+) -> Result<(), git2::Error> {
+    match parent {
+        Some(parent) => {
+            index.write()?;
+            let paths: Vec<&str> = paths.iter().map(AsRef::as_ref).collect();
+            repo.reset_default(Some(parent.as_object()), paths)?;
+            index.read(true)
+        }
+        None => {
+            for path in paths {
+                index.remove_path(Path::new(path.as_ref()))?;
+            }
+            Ok(())
+        }
     }
 }
 
