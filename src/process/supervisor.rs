@@ -604,7 +604,8 @@ impl TurnProcesses {
                     None => control_open = false,
                 },
                 _ = kill_sleep => {
-                    tracing::warn!(pgid = pid, "agent still running after the grace period; SIGKILL to its process group");
+                    let members = super::tree::describe_group(pid).join(" ");
+                    tracing::warn!(pgid = pid, members, "agent still running after the grace period; SIGKILL to its process group");
                     waited.killed = true;
                     guard_armed = false;
                     signal_group(pid, Signal::KILL);

@@ -337,6 +337,33 @@ pub fn command_name(pid: i32) -> String {
         .unwrap_or_default()
 }
 
+/// The live members of process group `pgid`, one `pid:name:state:wchan`
+/// each (the state letter of `/proc/<pid>/stat`, the kernel function the
+/// process waits in), for the log line that says an agent outlived its
+/// grace: whether it was stuck in the kernel or busy tells a CLI that
+/// ignores its stop signal from a slow one.
+pub fn describe_group(pgid: i32) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut members: Vec<(i32, String)> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let info = parse_stat(pid, &text)?;
+            let state = text.rsplit_once(')')?.1.split_whitespace().next()?;
+            (info.pgid == pgid && !info.zombie).then(|| {
+                let wchan =
+                    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+                (pid, format!("{pid}:{}:{state}:{wchan}", command_name(pid)))
+            })
+        })
+        .collect();
+    members.sort();
+    members.into_iter().map(|(_, m)| m).collect()
+}
+
 /// Kills every live process of the turn, repeating until a scan finds none
 /// or `bound` passes. `seeds` gives the turn's known processes each round
 /// (the leader, its guard, the cgroup's members). `group` is the turn's

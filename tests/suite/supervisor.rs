@@ -327,6 +327,17 @@ async fn an_agent_ignoring_sigint_is_killed_after_the_grace_period() {
         "{}",
         run.stderr
     );
+    // The warning names what was still running, and how: the shell and its
+    // sleep, both asleep in the kernel.
+    let warning = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("after the grace period"))
+        .unwrap();
+    assert!(
+        warning.contains(":sleep:S:") && warning.contains(":sh:S:"),
+        "{warning}"
+    );
 }
 
 #[tokio::test]
