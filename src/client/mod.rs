@@ -820,6 +820,11 @@ mod tests {
                 discarded_ref: Some(secret.into()),
                 blocked_paths: vec![format!("dir/{secret}.env")],
                 blocked_ref: Some(secret.into()),
+                unpublished_gitlinks: vec![wire::UnpublishedGitlink {
+                    path: format!("vendor/{secret}"),
+                    commit: "c".repeat(40),
+                    reason: wire::GitlinkReason::SubmoduleNotPushed,
+                }],
             }),
         };
         let sent = redacted_finish(&redactor, &body);

@@ -688,6 +688,38 @@ pub struct HarvestResult {
     /// `headSha` is then one commit of the same work without those paths.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked_ref: Option<String>,
+    /// Gitlinks the agent committed itself, in the commits of this push,
+    /// whose commit others cannot fetch (PROTOCOL.md 4.5, "Submodules and
+    /// LFS files", issue 33). They are part of `headSha` as the agent
+    /// committed them: on the remote when `pushed` is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unpublished_gitlinks: Vec<UnpublishedGitlink>,
+}
+
+/// `finish.result.unpublishedGitlinks[]` (4.5): a gitlink of the pushed
+/// commits whose commit is not known to be anywhere others can fetch it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnpublishedGitlink {
+    /// Its path in the repository.
+    pub path: String,
+    /// The commit it records (40 hex digits).
+    pub commit: String,
+    /// Why others cannot fetch it.
+    pub reason: GitlinkReason,
+}
+
+/// `finish.result.unpublishedGitlinks[].reason` (4.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GitlinkReason {
+    /// The submodule's repository in the sandbox has the commit, and none
+    /// of its remote-tracking branches contains it: the agent did not push
+    /// it (what `git push --recurse-submodules=check` refuses).
+    SubmoduleNotPushed,
+    /// No entry of the commit's `.gitmodules` gives the path (an embedded
+    /// repository committed with `git add`): nobody else can check it out.
+    NoGitmodulesEntry,
 }
 
 /// `finish.result.skippedFiles[]` (4.5): a file left out of the harvest.

@@ -15,6 +15,8 @@
 //! - [`commit`]: the harvest's commit of what the agent left uncommitted.
 //! - [`size_limit`]: files over `--harvest-max-file-size` left out of what
 //!   the harvest commits and pushes.
+//! - [`gitlinks`]: gitlinks the agent committed whose commit others cannot
+//!   fetch, named in the harvest's report.
 //! - [`secret_guard`]: the check every push passes (the push policy, no
 //!   secret in the commits it brings) and the hold-back of the agent's
 //!   commits that hold one.
@@ -35,6 +37,7 @@ mod commit;
 pub mod completion;
 pub mod credential;
 mod git_config;
+mod gitlinks;
 pub mod harvest;
 mod lfs;
 mod local_branch;

@@ -8,6 +8,7 @@
 
 use git2::{Oid, Repository};
 
+use super::gitlinks::unpublished;
 use super::harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT, message};
 use super::local_branch::{Saved, bring_local_to, save_local_branch};
 use super::recovery::{keep_discarded, recovery_name, recovery_suffix};
@@ -75,6 +76,12 @@ impl Harvester {
             r.head_sha = Some(new.to_string());
         }
         let head = *head_at;
+        // Gitlinks the agent committed to commits others cannot fetch:
+        // named, pushed as committed (PROTOCOL.md 4.5).
+        r.unpublished_gitlinks = unpublished(repo, head, &remote.heads).unwrap_or_else(|e| {
+            tracing::warn!(error = %message(&e), "harvest: cannot look through the gitlinks of the commits to push");
+            Vec::new()
+        });
 
         let base = job
             .start

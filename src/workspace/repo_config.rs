@@ -49,7 +49,37 @@ pub fn open(repo_dir: &Path) -> Result<Repository, git2::Error> {
 ///
 /// Errors: the first such file, named, with what to do.
 pub fn check_includes(repo_dir: &Path) -> Result<(), String> {
-    let config = repo_dir.join(".git").join("config");
+    check_config(repo_dir.join(".git").join("config"))
+}
+
+/// Opens the git directory `git_dir` of a repository inside `repo/` (a
+/// submodule's, an embedded one's) to read its objects and refs, as
+/// [`open`] opens `repo/`: its configuration checked first, then replaced
+/// by an empty one, no work tree.
+///
+/// Errors: what [`check_includes`] refuses, or libgit2's message.
+pub fn open_git_dir(git_dir: &Path) -> Result<Repository, String> {
+    check_config(git_dir.join("config"))?;
+    let repo = Repository::open_ext(
+        git_dir,
+        RepositoryOpenFlags::NO_SEARCH | RepositoryOpenFlags::BARE,
+        std::iter::empty::<&std::ffi::OsStr>(),
+    )
+    .map_err(|e| super::harvest::message(&e))?;
+    let empty = Config::new().map_err(|e| super::harvest::message(&e))?;
+    repo.set_config(&empty)
+        .map_err(|e| super::harvest::message(&e))?;
+    Ok(repo)
+}
+
+/// The `path` of every `[submodule "…"]` entry of a `.gitmodules` text,
+/// read as [`include_paths`] reads a configuration.
+pub fn gitmodules_paths(text: &str) -> Vec<String> {
+    values_of(text, &["submodule"], "path")
+}
+
+/// [`check_includes`] from the configuration file `config`.
+fn check_config(config: PathBuf) -> Result<(), String> {
     let mut pending = vec![(config, 0)];
     while let Some((file, depth)) = pending.pop() {
         let meta = match std::fs::metadata(&file) {
@@ -105,9 +135,16 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
 /// headers on one line, a key on its section's line, case, quotes and
 /// escapes. Over-inclusive when in doubt: a value is checked, not trusted.
 fn include_paths(text: &str) -> Vec<String> {
+    values_of(text, &["include", "includeif"], "path")
+}
+
+/// The values of `key` in the sections named `sections` (lower case; a
+/// subsection, quoted or after a dot, is ignored) of a configuration text,
+/// read as [`include_paths`] says.
+fn values_of(text: &str, sections: &[&str], key: &str) -> Vec<String> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut out = Vec::new();
-    let mut in_include = false;
+    let mut in_section = false;
     let mut lines = text.split('\n');
     while let Some(first) = lines.next() {
         let mut line = first.trim_end_matches('\r').to_string();
@@ -122,7 +159,7 @@ fn include_paths(text: &str) -> Vec<String> {
         let mut rest = line.trim_start();
         while rest.starts_with('[') {
             let Some(end) = rest.find(']') else {
-                in_include = false;
+                in_section = false;
                 rest = "";
                 break;
             };
@@ -131,17 +168,16 @@ fn include_paths(text: &str) -> Vec<String> {
                 .split(|c: char| c.is_whitespace() || c == '"' || c == '.')
                 .next()
                 .unwrap_or("");
-            in_include =
-                name.eq_ignore_ascii_case("include") || name.eq_ignore_ascii_case("includeif");
+            in_section = sections.iter().any(|s| name.eq_ignore_ascii_case(s));
             rest = rest.get(end + 1..).unwrap_or("").trim_start();
         }
-        if !in_include {
+        if !in_section {
             continue;
         }
-        let Some((key, value)) = rest.split_once('=') else {
+        let Some((name, value)) = rest.split_once('=') else {
             continue;
         };
-        if key.trim().eq_ignore_ascii_case("path") {
+        if name.trim().eq_ignore_ascii_case(key) {
             out.push(value_of(value));
         }
     }
@@ -205,6 +241,12 @@ mod tests {
                 "spaced"
             ]
         );
+    }
+
+    #[test]
+    fn gitmodules_paths_are_read_from_submodule_sections_only() {
+        let text = "[submodule \"a\"]\n\tpath = lib/a\n\turl = ../a.git\n[SubModule \"b c\"] path = \"with space\" # note\n[core]\n\tpath = no\n[submodule.d]\n\tPATH=d\n";
+        assert_eq!(gitmodules_paths(text), vec!["lib/a", "with space", "d"]);
     }
 
     #[test]

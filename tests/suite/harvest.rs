@@ -213,6 +213,62 @@ fi
     );
 }
 
+/// Issue 33: gitlinks the agent committed itself are pushed as committed,
+/// and those whose commit others cannot fetch are named: a submodule commit
+/// the agent did not push (its repository has it, no remote-tracking branch
+/// does) and an embedded repository committed with `git add` (no
+/// `.gitmodules` entry). A submodule the agent pushed first is not named.
+#[tokio::test]
+async fn gitlinks_the_agent_committed_to_commits_others_cannot_fetch_are_named() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  G="git -c user.name=a -c user.email=a@example.invalid -c protocol.file.allow=always"
+  for n in pushed unpushed; do
+    git init -q --bare "$AGENT_OUT/$n.git"
+    git init -q "$AGENT_OUT/seed-$n"
+    $G -C "$AGENT_OUT/seed-$n" commit -q --allow-empty -m seed
+    $G -C "$AGENT_OUT/seed-$n" push -q "$AGENT_OUT/$n.git" HEAD:refs/heads/main
+    $G submodule add -q -b main "$AGENT_OUT/$n.git" $n
+  done
+  $G -C pushed commit -q --allow-empty -m new
+  $G -C pushed push -q origin HEAD:main
+  $G -C unpushed commit -q --allow-empty -m new
+  git -C unpushed rev-parse HEAD > "$AGENT_OUT/unpushed"
+  git init -q scaffold
+  $G -C scaffold commit -q --allow-empty -m local
+  git -C scaffold rev-parse HEAD > "$AGENT_OUT/scaffold"
+  $G add pushed unpushed scaffold 2> /dev/null
+  $G commit -q -m submodules
+  git ls-tree HEAD > "$AGENT_OUT/tree"
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    let committed = sb.read_out("tree");
+    assert_eq!(
+        committed.matches("160000 commit").count(),
+        3,
+        "the agent did not commit three gitlinks: {committed}"
+    );
+    let head = tip(&sb, &sb.coordinator.branch());
+    let tree = bare_git(&sb, &["ls-tree", &head]);
+    assert_eq!(tree.matches("160000 commit").count(), 3, "{tree}");
+    let result = result_of(&snap, "run-1");
+    assert_eq!(result["pushed"], true, "{result}");
+    assert_eq!(
+        result["unpublishedGitlinks"],
+        json!([
+            {"path": "scaffold", "commit": sb.read_out("scaffold").trim(), "reason": "no_gitmodules_entry"},
+            {"path": "unpushed", "commit": sb.read_out("unpushed").trim(), "reason": "submodule_not_pushed"}
+        ]),
+        "{result}\n{output}"
+    );
+    assert_eq!(harvest_events(&snap, "run-1"), vec![result.clone()]);
+}
+
 /// Issue 33: a directory with its own `.git` (a scaffolder's `git init`)
 /// vanished from the harvest with a log line only; a file with an external
 /// clean filter (`git-crypt`, transcrypt) was committed in plaintext (libgit2

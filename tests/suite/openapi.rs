@@ -9,8 +9,8 @@ use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route as FaultRoute};
 use hosted_boot::wire::routes::{Auth, Location, Route, TABLE};
 use hosted_boot::wire::{
     self, AcceptedThrough, Access, BootStatus, BootStatusBody, ErrorCode, Event, EventsBody,
-    FinishBody, FinishError, HarvestResult, PushError, PushErrorCode, RepoTokenRequest, RunOutcome,
-    SkipReason, SkippedFile, Usage,
+    FinishBody, FinishError, GitlinkReason, HarvestResult, PushError, PushErrorCode,
+    RepoTokenRequest, RunOutcome, SkipReason, SkippedFile, UnpublishedGitlink, Usage,
 };
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
@@ -258,6 +258,18 @@ fn openapi_validates_the_runners_wire_types() {
             discarded_ref: Some("refs/hosted-boot/discarded/run-1".into()),
             blocked_paths: vec!["config/.env".into()],
             blocked_ref: Some("refs/hosted-boot/blocked/run-1".into()),
+            unpublished_gitlinks: vec![
+                UnpublishedGitlink {
+                    path: "vendor/lib".into(),
+                    commit: "c".repeat(40),
+                    reason: GitlinkReason::SubmoduleNotPushed,
+                },
+                UnpublishedGitlink {
+                    path: "scaffold".into(),
+                    commit: "d".repeat(40),
+                    reason: GitlinkReason::NoGitmodulesEntry,
+                },
+            ],
         }),
     };
     request(Route::Finish, serde_json::to_value(full).unwrap());
