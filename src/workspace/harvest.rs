@@ -365,7 +365,7 @@ impl Harvester {
                     r,
                     PushErrorCode::HarvestFailed,
                     format!(
-                        "{} has no commit at HEAD: {}",
+                        "cannot read the commit at HEAD in {} (none, or one libgit2 cannot parse): {}",
                         self.repo_dir.display(),
                         message(&e)
                     ),

@@ -266,27 +266,46 @@ pub(super) fn push_ref(
         });
         let mut options = PushOptions::new();
         options.remote_callbacks(callbacks);
-        remote
-            .push(&[format!("{source}:{target}")], Some(&mut options))
-            .map_err(classify)?;
+        if let Err(e) = remote.push(&[format!("{source}:{target}")], Some(&mut options)) {
+            // The server refused what it received (`receive.fsckObjects` on
+            // a malformed object of the agent's, a quarantine hook): a
+            // verdict on the objects, the same on every attempt and for
+            // any ref (no recovery branch would take them). libgit2 gives
+            // it no code of its own (src/libgit2/push.c), only this message.
+            if e.message().contains(UNPACK_FAILED) {
+                return Err(Failure::Verdict(with_server_text(message(&e), said.take())));
+            }
+            return Err(classify(e));
+        }
     }
     let refused = refused.into_inner();
     if !refused.is_empty() {
-        let said: String = said
-            .into_inner()
-            .split(['\n', '\r'])
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect::<Vec<_>>()
-            .join(" ");
-        let mut text = refused.join("; ");
-        if !said.is_empty() {
-            text = format!("{text} (the server said: {said})");
-        }
-        return Err(Failure::RefRejected(text));
+        return Err(Failure::RefRejected(with_server_text(
+            refused.join("; "),
+            said.into_inner(),
+        )));
     }
     tracing::info!(source, target, "harvest: pushed");
     Ok(())
+}
+
+/// libgit2's message when the server's unpack of the pushed pack failed.
+const UNPACK_FAILED: &str = "unpacking the sent packfile failed on the remote";
+
+/// `text`, followed by what the server said on the side band (its lines
+/// joined), when it said anything.
+fn with_server_text(text: String, said: String) -> String {
+    let said: String = said
+        .split(['\n', '\r'])
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if said.is_empty() {
+        text
+    } else {
+        format!("{text} (the server said: {said})")
+    }
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ impl Harvester {
             Ok(c) => c.id(),
             Err(e) => {
                 let text = format!(
-                    "{} has no commit at HEAD: {}",
+                    "cannot read the commit at HEAD in {} (none, or one libgit2 cannot parse): {}",
                     self.repo_dir.display(),
                     message(&e)
                 );

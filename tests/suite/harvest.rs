@@ -1650,6 +1650,50 @@ async fn a_push_the_host_refuses_for_a_large_file_says_why() {
     );
 }
 
+/// Issue 33: a host that checks what it receives (`receive.fsckObjects`)
+/// refuses a malformed commit of the agent's by failing the unpack, not a
+/// ref: a verdict (`push_rejected`, once, in the server's words), not a
+/// transport failure retried and reported without a reason.
+#[tokio::test]
+async fn a_push_the_host_refuses_at_unpack_is_rejected_in_its_words() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let set = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.coordinator.bare_repo())
+        .args(["config", "receive.fsckObjects", "true"])
+        .status()
+        .unwrap();
+    assert!(set.success());
+    let script = sb.script(
+        r#"
+tree=$(git write-tree)
+parent=$(git rev-parse HEAD)
+bad=$(printf 'tree %s\nparent %s\nauthor a<a@example.invalid> 1 +0000\ncommitter a <a@example.invalid> 1 +0000\n\nno space before the email\n' "$tree" "$parent" | git hash-object -t commit -w --literally --stdin)
+git update-ref HEAD "$bad"
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    let result: HarvestResult = serde_json::from_value(result_of(&snap, "run-1")).unwrap();
+    assert!(!result.pushed, "{output}");
+    let error = result.push_error.unwrap();
+    assert_eq!(
+        error.code,
+        PushErrorCode::PushRejected,
+        "{error:?}\n{output}"
+    );
+    assert!(
+        error.message.contains("missingSpaceBeforeEmail"),
+        "{error:?}"
+    );
+    let pushes = snap
+        .requests
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/git-receive-pack"))
+        .count();
+    assert_eq!(pushes, 1, "a refusal is not retried");
+}
+
 // ---------------------------------------------------------------------------
 // Breaks found in review (review/losses).
 
