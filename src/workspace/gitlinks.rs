@@ -17,8 +17,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use git2::{Delta, FileMode, ObjectType, Oid, Repository};
+use git2::{ObjectType, Oid, Repository};
 
+use super::brought::{GITLINK, as_path, brought_by};
 use super::repo_config::{gitmodules_paths, open_git_dir};
 use crate::wire::{GitlinkReason, UnpublishedGitlink};
 
@@ -44,21 +45,9 @@ pub(super) fn unpublished(
     let mut touched = BTreeSet::new();
     for oid in walk {
         let commit = repo.find_commit(oid?)?;
-        let tree = commit.tree()?;
-        let parent = match commit.parent_count() {
-            0 => None,
-            _ => Some(commit.parent(0)?.tree()?),
-        };
-        let diff = repo.diff_tree_to_tree(parent.as_ref(), Some(&tree), None)?;
-        for delta in diff.deltas() {
-            let file = delta.new_file();
-            if matches!(
-                delta.status(),
-                Delta::Added | Delta::Modified | Delta::Typechange
-            ) && file.mode() == FileMode::Commit
-                && let Some(path) = file.path()
-            {
-                touched.insert(path.to_path_buf());
+        for entry in brought_by(repo, &commit)? {
+            if entry.is_gitlink() {
+                touched.insert(entry.path);
             }
         }
     }
@@ -73,17 +62,18 @@ pub(super) fn unpublished(
         .collect();
     let mut out = Vec::new();
     for path in touched {
-        let Ok(entry) = head_tree.get_path(&path) else {
+        let path = as_path(&path);
+        let Ok(entry) = head_tree.get_path(path) else {
             continue;
         };
-        if entry.filemode() != i32::from(FileMode::Commit) {
+        if entry.filemode_raw() != GITLINK {
             continue;
         }
         let commit = entry.id();
         // The remote records it alike already: nothing new for anyone.
         if remote_trees.iter().any(|t| {
-            t.get_path(&path)
-                .is_ok_and(|e| e.id() == commit && e.filemode() == i32::from(FileMode::Commit))
+            t.get_path(path)
+                .is_ok_and(|e| e.id() == commit && e.filemode_raw() == GITLINK)
         }) {
             continue;
         }
@@ -92,7 +82,7 @@ pub(super) fn unpublished(
             Some(GitlinkReason::NoGitmodulesEntry)
         } else {
             repo.workdir()
-                .and_then(|w| not_pushed(&w.join(&path), commit))
+                .and_then(|w| not_pushed(&w.join(path), commit))
                 .filter(|&unpushed| unpushed)
                 .map(|_| GitlinkReason::SubmoduleNotPushed)
         };

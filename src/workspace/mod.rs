@@ -15,6 +15,8 @@
 //! - [`commit`]: the harvest's commit of what the agent left uncommitted.
 //! - [`size_limit`]: files over `--harvest-max-file-size` left out of what
 //!   the harvest commits and pushes.
+//! - [`brought`]: the entries a commit brings to the remote (any mode, names
+//!   as bytes), walked by the checks every push passes.
 //! - [`gitlinks`]: gitlinks the agent committed whose commit others cannot
 //!   fetch, named in the harvest's report.
 //! - [`secret_guard`]: the check every push passes (the push policy, no
@@ -32,6 +34,7 @@
 //!   remote's tip.
 
 pub mod broker;
+mod brought;
 pub mod clone;
 mod commit;
 pub mod completion;

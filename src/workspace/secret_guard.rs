@@ -27,8 +27,9 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use git2::{Delta, FileMode, Odb, Oid, Repository, ResetType, Signature};
+use git2::{Odb, Oid, Repository, ResetType, Signature};
 
+use super::brought::{brought_by, update_mode};
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::recovery::keep_ref;
 use crate::redact::{Redactor, SCAN_READ};
@@ -155,19 +156,18 @@ impl<'a> PushGate<'a> {
                 found.in_commits = true;
             }
             let commit = repo.find_commit(oid)?;
-            for path in new_names(repo, &commit, self.redactor)? {
-                found.paths.insert(path);
-            }
-            for (path, blob) in added_blobs(repo, &commit)? {
-                if found.paths.contains(&path) {
+            // Every entry the commit brings, whatever its mode
+            // (super::brought): its path (a tree's too: an empty directory
+            // built with `git mktree` adds no blob, issue 33), and a blob's
+            // content (a mode-0 entry's included: libgit2 sends it).
+            for entry in brought_by(repo, &commit)? {
+                if found.paths.contains(&entry.path) {
                     continue;
                 }
-                let holds = match blob {
-                    Some(blob) => self.blob_holds(&odb, blob)?,
-                    None => false,
-                };
-                if self.redactor.contains(&path) || holds {
-                    found.paths.insert(path);
+                if self.redactor.contains(&entry.path)
+                    || (entry.is_blob() && self.blob_holds(&odb, entry.id)?)
+                {
+                    found.paths.insert(entry.path);
                 }
             }
         }
@@ -210,109 +210,6 @@ pub(super) enum Refusal {
     Unreadable(String),
 }
 
-/// The paths of the entries of `commit`'s trees, at any depth, whose own
-/// name holds a secret (as the redactor matches) and that no parent has at
-/// that place with the same id. Every name a push brings is checked this
-/// way, a tree's included: an empty directory (built with `git mktree`)
-/// named with a secret adds no file, so no delta of [`added_blobs`] carries
-/// its name (issue 33). A subtree a parent has unchanged is not descended:
-/// its names are on the remote already or were checked with that parent.
-/// Iterative: a tree nested thousands deep must not exhaust the stack.
-fn new_names(
-    repo: &Repository,
-    commit: &git2::Commit<'_>,
-    redactor: &Redactor,
-) -> Result<Vec<Vec<u8>>, git2::Error> {
-    let parents: Vec<Oid> = commit.parents().map(|p| p.tree_id()).collect();
-    let mut out = Vec::new();
-    let mut stack: Vec<(Oid, Vec<Oid>, Vec<u8>)> = vec![(commit.tree_id(), parents, Vec::new())];
-    while let Some((tree_id, olds, prefix)) = stack.pop() {
-        let tree = repo.find_tree(tree_id)?;
-        // A parent's entry of that name that is not a tree has no entries.
-        let old_trees: Vec<git2::Tree<'_>> = olds
-            .iter()
-            .filter_map(|o| repo.find_tree(*o).ok())
-            .collect();
-        for entry in tree.iter() {
-            let name = entry.name_bytes();
-            let olds: Vec<Oid> = old_trees
-                .iter()
-                .filter_map(|t| t.get_name_bytes(name).map(|e| e.id()))
-                .collect();
-            if olds.contains(&entry.id()) {
-                continue;
-            }
-            let mut path = prefix.clone();
-            if !path.is_empty() {
-                path.push(b'/');
-            }
-            path.extend_from_slice(name);
-            if redactor.contains(name) {
-                out.push(path.clone());
-            }
-            if entry.kind() == Some(git2::ObjectType::Tree) {
-                stack.push((entry.id(), olds, path));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// An entry a commit adds: its path, and its blob when it is one.
-type AddedEntry = (Vec<u8>, Option<Oid>);
-
-/// The entries `commit` adds or changes against each of its parents, with
-/// their paths; for a merge, only those new against every parent. A blob
-/// (regular file, executable, symbolic link) comes with its id, to be read;
-/// any other entry (a submodule's gitlink, whose commit is not here) with
-/// `None`: only its path can hold a secret, and it is checked all the same.
-fn added_blobs(
-    repo: &Repository,
-    commit: &git2::Commit<'_>,
-) -> Result<Vec<AddedEntry>, git2::Error> {
-    let tree = commit.tree()?;
-    let parents: Vec<Option<git2::Tree<'_>>> = if commit.parent_count() == 0 {
-        vec![None]
-    } else {
-        commit
-            .parents()
-            .map(|p| p.tree().map(Some))
-            .collect::<Result<_, _>>()?
-    };
-    let mut common: Option<HashSet<AddedEntry>> = None;
-    for parent in &parents {
-        let diff = repo.diff_tree_to_tree(parent.as_ref(), Some(&tree), None)?;
-        let mut added = HashSet::new();
-        for delta in diff.deltas() {
-            if !matches!(
-                delta.status(),
-                Delta::Added | Delta::Modified | Delta::Typechange | Delta::Renamed | Delta::Copied
-            ) {
-                continue;
-            }
-            let file = delta.new_file();
-            let blob = matches!(
-                file.mode(),
-                FileMode::Blob
-                    | FileMode::BlobExecutable
-                    | FileMode::BlobGroupWritable
-                    | FileMode::Link
-            )
-            .then(|| file.id());
-            if let Some(path) = file.path_bytes() {
-                added.insert((path.to_vec(), blob));
-            }
-        }
-        common = Some(match common {
-            None => added,
-            Some(before) => before.intersection(&added).cloned().collect(),
-        });
-    }
-    let mut out: Vec<_> = common.unwrap_or_default().into_iter().collect();
-    out.sort();
-    Ok(out)
-}
-
 /// The agent's commits replaced: one commit of `head`'s tree with each path
 /// of `found` as the remote has it (the version of the base, or absent), on
 /// the remote's session tip when `head` contains it, else on their merge
@@ -351,14 +248,7 @@ pub(super) fn hold_back(
         let at = Path::new(OsStr::from_bytes(path));
         match base_tree.as_ref().and_then(|t| t.get_path(at).ok()) {
             Some(entry) => {
-                let mode = match entry.filemode() {
-                    0o100755 => FileMode::BlobExecutable,
-                    0o120000 => FileMode::Link,
-                    0o040000 => FileMode::Tree,
-                    0o160000 => FileMode::Commit,
-                    _ => FileMode::Blob,
-                };
-                update.upsert(path.clone(), entry.id(), mode);
+                update.upsert(path.clone(), entry.id(), update_mode(entry.filemode_raw()));
             }
             None if head_tree.get_path(at).is_ok() => {
                 update.remove(path.clone());
@@ -444,7 +334,7 @@ mod tests {
         let parent = repo.head().ok().and_then(|h| h.peel_to_commit().ok());
         let mut update = git2::build::TreeUpdateBuilder::new();
         for (path, data) in files {
-            update.upsert(*path, repo.blob(data).unwrap(), FileMode::Blob);
+            update.upsert(*path, repo.blob(data).unwrap(), git2::FileMode::Blob);
         }
         for path in remove {
             update.remove(*path);

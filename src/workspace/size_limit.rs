@@ -6,13 +6,10 @@
 //! `refs/hosted-boot/oversized/<name>`).
 
 use std::collections::HashMap;
-use std::path::Path;
 
-use git2::{
-    Delta, FileMode, ObjectType, Oid, Repository, ResetType, Signature, TreeWalkMode,
-    TreeWalkResult,
-};
+use git2::{Delta, ObjectType, Oid, Repository, ResetType, Signature};
 
+use super::brought::{as_path, brought_by, update_mode, walk_tree};
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::harvest::HarvestJob;
 use super::recovery::keep_ref;
@@ -85,17 +82,19 @@ pub(super) fn note_left_out(
 /// A blob over the size limit that the commits to push bring.
 pub(super) struct Oversized {
     /// Where a commit of the range added it.
-    path: String,
+    path: Vec<u8>,
     blob: Oid,
     bytes: u64,
 }
 
 /// The blobs over `max` bytes that the commits from `head` back to the
-/// remote's branches (`heads`, those known here) add or change, each once,
-/// except those the tree of a remote branch's tip already holds: the host
-/// has them (its limit is higher than the runner's), so they are no new
-/// object for it, and leaving out a path that only moved such a file (a
-/// rename) would delete the file from the branch.
+/// remote's branches (`heads`, those known here) bring, each once, whatever
+/// the mode of their entry (a group-writable file, a symbolic link's blob,
+/// any mode `git mktree` took: [`super::brought`]), except those the tree of
+/// a remote branch's tip already holds: the host has them (its limit is
+/// higher than the runner's), so they are no new object for it, and leaving
+/// out a path that only moved such a file (a rename) would delete the file
+/// from the branch.
 pub(super) fn oversized_blobs(
     repo: &Repository,
     head: Oid,
@@ -113,35 +112,18 @@ pub(super) fn oversized_blobs(
     let mut found: Vec<Oversized> = Vec::new();
     for oid in walk {
         let commit = repo.find_commit(oid?)?;
-        let tree = commit.tree()?;
-        let parent = match commit.parent_count() {
-            0 => None,
-            _ => Some(commit.parent(0)?.tree()?),
-        };
-        let diff = repo.diff_tree_to_tree(parent.as_ref(), Some(&tree), None)?;
-        for delta in diff.deltas() {
-            if !matches!(
-                delta.status(),
-                Delta::Added | Delta::Modified | Delta::Typechange | Delta::Renamed | Delta::Copied
-            ) {
+        for entry in brought_by(repo, &commit)? {
+            if !entry.is_blob() || found.iter().any(|f| f.blob == entry.id) {
                 continue;
             }
-            let file = delta.new_file();
-            if !matches!(file.mode(), FileMode::Blob | FileMode::BlobExecutable) {
-                continue;
-            }
-            let Ok((bytes, ObjectType::Blob)) = odb.read_header(file.id()) else {
+            let Ok((bytes, ObjectType::Blob)) = odb.read_header(entry.id) else {
                 continue;
             };
             let bytes = bytes as u64;
-            if bytes > max && !found.iter().any(|f| f.blob == file.id()) {
-                let path = file
-                    .path()
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .unwrap_or_default();
+            if bytes > max {
                 found.push(Oversized {
-                    path,
-                    blob: file.id(),
+                    path: entry.path,
+                    blob: entry.id,
                     bytes,
                 });
             }
@@ -153,13 +135,10 @@ pub(super) fn oversized_blobs(
             let Ok(tree) = repo.find_commit(*tip).and_then(|c| c.tree()) else {
                 continue;
             };
-            tree.walk(TreeWalkMode::PreOrder, |_, entry| {
-                if entry.kind() == Some(ObjectType::Blob)
-                    && found.iter().any(|f| f.blob == entry.id())
-                {
+            walk_tree(repo, &tree, |_, entry| {
+                if found.iter().any(|f| f.blob == entry.id()) {
                     on_remote.insert(entry.id());
                 }
-                TreeWalkResult::Ok
             })?;
         }
         found.retain(|f| !on_remote.contains(&f.blob));
@@ -197,32 +176,27 @@ pub(super) fn leave_out_oversized(
     let base_commit = base.map(|b| repo.find_commit(b)).transpose()?;
     let base_tree = base_commit.as_ref().map(|c| c.tree()).transpose()?;
 
-    // Every path of HEAD's tree that holds one of those blobs.
-    let mut paths: Vec<(String, u64)> = Vec::new();
-    head_tree.walk(TreeWalkMode::PreOrder, |root, entry| {
-        if let Some(f) = found.iter().find(|f| f.blob == entry.id())
-            && let Ok(name) = entry.name()
+    // Every path of HEAD's tree that holds one of those blobs (by its
+    // bytes: a name that is not UTF-8 was kept, found by a review).
+    let mut paths: Vec<(Vec<u8>, u64)> = Vec::new();
+    walk_tree(repo, &head_tree, |path, entry| {
+        if entry.kind() != Some(ObjectType::Tree)
+            && let Some(f) = found.iter().find(|f| f.blob == entry.id())
         {
-            paths.push((format!("{root}{name}"), f.bytes));
+            paths.push((path.to_vec(), f.bytes));
         }
-        TreeWalkResult::Ok
     })?;
     let mut update = git2::build::TreeUpdateBuilder::new();
     for (path, _) in &paths {
         match base_tree
             .as_ref()
-            .and_then(|t| t.get_path(Path::new(path)).ok())
+            .and_then(|t| t.get_path(as_path(path)).ok())
         {
             Some(entry) if entry.kind() == Some(ObjectType::Blob) => {
-                let mode = if entry.filemode() == i32::from(FileMode::BlobExecutable) {
-                    FileMode::BlobExecutable
-                } else {
-                    FileMode::Blob
-                };
-                update.upsert(path, entry.id(), mode);
+                update.upsert(path.clone(), entry.id(), update_mode(entry.filemode_raw()));
             }
             _ => {
-                update.remove(path);
+                update.remove(path.clone());
             }
         }
     }
@@ -231,14 +205,15 @@ pub(super) fn leave_out_oversized(
     let kept = keep_ref(repo, "refs/hosted-boot/oversized", &job.name, head)?;
     let mut listed: Vec<String> = paths
         .iter()
-        .map(|(p, b)| format!("  {p} ({b} bytes)"))
+        .map(|(p, b)| format!("  {} ({b} bytes)", String::from_utf8_lossy(p)))
         .collect();
     // Blobs a later commit of the agent removed again: left out all the same.
     for f in found {
         if !paths.iter().any(|(p, _)| *p == f.path) {
             listed.push(format!(
                 "  {} ({} bytes, removed again by the agent)",
-                f.path, f.bytes
+                String::from_utf8_lossy(&f.path),
+                f.bytes
             ));
         }
     }
@@ -276,9 +251,12 @@ pub(super) fn leave_out_oversized(
         let path = paths
             .iter()
             .find(|(p, _)| *p == f.path)
-            .map(|(p, _)| p.as_str())
-            .unwrap_or(f.path.as_str());
-        note_skipped(&mut r.skipped_files, path, f.bytes);
+            .map_or(f.path.as_slice(), |(p, _)| p.as_slice());
+        note_skipped(
+            &mut r.skipped_files,
+            &String::from_utf8_lossy(path),
+            f.bytes,
+        );
     }
     // The harvest's own commit, if any, is folded into the new one.
     r.harvest_commit = None;
