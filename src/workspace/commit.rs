@@ -9,6 +9,7 @@ use std::path::Path;
 
 use git2::{ErrorCode, IndexAddOption, Oid, Repository, RepositoryState, Signature, StatusOptions};
 
+use super::brought::{as_path, walk_tree};
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::harvest::{HarvestJob, message};
 use super::size_limit::{note_left_out, note_skipped, staged_over};
@@ -113,7 +114,7 @@ pub(super) fn commit_uncommitted(
         if sparse.contains(path.as_os_str().as_encoded_bytes()) {
             return true;
         }
-        if kept.gitlinks.iter().any(|g| Path::new(g) == path) {
+        if kept.gitlinks.iter().any(|g| as_path(g) == path) {
             tracing::warn!(path = %path.display(), "harvest: a submodule is left as it is (PROTOCOL.md 4.5)");
             return true;
         }
@@ -205,10 +206,10 @@ pub(super) fn commit_uncommitted(
         // the index already: back to HEAD's version for those paths.
         let staged = staged_over(repo, &index, &parent.tree()?, max)?;
         if !staged.is_empty() {
-            let paths: Vec<&str> = staged.iter().map(|(p, _)| p.as_str()).collect();
+            let paths: Vec<&[u8]> = staged.iter().map(|(p, _)| p.as_slice()).collect();
             back_to_head(repo, &mut index, Some(parent), &paths)?;
             for (path, bytes) in &staged {
-                note_skipped(skipped, path, *bytes);
+                note_skipped(skipped, &String::from_utf8_lossy(path), *bytes);
             }
         }
     }
@@ -218,9 +219,9 @@ pub(super) fn commit_uncommitted(
     // (the work tree keeps the agent's), the rest is committed.
     let conflicted = conflicted_paths(&index)?;
     if !conflicted.is_empty() {
-        tracing::warn!(paths = ?conflicted, "harvest: conflicted paths the harvest leaves out stay as HEAD has them; the rest of the work is committed");
+        tracing::warn!(paths = ?lossy(&conflicted), "harvest: conflicted paths the harvest leaves out stay as HEAD has them; the rest of the work is committed");
         for path in &conflicted {
-            index.conflict_remove(Path::new(path))?;
+            index.conflict_remove(as_path(path))?;
         }
         back_to_head(repo, &mut index, parent.as_ref(), &conflicted)?;
     }
@@ -229,7 +230,7 @@ pub(super) fn commit_uncommitted(
     // sandbox alone may have: back to HEAD's (PROTOCOL.md 4.5).
     let moved = moved_gitlinks(repo, &index, parent.as_ref())?;
     if !moved.is_empty() {
-        tracing::warn!(paths = ?moved, "harvest: gitlinks the agent staged are left as HEAD has them (PROTOCOL.md 4.5)");
+        tracing::warn!(paths = ?lossy(&moved), "harvest: gitlinks the agent staged are left as HEAD has them (PROTOCOL.md 4.5)");
         back_to_head(repo, &mut index, parent.as_ref(), &moved)?;
     }
     index.write()?;
@@ -282,27 +283,74 @@ fn left_out_reason(repo: &Repository, workdir: &Path, path: &Path) -> Option<Ski
 }
 
 /// Puts `paths` of `index` back as `parent` (HEAD) has them, present or
-/// absent; with no parent (an unborn HEAD) they are removed.
-fn back_to_head<P: AsRef<str>>(
+/// absent (with no parent, an unborn HEAD, absent), each path taken
+/// literally: by its bytes (a name need not be UTF-8), never as a pattern
+/// (`git reset`'s pathspec would read a file named `*` as every path, and
+/// undo the whole harvest's commit).
+fn back_to_head<P: AsRef<[u8]>>(
     repo: &Repository,
     index: &mut git2::Index,
     parent: Option<&git2::Commit<'_>>,
     paths: &[P],
 ) -> Result<(), git2::Error> {
-    match parent {
-        Some(parent) => {
-            index.write()?;
-            let paths: Vec<&str> = paths.iter().map(AsRef::as_ref).collect();
-            repo.reset_default(Some(parent.as_object()), paths)?;
-            index.read(true)
-        }
-        None => {
-            for path in paths {
-                index.remove_path(Path::new(path.as_ref()))?;
+    let tree = parent.map(git2::Commit::tree).transpose()?;
+    for path in paths {
+        let path = path.as_ref();
+        index.remove_path(as_path(path))?;
+        // A directory of the index at that path (the agent staged a file
+        // where HEAD has one, or the other way round) goes too.
+        index.remove_dir(as_path(path), 0)?;
+        let Some(entry) = tree.as_ref().and_then(|t| t.get_path(as_path(path)).ok()) else {
+            continue;
+        };
+        if entry.kind() == Some(git2::ObjectType::Tree) {
+            let sub = repo.find_tree(entry.id())?;
+            let mut found = Vec::new();
+            walk_tree(repo, &sub, |rest, e| {
+                if e.kind() != Some(git2::ObjectType::Tree) {
+                    let mut full = path.to_vec();
+                    full.push(b'/');
+                    full.extend_from_slice(rest);
+                    found.push((full, e.id(), e.filemode_raw()));
+                }
+            })?;
+            for (full, id, mode) in found {
+                index.add(&entry_of(full, id, mode))?;
             }
-            Ok(())
+        } else {
+            index.add(&entry_of(path.to_vec(), entry.id(), entry.filemode_raw()))?;
         }
     }
+    Ok(())
+}
+
+/// An index entry for `path` at `id` with the tree's `mode` and no stat
+/// data (the next status reads the file again).
+fn entry_of(path: Vec<u8>, id: git2::Oid, mode: i32) -> git2::IndexEntry {
+    let time = git2::IndexTime::new(0, 0);
+    git2::IndexEntry {
+        ctime: time,
+        mtime: time,
+        dev: 0,
+        ino: 0,
+        mode: u32::try_from(mode).unwrap_or(0o100644),
+        uid: 0,
+        gid: 0,
+        file_size: 0,
+        id,
+        // The name's length, capped as the index format caps it.
+        flags: u16::try_from(path.len().min(0xfff)).unwrap_or(0xfff),
+        flags_extended: 0,
+        path,
+    }
+}
+
+/// Paths for a log line.
+fn lossy(paths: &[Vec<u8>]) -> Vec<String> {
+    paths
+        .iter()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect()
 }
 
 /// The skip-worktree bit of an index entry's extended flags.
@@ -337,7 +385,7 @@ fn remove_ref_locks(repo: &Repository) {
 }
 
 /// The paths with conflict entries (stages 1–3) in `index`.
-fn conflicted_paths(index: &git2::Index) -> Result<Vec<String>, git2::Error> {
+fn conflicted_paths(index: &git2::Index) -> Result<Vec<Vec<u8>>, git2::Error> {
     if !index.has_conflicts() {
         return Ok(Vec::new());
     }
@@ -345,54 +393,65 @@ fn conflicted_paths(index: &git2::Index) -> Result<Vec<String>, git2::Error> {
     for conflict in index.conflicts()? {
         let conflict = conflict?;
         if let Some(entry) = conflict.our.or(conflict.their).or(conflict.ancestor) {
-            out.push(String::from_utf8_lossy(&entry.path).into_owned());
+            out.push(entry.path);
         }
     }
     Ok(out)
 }
 
 /// The paths where `index` has a gitlink HEAD (`parent`'s tree) does not
-/// have there: a submodule the agent added or moved in the index.
+/// have there: a submodule the agent added or moved in the index. Only a
+/// gitlink that points somewhere new: removing a submodule (or making its
+/// files plain ones) brings no sandbox-only commit, and undoing half of it
+/// (`.gitmodules` goes, the gitlink stays) would break the branch (found by
+/// a review).
 fn moved_gitlinks(
     repo: &Repository,
     index: &git2::Index,
     parent: Option<&git2::Commit<'_>>,
-) -> Result<Vec<String>, git2::Error> {
+) -> Result<Vec<Vec<u8>>, git2::Error> {
     let tree = parent.map(|p| p.tree()).transpose()?;
     let diff = repo.diff_tree_to_index(tree.as_ref(), Some(index), None)?;
     let mut out = Vec::new();
     for delta in diff.deltas() {
-        let (old, new) = (delta.old_file(), delta.new_file());
-        let gitlink = |f: &git2::DiffFile<'_>| f.mode() == git2::FileMode::Commit;
-        // Only a gitlink that points somewhere new: removing a submodule
-        // (or making its files plain ones) brings no sandbox-only commit,
-        // and undoing half of it (`.gitmodules` goes, the gitlink stays)
-        // would break the branch (found by a review).
-        let moved = match delta.status() {
-            git2::Delta::Added | git2::Delta::Modified | git2::Delta::Typechange => gitlink(&new),
-            _ => false,
+        if !matches!(
+            delta.status(),
+            git2::Delta::Added | git2::Delta::Modified | git2::Delta::Typechange
+        ) {
+            continue;
+        }
+        // The mode from the index entry itself: git2's `DiffFile::mode`
+        // panics on a mode it does not know.
+        let Some(path) = delta.new_file().path_bytes() else {
+            continue;
         };
-        if moved && let Some(path) = new.path().or(old.path()) {
-            out.push(path.to_string_lossy().into_owned());
+        if index
+            .get_path(as_path(path), 0)
+            .is_some_and(|e| e.mode == GITLINK_MODE)
+        {
+            out.push(path.to_vec());
         }
     }
     Ok(out)
 }
+
+/// The index mode of a gitlink.
+const GITLINK_MODE: u32 = 0o160000;
 
 /// What the harvest's commit never takes from the work tree (PROTOCOL.md
 /// 4.5, "Submodules and LFS").
 struct Kept {
     /// The index's gitlinks (submodules): never moved by the harvest, and
     /// nothing inside them committed.
-    gitlinks: Vec<String>,
+    gitlinks: Vec<Vec<u8>>,
 }
 
 fn kept_paths(repo: &Repository) -> Result<Kept, git2::Error> {
     let index = repo.index()?;
     let gitlinks = index
         .iter()
-        .filter(|e| e.mode == 0o160000)
-        .map(|e| String::from_utf8_lossy(&e.path).into_owned())
+        .filter(|e| e.mode == GITLINK_MODE)
+        .map(|e| e.path)
         .collect();
     Ok(Kept { gitlinks })
 }

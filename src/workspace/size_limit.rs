@@ -16,13 +16,14 @@ use super::recovery::keep_ref;
 use super::remote::RemoteState;
 use crate::wire::{HarvestResult, MAX_LISTED_COMMITS, SkipReason, SkippedFile};
 
-/// Paths whose blob in `index` is new against `tree` and over `max` bytes.
+/// Paths (bytes) whose blob in `index` is new against `tree` and over
+/// `max` bytes.
 pub(super) fn staged_over(
     repo: &Repository,
     index: &git2::Index,
     tree: &git2::Tree<'_>,
     max: u64,
-) -> Result<Vec<(String, u64)>, git2::Error> {
+) -> Result<Vec<(Vec<u8>, u64)>, git2::Error> {
     let odb = repo.odb()?;
     let diff = repo.diff_tree_to_index(Some(tree), Some(index), None)?;
     let mut out = Vec::new();
@@ -38,9 +39,9 @@ pub(super) fn staged_over(
             continue;
         };
         if bytes as u64 > max
-            && let Some(path) = file.path()
+            && let Some(path) = file.path_bytes()
         {
-            out.push((path.to_string_lossy().into_owned(), bytes as u64));
+            out.push((path.to_vec(), bytes as u64));
         }
     }
     Ok(out)
