@@ -9,6 +9,7 @@ use std::path::Path;
 
 use git2::{ErrorCode, IndexAddOption, Oid, Repository, RepositoryState, Signature, StatusOptions};
 
+use super::attributes::{Filter, filter_of};
 use super::brought::{as_path, walk_tree};
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::harvest::{HarvestJob, message};
@@ -276,9 +277,9 @@ fn left_out_reason(repo: &Repository, workdir: &Path, path: &Path) -> Option<Ski
     // global one: a review found each) is the agent's git's business, and
     // a wrong guess pushes plaintext. An agent that means the file
     // committed commits it with its own git, which runs the filter.
-    match repo.get_attr(path, "filter", git2::AttrCheckFlags::FILE_THEN_INDEX) {
-        Ok(Some(driver)) if driver != "lfs" => Some(SkipReason::CleanFilter),
-        _ => None,
+    match filter_of(repo, path) {
+        Filter::Other(_) => Some(SkipReason::CleanFilter),
+        Filter::None | Filter::Lfs => None,
     }
 }
 

@@ -129,12 +129,10 @@ pub fn complete(run: &GitRun<'_>, repo_dir: &Path) -> Option<LfsReport> {
 }
 
 /// Whether the repository's attributes give `path` the `lfs` filter (its
-/// content is stored in LFS, its blob in git a pointer).
+/// content is stored in LFS, its blob in git a pointer), as git reads them
+/// ([`super::attributes`]).
 pub(super) fn is_lfs_tracked(repo: &Repository, path: &Path) -> bool {
-    matches!(
-        repo.get_attr(path, "filter", git2::AttrCheckFlags::FILE_THEN_INDEX),
-        Ok(Some("lfs"))
-    )
+    super::attributes::filter_of(repo, path) == super::attributes::Filter::Lfs
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@
 //! - [`commit`]: the harvest's commit of what the agent left uncommitted.
 //! - [`size_limit`]: files over `--harvest-max-file-size` left out of what
 //!   the harvest commits and pushes.
+//! - [`attributes`]: the `filter` attribute of a path as git reads it
+//!   (quoted patterns libgit2 does not read).
 //! - [`brought`]: the entries a commit brings to the remote (any mode, names
 //!   as bytes), walked by the checks every push passes.
 //! - [`gitlinks`]: gitlinks the agent committed whose commit others cannot
@@ -33,6 +35,7 @@
 //! - [`local_branch`]: the local session branch saved, then moved to the
 //!   remote's tip.
 
+mod attributes;
 pub mod broker;
 mod brought;
 pub mod clone;
