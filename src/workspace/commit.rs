@@ -77,7 +77,11 @@ pub(super) fn commit_uncommitted(
         .map(|e| e.path)
         .collect();
     let statuses = repo.statuses(Some(&mut status_options()))?;
-    if statuses.is_empty() {
+    // The status leaves submodules out, so a gitlink the agent removed from
+    // the index (`git rm --cached sub`) is no change to it: looked for
+    // apart, so that the removal is committed whether or not anything else
+    // is (found by a review).
+    if statuses.is_empty() && !removed_gitlink(repo)? {
         return Ok(None);
     }
     let workdir = repo.workdir().map(Path::to_path_buf);
@@ -234,6 +238,18 @@ pub(super) fn commit_uncommitted(
         tracing::warn!(paths = ?lossy(&moved), "harvest: gitlinks the agent staged are left as HEAD has them (PROTOCOL.md 4.5)");
         back_to_head(repo, &mut index, parent.as_ref(), &moved)?;
     }
+    // An intent-to-add entry (`git add -N`) still in the index is a path
+    // the harvest left out: libgit2 would write it into the tree as an
+    // empty file where git writes nothing (found by a review). It goes; the
+    // file stays in the work tree, named.
+    let intents: Vec<Vec<u8>> = index
+        .iter()
+        .filter(|e| e.flags_extended & INTENT_TO_ADD != 0)
+        .map(|e| e.path)
+        .collect();
+    for path in &intents {
+        index.remove_path(as_path(path))?;
+    }
     index.write()?;
     let tree_id = index.write_tree()?;
     if parent.as_ref().is_some_and(|p| p.tree_id() == tree_id) {
@@ -356,6 +372,26 @@ fn lossy(paths: &[Vec<u8>]) -> Vec<String> {
 
 /// The skip-worktree bit of an index entry's extended flags.
 const SKIP_WORKTREE: u16 = 1 << 14;
+
+/// The intent-to-add bit of an index entry's extended flags.
+const INTENT_TO_ADD: u16 = 1 << 13;
+
+/// Whether the index lacks a gitlink `HEAD` has (a submodule the agent
+/// removed from the index).
+fn removed_gitlink(repo: &Repository) -> Result<bool, git2::Error> {
+    let tree = match repo.head() {
+        Ok(head) => head.peel_to_tree()?,
+        Err(e) if e.code() == ErrorCode::UnbornBranch => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let index = repo.index()?;
+    let mut removed = false;
+    walk_tree(repo, &tree, |path, entry| {
+        removed |= u32::try_from(entry.filemode_raw()) == Ok(GITLINK_MODE)
+            && index.get_path(as_path(path), 0).is_none();
+    })?;
+    Ok(removed)
+}
 
 /// Removes the lock files a git command killed mid-way left under
 /// `.git/refs` (`refs/heads/<branch>.lock` after a killed `git commit`):

@@ -15,6 +15,7 @@ mod egress;
 mod events;
 mod hardening;
 mod harvest;
+mod harvest_edges;
 mod image;
 mod instructions;
 mod latency;

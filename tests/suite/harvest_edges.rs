@@ -1,0 +1,744 @@
+//! The harvest at git's edges (PROTOCOL.md 4.5, issue 33): states the
+//! agent's git can leave (odd modes and names, quoted attribute patterns,
+//! intent-to-add entries, conflicts, submodules), as a user and as an
+//! attacker (the agent is untrusted). Written by a fresh reviewer against
+//! main at 23db22b; each test whose name says what the harvest does (not
+//! `held_…`) failed there and passes since its fix. The `held_…` ones held
+//! then and guard it.
+
+use std::path::Path;
+
+use hosted_boot::coordinator::{CoordinatorOptions, Snapshot};
+use serde_json::{Value, json};
+
+use super::support::Sandbox;
+
+const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
+const LIMIT: u64 = 1024 * 1024;
+const BIG: u64 = 2_000_000;
+
+/// The agent's git with an identity.
+const G: &str = "g() { git -c user.name=a -c user.email=a@example.invalid \"$@\"; }\n";
+
+fn bare_git(sb: &Sandbox, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(sb.coordinator.bare_repo())
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return String::new();
+    }
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn tip(sb: &Sandbox, name: &str) -> String {
+    bare_git(
+        sb,
+        &["rev-parse", "--verify", "-q", &format!("refs/heads/{name}")],
+    )
+}
+
+fn result_of(snap: &Snapshot, run_id: &str) -> Value {
+    let finish = snap.run(run_id).unwrap().finish.as_ref().unwrap();
+    serde_json::to_value(&finish.result).unwrap()
+}
+
+fn files_at(sb: &Sandbox, rev: &str) -> Vec<String> {
+    bare_git(sb, &["ls-tree", "-r", "--name-only", rev])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn spawn_with_limit(sb: &Sandbox, script: &Path) -> tokio::process::Child {
+    sb.runner(script)
+        .env("HOSTED_BOOT_HARVEST_MAX_FILE_SIZE", "1MiB")
+        .spawn()
+        .unwrap()
+}
+
+async fn limited_sandbox() -> Sandbox {
+    Sandbox::start(CoordinatorOptions {
+        git_max_file_size: Some(LIMIT),
+        ..CoordinatorOptions::default()
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------
+// Secret guard
+
+/// A tree entry of mode `0` (git mktree writes it as given): libgit2's diff
+/// calls it UNREADABLE and leaves it out of every delta, so the guard never
+/// reads its blob; libgit2's pack builder sends it all the same (any entry
+/// that is not a tree or a gitlink is a blob to it), and git's receive-pack
+/// takes it (canon_mode makes it a gitlink; fsck's badFilemode is INFO).
+/// PROTOCOL 4.5: "The runner never pushes a value it keeps secret".
+#[tokio::test]
+async fn a_blob_behind_mode_zero_is_checked_for_secrets() {
+    let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  blob=$(printf 'key %s\n' "$ACME_API_KEY" | git hash-object -w --stdin)
+  echo "$blob" > "$AGENT_OUT/blob"
+  tree=$( (git ls-tree HEAD; printf '0 blob %s\tinnocent.txt\n' "$blob") | git mktree)
+  c=$(g commit-tree "$tree" -p HEAD -m 'an innocent commit')
+  git update-ref HEAD "$c"
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    let blob = sb.read_out("blob").trim().to_string();
+    let on_remote = bare_git(&sb, &["cat-file", "-p", &blob]);
+    assert!(
+        !on_remote.contains(CONNECTOR.1),
+        "the connector value is on the remote (blob {blob}: {on_remote:?}); result {result}\n{output}"
+    );
+}
+
+/// A tree entry of a mode git2-rs does not know (`100600`, which git
+/// mktree writes as given and git itself reads as 100644): `DiffFile::mode`
+/// panics ("unknown mode"), in the size guard's and the secret guard's
+/// walks, so the harvest task dies; every later harvest walks the same
+/// commit, so no later work of the session is pushed either.
+/// PROTOCOL 4.5: the work is pushed, or `pushError` says why; a failed
+/// push does not block later harvests.
+#[tokio::test]
+async fn an_unknown_file_mode_does_not_stop_the_harvests() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  blob=$(echo 'plain text' | git hash-object -w --stdin)
+  tree=$( (git ls-tree HEAD; printf '100600 blob %s\tprivate.txt\n' "$blob") | git mktree)
+  c=$(g commit-tree "$tree" -p HEAD -m 'a private file')
+  git update-ref HEAD "$c"
+  git read-tree HEAD
+  git checkout -- . 2> /dev/null || true
+else
+  echo two > TWO.md
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let snap = sb.wait_sealed("run-1").await;
+    let first = result_of(&snap, "run-1");
+    let next = sb.coordinator.queue_turn("next", None);
+    let (snap, output) = sb.end_after_seal(&next, child).await;
+    let second = result_of(&snap, &next);
+    let head = tip(&sb, &sb.coordinator.branch());
+    assert!(
+        first["pushed"] == json!(true) && second["pushed"] == json!(true),
+        "run-1: {first}\nrun-2: {second}\nremote head files: {:?}\n{}",
+        files_at(&sb, &head),
+        output
+            .lines()
+            .filter(|l| l.contains("panicked") || l.contains("unknown mode"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Size guard
+
+/// A file over the limit that the agent committed with mode 100664 (a mode
+/// git still accepts, from old repositories or `git mktree`) or as a
+/// symbolic link's blob: `oversized_blobs` looks only at Blob and
+/// BlobExecutable, so it is pushed, the host refuses the push, and every
+/// later harvest carries the same commit. PROTOCOL 4.5 "Files over the size
+/// limit": "If one of them adds a file over the limit ... they are
+/// replaced ... later harvests are not blocked".
+#[tokio::test]
+async fn a_large_blob_under_mode_100664_is_left_out() {
+    let sb = limited_sandbox().await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  blob=$(head -c {BIG} /dev/zero | git hash-object -w --stdin)
+  tree=$( (git ls-tree HEAD; printf '100664 blob %s\tdata.bin\n' "$blob") | git mktree)
+  c=$(g commit-tree "$tree" -p HEAD -m 'a dataset')
+  git update-ref HEAD "$c"
+  git read-tree HEAD
+  git checkout -- . 2> /dev/null || true
+else
+  echo two > TWO.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    let first = result_of(&snap, "run-1");
+    let next = sb.coordinator.queue_turn("next", None);
+    let (snap, _) = sb.end_after_seal(&next, child).await;
+    let second = result_of(&snap, &next);
+    assert_eq!(
+        second["pushed"],
+        json!(true),
+        "run-1: {first}\nrun-2: {second}"
+    );
+}
+
+/// The same through a symbolic link whose blob is over the limit.
+#[tokio::test]
+async fn a_large_symlink_blob_is_left_out() {
+    let sb = limited_sandbox().await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  blob=$(head -c {BIG} /dev/zero | tr '\0' a | git hash-object -w --stdin)
+  tree=$( (git ls-tree HEAD; printf '120000 blob %s\tlink\n' "$blob") | git mktree)
+  c=$(g commit-tree "$tree" -p HEAD -m 'a link')
+  git update-ref HEAD "$c"
+  git read-tree HEAD
+else
+  echo two > TWO.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    let first = result_of(&snap, "run-1");
+    let next = sb.coordinator.queue_turn("next", None);
+    let (snap, _) = sb.end_after_seal(&next, child).await;
+    let second = result_of(&snap, &next);
+    assert_eq!(
+        second["pushed"],
+        json!(true),
+        "run-1: {first}\nrun-2: {second}"
+    );
+}
+
+/// A file over the limit the agent committed under a name that is not
+/// UTF-8: `leave_out_oversized` finds its paths with `entry.name()` (UTF-8
+/// only), finds none, and makes a "replacement" with the same tree: the
+/// host refuses it, every later harvest too.
+#[tokio::test]
+async fn a_large_committed_file_with_a_latin1_name_is_left_out() {
+    let sb = limited_sandbox().await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  head -c {BIG} /dev/zero > "$(printf 'donn\351es.bin')"
+  git add -A && g commit -qm 'data'
+else
+  echo two > TWO.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    let first = result_of(&snap, "run-1");
+    let next = sb.coordinator.queue_turn("next", None);
+    let (snap, _) = sb.end_after_seal(&next, child).await;
+    let second = result_of(&snap, &next);
+    assert!(
+        first["pushed"] == json!(true) && second["pushed"] == json!(true),
+        "run-1: {first}\nrun-2: {second}"
+    );
+}
+
+/// A file over the limit the agent committed, and anywhere in the tree a
+/// directory whose name is not UTF-8: git2's tree walk returns -1 for a
+/// root that is not UTF-8, so `leave_out_oversized` fails and the whole
+/// harvest is `harvest_failed` with nothing pushed, every turn.
+#[tokio::test]
+async fn a_latin1_directory_does_not_fail_the_size_guard() {
+    let sb = limited_sandbox().await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  d="$(printf 'r\351sum\351')"; mkdir "$d" && echo cv > "$d/cv.txt"
+  head -c {BIG} /dev/zero > BIG.bin
+  echo small > SMALL.md
+  git add -A && g commit -qm 'cv and data'
+else
+  echo two > TWO.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    let first = result_of(&snap, "run-1");
+    let next = sb.coordinator.queue_turn("next", None);
+    let (snap, _) = sb.end_after_seal(&next, child).await;
+    let second = result_of(&snap, &next);
+    assert!(
+        first["pushed"] == json!(true) && second["pushed"] == json!(true),
+        "run-1: {first}\nrun-2: {second}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Attributes (clean_filter)
+
+/// git reads a pattern that begins with `"` C-quoted (`"*.env"`, `"my
+/// secret.txt"`); libgit2 does not, so the harvest does not see the
+/// filter and commits the plaintext that `git add` would have encrypted.
+/// PROTOCOL 4.5 `clean_filter`: a file whose attributes name a filter
+/// other than LFS's is left out ("committed, the plaintext would be
+/// pushed").
+#[tokio::test]
+async fn a_quoted_attribute_pattern_leaves_the_file_out() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  printf '"*.env" filter=crypt\n"my secret.txt" filter=crypt\n' > .gitattributes
+  git config filter.crypt.clean 'tr a-z n-za-m'
+  git config filter.crypt.smudge 'tr a-z n-za-m'
+  echo 'plaintext-value' > prod.env
+  echo 'plaintext-value' > 'my secret.txt'
+  git check-attr filter -- prod.env 'my secret.txt' > "$AGENT_OUT/attrs"
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let attrs = sb.read_out("attrs");
+    assert_eq!(
+        attrs.matches("filter: crypt").count(),
+        2,
+        "git does not see the filter: {attrs}"
+    );
+    let head = tip(&sb, &sb.coordinator.branch());
+    let files = files_at(&sb, &head);
+    let result = result_of(&snap, "run-1");
+    assert!(
+        !files.contains(&"prod.env".to_string()) && !files.contains(&"my secret.txt".to_string()),
+        "plaintext of filtered files pushed: {files:?}; prod.env on the remote: {:?}; result {result}",
+        bare_git(&sb, &["show", &format!("{head}:prod.env")])
+    );
+    assert_eq!(
+        result["skippedFiles"],
+        json!([
+            {"path": "my secret.txt", "bytes": 16, "reason": "clean_filter"},
+            {"path": "prod.env", "bytes": 16, "reason": "clean_filter"}
+        ]),
+        "{result}"
+    );
+}
+
+/// `-filter` (and `filter` set) means "no filter" to git (convert.c:
+/// ATTR_TRUE/ATTR_FALSE/ATTR_UNSET give no driver), a common way to exempt
+/// files from an LFS or crypt pattern; git2's `get_attr` returns
+/// "[internal]__FALSE__" / "[internal]__TRUE__", which the harvest takes
+/// for a driver name: the file is left out and named `clean_filter`,
+/// though the agent's `git add` commits it as is.
+#[tokio::test]
+async fn an_unset_filter_is_no_clean_filter() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  printf '*.psd filter=lfs diff=lfs merge=lfs -text\nsmall.psd -filter -diff -merge\nnotes.txt filter\n' > .gitattributes
+  echo 'not lfs' > small.psd
+  echo 'notes' > notes.txt
+  git check-attr filter -- small.psd notes.txt > "$AGENT_OUT/attrs"
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let head = tip(&sb, &sb.coordinator.branch());
+    let files = files_at(&sb, &head);
+    let result = result_of(&snap, "run-1");
+    assert!(
+        files.contains(&"small.psd".to_string()) && files.contains(&"notes.txt".to_string()),
+        "git's attrs: {}; pushed {files:?}; result {result}",
+        sb.read_out("attrs")
+    );
+}
+
+/// `git add -N` (intent to add) of a file the harvest leaves out (here a
+/// clean-filtered one): libgit2 writes intent-to-add entries into trees
+/// (git leaves them out), so the branch gets an empty file at that path,
+/// while the report says the path was left out.
+#[tokio::test]
+async fn intent_to_add_of_a_left_out_file_pushes_nothing() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  printf 'secret.env filter=crypt\n' > .gitattributes
+  git config filter.crypt.clean 'tr a-z n-za-m'
+  git config filter.crypt.smudge 'tr a-z n-za-m'
+  echo 'plaintext-value' > secret.env
+  git add -N secret.env
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let head = tip(&sb, &sb.coordinator.branch());
+    let files = files_at(&sb, &head);
+    let result = result_of(&snap, "run-1");
+    assert!(
+        !files.contains(&"secret.env".to_string()),
+        "secret.env is on the branch (content {:?}) though reported left out: {result}",
+        bare_git(&sb, &["cat-file", "-s", &format!("{head}:secret.env")])
+    );
+    assert_eq!(
+        result["skippedFiles"],
+        json!([{"path": "secret.env", "bytes": 16, "reason": "clean_filter"}]),
+        "{result}"
+    );
+    assert!(sb.root().join("repo/secret.env").exists());
+}
+
+// ---------------------------------------------------------------------------
+// Conflicts and gitlinks with names that are not UTF-8
+
+/// A merge conflict on a clean-filtered path whose name is not UTF-8: the
+/// conflicted path is carried as lossy UTF-8, `conflict_remove` does not
+/// find it, and the harvest's commit fails, every turn: the rest of the
+/// work (OTHER.md) is never committed. PROTOCOL 4.5: a conflict on a
+/// left-out path "does not keep the rest of the work from being committed".
+#[tokio::test]
+async fn a_conflict_on_a_left_out_latin1_path_does_not_block_the_rest() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  f="$(printf 'cl\351.enc')"
+  printf '*.enc filter=crypt\n' > .gitattributes
+  printf 'base\n' > "$f" && git add -A && g commit -qm base
+  git checkout -q -b side
+  printf 'side\n' > "$f" && g commit -qam side
+  git checkout -q -
+  printf 'ours\n' > "$f" && g commit -qam ours
+  g merge -q side > /dev/null 2>&1 || true
+  git ls-files -u > "$AGENT_OUT/unmerged"
+  echo other > OTHER.md
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    assert!(!sb.read_out("unmerged").is_empty(), "no conflict");
+    let head = tip(&sb, &sb.coordinator.branch());
+    let result = result_of(&snap, "run-1");
+    assert!(
+        files_at(&sb, &head).contains(&"OTHER.md".to_string()),
+        "{result}"
+    );
+}
+
+/// A gitlink the agent staged (`git add` of an embedded repository) at a
+/// path that is not UTF-8: `moved_gitlinks` resets a lossy path, which
+/// matches nothing, so the harvest commits the gitlink. PROTOCOL 4.5: a
+/// gitlink the agent staged and left uncommitted is put back as HEAD has it.
+#[tokio::test]
+async fn a_staged_gitlink_with_a_latin1_path_is_put_back() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  d="$(printf 'caf\351')"
+  git init -q "$d"
+  g -C "$d" commit -q --allow-empty -m local
+  git add "$d" 2> /dev/null
+  git ls-files -s > "$AGENT_OUT/staged"
+  echo kept > KEPT.md
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    assert!(sb.read_out("staged").contains("160000"), "not staged");
+    let head = tip(&sb, &sb.coordinator.branch());
+    let tree = bare_git(&sb, &["ls-tree", "-r", &head]);
+    let result = result_of(&snap, "run-1");
+    assert!(
+        !tree.contains("160000"),
+        "the harvest committed a gitlink: {tree}\n{result}\n{}",
+        output
+            .lines()
+            .filter(|l| l.contains("gitlink"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Bounds
+
+/// Held: a submodule whose git directory (here `sub/.git` itself, in the
+/// work tree, which the pre-hold clearing does not walk) holds many FIFO
+/// refs under refs/remotes: the gitlink check did not block on them (150
+/// FIFOs, sealed in 0.5 s). PROTOCOL 4.5: a FIFO in a
+/// submodule's git directory is unblocked "so that ... the work goes on
+/// within its bound".
+#[tokio::test]
+async fn held_fifo_refs_in_a_submodule_git_dir_do_not_hold_the_harvest() {
+    let sb = Sandbox::start(Default::default()).await;
+    let n = 150;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  git init -q --bare "$AGENT_OUT/sub.git"
+  git init -q "$AGENT_OUT/seed"
+  g -C "$AGENT_OUT/seed" commit -q --allow-empty -m seed
+  g -C "$AGENT_OUT/seed" push -q "$AGENT_OUT/sub.git" HEAD:refs/heads/main
+  g -c protocol.file.allow=always clone -q "$AGENT_OUT/sub.git" sub
+  printf '[submodule "sub"]\n\tpath = sub\n\turl = ../sub.git\n' > .gitmodules
+  g -C sub commit -q --allow-empty -m unpushed
+  git add .gitmodules sub 2> /dev/null
+  g commit -qm 'add sub'
+  mkdir -p sub/.git/refs/remotes/origin/f
+  i=0; while [ $i -lt {n} ]; do mkfifo sub/.git/refs/remotes/origin/f/$i; i=$((i+1)); done
+  date +%s > "$AGENT_OUT/end"
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let snap = sb.wait_sealed("run-1").await;
+    sb.coordinator.end_session();
+    let (_, output) = super::support::Exits::exit(child).await;
+    let result = result_of(&snap, "run-1");
+    assert!(output.contains("boot finished"), "{output}");
+    assert_eq!(result["pushed"], json!(true), "{result}");
+}
+
+// ---------------------------------------------------------------------------
+// What held (expected to pass)
+
+/// `[attr]` macros, `.git/info/attributes`, a nested `.gitattributes`.
+#[tokio::test]
+async fn held_filter_via_macro_info_attributes_and_nested_file() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  printf '[attr]secret filter=crypt diff=crypt\na.env secret\n' > .gitattributes
+  mkdir -p .git/info && printf 'b.env filter=crypt\n' > .git/info/attributes
+  mkdir -p deep/er && printf '*.key filter=crypt\n' > deep/.gitattributes
+  echo p > a.env; echo p > b.env; echo p > deep/er/c.key
+  echo kept > KEPT.md
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let head = tip(&sb, &sb.coordinator.branch());
+    let files = files_at(&sb, &head);
+    let result = result_of(&snap, "run-1");
+    for f in ["a.env", "b.env", "deep/er/c.key"] {
+        assert!(!files.contains(&f.to_string()), "{f} pushed: {result}");
+    }
+    assert!(files.contains(&"KEPT.md".to_string()));
+    let reasons: Vec<String> = result["skippedFiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| format!("{}:{}", s["path"], s["reason"]))
+        .collect();
+    assert_eq!(reasons.len(), 3, "{result}");
+}
+
+/// A gitlink added only on a merge's second parent, and `.gitmodules` with a
+/// trailing slash and odd quoting: named as the others.
+#[tokio::test]
+async fn held_gitlink_via_merge_second_parent_is_named() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  git init -q --bare "$AGENT_OUT/sub.git"
+  git init -q "$AGENT_OUT/seed"
+  g -C "$AGENT_OUT/seed" commit -q --allow-empty -m seed
+  g -C "$AGENT_OUT/seed" push -q "$AGENT_OUT/sub.git" HEAD:refs/heads/main
+  git checkout -q -b side
+  g -c protocol.file.allow=always clone -q "$AGENT_OUT/sub.git" sub
+  g -C sub commit -q --allow-empty -m unpushed
+  git -C sub rev-parse HEAD > "$AGENT_OUT/unpushed"
+  printf '[submodule "s"]\n\tpath = "sub/" ; odd\n\turl = ../sub.git\n' > .gitmodules
+  git add .gitmodules sub 2> /dev/null && g commit -qm 'sub on side'
+  git checkout -q -
+  echo main > MAIN.md && git add MAIN.md && g commit -qm main
+  g merge -q --no-edit side > /dev/null 2>&1
+  git log --format=%P -1 > "$AGENT_OUT/parents"
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    assert_eq!(
+        sb.read_out("parents").split_whitespace().count(),
+        2,
+        "no merge"
+    );
+    assert_eq!(result["pushed"], json!(true), "{result}");
+    assert_eq!(
+        result["unpublishedGitlinks"],
+        json!([{"path": "sub", "commit": sb.read_out("unpushed").trim(), "reason": "submodule_not_pushed"}]),
+        "{result}"
+    );
+}
+
+/// A rebase stopped on a conflict: the conflicted file (markers) and the
+/// rest are committed on the detached HEAD and pushed; the agent's
+/// original commits stay reachable.
+#[tokio::test]
+async fn held_a_rebase_stopped_midway_loses_nothing() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  git checkout -q -b topic
+  echo topic > README.md && g commit -qam topic
+  echo topic2 > T2.md && git add T2.md && g commit -qm topic2
+  git rev-parse HEAD > "$AGENT_OUT/topic"
+  git checkout -q -
+  echo main > README.md && g commit -qam main
+  git checkout -q topic
+  g rebase -q "$(git rev-parse HEAD@{{1}})" > /dev/null 2>&1 || true
+  g rebase main > /dev/null 2>&1 || true
+  git status --short > "$AGENT_OUT/status"
+  echo more > MORE.md
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    assert_eq!(result["pushed"], json!(true), "{result}");
+    let head = result["headSha"].as_str().unwrap().to_string();
+    let files = files_at(&sb, &head);
+    assert!(
+        files.contains(&"MORE.md".to_string()),
+        "{files:?} {result} status: {}",
+        sb.read_out("status")
+    );
+}
+
+/// The agent committed a file whose *name* is the connector value, under
+/// a directory, and a symlink whose target holds it: both held back.
+#[tokio::test]
+async fn held_secret_in_a_symlink_target_and_a_nested_name() {
+    let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  mkdir -p "a/$ACME_API_KEY" && echo x > "a/$ACME_API_KEY/f"
+  ln -s "/tmp/$ACME_API_KEY" link
+  echo ok > OK.md
+  git add -A && g commit -qm stuff
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    let all = bare_git(&sb, &["rev-list", "--objects", "--all"]);
+    assert!(!all.contains(CONNECTOR.1), "{all}");
+    for line in all.lines() {
+        let id = line.split_whitespace().next().unwrap();
+        let body = bare_git(&sb, &["cat-file", "-p", id]);
+        assert!(!body.contains(CONNECTOR.1), "{id}: {body}");
+    }
+    assert!(result["blockedPaths"].is_array(), "{result}");
+}
+
+/// A submodule the agent removed from the index (`git rm --cached sub`) is
+/// committed removed, as `git commit` would, whether or not the agent
+/// changed anything else: the status leaves submodules out, so the removal
+/// alone made no commit while, with another change, it was committed
+/// (found by a review). Putting the gitlink back would undo half of a
+/// removal whose `.gitmodules` edit is the agent's to commit.
+#[tokio::test]
+async fn a_submodule_removed_from_the_index_is_committed_removed() {
+    for other in [true, false] {
+        let sb = Sandbox::start(Default::default()).await;
+        let script = sb.script(&format!(
+            r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  git init -q --bare "$AGENT_OUT/sub.git"
+  git init -q "$AGENT_OUT/seed"
+  g -C "$AGENT_OUT/seed" commit -q --allow-empty -m seed
+  g -C "$AGENT_OUT/seed" push -q "$AGENT_OUT/sub.git" HEAD:refs/heads/main
+  g -c protocol.file.allow=always submodule add -q -b main "$AGENT_OUT/sub.git" sub
+  g commit -qm 'add sub'
+  git rm -q --cached sub
+  git ls-files -s > "$AGENT_OUT/index"
+  if {other}; then echo other > OTHER.md; fi
+fi
+"#
+        ));
+        let child = sb.spawn(&script);
+        let (snap, _) = sb.end_after_seal("run-1", child).await;
+        assert!(!sb.read_out("index").contains("160000"), "not removed");
+        let result = result_of(&snap, "run-1");
+        let head = tip(&sb, &sb.coordinator.branch());
+        let tree = bare_git(&sb, &["ls-tree", &head]);
+        assert!(
+            !tree.contains("160000") && tree.contains(".gitmodules"),
+            "other change: {other}: {tree}\n{result}"
+        );
+        assert_eq!(tree.contains("OTHER.md"), other, "{tree}");
+        // Its work tree, a repository of its own, stays in the sandbox.
+        assert!(sb.root().join("repo/sub/.git").exists());
+    }
+}
+
+/// A tracked file replaced by a directory of the same name, and a case-only
+/// rename: committed as the work tree has them.
+#[tokio::test]
+async fn held_file_replaced_by_directory_and_case_rename() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  rm README.md && mkdir README.md && echo inner > README.md/inner.txt
+  mv src/greeting.txt src/Greeting.txt
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    let head = tip(&sb, &sb.coordinator.branch());
+    assert_eq!(
+        files_at(&sb, &head),
+        vec!["README.md/inner.txt", "src/Greeting.txt"],
+        "{result}"
+    );
+}
+
+/// A large file the agent staged under a name that is a pathspec pattern
+/// (`*`): putting it back as HEAD has it must touch that path alone (`git
+/// reset`'s pathspec would read `*` as every path and undo the whole
+/// harvest's commit, found while fixing the review's Latin-1 findings).
+#[tokio::test]
+async fn a_large_staged_file_named_like_a_pattern_is_put_back_alone() {
+    let sb = limited_sandbox().await;
+    let script = sb.script(&format!(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  head -c {BIG} /dev/zero > '*'
+  git add -- ':(literal)*'
+  git ls-files -s > "$AGENT_OUT/staged"
+  echo kept > KEPT.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    assert!(sb.read_out("staged").contains("\t*\n"), "not staged");
+    let result = result_of(&snap, "run-1");
+    let files = files_at(&sb, &tip(&sb, &sb.coordinator.branch()));
+    assert!(files.contains(&"KEPT.md".to_string()), "{files:?} {result}");
+    assert!(!files.contains(&"*".to_string()), "{files:?} {result}");
+    assert_eq!(
+        result["skippedFiles"],
+        json!([{"path": "*", "bytes": BIG}]),
+        "{result}"
+    );
+}
