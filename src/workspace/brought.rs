@@ -31,21 +31,43 @@ pub(super) struct Brought {
     pub mode: i32,
 }
 
+/// What a tree entry is, as libgit2 reads its mode (and sends it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Tree,
+    Gitlink,
+    Blob,
+}
+
+/// The kind of an entry of mode `raw`: the type bits of a directory, a
+/// gitlink's (git's `S_ISGITLINK`), anything else a blob.
+fn kind_of(raw: i32) -> Kind {
+    match raw & 0o170000 {
+        0o040000 => Kind::Tree,
+        0o160000 => Kind::Gitlink,
+        _ => Kind::Blob,
+    }
+}
+
 impl Brought {
+    fn kind(&self) -> Kind {
+        kind_of(self.mode)
+    }
+
     /// A subtree: walked into, its own entries brought too.
     pub fn is_tree(&self) -> bool {
-        self.mode & 0o170000 == 0o040000
+        self.kind() == Kind::Tree
     }
 
     /// A gitlink: a commit of another repository, not sent with the push.
     pub fn is_gitlink(&self) -> bool {
-        self.mode == GITLINK
+        self.kind() == Kind::Gitlink
     }
 
     /// A blob the push sends: every entry that is neither (a regular file,
     /// an executable, a symbolic link, and any other mode).
     pub fn is_blob(&self) -> bool {
-        !self.is_tree() && !self.is_gitlink()
+        self.kind() == Kind::Blob
     }
 }
 
@@ -69,20 +91,32 @@ pub(super) fn brought_by(
             .collect();
         for entry in tree.iter() {
             let name = entry.name_bytes();
-            let olds: Vec<Oid> = old_trees
-                .iter()
-                .filter_map(|t| t.get_name_bytes(name).map(|e| e.id()))
-                .collect();
-            if olds.contains(&entry.id()) {
-                continue;
-            }
             let found = Brought {
                 path: joined(&prefix, name),
                 id: entry.id(),
                 mode: entry.filemode_raw(),
             };
+            // The parents' entries of that name, as (id, kind).
+            let olds: Vec<(Oid, Kind)> = old_trees
+                .iter()
+                .filter_map(|t| t.get_name_bytes(name))
+                .map(|e| (e.id(), kind_of(e.filemode_raw())))
+                .collect();
+            // Unchanged only when a parent has the same object of the same
+            // kind there: a gitlink's id is not sent with the push, so the
+            // same id as a blob or a tree in the child is new (found by a
+            // review: a blob holding a secret, first committed as a
+            // gitlink's id, then as a file, passed every guard).
+            if olds.contains(&(found.id, found.kind())) {
+                continue;
+            }
             if found.is_tree() {
-                stack.push((entry.id(), olds, found.path.clone()));
+                let old_ids = olds
+                    .iter()
+                    .filter(|(_, k)| *k == Kind::Tree)
+                    .map(|(id, _)| *id)
+                    .collect();
+                stack.push((entry.id(), old_ids, found.path.clone()));
             }
             out.push(found);
         }

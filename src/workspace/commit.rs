@@ -9,8 +9,8 @@ use std::path::Path;
 
 use git2::{ErrorCode, IndexAddOption, Oid, Repository, RepositoryState, Signature, StatusOptions};
 
-use super::attributes::{Filter, filter_of};
-use super::brought::{as_path, walk_tree};
+use super::attributes::{Filter, Filters};
+use super::brought::{as_path, update_mode, walk_tree};
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::harvest::{HarvestJob, message};
 use super::size_limit::{note_left_out, note_skipped, staged_over};
@@ -85,6 +85,19 @@ pub(super) fn commit_uncommitted(
         return Ok(None);
     }
     let workdir = repo.workdir().map(Path::to_path_buf);
+    // The filter attribute of every changed path, from git at once.
+    let filters = {
+        let owned: Vec<Vec<u8>> = statuses
+            .iter()
+            .filter(|e| !e.status().is_wt_deleted())
+            .map(|e| e.path_bytes().to_vec())
+            .collect();
+        let paths: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+        match workdir.as_deref() {
+            Some(w) => Filters::read(w, &paths),
+            None => Filters::read(Path::new("."), &[]),
+        }
+    };
     // The size of a regular file of the work tree over the limit (a
     // symbolic link is its target's name, never large).
     let over = |path: &Path| -> Option<u64> {
@@ -99,7 +112,7 @@ pub(super) fn commit_uncommitted(
     let left_out_for = |path: &Path| -> bool {
         let Some(reason) = workdir
             .as_deref()
-            .and_then(|w| left_out_reason(repo, w, path))
+            .and_then(|w| left_out_reason(repo, &filters, w, path))
         else {
             return false;
         };
@@ -123,7 +136,7 @@ pub(super) fn commit_uncommitted(
             tracing::warn!(path = %path.display(), "harvest: a submodule is left as it is (PROTOCOL.md 4.5)");
             return true;
         }
-        if !super::lfs::is_lfs_tracked(repo, path) {
+        if filters.of(repo, path) != Filter::Lfs {
             return false;
         }
         // A new or changed LFS file is named, so that the coordinator
@@ -280,7 +293,12 @@ pub(super) fn commit_uncommitted(
 /// repository's), or a file whose attributes name a filter other than LFS
 /// (`git-crypt`, transcrypt, nbstripout): libgit2 runs no external filter,
 /// and would commit the plaintext.
-fn left_out_reason(repo: &Repository, workdir: &Path, path: &Path) -> Option<SkipReason> {
+fn left_out_reason(
+    repo: &Repository,
+    filters: &Filters,
+    workdir: &Path,
+    path: &Path,
+) -> Option<SkipReason> {
     let full = workdir.join(path);
     let meta = std::fs::symlink_metadata(&full).ok()?;
     if meta.is_dir() {
@@ -293,7 +311,7 @@ fn left_out_reason(repo: &Repository, workdir: &Path, path: &Path) -> Option<Ski
     // global one: a review found each) is the agent's git's business, and
     // a wrong guess pushes plaintext. An agent that means the file
     // committed commits it with its own git, which runs the filter.
-    match filter_of(repo, path) {
+    match filters.of(repo, path) {
         Filter::Other(_) => Some(SkipReason::CleanFilter),
         Filter::None | Filter::Lfs => None,
     }
@@ -350,7 +368,10 @@ fn entry_of(path: Vec<u8>, id: git2::Oid, mode: i32) -> git2::IndexEntry {
         mtime: time,
         dev: 0,
         ino: 0,
-        mode: u32::try_from(mode).unwrap_or(0o100644),
+        // An old or odd mode of HEAD's (`100664`, any `git mktree` took) is
+        // written as git's own: libgit2's index refuses the others (found
+        // by a review).
+        mode: u32::from(update_mode(mode)),
         uid: 0,
         gid: 0,
         file_size: 0,

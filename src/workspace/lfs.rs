@@ -8,7 +8,7 @@
 //!
 //! The harvest never commits an LFS-tracked path (`filter=lfs` in the
 //! repository's attributes): libgit2 would commit its content as a plain
-//! blob ([`is_lfs_tracked`]).
+//! blob ([`super::attributes`], git's own reading of the attributes).
 
 use std::path::Path;
 
@@ -126,13 +126,6 @@ pub fn complete(run: &GitRun<'_>, repo_dir: &Path) -> Option<LfsReport> {
         pointers,
         error,
     })
-}
-
-/// Whether the repository's attributes give `path` the `lfs` filter (its
-/// content is stored in LFS, its blob in git a pointer), as git reads them
-/// ([`super::attributes`]).
-pub(super) fn is_lfs_tracked(repo: &Repository, path: &Path) -> bool {
-    super::attributes::filter_of(repo, path) == super::attributes::Filter::Lfs
 }
 
 #[cfg(test)]

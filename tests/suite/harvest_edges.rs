@@ -11,7 +11,7 @@ use std::path::Path;
 use hosted_boot::coordinator::{CoordinatorOptions, Snapshot};
 use serde_json::{Value, json};
 
-use super::support::Sandbox;
+use super::support::{Runner, Sandbox};
 
 const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
 const LIMIT: u64 = 1024 * 1024;
@@ -740,5 +740,336 @@ fi
         result["skippedFiles"],
         json!([{"path": "*", "bytes": BIG}]),
         "{result}"
+    );
+}
+
+/// Every object of the remote that holds the connector value.
+fn remote_objects_with_secret(sb: &Sandbox) -> Vec<String> {
+    let all = bare_git(
+        sb,
+        &[
+            "cat-file",
+            "--batch-all-objects",
+            "--batch-check=%(objectname)",
+        ],
+    );
+    all.lines()
+        .filter(|id| bare_git(sb, &["cat-file", "-p", id]).contains(CONNECTOR.1))
+        .map(str::to_string)
+        .collect()
+}
+
+// The second review (main at 799b843): each failed there.
+
+/// Commit 1 records a gitlink `vendor` whose "commit" id is the id of a
+/// blob holding the connector value (a gitlink is never read, nor sent).
+/// Commit 2 puts a blob entry with that same id at `vendor`: the walk of
+/// what a push brings took the parent's entry of the same id for the same,
+/// so no guard read the blob, which the push sends. PROTOCOL 4.5: "The
+/// runner never pushes a value it keeps secret".
+#[tokio::test]
+async fn a_blob_first_committed_as_a_gitlink_is_checked_for_secrets() {
+    let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  blob=$(printf 'key %s\n' "$ACME_API_KEY" | git hash-object -w --stdin)
+  echo "$blob" > "$AGENT_OUT/blob"
+  git update-index --add --cacheinfo "160000,$blob,vendor"
+  g commit -qm 'add vendor'
+  git update-index --cacheinfo "100644,$blob,vendor"
+  g commit -qm 'vendor as a file'
+  git checkout -- vendor
+  git status --short > "$AGENT_OUT/status"
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    let blob = sb.read_out("blob").trim().to_string();
+    let leaked = remote_objects_with_secret(&sb);
+    assert!(
+        leaked.is_empty(),
+        "the connector value is on the remote in {leaked:?} (blob {blob}); status {:?}; result {result}",
+        sb.read_out("status")
+    );
+}
+
+/// The same with a tree: a gitlink whose id is a tree holding the secret,
+/// then that tree at the same path. The subtree is never walked.
+#[tokio::test]
+async fn a_tree_first_committed_as_a_gitlink_is_checked_for_secrets() {
+    let sb = Sandbox::with_connectors(&[CONNECTOR]).await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  blob=$(printf 'key %s\n' "$ACME_API_KEY" | git hash-object -w --stdin)
+  tree=$(printf '100644 blob %s\tkey.txt\n' "$blob" | git mktree)
+  git update-index --add --cacheinfo "160000,$tree,vendor"
+  g commit -qm 'add vendor'
+  git rm -q --cached vendor
+  git read-tree --prefix=vendor/ "$tree"
+  g commit -qm 'vendor inline'
+  git checkout -- vendor
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    let leaked = remote_objects_with_secret(&sb);
+    assert!(
+        leaked.is_empty(),
+        "the connector value is on the remote in {leaked:?}; result {result}"
+    );
+}
+
+/// The size guard walks the same way: a blob over the limit masked by a
+/// gitlink of the same id is pushed, the host refuses the push, and (the
+/// commit staying in HEAD) every later harvest. PROTOCOL 4.5 "Files over the
+/// size limit": "later harvests are not blocked".
+#[tokio::test]
+async fn a_large_blob_first_committed_as_a_gitlink_is_left_out() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        git_max_file_size: Some(LIMIT),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  blob=$(head -c {BIG} /dev/zero | git hash-object -w --stdin)
+  git update-index --add --cacheinfo "160000,$blob,data"
+  g commit -qm 'add data'
+  git update-index --cacheinfo "100644,$blob,data"
+  g commit -qm 'data as a file'
+  git checkout -- data
+else
+  echo two > TWO.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    let first = result_of(&snap, "run-1");
+    let next = sb.coordinator.queue_turn("next", None);
+    let (snap, _) = sb.end_after_seal(&next, child).await;
+    let second = result_of(&snap, &next);
+    assert_eq!(
+        second["pushed"],
+        json!(true),
+        "run-1: {first}\nrun-2: {second}"
+    );
+}
+
+/// A POSIX class in a quoted pattern (`[[:digit:]]`, which git's wildmatch
+/// reads): a reader of the attributes of our own (before git was asked)
+/// matched nothing, and the plaintext was pushed. PROTOCOL 4.5
+/// `clean_filter`.
+#[tokio::test]
+async fn posix_class_in_a_quoted_pattern_leaves_the_file_out() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  printf '"secret[[:digit:]].env" filter=crypt\n' > .gitattributes
+  echo 'plaintext-value' > secret1.env
+  git check-attr filter -- secret1.env > "$AGENT_OUT/attrs"
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let attrs = sb.read_out("attrs");
+    assert!(attrs.contains("filter: crypt"), "{attrs}");
+    let head = tip(&sb, &sb.coordinator.branch());
+    let result = result_of(&snap, "run-1");
+    assert!(
+        !files_at(&sb, &head).contains(&"secret1.env".to_string()),
+        "plaintext pushed: {:?}; result {result}",
+        bare_git(&sb, &["show", &format!("{head}:secret1.env")])
+    );
+}
+
+/// An agent's `.gitattributes` of five macros, each naming the next 1000
+/// times (9 KB; git answers in milliseconds): a reader of our own expanded
+/// 1000^4 words for one path, the harvest's blocking thread never ended and
+/// kept the runner's repository lock, so every later sync and harvest of the
+/// session hung. PROTOCOL 4.5: a bound runs out with a report, not for the
+/// rest of the session.
+#[tokio::test]
+async fn macro_fanout_does_not_wedge_later_harvests() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  for m in 0 1 2 3 4; do
+    n=$((m+1)); printf '[attr]m%s' $m
+    i=0; while [ $i -lt 1000 ]; do printf ' m%s' $n; i=$((i+1)); done; echo
+  done > .gitattributes
+  printf '"*.env" m0\n' >> .gitattributes
+  echo x > x.env
+  echo one > ONE.md
+else
+  rm -f .gitattributes x.env
+  echo two > TWO.md
+fi
+"#,
+    );
+    let runner = Runner::spawn(&sb, &script);
+    let snap = sb.wait_sealed("run-1").await;
+    let first = result_of(&snap, "run-1");
+    let next = sb.coordinator.queue_turn("next", None);
+    // Longer than the suite's 30 s: the sync's and the harvest's bounds
+    // (10 s each, scaled) and the turn between them.
+    let sealed = sb
+        .coordinator
+        .wait_for(std::time::Duration::from_secs(150), |s| {
+            s.run(&next).is_some_and(|r| r.finish.is_some())
+        })
+        .await;
+    let Ok(snap) = sealed else {
+        sb.coordinator.end_session();
+        let output = runner.kill().await;
+        panic!(
+            "run-1: {first}\nrun-2 not sealed in 150 s (its turn never started: the sync waits on the repository lock the hung harvest holds)\n{}",
+            output
+                .lines()
+                .filter(|l| l.contains("sync") || l.contains("timeout"))
+                .take(8)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    };
+    let second = result_of(&snap, &next);
+    sb.coordinator.end_session();
+    let output = runner.kill().await;
+    let head = tip(&sb, &sb.coordinator.branch());
+    assert!(
+        second["pushed"] == json!(true) && files_at(&sb, &head).contains(&"TWO.md".to_string()),
+        "run-1: {first}\nrun-2: {second}\nremote: {:?}\n{}",
+        files_at(&sb, &head),
+        output
+            .lines()
+            .filter(|l| l.contains("timeout") || l.contains("bound"))
+            .take(6)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// `git add -N` of an ordinary file (no filter, small): the harvest must
+/// commit its content; the intent-to-add removal must only drop entries
+/// the harvest left out.
+#[tokio::test]
+async fn held_intent_to_add_of_an_ordinary_file_is_committed() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  echo 'new content' > new.txt
+  git add -N new.txt
+  mkdir -p d && echo 'deep' > d/n.txt && git add -N d/n.txt
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    assert_eq!(
+        sb.remote_file("new.txt").as_deref(),
+        Some("new content\n"),
+        "{result}"
+    );
+    assert_eq!(
+        sb.remote_file("d/n.txt").as_deref(),
+        Some("deep\n"),
+        "{result}"
+    );
+}
+
+/// `back_to_head` writes HEAD's entry into the index with the tree's raw
+/// mode; libgit2's `git_index_add` refuses any mode but git's four
+/// ("invalid entry mode"). A HEAD whose file has mode 100664 (old
+/// repositories; `git mktree`) and a large file staged there: the
+/// harvest's commit fails, and with it every later one while it stays
+/// staged. PROTOCOL 4.5: a large staged file "gets HEAD's version back in
+/// the index", the rest is committed.
+#[tokio::test]
+async fn staged_large_file_over_an_old_mode_is_put_back() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        git_max_file_size: Some(LIMIT),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  blob=$(echo small | git hash-object -w --stdin)
+  tree=$( (git ls-tree HEAD; printf '100664 blob %s\tdata.bin\n' "$blob") | git mktree)
+  c=$(g commit-tree "$tree" -p HEAD -m 'an old-style mode')
+  git update-ref HEAD "$c"
+  git read-tree HEAD
+  git checkout -- .
+  head -c {BIG} /dev/zero > data.bin
+  git add data.bin
+  echo kept > KEPT.md
+fi
+"#
+    ));
+    let child = spawn_with_limit(&sb, &script);
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    let head = tip(&sb, &sb.coordinator.branch());
+    assert!(
+        files_at(&sb, &head).contains(&"KEPT.md".to_string()),
+        "{result}\n{}",
+        output
+            .lines()
+            .filter(|l| l.contains("invalid entry mode"))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// A submodule whose `.gitmodules` entry says `ignore = all`, moved in the
+/// index to a commit only the sandbox has: `moved_gitlinks` reads libgit2's
+/// tree-to-index diff, which may honour the submodule's ignore setting.
+/// PROTOCOL 4.5: a gitlink the agent staged "is put back as HEAD has it".
+#[tokio::test]
+async fn held_staged_gitlink_of_an_ignore_all_submodule_is_put_back() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(&format!(
+        r#"{G}
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  git init -q --bare "$AGENT_OUT/sub.git"
+  git init -q "$AGENT_OUT/seed"
+  g -C "$AGENT_OUT/seed" commit -q --allow-empty -m seed
+  g -C "$AGENT_OUT/seed" push -q "$AGENT_OUT/sub.git" HEAD:refs/heads/main
+  g -c protocol.file.allow=always submodule add -q -b main "$AGENT_OUT/sub.git" sub
+  git config -f .gitmodules submodule.sub.ignore all
+  git add .gitmodules
+  g commit -qm 'add sub'
+  g -C sub commit -q --allow-empty -m unpushed
+  git -C sub rev-parse HEAD > "$AGENT_OUT/unpushed"
+  git update-index --cacheinfo "160000,$(git -C sub rev-parse HEAD),sub"
+  git ls-files -s sub > "$AGENT_OUT/staged"
+  echo kept > KEPT.md
+fi
+"#
+    ));
+    let child = sb.spawn(&script);
+    let (snap, _) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    let head = tip(&sb, &sb.coordinator.branch());
+    let unpushed = sb.read_out("unpushed").trim().to_string();
+    let tree = bare_git(&sb, &["ls-tree", "-r", &head]);
+    assert!(sb.read_out("staged").contains(&unpushed), "not staged");
+    assert!(tree.contains("KEPT.md"), "{tree}\n{result}");
+    assert!(
+        !tree.contains(&unpushed),
+        "the harvest committed the staged gitlink: {tree}\n{result}"
     );
 }
