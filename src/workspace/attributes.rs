@@ -25,8 +25,10 @@ use std::time::{Duration, Instant};
 
 use git2::{AttrCheckFlags, AttrValue, Repository};
 
-/// How long `git check-attr` may take for one harvest.
-const BOUND: Duration = Duration::from_secs(10);
+/// How long `git check-attr` may take for one harvest: well within the
+/// harvest's own bound (60 s; 10 s on a graceful stop), since a FIFO the
+/// agent left where git reads an attributes file blocks it until then.
+const BOUND: Duration = Duration::from_secs(3);
 
 /// The filter git would run on a path when it is added.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,18 +57,18 @@ pub(super) struct Filters {
 }
 
 impl Filters {
-    /// Asks git once for `paths` (relative to the work tree `workdir`).
-    pub(super) fn read(workdir: &Path, paths: &[&[u8]]) -> Filters {
-        let known = if paths.is_empty() {
-            HashMap::new()
-        } else {
-            match check_attr(workdir, paths) {
+    /// Asks git once for `paths` (relative to `repo`'s work tree).
+    pub(super) fn read(repo: &Repository, paths: &[&[u8]]) -> Filters {
+        let known = match repo.workdir() {
+            Some(_) if paths.is_empty() => HashMap::new(),
+            None => HashMap::new(),
+            Some(workdir) => match check_attr(workdir, repo.path(), paths) {
                 Ok(known) => known,
                 Err(e) => {
                     tracing::warn!(error = %e, "harvest: git check-attr gave no answer; libgit2's reading of the attributes is used (it misses quoted patterns)");
                     HashMap::new()
                 }
-            }
+            },
         };
         Filters { known }
     }
@@ -88,23 +90,53 @@ impl Filters {
     }
 }
 
-/// `git check-attr --stdin -z filter` in `workdir` for `paths`, bounded.
-fn check_attr(workdir: &Path, paths: &[&[u8]]) -> Result<HashMap<Vec<u8>, Filter>, String> {
+/// `git check-attr --stdin -z filter` for `paths` of the work tree
+/// `workdir`, bounded. git reads the work tree's attributes files, the
+/// index of `git_dir` (its fallback when a work tree lacks one) and a copy
+/// of `git_dir`'s `info/attributes`, in a git directory of its own: not
+/// the repository's configuration, which is the agent's (whatever it
+/// includes or leads to, a FIFO say, PROTOCOL.md 4.5).
+fn check_attr(
+    workdir: &Path,
+    git_dir: &Path,
+    paths: &[&[u8]],
+) -> Result<HashMap<Vec<u8>, Filter>, String> {
+    let own = tempfile::tempdir().map_err(|e| format!("cannot make a git directory: {e}"))?;
+    let made = (|| {
+        std::fs::create_dir_all(own.path().join("objects"))?;
+        std::fs::create_dir_all(own.path().join("refs"))?;
+        std::fs::create_dir_all(own.path().join("info"))?;
+        std::fs::write(own.path().join("HEAD"), "ref: refs/heads/main\n")?;
+        std::fs::write(
+            own.path().join("config"),
+            "[core]\n\trepositoryformatversion = 0\n\tbare = false\n",
+        )?;
+        if let Some(text) = read_small(&git_dir.join("info").join("attributes")) {
+            std::fs::write(own.path().join("info").join("attributes"), text)?;
+        }
+        std::io::Result::Ok(())
+    })();
+    made.map_err(|e| format!("cannot make a git directory: {e}"))?;
     let mut cmd = Command::new("git");
-    cmd.arg("-C")
+    cmd.arg("--git-dir")
+        .arg(own.path())
+        .arg("--work-tree")
+        .arg(workdir)
+        .arg("-C")
         .arg(workdir)
         // No attributes file of the user's outside the repository (the
         // runner's HOME is not the agent's; the agent's global file is not
         // the repository's contract).
         .args(["-c", "core.attributesFile=/dev/null"])
         .args(["check-attr", "--stdin", "-z", "filter"])
+        .env("GIT_INDEX_FILE", git_dir.join("index"))
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_TERMINAL_PROMPT", "0");
     for var in [
         "GIT_DIR",
         "GIT_WORK_TREE",
-        "GIT_INDEX_FILE",
+        "GIT_COMMON_DIR",
         "GIT_CONFIG_PARAMETERS",
         "GIT_CONFIG_COUNT",
         "GIT_ATTR_SOURCE",
@@ -165,6 +197,15 @@ fn check_attr(workdir: &Path, paths: &[&[u8]]) -> Result<HashMap<Vec<u8>, Filter
     parse(&out, paths.len())
 }
 
+/// A regular file of at most 1 MiB (never a FIFO or a device the agent put
+/// there), read.
+fn read_small(path: &Path) -> Option<Vec<u8>> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    (meta.is_file() && meta.len() <= 1 << 20)
+        .then(|| std::fs::read(path).ok())
+        .flatten()
+}
+
 /// `<path> NUL filter NUL <value> NUL` for each path; the value is
 /// `unspecified`, `set`, `unset` (no driver) or the driver's name.
 fn parse(out: &[u8], expected: usize) -> Result<HashMap<Vec<u8>, Filter>, String> {
@@ -222,6 +263,12 @@ mod tests {
             ),
         )
         .unwrap();
+        // Read from the repository's info/attributes too (copied).
+        std::fs::write(
+            dir.path().join(".git/info/attributes"),
+            "*.info filter=crypt\n",
+        )
+        .unwrap();
         let repo = Repository::open(dir.path()).unwrap();
         let paths: Vec<&[u8]> = vec![
             b"prod.env",
@@ -233,10 +280,11 @@ mod tests {
             b"small.psd",
             b"notes.txt",
             b"a.sec",
+            b"x.info",
             b"caf\xe9.txt",
             b"plain.md",
         ];
-        let filters = Filters::read(dir.path(), &paths);
+        let filters = Filters::read(&repo, &paths);
         let of = |p: &[u8]| filters.of(&repo, Path::new(std::ffi::OsStr::from_bytes(p)));
         let crypt = Filter::Other("crypt".into());
         for p in [
@@ -246,6 +294,7 @@ mod tests {
             b"secret1.key",
             b"config/keys/a/b.pem",
             b"a.sec",
+            b"x.info",
         ] {
             assert_eq!(of(p), crypt, "{}", String::from_utf8_lossy(p));
         }

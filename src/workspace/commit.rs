@@ -93,10 +93,7 @@ pub(super) fn commit_uncommitted(
             .map(|e| e.path_bytes().to_vec())
             .collect();
         let paths: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
-        match workdir.as_deref() {
-            Some(w) => Filters::read(w, &paths),
-            None => Filters::read(Path::new("."), &[]),
-        }
+        Filters::read(repo, &paths)
     };
     // The size of a regular file of the work tree over the limit (a
     // symbolic link is its target's name, never large).

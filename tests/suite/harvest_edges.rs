@@ -1073,3 +1073,29 @@ fi
         "the harvest committed the staged gitlink: {tree}\n{result}"
     );
 }
+
+/// A FIFO where git reads an attributes file (a nested `.gitattributes`):
+/// `git check-attr` blocks on it; its own bound (3 s) ends it, the
+/// harvest falls back to libgit2's reading and pushes the work within its
+/// bound.
+#[tokio::test]
+async fn a_fifo_attributes_file_does_not_hold_the_harvest() {
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(
+        r#"
+if [ "$ORIZU_RUN_ID" = run-1 ]; then
+  mkdir -p d && mkfifo d/.gitattributes && echo x > d/f.txt
+  echo kept > KEPT.md
+fi
+"#,
+    );
+    let child = sb.spawn(&script);
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    let result = result_of(&snap, "run-1");
+    assert_eq!(result["pushed"], json!(true), "{result}\n{output}");
+    let files = files_at(&sb, &tip(&sb, &sb.coordinator.branch()));
+    assert!(
+        files.contains(&"KEPT.md".to_string()) && files.contains(&"d/f.txt".to_string()),
+        "{files:?}"
+    );
+}
