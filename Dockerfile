@@ -11,10 +11,13 @@ ARG DEBIAN_RELEASE=bookworm
 FROM rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS build
 WORKDIR /src
 # Dependencies first, in a layer of their own that survives source edits:
-# every target the manifest declares (the lib, the bin, the benches) gets an
-# empty stand-in, removed after the build. scripts/check-dockerfile (CI)
+# every target the manifests declare (the lib, the bin, the benches, each
+# workspace crate's lib) gets an empty stand-in, removed after the build
+# (with what cargo built of them: hosted-boot-* and hosted_boot_*). scripts/check-dockerfile (CI)
 # replays both steps without an engine.
 COPY Cargo.toml Cargo.lock ./
+# Each crate of the workspace: its manifest here, its sources below.
+COPY crates/wire/Cargo.toml crates/wire/Cargo.toml
 COPY image/stub-targets /usr/local/bin/stub-targets
 RUN stub-targets > /tmp/stubs \
  && cargo build --release --locked \
@@ -25,6 +28,7 @@ RUN stub-targets > /tmp/stubs \
 # explicit in Cargo.toml, so cargo does not look for their files), and the
 # files their code includes (`include_str!`): the OpenAPI document.
 COPY src ./src
+COPY crates ./crates
 COPY docs/openapi.yaml ./docs/openapi.yaml
 RUN cargo build --release --locked \
  && install -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot

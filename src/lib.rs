@@ -43,19 +43,19 @@ pub mod logging;
 pub mod status;
 
 pub mod redact;
-pub mod wire;
 
 pub mod session_dir;
 
 // Foundations.
 pub mod agent_user;
-pub mod secret;
 pub(crate) mod signals;
 pub(crate) mod status_line;
-pub(crate) mod timings;
 pub mod tls;
-pub(crate) mod validate;
 
 // Primitives every layer shares (crate-internal).
 mod sync;
-mod text;
+
+// The contract, a crate of its own (issue 34): re-exported under the names
+// the runner's modules use, so that `crate::wire`, `crate::secret`, … read
+// as before. The layers of ARCHITECTURE.md keep them at the bottom.
+pub use hosted_boot_wire::{secret, text, timings, validate, wire};

@@ -416,6 +416,7 @@ fn classify_result(spec: &TurnSpec, state: &State, obj: &Map<String, Value>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::usage::Totals;
     use std::path::PathBuf;
 
     fn spec(resume: Option<&str>) -> TurnSpec {

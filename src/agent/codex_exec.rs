@@ -24,6 +24,7 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde_json::{Map, Value};
 
+use super::usage::Totals;
 use super::classify;
 use super::codex::classify_error;
 use super::command::{JsonLines, event_for_line};

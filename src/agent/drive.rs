@@ -35,6 +35,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::usage::Totals;
 use super::watchdog::Watchdog;
 use super::{
     Adapter, AdapterCommand, AdapterIo, AgentConfig, AgentError, AgentKind, AgentSession, Effects,

@@ -29,6 +29,7 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use super::usage::Totals;
 use super::classify::{self, from_http_status};
 use super::command::event_for_line;
 use super::sse::SseParser;

@@ -24,10 +24,20 @@ fn sub_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     }
 }
 
-// The wire owns the shape; the adapters' arithmetic stays with them.
-impl Usage {
+/// The adapters' arithmetic on [`Usage`]: the wire crate owns the shape
+/// (hosted-boot-wire), the runner how turns add up, as a trait because the
+/// type is another crate's.
+pub trait Totals {
     /// Adds `other`'s counters; its model replaces ours when it has one.
-    pub fn add(&mut self, other: &Usage) {
+    fn add(&mut self, other: &Usage);
+    /// `self - earlier` for running totals (counters only; saturating).
+    fn minus(&self, earlier: &Usage) -> Usage;
+    /// The `finish.usage` to send: `None` when nothing was reported.
+    fn reported(&self) -> Option<Usage>;
+}
+
+impl Totals for Usage {
+    fn add(&mut self, other: &Usage) {
         if other.model.is_some() {
             self.model = other.model.clone();
         }
@@ -38,8 +48,7 @@ impl Usage {
         self.cost_usd = add_opt(self.cost_usd, other.cost_usd);
     }
 
-    /// `self - earlier` for running totals (counters only; saturating).
-    pub fn minus(&self, earlier: &Usage) -> Usage {
+    fn minus(&self, earlier: &Usage) -> Usage {
         Usage {
             model: self.model.clone(),
             input_tokens: sub_opt(self.input_tokens, earlier.input_tokens),
@@ -50,8 +59,7 @@ impl Usage {
         }
     }
 
-    /// The `finish.usage` to send: `None` when nothing was reported.
-    pub fn reported(&self) -> Option<Usage> {
+    fn reported(&self) -> Option<Usage> {
         (!self.is_empty()).then(|| self.clone())
     }
 }

@@ -33,7 +33,9 @@ fn architecture_names_no_stale_path() {
         .filter(|p| p.ends_with(".rs") && !p.contains(' '))
         .filter(|p| !p.contains('<'))
         .filter(|p| {
-            let rooted = p.starts_with("src/") || p.starts_with("tests/");
+            let rooted = ["src/", "tests/", "crates/"]
+                .iter()
+                .any(|r| p.starts_with(r));
             !(if rooted { root.join(p) } else { src.join(p) }).exists()
         })
         .collect();

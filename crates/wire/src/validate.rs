@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use reqwest::Url;
+use url::Url;
 
 /// A value that failed a check: `what` names the field, `value` is the
 /// offending value (ids and branches are not secret; a URL is shown without
