@@ -18,6 +18,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 # Each crate of the workspace: its manifest here, its sources below.
 COPY crates/wire/Cargo.toml crates/wire/Cargo.toml
+COPY crates/coordinator/Cargo.toml crates/coordinator/Cargo.toml
 COPY image/stub-targets /usr/local/bin/stub-targets
 RUN stub-targets > /tmp/stubs \
  && cargo build --release --locked \

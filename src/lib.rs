@@ -19,7 +19,6 @@
 // Subcommands, apart from the runtime.
 pub mod cli;
 pub mod cmd;
-pub mod coordinator;
 // The fuzz targets of every parser of outside input (tests only).
 #[cfg(test)]
 mod fuzz;
@@ -59,3 +58,7 @@ mod sync;
 // the runner's modules use, so that `crate::wire`, `crate::secret`, … read
 // as before. The layers of ARCHITECTURE.md keep them at the bottom.
 pub use hosted_boot_wire::{secret, text, timings, validate, wire};
+
+// The reference coordinator, a crate of its own (issue 34), for the
+// `coordinator` and `demo` subcommands and the suite.
+pub use hosted_boot_coordinator as coordinator;

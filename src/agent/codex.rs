@@ -22,10 +22,10 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 
-use super::usage::Totals;
 use super::classify::{self, from_http_status};
 use super::command::{JsonLines, event_for_line};
 use super::jsonrpc::{self, Message};
+use super::usage::Totals;
 use super::usage::as_u64;
 use super::{
     Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,

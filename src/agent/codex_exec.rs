@@ -24,10 +24,10 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde_json::{Map, Value};
 
-use super::usage::Totals;
 use super::classify;
 use super::codex::classify_error;
 use super::command::{JsonLines, event_for_line};
+use super::usage::Totals;
 use super::usage::as_u64;
 use super::{
     Adapter, AdapterIo, AgentError, AgentSession, Effects, ExitRule, Launch, Note, Observation,

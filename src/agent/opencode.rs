@@ -29,10 +29,10 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::usage::Totals;
 use super::classify::{self, from_http_status};
 use super::command::event_for_line;
 use super::sse::SseParser;
+use super::usage::Totals;
 use super::usage::as_u64;
 use super::{
     Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,

@@ -16,10 +16,10 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde_json::{Map, Value};
 
-use super::usage::Totals;
 use super::classify;
 use super::command::{JsonLines, event_for_line};
 use super::opencode::{classify_error, step_usage};
+use super::usage::Totals;
 use super::{
     Adapter, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation, StdinMode,
     Terminal, TurnSpec, Usage,

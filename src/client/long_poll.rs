@@ -11,10 +11,7 @@ use reqwest::header::{ETAG, IF_NONE_MATCH};
 use super::Reply;
 use crate::timings::Timings;
 
-/// `Prefer` (RFC 7240).
-pub const PREFER: &str = "prefer";
-/// `Preference-Applied` (RFC 7240).
-pub const PREFERENCE_APPLIED: &str = "preference-applied";
+pub use crate::wire::routes::{PREFER, PREFERENCE_APPLIED};
 /// Two reads never start closer together than this (100 ms, scaled): a
 /// coordinator that claims the preference and answers at once costs at most
 /// ten reads a second.

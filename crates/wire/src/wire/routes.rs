@@ -38,6 +38,12 @@ pub mod caps {
     pub const SMALL: usize = 64 * 1024;
 }
 
+/// `Prefer` (RFC 7240): the header of the session read's long-poll
+/// (PROTOCOL.md 2.4, "Long-poll of the session read"), `wait=<seconds>`.
+pub const PREFER: &str = "prefer";
+/// `Preference-Applied` (RFC 7240): the coordinator held the read.
+pub const PREFERENCE_APPLIED: &str = "preference-applied";
+
 /// The HTTP method of a route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {

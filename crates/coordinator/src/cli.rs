@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::Args;
 
 use super::{Coordinator, CoordinatorOptions};
@@ -171,8 +172,16 @@ impl CoordinatorArgs {
 ///
 /// Errors: the coordinator cannot start (see [`Coordinator::start`]).
 pub async fn run_cli(args: CoordinatorArgs) -> anyhow::Result<()> {
-    // Its git starts in the working directory.
-    crate::boot::config::working_dir()?;
+    // Its git starts in the working directory, which must be readable.
+    let cwd = std::env::current_dir().context(
+        "the working directory cannot be determined (it was probably removed); start the coordinator from an existing directory",
+    )?;
+    std::fs::metadata(&cwd).with_context(|| {
+        format!(
+            "the working directory {} cannot be read; start the coordinator from a directory this user can read",
+            cwd.display()
+        )
+    })?;
     let coordinator = Coordinator::start(args.options()).await?;
     println!("{}", coordinator.startup_text());
     if let Err(e) = std::fs::create_dir_all(sandbox_root(&coordinator)) {

@@ -36,7 +36,7 @@ impl ConnHandle {
     /// Drops the connection at its next read or write: no response is sent.
     pub(crate) fn kill(&self) {
         self.0.killed.store(true, Ordering::SeqCst);
-        let waker = crate::sync::lock(&self.0.waker).take();
+        let waker = crate::lock(&self.0.waker).take();
         if let Some(w) = waker {
             w.wake();
         }
@@ -61,7 +61,7 @@ impl ConnIo {
                 "connection dropped by an injected fault",
             ));
         }
-        *crate::sync::lock(&self.handle.0.waker) = Some(cx.waker().clone());
+        *crate::lock(&self.handle.0.waker) = Some(cx.waker().clone());
         None
     }
 }

@@ -75,7 +75,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        crate::sync::lock(&self.state)
+        crate::lock(&self.state)
     }
 
     /// A consistent copy of the state.
@@ -990,7 +990,7 @@ mod tests {
     }
 
     fn http() -> reqwest::Client {
-        crate::tls::install_crypto_provider();
+        let _ = rustls::crypto::ring::default_provider().install_default();
         reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()

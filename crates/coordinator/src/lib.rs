@@ -5,6 +5,8 @@
 //!
 //! Used three ways: `hosted-boot coordinator` ([`run_cli`]), in-process by the
 //! integration tests and by `hosted-boot demo` ([`Coordinator::start`]).
+//! A crate of its own (hosted-boot-coordinator, issue 34), on the contract
+//! (hosted-boot-wire) alone: nothing of the runner.
 //!
 //! Layout: `state` holds the session and the records, `server` the
 //! HTTP handler (routing by the route table of [`crate::wire::routes`],
@@ -28,6 +30,17 @@
 //!   `404` (unknown session, run or path; for a path, the error names the
 //!   method and the path), `405`, `409` (event gap, finish
 //!   with another status, `run_started` on a sealed run), `413`.
+
+// The lints' test exemptions, as in the runner's lib.rs.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::string_slice,
+        clippy::cast_possible_wrap,
+        clippy::unchecked_time_subtraction,
+        reason = "test code: a panic is a test failure"
+    )
+)]
 
 mod cli;
 mod conn;
@@ -53,6 +66,10 @@ use url::Url;
 pub use cli::{CoordinatorArgs, run_cli};
 pub use git::{SAMPLE_LFS_CONTENT, create_complete_sample_repos, create_sample_repo};
 pub use state::{DevError, Fault, RecordedRequest, Route, RunRecord, Snapshot};
+
+// The contract's modules under the names the runner gives them, so that
+// `crate::wire::…` reads alike in both crates.
+pub(crate) use hosted_boot_wire::{secret, text, timings, validate, wire};
 
 use crate::secret::Secret;
 use crate::wire::routes::Route as ApiRoute;
@@ -676,11 +693,11 @@ impl Coordinator {
     /// Stops the server: no new connections, requests in flight get up to
     /// 2 s, then everything is dropped.
     pub async fn shutdown(&self) {
-        let tx = crate::sync::lock(&self.shutdown_tx).take();
+        let tx = crate::lock(&self.shutdown_tx).take();
         if let Some(tx) = tx {
             let _ = tx.send(());
         }
-        let task = crate::sync::lock(&self.task).take();
+        let task = crate::lock(&self.task).take();
         if let Some(mut task) = task {
             if tokio::time::timeout(Duration::from_secs(2), &mut task)
                 .await
@@ -694,9 +711,18 @@ impl Coordinator {
 
 impl Drop for Coordinator {
     fn drop(&mut self) {
-        let task = crate::sync::lock(&self.task).take();
+        let task = crate::lock(&self.task).take();
         if let Some(task) = task {
             task.abort();
         }
     }
+}
+
+/// Locks `mutex`, taking it over when a holder panicked: the coordinator's
+/// records stay consistent between statements, and one failed request must
+/// not take the server down with it.
+pub(crate) fn lock<T: ?Sized>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

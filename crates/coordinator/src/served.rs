@@ -52,7 +52,7 @@ impl Served {
             .ok_or_else(|| anyhow::anyhow!("the git project root has no parent"))?;
         // The branch is only created when missing: `HEAD`'s is enough.
         let repo = git::prepare_bare_repo(workdir, source, full_name, "main", false)?;
-        crate::sync::lock(&self.inner)
+        crate::lock(&self.inner)
             .repos
             .insert(full_name.to_string(), repo);
         Ok(())
@@ -62,7 +62,7 @@ impl Served {
     pub(crate) fn add_lfs_object(&self, content: &[u8]) -> String {
         let digest = ring::digest::digest(&ring::digest::SHA256, content);
         let oid: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-        crate::sync::lock(&self.inner)
+        crate::lock(&self.inner)
             .lfs
             .insert(oid.clone(), Bytes::copy_from_slice(content));
         oid
@@ -71,7 +71,7 @@ impl Served {
     /// The served repository that `path_info` (below `/git`) is in, other
     /// than the session's.
     pub(crate) fn repository_of(&self, path_info: &str) -> Option<BareRepo> {
-        let inner = crate::sync::lock(&self.inner);
+        let inner = crate::lock(&self.inner);
         inner
             .repos
             .iter()
@@ -97,7 +97,7 @@ impl Served {
             return Some(self.batch(full_name, headers, body));
         }
         if method == Method::GET {
-            let found = crate::sync::lock(&self.inner).lfs.get(rest).cloned();
+            let found = crate::lock(&self.inner).lfs.get(rest).cloned();
             return Some(match found {
                 Some(bytes) => (
                     StatusCode::OK,
@@ -148,7 +148,7 @@ impl Served {
             .get(header::AUTHORIZATION)
             .and_then(|h| h.to_str().ok())
             .unwrap_or_default();
-        let inner = crate::sync::lock(&self.inner);
+        let inner = crate::lock(&self.inner);
         let objects: Vec<Value> = request["objects"]
             .as_array()
             .map(Vec::as_slice)

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::server::Shared;
-use crate::client::long_poll::{PREFER, PREFERENCE_APPLIED};
+use crate::wire::routes::{PREFER, PREFERENCE_APPLIED};
 
 /// The longest wait this coordinator applies (a larger `wait=` is cut to it).
 pub(super) const MAX_WAIT_SECS: u64 = 60;
