@@ -19,6 +19,7 @@ COPY Cargo.toml Cargo.lock ./
 # Each crate of the workspace: its manifest here, its sources below.
 COPY crates/wire/Cargo.toml crates/wire/Cargo.toml
 COPY crates/coordinator/Cargo.toml crates/coordinator/Cargo.toml
+COPY crates/redact/Cargo.toml crates/redact/Cargo.toml
 COPY image/stub-targets /usr/local/bin/stub-targets
 RUN stub-targets > /tmp/stubs \
  && cargo build --release --locked \

@@ -69,6 +69,7 @@ pub use state::{DevError, Fault, RecordedRequest, Route, RunRecord, Snapshot};
 
 // The contract's modules under the names the runner gives them, so that
 // `crate::wire::…` reads alike in both crates.
+pub(crate) use hosted_boot_wire::sync::lock;
 pub(crate) use hosted_boot_wire::{secret, text, timings, validate, wire};
 
 use crate::secret::Secret;
@@ -716,13 +717,4 @@ impl Drop for Coordinator {
             task.abort();
         }
     }
-}
-
-/// Locks `mutex`, taking it over when a holder panicked: the coordinator's
-/// records stay consistent between statements, and one failed request must
-/// not take the server down with it.
-pub(crate) fn lock<T: ?Sized>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

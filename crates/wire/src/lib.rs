@@ -3,8 +3,10 @@
 //! and the conformance checker so that they cannot drift: the wire types and
 //! the route table ([`wire`]), the value checks of section 5 ([`validate`]),
 //! the contract's durations ([`timings`]), the one type that holds a secret
-//! ([`secret`]) and text helpers for messages ([`text`]). It depends on no
-//! other crate of the workspace (ARCHITECTURE.md, "Crates").
+//! ([`secret`]), text helpers for messages ([`text`]), and the primitives
+//! every crate of the workspace shares (locks that survive a panicked
+//! holder, [`sync`]). It depends on no other crate of the workspace
+//! (ARCHITECTURE.md, "Crates").
 
 // The unit tests may panic on what the runtime must handle (a panic is the
 // test's failure); clippy.toml does the same for unwrap_used/expect_used.
@@ -19,6 +21,7 @@
 )]
 
 pub mod secret;
+pub mod sync;
 pub mod text;
 pub mod timings;
 pub mod validate;

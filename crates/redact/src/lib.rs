@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use base64::Engine;
 use serde_json::Value;
 
-use crate::secret::Secret;
+use hosted_boot_wire::secret::Secret;
 
 mod decoded;
 mod matcher;
@@ -79,7 +79,7 @@ pub struct Redactor {
 /// Shows how many patterns the redactor holds, never one of them.
 impl std::fmt::Debug for Redactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = crate::sync::read(&self.shared.state);
+        let state = hosted_boot_wire::sync::read(&self.shared.state);
         f.debug_struct("Redactor")
             .field("patterns", &state.known.len())
             .field("compiled", &state.compiled)
@@ -110,11 +110,9 @@ struct State {
     compiled: usize,
 }
 
-/// A generation no redactor of this process had: a [`Line`] stamped by one
-/// redactor's stream never passes another's
-/// [`Redactor::stream_output_is_final`].
-///
-/// [`Line`]: crate::process::lines::Line
+/// A generation no redactor of this process had: a line (the runner's
+/// `process::lines::Line`) stamped by one redactor's stream never passes
+/// another's [`Redactor::stream_output_is_final`].
 fn next_generation() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::SeqCst)
@@ -271,7 +269,7 @@ impl Redactor {
             return false;
         }
         self.shared.adding();
-        let trouble = crate::sync::write(&self.shared.state).insert(
+        let trouble = hosted_boot_wire::sync::write(&self.shared.state).insert(
             value_forms(value),
             &self.shared,
             "secret is",
@@ -301,8 +299,11 @@ impl Redactor {
             added.push(true);
         }
         self.shared.adding();
-        let trouble =
-            crate::sync::write(&self.shared.state).insert(forms, &self.shared, "secrets are");
+        let trouble = hosted_boot_wire::sync::write(&self.shared.state).insert(
+            forms,
+            &self.shared,
+            "secrets are",
+        );
         if let Some(t) = trouble {
             t.log();
         }
@@ -312,7 +313,7 @@ impl Redactor {
     /// Registers a source polled before each redaction (see
     /// [`SecretSource`]); its values are added as [`SecretKind::Credential`].
     pub fn add_source(&self, source: SecretSource) {
-        let mut sources = crate::sync::lock(&self.shared.sources);
+        let mut sources = hosted_boot_wire::sync::lock(&self.shared.sources);
         sources.push(source);
     }
 
@@ -325,7 +326,7 @@ impl Redactor {
         }
         REFRESHING.with(|r| r.set(true));
         let fresh: Vec<Secret> = {
-            let mut sources = crate::sync::lock(&self.shared.sources);
+            let mut sources = hosted_boot_wire::sync::lock(&self.shared.sources);
             let fresh: Vec<Secret> = sources.iter_mut().flat_map(|s| s()).collect();
             if !fresh.is_empty() {
                 // Before the values are added: a line another stream
@@ -341,7 +342,7 @@ impl Redactor {
     }
 
     fn current(&self) -> (u64, Option<Arc<Matcher>>) {
-        let state = crate::sync::read(&self.shared.state);
+        let state = hosted_boot_wire::sync::read(&self.shared.state);
         (
             self.shared.generation.load(Ordering::SeqCst),
             state.matcher.clone(),
@@ -1026,7 +1027,7 @@ mod tests {
 
     /// The number of levels of `r`'s matcher.
     fn levels(r: &Redactor) -> usize {
-        let state = crate::sync::read(&r.shared.state);
+        let state = hosted_boot_wire::sync::read(&r.shared.state);
         state.matcher.as_ref().map_or(0, |m| m.levels())
     }
 
@@ -1045,7 +1046,7 @@ mod tests {
             ));
         }
         let (known, compiled) = {
-            let state = crate::sync::read(&r.shared.state);
+            let state = hosted_boot_wire::sync::read(&r.shared.state);
             (state.known.len(), state.compiled)
         };
         assert!(
