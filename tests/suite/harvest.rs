@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use super::support::{Sandbox, WAIT, assert_no_secret, finish, kill_group, signal, wait_for_file};
 
-const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
+pub(super) const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
 
 /// Lets the test act between the agent's start and its end: the agent
 /// touches `ready-<runId>` and waits (bounded) for `go`.
@@ -30,7 +30,7 @@ while [ ! -e "$AGENT_OUT/go" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); don
 "#;
 
 /// `git` in the coordinator's bare repository; trimmed stdout ("" on error).
-fn bare_git(sb: &Sandbox, args: &[&str]) -> String {
+pub(super) fn bare_git(sb: &Sandbox, args: &[&str]) -> String {
     let out = std::process::Command::new("git")
         .arg("-C")
         .arg(sb.coordinator.bare_repo())
@@ -45,7 +45,7 @@ fn bare_git(sb: &Sandbox, args: &[&str]) -> String {
 }
 
 /// The tip of branch `name` on the remote ("" when it does not exist).
-fn tip(sb: &Sandbox, name: &str) -> String {
+pub(super) fn tip(sb: &Sandbox, name: &str) -> String {
     bare_git(
         sb,
         &["rev-parse", "--verify", "-q", &format!("refs/heads/{name}")],
@@ -83,12 +83,12 @@ fn advance_remote(sb: &Sandbox, file: &str) -> String {
     .to_string()
 }
 
-fn result_of(snap: &Snapshot, run_id: &str) -> Value {
+pub(super) fn result_of(snap: &Snapshot, run_id: &str) -> Value {
     let finish = snap.run(run_id).unwrap().finish.as_ref().unwrap();
     serde_json::to_value(&finish.result).unwrap()
 }
 
-fn harvest_events(snap: &Snapshot, run_id: &str) -> Vec<Value> {
+pub(super) fn harvest_events(snap: &Snapshot, run_id: &str) -> Vec<Value> {
     snap.run(run_id)
         .unwrap()
         .events
@@ -1414,17 +1414,17 @@ fi
 // the coordinator's git server refuses a push that brings a file over 1 MiB,
 // as GitHub refuses files over 100 MiB; the runner's limit is set to match.
 
-const LIMIT: u64 = 1024 * 1024;
-const BIG: u64 = 2_000_000;
+pub(super) const LIMIT: u64 = 1024 * 1024;
+pub(super) const BIG: u64 = 2_000_000;
 
-fn spawn_with_limit(sb: &Sandbox, script: &Path) -> tokio::process::Child {
+pub(super) fn spawn_with_limit(sb: &Sandbox, script: &Path) -> tokio::process::Child {
     sb.runner(script)
         .env("HOSTED_BOOT_HARVEST_MAX_FILE_SIZE", "1MiB")
         .spawn()
         .unwrap()
 }
 
-fn files_at(sb: &Sandbox, rev: &str) -> Vec<String> {
+pub(super) fn files_at(sb: &Sandbox, rev: &str) -> Vec<String> {
     bare_git(sb, &["ls-tree", "-r", "--name-only", rev])
         .lines()
         .map(str::to_string)

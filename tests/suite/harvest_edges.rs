@@ -6,59 +6,14 @@
 //! `held_…`) failed there and passes since its fix. The `held_…` ones held
 //! then and guard it.
 
-use std::path::Path;
+use hosted_boot::coordinator::CoordinatorOptions;
+use serde_json::json;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Snapshot};
-use serde_json::{Value, json};
-
+use super::harvest::{BIG, CONNECTOR, LIMIT, bare_git, files_at, result_of, spawn_with_limit, tip};
 use super::support::{Runner, Sandbox};
-
-const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
-const LIMIT: u64 = 1024 * 1024;
-const BIG: u64 = 2_000_000;
 
 /// The agent's git with an identity.
 const G: &str = "g() { git -c user.name=a -c user.email=a@example.invalid \"$@\"; }\n";
-
-fn bare_git(sb: &Sandbox, args: &[&str]) -> String {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(sb.coordinator.bare_repo())
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return String::new();
-    }
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn tip(sb: &Sandbox, name: &str) -> String {
-    bare_git(
-        sb,
-        &["rev-parse", "--verify", "-q", &format!("refs/heads/{name}")],
-    )
-}
-
-fn result_of(snap: &Snapshot, run_id: &str) -> Value {
-    let finish = snap.run(run_id).unwrap().finish.as_ref().unwrap();
-    serde_json::to_value(&finish.result).unwrap()
-}
-
-fn files_at(sb: &Sandbox, rev: &str) -> Vec<String> {
-    bare_git(sb, &["ls-tree", "-r", "--name-only", rev])
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
-fn spawn_with_limit(sb: &Sandbox, script: &Path) -> tokio::process::Child {
-    sb.runner(script)
-        .env("HOSTED_BOOT_HARVEST_MAX_FILE_SIZE", "1MiB")
-        .spawn()
-        .unwrap()
-}
 
 async fn limited_sandbox() -> Sandbox {
     Sandbox::start(CoordinatorOptions {
