@@ -41,7 +41,7 @@ pub enum Command {
     /// Print the running runner's phase from its status file.
     Status(StatusArgs),
     /// Run a three-turn scenario against an in-process coordinator.
-    Demo(DemoArgs),
+    Demo(hosted_boot_coordinator::demo::DemoArgs),
     /// The built-in demo agent (used by `demo` and the tests).
     #[command(hide = true)]
     DemoAgent,
@@ -80,36 +80,6 @@ pub struct CredentialArgs {
     /// The session's `boot-context.json`.
     #[arg(long)]
     pub context: PathBuf,
-}
-
-/// `hosted-boot demo`.
-#[derive(Debug, Args)]
-pub struct DemoArgs {
-    /// Keep the demo's working directory instead of removing it.
-    #[arg(long)]
-    pub keep: bool,
-    /// The sandbox root the booted runner uses (an empty directory)
-    /// [default: a directory inside the demo's temporary directory].
-    #[arg(long, env = "HOSTED_BOOT_ROOT", hide_env_values = true)]
-    pub root: Option<std::path::PathBuf>,
-    /// A shell command served as the session's `setup.script`: the runner
-    /// runs it in `repo/` before the first agent, its output among the first
-    /// turn's events (PROTOCOL.md 4.1, "Setup").
-    #[arg(long, value_name = "COMMAND")]
-    pub setup_script: Option<String>,
-    /// The session's `egressCanary` (`HOST:PORT` or `https://HOST`): a
-    /// reachable one fails the first turn `egress_policy_missing`.
-    #[arg(long)]
-    pub egress_canary: Option<String>,
-    /// The session's `instructions` for the agent.
-    #[arg(long)]
-    pub instructions: Option<String>,
-    /// Serve the sample repository with a submodule (`vendor/lib`, served as
-    /// `acme/lib`) and a Git LFS file (`assets/logo.bin`): the first turn's
-    /// `hosted_boot.workspace` event says what the runner checked out
-    /// (PROTOCOL.md 4.5, "A complete workspace").
-    #[arg(long)]
-    pub complete_workspace: bool,
 }
 
 /// `hosted-boot status`.

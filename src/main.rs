@@ -195,7 +195,13 @@ fn main() -> ExitCode {
                 1
             }
         },
-        Some(Command::Demo(args)) => with_runtime(|| demo::run(args)),
+        Some(Command::Demo(args)) => match std::env::current_exe() {
+            Ok(exe) => with_runtime(|| async move { coordinator::demo::run(args, &exe).await }),
+            Err(e) => {
+                eprintln!("hosted-boot demo: cannot find this executable: {e}");
+                1
+            }
+        },
         Some(Command::DemoAgent) => demo::agent_main(),
         Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),
         Some(Command::Conformance(args)) => {

@@ -37,23 +37,7 @@ impl Stop {
     }
 }
 
-/// A signal number by its name: `SIGTERM`, `SIGINT`, `SIGKILL`, …, or
-/// `signal N` for one without a common name.
-pub fn signal_name(n: i32) -> String {
-    let name = match n {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        6 => "SIGABRT",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        _ => return format!("signal {n}"),
-    };
-    name.to_string()
-}
+pub use crate::text::signal_name;
 
 /// Starts listening for SIGTERM and SIGINT. SIGHUP is ignored (a container
 /// has no controlling terminal to hang up).

@@ -173,15 +173,7 @@ impl CoordinatorArgs {
 /// Errors: the coordinator cannot start (see [`Coordinator::start`]).
 pub async fn run_cli(args: CoordinatorArgs) -> anyhow::Result<()> {
     // Its git starts in the working directory, which must be readable.
-    let cwd = std::env::current_dir().context(
-        "the working directory cannot be determined (it was probably removed); start the coordinator from an existing directory",
-    )?;
-    std::fs::metadata(&cwd).with_context(|| {
-        format!(
-            "the working directory {} cannot be read; start the coordinator from a directory this user can read",
-            cwd.display()
-        )
-    })?;
+    readable_working_dir()?;
     let coordinator = Coordinator::start(args.options()).await?;
     println!("{}", coordinator.startup_text());
     if let Err(e) = std::fs::create_dir_all(sandbox_root(&coordinator)) {
@@ -361,6 +353,23 @@ pub(crate) fn startup_text(c: &Coordinator) -> String {
     ));
     out.push_str("\nCtrl-C stops it.");
     out
+}
+
+/// The working directory, where the coordinator's git (and the demo's
+/// runner) start: it must exist and be readable.
+///
+/// Errors: it was removed, or this user cannot read it.
+pub(crate) fn readable_working_dir() -> anyhow::Result<PathBuf> {
+    let cwd = std::env::current_dir().context(
+        "the working directory cannot be determined (it was probably removed); start from an existing directory",
+    )?;
+    std::fs::metadata(&cwd).with_context(|| {
+        format!(
+            "the working directory {} cannot be read; start from a directory this user can read (a parent with mode 0700, as `mktemp -d` makes, hides everything under it from other users)",
+            cwd.display()
+        )
+    })?;
+    Ok(cwd)
 }
 
 #[cfg(test)]

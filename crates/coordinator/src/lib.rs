@@ -44,6 +44,7 @@
 
 mod cli;
 mod conn;
+pub mod demo;
 mod dev;
 mod fleet;
 mod git;

@@ -77,6 +77,24 @@ pub fn shell_word(value: &str) -> String {
     }
 }
 
+/// A signal number by its name: `SIGTERM`, `SIGINT`, `SIGKILL`, …, or
+/// `signal N` for one without a common name.
+pub fn signal_name(n: i32) -> String {
+    let name = match n {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("signal {n}"),
+    };
+    name.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
