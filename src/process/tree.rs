@@ -343,25 +343,23 @@ pub fn command_name(pid: i32) -> String {
 /// grace: whether it was stuck in the kernel or busy tells a CLI that
 /// ignores its stop signal from a slow one.
 pub fn describe_group(pgid: i32) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut members: Vec<(i32, String)> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let info = parse_stat(pid, &text)?;
-            let state = text.rsplit_once(')')?.1.split_whitespace().next()?;
-            (info.pgid == pgid && !info.zombie).then(|| {
-                let wchan =
-                    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
-                (pid, format!("{pid}:{}:{state}:{wchan}", command_name(pid)))
-            })
-        })
+    let mut members: Vec<ProcInfo> = scan()
+        .into_iter()
+        .filter(|p| p.pgid == pgid && !p.zombie)
         .collect();
-    members.sort();
-    members.into_iter().map(|(_, m)| m).collect()
+    members.sort_by_key(|p| p.pid);
+    members
+        .iter()
+        .map(|p| {
+            let state = std::fs::read_to_string(format!("/proc/{}/stat", p.pid))
+                .ok()
+                .and_then(|t| Some(t.rsplit_once(')')?.1.split_whitespace().next()?.to_string()))
+                .unwrap_or_default();
+            let wchan =
+                std::fs::read_to_string(format!("/proc/{}/wchan", p.pid)).unwrap_or_default();
+            format!("{}:{}:{state}:{wchan}", p.pid, command_name(p.pid))
+        })
+        .collect()
 }
 
 /// Kills every live process of the turn, repeating until a scan finds none
