@@ -11,6 +11,7 @@
 //! tree or a gitlink is a blob, as libgit2's pack builder reads it. Paths
 //! are bytes: a name need not be UTF-8.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -69,6 +70,23 @@ impl Brought {
     pub fn is_blob(&self) -> bool {
         self.kind() == Kind::Blob
     }
+}
+
+/// The commits a push of `head` brings: from `head` back to the remote's
+/// branches (`heads`, those this repository has), which the remote has.
+pub(super) fn commits_to_push<'r>(
+    repo: &'r Repository,
+    head: Oid,
+    heads: &HashMap<String, Oid>,
+) -> Result<git2::Revwalk<'r>, git2::Error> {
+    let mut walk = repo.revwalk()?;
+    walk.push(head)?;
+    for tip in heads.values() {
+        if repo.find_commit(*tip).is_ok() {
+            walk.hide(*tip)?;
+        }
+    }
+    Ok(walk)
 }
 
 /// The entries `commit` brings, at any depth, trees included; for a merge,

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use git2::{ObjectType, Oid, Repository};
 
-use super::brought::{GITLINK, as_path, brought_by};
+use super::brought::{GITLINK, as_path, brought_by, commits_to_push};
 use super::repo_config::{gitmodules_paths, open_git_dir};
 use crate::wire::{GitlinkReason, UnpublishedGitlink};
 
@@ -35,13 +35,7 @@ pub(super) fn unpublished(
     head: Oid,
     heads: &HashMap<String, Oid>,
 ) -> Result<Vec<UnpublishedGitlink>, git2::Error> {
-    let mut walk = repo.revwalk()?;
-    walk.push(head)?;
-    for tip in heads.values() {
-        if repo.find_commit(*tip).is_ok() {
-            walk.hide(*tip)?;
-        }
-    }
+    let walk = commits_to_push(repo, head, heads)?;
     let mut touched = BTreeSet::new();
     for oid in walk {
         let commit = repo.find_commit(oid?)?;

@@ -34,12 +34,19 @@ const MAX_DEPTH: usize = 10;
 ///
 /// Errors: libgit2's, when it cannot be opened.
 pub fn open(repo_dir: &Path) -> Result<Repository, git2::Error> {
+    let repo = open_bare(&repo_dir.join(".git"))?;
+    repo.set_workdir(repo_dir, false)?;
+    Ok(repo)
+}
+
+/// `git_dir` opened as a bare repository, found nowhere else, with an empty
+/// configuration in place of its own.
+fn open_bare(git_dir: &Path) -> Result<Repository, git2::Error> {
     let repo = Repository::open_ext(
-        repo_dir.join(".git"),
+        git_dir,
         RepositoryOpenFlags::NO_SEARCH | RepositoryOpenFlags::BARE,
         std::iter::empty::<&std::ffi::OsStr>(),
     )?;
-    repo.set_workdir(repo_dir, false)?;
     repo.set_config(&Config::new()?)?;
     Ok(repo)
 }
@@ -60,16 +67,7 @@ pub fn check_includes(repo_dir: &Path) -> Result<(), String> {
 /// Errors: what [`check_includes`] refuses, or libgit2's message.
 pub fn open_git_dir(git_dir: &Path) -> Result<Repository, String> {
     check_config(git_dir.join("config"))?;
-    let repo = Repository::open_ext(
-        git_dir,
-        RepositoryOpenFlags::NO_SEARCH | RepositoryOpenFlags::BARE,
-        std::iter::empty::<&std::ffi::OsStr>(),
-    )
-    .map_err(|e| super::harvest::message(&e))?;
-    let empty = Config::new().map_err(|e| super::harvest::message(&e))?;
-    repo.set_config(&empty)
-        .map_err(|e| super::harvest::message(&e))?;
-    Ok(repo)
+    open_bare(git_dir).map_err(|e| super::harvest::message(&e))
 }
 
 /// The `path` of every `[submodule "…"]` entry of a `.gitmodules` text,

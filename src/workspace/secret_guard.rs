@@ -29,7 +29,7 @@ use std::path::Path;
 
 use git2::{Odb, Oid, Repository, ResetType, Signature};
 
-use super::brought::{brought_by, update_mode};
+use super::brought::{brought_by, commits_to_push, update_mode};
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::recovery::keep_ref;
 use crate::redact::{Redactor, SCAN_READ};
@@ -141,13 +141,7 @@ impl<'a> PushGate<'a> {
         head: Oid,
         heads: &HashMap<String, Oid>,
     ) -> Result<Findings, git2::Error> {
-        let mut walk = repo.revwalk()?;
-        walk.push(head)?;
-        for tip in heads.values() {
-            if repo.find_commit(*tip).is_ok() {
-                walk.hide(*tip)?;
-            }
-        }
+        let walk = commits_to_push(repo, head, heads)?;
         let odb = repo.odb()?;
         let mut found = Findings::default();
         for oid in walk {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use git2::{Delta, ObjectType, Oid, Repository, ResetType, Signature};
 
-use super::brought::{as_path, brought_by, update_mode, walk_tree};
+use super::brought::{as_path, brought_by, commits_to_push, update_mode, walk_tree};
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
 use super::harvest::HarvestJob;
 use super::recovery::keep_ref;
@@ -102,13 +102,7 @@ pub(super) fn oversized_blobs(
     heads: &HashMap<String, Oid>,
     max: u64,
 ) -> Result<Vec<Oversized>, git2::Error> {
-    let mut walk = repo.revwalk()?;
-    walk.push(head)?;
-    for tip in heads.values() {
-        if repo.find_commit(*tip).is_ok() {
-            walk.hide(*tip)?;
-        }
-    }
+    let walk = commits_to_push(repo, head, heads)?;
     let odb = repo.odb()?;
     let mut found: Vec<Oversized> = Vec::new();
     for oid in walk {
