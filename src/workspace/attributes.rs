@@ -16,12 +16,13 @@
 //! used, and the log says so.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use git2::{AttrCheckFlags, AttrValue, Repository};
 
@@ -151,49 +152,23 @@ fn check_attr(
         .process_group(0);
     let mut child = cmd.spawn().map_err(|e| format!("cannot run git: {e}"))?;
     let mut stdin = child.stdin.take().ok_or("git check-attr has no stdin")?;
-    let mut stdout = child.stdout.take().ok_or("git check-attr has no stdout")?;
     let input: Vec<u8> = paths
         .iter()
         .flat_map(|p| p.iter().copied().chain(std::iter::once(0)))
         .collect();
-    // Written and read at once: git answers as it reads, and a pipe holds
-    // only so much.
+    // Written while its answer is read: git answers as it reads, and a pipe
+    // holds only so much. Its answer is bounded by what it is asked.
     let writer = std::thread::spawn(move || {
         let _ = stdin.write_all(&input);
     });
-    let reader = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let _ = stdout.read_to_end(&mut out);
-        out
-    });
-    let started = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() < BOUND => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Ok(None) => {
-                let pgid = rustix::process::Pid::from_child(&child);
-                let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
-                let _ = child.wait();
-                let _ = writer.join();
-                let _ = reader.join();
-                return Err(format!(
-                    "git check-attr did not answer within {} s",
-                    BOUND.as_secs()
-                ));
-            }
-            Err(e) => return Err(format!("cannot wait for git check-attr: {e}")),
-        }
-    };
+    let output = super::submodules::wait_bounded(child, BOUND, &AtomicBool::new(false), u64::MAX)
+        .map_err(|e| format!("git check-attr: {e}"));
     let _ = writer.join();
-    let out = reader
-        .join()
-        .map_err(|_| "the reader of git check-attr failed".to_string())?;
-    if !status.success() {
-        return Err(format!("git check-attr failed ({status})"));
+    let output = output?;
+    if !output.status.success() {
+        return Err(format!("git check-attr failed ({})", output.status));
     }
+    let out = output.stdout;
     parse(&out, paths.len())
 }
 

@@ -557,7 +557,7 @@ pub(super) fn git(run: &GitRun<'_>, dir: &Path, args: &[&str]) -> Result<String,
         .spawn()
         .map_err(|e| format!("cannot run git {}: {e}", args.join(" ")))?;
     let started = Instant::now();
-    let output = wait_bounded(child, GIT_BOUND, run.cancelled)
+    let output = wait_bounded(child, GIT_BOUND, run.cancelled, 1 << 20)
         .map_err(|e| format!("git {}: {e}", args.join(" ")))?;
     tracing::debug!(args = ?args, elapsed_ms = started.elapsed().as_millis() as u64, status = %output.status, "workspace git");
     if output.status.success() {
@@ -576,18 +576,20 @@ pub(super) fn git(run: &GitRun<'_>, dir: &Path, args: &[&str]) -> Result<String,
 
 /// Waits for `child` (the leader of its own process group) for at most
 /// `bound`, or until `cancelled` is set, killing its whole group then;
-/// reads its output on threads of their own.
-fn wait_bounded(
+/// reads its output on threads of their own, keeping at most `max_stdout`
+/// bytes of stdout and 1 MiB of stderr (the rest is read and dropped).
+pub(super) fn wait_bounded(
     mut child: std::process::Child,
     bound: Duration,
     cancelled: &AtomicBool,
+    max_stdout: u64,
 ) -> std::io::Result<std::process::Output> {
     use std::io::Read;
-    let read = |pipe: Option<Box<dyn Read + Send>>| {
+    let read = |pipe: Option<Box<dyn Read + Send>>, max: u64| {
         pipe.map(|mut p| {
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
-                let _ = p.by_ref().take(1 << 20).read_to_end(&mut buf);
+                let _ = p.by_ref().take(max).read_to_end(&mut buf);
                 let _ = std::io::copy(&mut p, &mut std::io::sink());
                 buf
             })
@@ -598,12 +600,14 @@ fn wait_bounded(
             .stdout
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        max_stdout,
     );
     let stderr = read(
         child
             .stderr
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        1 << 20,
     );
     let started = Instant::now();
     let status = loop {
