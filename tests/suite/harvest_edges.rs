@@ -7,13 +7,23 @@
 //! then and guard it.
 
 use hosted_boot::coordinator::CoordinatorOptions;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::harvest::{BIG, CONNECTOR, LIMIT, bare_git, files_at, result_of, spawn_with_limit, tip};
 use super::support::{Runner, Sandbox};
 
 /// The agent's git with an identity.
 const G: &str = "g() { git -c user.name=a -c user.email=a@example.invalid \"$@\"; }\n";
+
+/// The harvest of run-1, then of a second turn queued after it, and the
+/// runner's output: what the first left must not block the second.
+async fn two_turns(sb: &Sandbox, child: tokio::process::Child) -> (Value, Value, String) {
+    let snap = sb.wait_sealed("run-1").await;
+    let first = result_of(&snap, "run-1");
+    let next = sb.coordinator.queue_turn("next", None);
+    let (snap, output) = sb.end_after_seal(&next, child).await;
+    (first, result_of(&snap, &next), output)
+}
 
 async fn limited_sandbox() -> Sandbox {
     Sandbox::start(CoordinatorOptions {
@@ -82,11 +92,7 @@ fi
 "#
     ));
     let child = sb.spawn(&script);
-    let snap = sb.wait_sealed("run-1").await;
-    let first = result_of(&snap, "run-1");
-    let next = sb.coordinator.queue_turn("next", None);
-    let (snap, output) = sb.end_after_seal(&next, child).await;
-    let second = result_of(&snap, &next);
+    let (first, second, output) = two_turns(&sb, child).await;
     let head = tip(&sb, &sb.coordinator.branch());
     assert!(
         first["pushed"] == json!(true) && second["pushed"] == json!(true),
@@ -128,11 +134,7 @@ fi
 "#
     ));
     let child = spawn_with_limit(&sb, &script);
-    let snap = sb.wait_sealed("run-1").await;
-    let first = result_of(&snap, "run-1");
-    let next = sb.coordinator.queue_turn("next", None);
-    let (snap, _) = sb.end_after_seal(&next, child).await;
-    let second = result_of(&snap, &next);
+    let (first, second, _) = two_turns(&sb, child).await;
     assert_eq!(
         second["pushed"],
         json!(true),
@@ -158,11 +160,7 @@ fi
 "#
     ));
     let child = spawn_with_limit(&sb, &script);
-    let snap = sb.wait_sealed("run-1").await;
-    let first = result_of(&snap, "run-1");
-    let next = sb.coordinator.queue_turn("next", None);
-    let (snap, _) = sb.end_after_seal(&next, child).await;
-    let second = result_of(&snap, &next);
+    let (first, second, _) = two_turns(&sb, child).await;
     assert_eq!(
         second["pushed"],
         json!(true),
@@ -188,11 +186,7 @@ fi
 "#
     ));
     let child = spawn_with_limit(&sb, &script);
-    let snap = sb.wait_sealed("run-1").await;
-    let first = result_of(&snap, "run-1");
-    let next = sb.coordinator.queue_turn("next", None);
-    let (snap, _) = sb.end_after_seal(&next, child).await;
-    let second = result_of(&snap, &next);
+    let (first, second, _) = two_turns(&sb, child).await;
     assert!(
         first["pushed"] == json!(true) && second["pushed"] == json!(true),
         "run-1: {first}\nrun-2: {second}"
@@ -219,11 +213,7 @@ fi
 "#
     ));
     let child = spawn_with_limit(&sb, &script);
-    let snap = sb.wait_sealed("run-1").await;
-    let first = result_of(&snap, "run-1");
-    let next = sb.coordinator.queue_turn("next", None);
-    let (snap, _) = sb.end_after_seal(&next, child).await;
-    let second = result_of(&snap, &next);
+    let (first, second, _) = two_turns(&sb, child).await;
     assert!(
         first["pushed"] == json!(true) && second["pushed"] == json!(true),
         "run-1: {first}\nrun-2: {second}"
@@ -806,11 +796,7 @@ fi
 "#
     ));
     let child = spawn_with_limit(&sb, &script);
-    let snap = sb.wait_sealed("run-1").await;
-    let first = result_of(&snap, "run-1");
-    let next = sb.coordinator.queue_turn("next", None);
-    let (snap, _) = sb.end_after_seal(&next, child).await;
-    let second = result_of(&snap, &next);
+    let (first, second, _) = two_turns(&sb, child).await;
     assert_eq!(
         second["pushed"],
         json!(true),
