@@ -33,7 +33,22 @@ COPY src ./src
 COPY crates ./crates
 COPY docs/openapi.yaml ./docs/openapi.yaml
 RUN cargo build --release --locked \
- && install -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot
+ && install -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot \
+ && install -m 0755 target/release/hosted-boot-coordinator /usr/local/bin/hosted-boot-coordinator
+
+# The reference coordinator, for local debugging beside a sandbox
+# (image/docker-compose.yml): `docker build --target coordinator`. Not in
+# the sandbox image, which carries the runner alone (the last stage, the
+# default target).
+FROM debian:${DEBIAN_RELEASE}-slim AS coordinator
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends git \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /usr/local/bin/hosted-boot-coordinator /usr/local/bin/hosted-boot-coordinator
+WORKDIR /srv
+ENTRYPOINT ["/usr/local/bin/hosted-boot-coordinator"]
+CMD ["serve", "--listen=0.0.0.0:8787"]
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 ARG VERSION=0.1.0

@@ -30,6 +30,17 @@ def binary():
     raise SystemExit("no hosted-boot binary: cargo build --release first")
 
 
+def coordinator_command(runner):
+    """The command that serves the reference coordinator for the runner
+    binary `runner`: `hosted-boot-coordinator serve` beside it (issue 34),
+    else, for a build from before issue 34, the runner's own `coordinator`
+    subcommand (so that a benchmark can still compare against one)."""
+    beside = os.path.join(os.path.dirname(os.path.abspath(runner)), "hosted-boot-coordinator")
+    if os.path.exists(beside):
+        return [beside, "serve"]
+    return [runner, "coordinator"]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,14 +58,14 @@ def http(method, url, body=None, headers=None):
 
 
 class Coordinator:
-    """`hosted-boot coordinator` on a free loopback port; `advertise` is
+    """The reference coordinator (`coordinator_command`) on a free loopback port; `advertise` is
     the base URL sandboxes are given (a latency proxy in front of it)."""
 
     def __init__(self, args, advertise_port=None):
         self.tmp = tempfile.mkdtemp(prefix="bench-coordinator-")
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}/"
-        cmd = [binary(), "coordinator", "--listen", f"127.0.0.1:{self.port}",
+        cmd = coordinator_command(binary()) + ["--listen", f"127.0.0.1:{self.port}",
                "--no-request-log", "--workdir", os.path.join(self.tmp, "work")] + args
         if advertise_port:
             cmd += ["--advertise-url", f"http://127.0.0.1:{advertise_port}/"]

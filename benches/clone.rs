@@ -34,13 +34,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Route};
 use hosted_boot::redact::Redactor;
 use hosted_boot::secret::Secret;
 use hosted_boot::session_dir::{BootContext, CredentialMode, SessionDir};
 use hosted_boot::workspace::{
     HttpContext, RepoSpec, credential_helper_command, prepare_repo_async,
 };
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, Route};
 
 /// Commits of the generated repository (the last [`NEW_COMMITS`] of them
 /// are not in the mirror).

@@ -16,13 +16,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hosted_boot::coordinator::{Coordinator, CoordinatorOptions};
 use hosted_boot::redact::{Redactor, SecretKind};
 use hosted_boot::secret::Secret;
 use hosted_boot::session_dir::{BootContext, CredentialMode, SessionDir};
 use hosted_boot::workspace::{
     HarvestJob, Harvester, HttpContext, RepoSpec, credential_helper_command, prepare_repo_async,
 };
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions};
 
 const FILES: usize = 1000;
 const FILE_BYTES: usize = 50_000;

@@ -33,16 +33,13 @@ pub enum Command {
     Run(RunArgs),
     /// The git credential helper (git's credential protocol on stdin/stdout).
     Credential(CredentialArgs),
-    /// Serve the reference coordinator on loopback, for local debugging.
-    Coordinator(Box<crate::coordinator::CoordinatorArgs>),
     /// Check the sandbox's environment, the coordinator and the tools, without
     /// minting a repo token or posting a status.
     Check(RunArgs),
     /// Print the running runner's phase from its status file.
     Status(StatusArgs),
-    /// Run a three-turn scenario against an in-process coordinator.
-    Demo(hosted_boot_coordinator::demo::DemoArgs),
-    /// The built-in demo agent (used by `demo` and the tests).
+    /// The built-in demo agent (`--agent demo`; the demo scenario of
+    /// `hosted-boot-coordinator demo` runs it).
     #[command(hide = true)]
     DemoAgent,
     /// Run a program under the turn supervisor, as a turn runs the agent,

@@ -60,7 +60,3 @@ pub use hosted_boot_wire::{secret, text, timings, validate, wire};
 // The redactor, a crate of its own (issue 34): a change to it rebuilds and
 // tests that crate alone.
 pub use hosted_boot_redact as redact;
-
-// The reference coordinator, a crate of its own (issue 34), for the
-// `coordinator` and `demo` subcommands and the suite.
-pub use hosted_boot_coordinator as coordinator;

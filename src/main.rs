@@ -17,7 +17,7 @@ use hosted_boot::cli::{Cli, Command};
 use hosted_boot::cmd::{check, conformance, demo, supervise};
 use hosted_boot::process::{guard, reaper};
 use hosted_boot::secret::Secret;
-use hosted_boot::{boot, coordinator, logging, redact::Redactor, status, tls, workspace};
+use hosted_boot::{boot, status, tls, workspace};
 
 unsafe extern "C" {
     static environ: *const *mut c_char;
@@ -175,16 +175,6 @@ fn main() -> ExitCode {
         Some(Command::Credential(args)) => {
             workspace::credential::run_credential_helper(&args.action, &args.context)
         }
-        Some(Command::Coordinator(args)) => with_runtime(|| async move {
-            let _log = logging::init(None, Redactor::new());
-            match coordinator::run_cli(*args).await {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("hosted-boot coordinator: {e:#}");
-                    1
-                }
-            }
-        }),
         Some(Command::Check(args)) => with_runtime(|| check::run(env, args, boot_secret)),
         Some(Command::Status(args)) => match args.root.map_or_else(config::working_dir, Ok) {
             Ok(root) => status::command(&root, args.check),
@@ -192,13 +182,6 @@ fn main() -> ExitCode {
                 // `status` answers on stdout, exit 1 (never 2, which Docker
                 // reserves), as for any other unhealthy state.
                 println!("unhealthy: {e}");
-                1
-            }
-        },
-        Some(Command::Demo(args)) => match std::env::current_exe() {
-            Ok(exe) => with_runtime(|| async move { coordinator::demo::run(args, &exe).await }),
-            Err(e) => {
-                eprintln!("hosted-boot demo: cannot find this executable: {e}");
                 1
             }
         },

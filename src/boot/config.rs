@@ -386,7 +386,7 @@ fn default_boot_status_url(token_url: &Url) -> Result<Url, ConfigError> {
 }
 
 /// `--agent demo`: not a kind of its own but the `command` agent running
-/// this binary's `demo-agent` (what `hosted-boot demo` and the reference
+/// this binary's `demo-agent` (what `hosted-boot-coordinator demo` and the reference
 /// coordinator's printed `env` line use).
 pub const DEMO_AGENT: &str = "demo";
 

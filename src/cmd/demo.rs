@@ -1,5 +1,5 @@
 //! The built-in demo agent (`hosted-boot demo-agent`, `--agent demo`): the
-//! agent of the demo scenario (`hosted-boot demo`, which the reference
+//! agent of the demo scenario (`hosted-boot-coordinator demo`, which the reference
 //! coordinator's crate holds), usable to try a sandbox without a CLI.
 
 use std::io::{Read, Write};

@@ -7,7 +7,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route};
 use serde_json::{Value, json};
 
 use super::support::{Runner, Sandbox, assert_no_secret, finish, wait_for_file};

@@ -12,8 +12,8 @@ use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hosted_boot::coordinator::{CoordinatorOptions, Snapshot};
 use hosted_boot::wire::FinishBody;
+use hosted_boot_coordinator::{CoordinatorOptions, Snapshot};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;

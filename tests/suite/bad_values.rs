@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route};
 use serde_json::{Value, json};
 
 use super::reliability_log::record;

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route, Snapshot};
 use hosted_boot::wire::AnswerToQuestion;
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route, Snapshot};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 

@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Route};
+use hosted_boot_coordinator::{CoordinatorOptions, Route};
 
 use super::support::{Sandbox, WAIT, assert_no_secret, wait_for_file};
 

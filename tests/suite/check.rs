@@ -2,7 +2,7 @@
 //! environment, and each kind of failure, each with a hint and no secret;
 //! it reads only (no repo token, no status).
 
-use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route};
 
 use super::support::{Sandbox, assert_no_secret, finish};
 

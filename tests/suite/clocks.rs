@@ -11,8 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use hosted_boot::coordinator::{CoordinatorOptions, Route, Snapshot};
 use hosted_boot::wire::RunOutcome;
+use hosted_boot_coordinator::{CoordinatorOptions, Route, Snapshot};
 
 use super::reliability_log::record;
 use super::support::{Runner, Sandbox, WAIT};

@@ -9,8 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
-use hosted_boot::coordinator::{CoordinatorOptions, lfs_pointer};
 use hosted_boot::wire::Event;
+use hosted_boot_coordinator::{CoordinatorOptions, lfs_pointer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -391,7 +391,7 @@ async fn without_git_lfs_the_pointer_checkout_is_named_in_an_event() {
     assert_eq!(remote_file(&sb, "notes.txt").as_deref(), Some("work\n"));
 }
 
-/// `hosted-boot demo --complete-workspace` serves the sample with a
+/// `hosted-boot-coordinator demo --complete-workspace` serves the sample with a
 /// submodule and an LFS file; the runner checks both out and the demo shows
 /// the first turn's `hosted_boot.workspace` event.
 #[tokio::test]

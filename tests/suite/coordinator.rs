@@ -6,12 +6,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, DevError, Fault, Route};
 use hosted_boot::wire::AnswerToQuestion;
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, DevError, Fault, Route};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::support::pull_bearer;
+use super::support::{coordinator_bin, pull_bearer};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -741,7 +741,7 @@ async fn the_dev_api_needs_a_token_off_loopback() {
     assert_eq!(status, 401);
     let (status, _) = get_json(&http, &url(&c, "dev/state"), &token).await;
     assert_eq!(status, 200);
-    let text = c.startup_text();
+    let text = c.startup_text(Path::new(env!("CARGO_BIN_EXE_hosted-boot")));
     assert!(text.contains(&token));
     assert!(text.contains("HOSTED_BOOT_INSECURE_HTTP=1"));
 
@@ -839,7 +839,7 @@ async fn the_dev_api_returns_the_request_log_as_a_table() {
 #[tokio::test]
 async fn startup_text_has_the_env_docker_and_curl_lines() {
     let c = start(CoordinatorOptions::default()).await;
-    let text = c.startup_text();
+    let text = c.startup_text(Path::new(env!("CARGO_BIN_EXE_hosted-boot")));
     let base = c.base_url().to_string();
     assert!(text.contains(&base));
     // `mkdir -p <root> && env … run` (the line runs as pasted).
@@ -1134,7 +1134,7 @@ async fn the_session_branch_can_be_left_missing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_repository_is_served() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = hosted_boot::coordinator::create_sample_repo(&tmp.path().join("src")).unwrap();
+    let src = hosted_boot_coordinator::create_sample_repo(&tmp.path().join("src")).unwrap();
     std::fs::write(src.join("EXTRA.md"), "extra\n").unwrap();
     assert!(git(&src, None, &["add", "EXTRA.md"]).await.status.success());
     assert!(
@@ -1155,8 +1155,8 @@ async fn a_source_repository_is_served() {
     assert_eq!(bare_rev(&c, "refs/heads/feature/x"), Some(head));
 }
 
-/// `hosted-boot coordinator` prints an `env` line that runs as pasted (the
-/// binary's real path, a root of its own, the built-in demo agent by
+/// `hosted-boot-coordinator serve` prints an `env` line that runs as pasted
+/// (the runner binary's real path, found beside the coordinator's, a root of its own, the built-in demo agent by
 /// `HOSTED_BOOT_AGENT=demo`): run by
 /// `sh` exactly as printed, it boots, runs the initial task as run-1 and
 /// exits 0 when the session ends. Each request is logged as a line, the
@@ -1165,8 +1165,8 @@ async fn a_source_repository_is_served() {
 async fn the_printed_env_line_runs_as_pasted() {
     use tokio::io::AsyncBufReadExt;
     let work = tempfile::tempdir().unwrap();
-    let mut coord = tokio::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
-        .args(["coordinator", "--listen", "127.0.0.1:0"])
+    let mut coord = tokio::process::Command::new(coordinator_bin())
+        .args(["serve", "--listen", "127.0.0.1:0"])
         .current_dir(work.path())
         .env("TMPDIR", work.path())
         .stdout(std::process::Stdio::piped())
@@ -1182,7 +1182,7 @@ async fn the_printed_env_line_runs_as_pasted() {
             .unwrap()
             .unwrap()
             .expect("the coordinator ended");
-        if let Some(url) = line.strip_prefix("hosted-boot coordinator: session s1 on ") {
+        if let Some(url) = line.strip_prefix("hosted-boot-coordinator: session s1 on ") {
             base = Some(url.to_string());
         }
         if line.starts_with("  mkdir -p ") {

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use hosted_boot::coordinator::CoordinatorOptions;
+use hosted_boot_coordinator::CoordinatorOptions;
 
 use super::reliability_log::record;
 use super::support::{Runner, Sandbox, WAIT};

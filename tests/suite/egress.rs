@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::Stdio;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Snapshot};
+use hosted_boot_coordinator::{CoordinatorOptions, Snapshot};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};

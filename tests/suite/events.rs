@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Fault, RecordedRequest, Route, RunRecord};
 use hosted_boot::wire::{ErrorCode, Event};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, RecordedRequest, Route, RunRecord};
 use pretty_assertions::assert_eq;
 use serde_json::Value;
 

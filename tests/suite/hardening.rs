@@ -5,7 +5,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use hosted_boot::coordinator::CoordinatorOptions;
+use hosted_boot_coordinator::CoordinatorOptions;
 use tokio::process::Command;
 
 use super::support::{Sandbox, WAIT, assert_no_secret, finish};

@@ -7,17 +7,19 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Fault, Route, Snapshot};
 use hosted_boot::secret::Secret;
 use hosted_boot::session_dir::{BootContext, CredentialMode, SessionDir};
 use hosted_boot::wire::{HarvestResult, PushErrorCode};
 use hosted_boot::workspace::{
     HarvestJob, Harvester, HttpContext, RepoSpec, credential_helper_command, prepare_repo_async,
 };
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, Fault, Route, Snapshot};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::support::{Sandbox, WAIT, assert_no_secret, finish, kill_group, signal, wait_for_file};
+use super::support::{
+    Sandbox, WAIT, assert_no_secret, coordinator_bin, finish, kill_group, signal, wait_for_file,
+};
 
 pub(super) const CONNECTOR: (&str, &str) = ("ACME_API_KEY", "acme-connector-value-42");
 
@@ -918,7 +920,7 @@ async fn the_demo_streams_its_timeline_before_the_session_ends() {
     use tokio::io::AsyncBufReadExt;
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("sandbox");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+    let mut child = tokio::process::Command::new(coordinator_bin())
         .arg("demo")
         .env("HOSTED_BOOT_ROOT", &root)
         .env_remove("HOSTED_BOOT_LOG")
@@ -968,7 +970,7 @@ async fn the_demo_streams_its_timeline_before_the_session_ends() {
     assert!(!text.contains('\x1b'), "no colour off a terminal:\n{text}");
 }
 
-/// Runs `hosted-boot demo` with its stdout and stderr on a pseudo-terminal
+/// Runs `hosted-boot-coordinator demo` with its stdout and stderr on a pseudo-terminal
 /// (python3's `pty.fork`) when `tty`, else piped; returns what it wrote.
 async fn demo_output(tty: bool, no_color: bool) -> String {
     const UNDER_PTY: &str = r#"
@@ -989,13 +991,13 @@ _, status = os.waitpid(pid, 0)
 sys.stdout.buffer.write(out)
 sys.exit(os.waitstatus_to_exitcode(status))
 "#;
-    let bin = env!("CARGO_BIN_EXE_hosted-boot");
+    let bin = coordinator_bin();
     let mut cmd = if tty {
         let mut c = tokio::process::Command::new("python3");
-        c.args(["-c", UNDER_PTY, bin, "demo"]);
+        c.args(["-c", UNDER_PTY]).arg(&bin).arg("demo");
         c
     } else {
-        let mut c = tokio::process::Command::new(bin);
+        let mut c = tokio::process::Command::new(&bin);
         c.arg("demo");
         c
     };

@@ -6,7 +6,7 @@
 //! `held_…`) failed there and passes since its fix. The `held_…` ones held
 //! then and guard it.
 
-use hosted_boot::coordinator::CoordinatorOptions;
+use hosted_boot_coordinator::CoordinatorOptions;
 use serde_json::{Value, json};
 
 use super::harvest::{BIG, CONNECTOR, LIMIT, bare_git, files_at, result_of, spawn_with_limit, tip};

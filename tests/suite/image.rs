@@ -11,6 +11,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
+use super::support::coordinator_bin;
+
 const AGENT_UID: u32 = 1000;
 
 /// The runtime stage of the Dockerfile (from `AS runtime` on).
@@ -103,9 +105,13 @@ fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     // The image's layout: the binary in a root-owned 0755 place, a home and
     // a /workspace owned by the agent user.
+    // The runner and, beside it, the coordinator's binary that runs the demo.
     let bin = dir.path().join("hosted-boot");
     std::fs::copy(env!("CARGO_BIN_EXE_hosted-boot"), &bin).unwrap();
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let coordinator = dir.path().join("hosted-boot-coordinator");
+    std::fs::copy(coordinator_bin(), &coordinator).unwrap();
+    std::fs::set_permissions(&coordinator, std::fs::Permissions::from_mode(0o755)).unwrap();
     let home = dir.path().join("home");
     let workspace = dir.path().join("workspace");
     for d in [&home, &workspace] {
@@ -119,7 +125,7 @@ fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
             "--clear-groups".to_string(),
             "--".to_string(),
         ])
-        .arg(&bin)
+        .arg(&coordinator)
         .arg("demo")
         // The image's WORKDIR. Not the test's own working directory: the
         // checkout may sit under a 0700 directory (`mktemp -d`) the agent
@@ -202,6 +208,9 @@ fn a_working_directory_the_runner_cannot_read_is_named_as_such() {
     let bin = public.path().join("hosted-boot");
     std::fs::copy(env!("CARGO_BIN_EXE_hosted-boot"), &bin).unwrap();
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let coordinator = public.path().join("hosted-boot-coordinator");
+    std::fs::copy(coordinator_bin(), &coordinator).unwrap();
+    std::fs::set_permissions(&coordinator, std::fs::Permissions::from_mode(0o755)).unwrap();
     let home = public.path().join("home");
     std::fs::create_dir(&home).unwrap();
     std::os::unix::fs::chown(&home, Some(AGENT_UID), Some(AGENT_UID)).unwrap();
@@ -214,8 +223,14 @@ fn a_working_directory_the_runner_cannot_read_is_named_as_such() {
                 return;
             }
         };
+        // `demo` is the coordinator binary's (issue 34), `run` the runner's.
+        let program = if subcommand == "demo" {
+            &coordinator
+        } else {
+            &bin
+        };
         let out = cmd
-            .arg(&bin)
+            .arg(program)
             .arg(subcommand)
             .current_dir(&cwd)
             .env_clear()

@@ -5,7 +5,7 @@
 //! run. The CLIs' own ways are tested against the real CLIs
 //! (`real_clis.rs`, `four_turns`).
 
-use hosted_boot::coordinator::CoordinatorOptions;
+use hosted_boot_coordinator::CoordinatorOptions;
 use pretty_assertions::assert_eq;
 
 use super::support::{Runner, Sandbox};

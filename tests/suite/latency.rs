@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use hosted_boot::coordinator::{CoordinatorOptions, RecordedRequest, Route, Snapshot};
+use hosted_boot_coordinator::{CoordinatorOptions, RecordedRequest, Route, Snapshot};
 use pretty_assertions::assert_eq;
 
 use super::support::Sandbox;

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, RecordedRequest, Route};
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, RecordedRequest, Route};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -332,7 +332,7 @@ async fn a_fleet_serves_each_runner_its_own_session() {
 /// least a tick after the one before, and the runner carries on.
 #[tokio::test]
 async fn failed_reads_after_a_held_read_are_backed_off_from_the_tick() {
-    use hosted_boot::coordinator::Fault;
+    use hosted_boot_coordinator::Fault;
     let sb = Sandbox::start(CoordinatorOptions {
         long_poll: true,
         start_idle: true,

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hosted_boot::coordinator::{CoordinatorOptions, Route, Snapshot};
+use hosted_boot_coordinator::{CoordinatorOptions, Route, Snapshot};
 use pretty_assertions::assert_eq;
 
 use super::support::{Sandbox, finish, git};

@@ -11,8 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Command;
 use std::time::Duration;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Route};
 use hosted_boot::wire::RunOutcome;
+use hosted_boot_coordinator::{CoordinatorOptions, Route};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::reliability_log::record;

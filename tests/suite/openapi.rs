@@ -5,13 +5,13 @@
 //! failing check for each broken variant of it (its fault knobs).
 
 use hosted_boot::cmd::conformance::openapi::Document;
-use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route as FaultRoute};
 use hosted_boot::wire::routes::{Auth, Location, Route, TABLE};
 use hosted_boot::wire::{
     self, AcceptedThrough, Access, BootStatus, BootStatusBody, ErrorCode, Event, EventsBody,
     FinishBody, FinishError, GitlinkReason, HarvestResult, PushError, PushErrorCode,
     RepoTokenRequest, RunOutcome, SkipReason, SkippedFile, UnpublishedGitlink, Usage,
 };
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route as FaultRoute};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 

@@ -15,8 +15,8 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Snapshot};
 use hosted_boot::wire::FinishBody;
+use hosted_boot_coordinator::{CoordinatorOptions, Snapshot};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};

@@ -10,8 +10,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use hosted_boot::coordinator::{CoordinatorOptions, Fault, RecordedRequest, Route, Snapshot};
 use hosted_boot::wire::routes::caps;
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, RecordedRequest, Route, Snapshot};
 use serde_json::json;
 
 use super::reliability_log::record;

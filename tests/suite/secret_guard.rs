@@ -5,7 +5,7 @@
 //! reachable or not, searched for each secret and its encoded forms.
 
 use base64::Engine;
-use hosted_boot::coordinator::{CoordinatorOptions, Fault, Route, Snapshot};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route, Snapshot};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use base64::Engine;
-use hosted_boot::coordinator::{CoordinatorOptions, Route, RunRecord};
+use hosted_boot_coordinator::{CoordinatorOptions, Route, RunRecord};
 
 use super::support::{Sandbox, assert_no_secret, finish};
 

@@ -5,8 +5,8 @@
 //! sends) fails its turn `agent_crashed` naming the signal, and the next
 //! turn runs.
 
-use hosted_boot::coordinator::CoordinatorOptions;
 use hosted_boot::wire::{ErrorCode, RunOutcome};
+use hosted_boot_coordinator::CoordinatorOptions;
 
 use super::reliability_log::record;
 use super::support::{Runner, Sandbox, signal, wait_for_file};

@@ -11,8 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use hosted_boot::coordinator::CoordinatorOptions;
 use hosted_boot::wire::{BootStatus, Event, SessionSetup};
+use hosted_boot_coordinator::CoordinatorOptions;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 

@@ -2,7 +2,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use hosted_boot::coordinator::CoordinatorOptions;
+use hosted_boot_coordinator::CoordinatorOptions;
 
 use super::support::{Sandbox, WAIT, assert_no_secret, finish};
 

@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hosted_boot::coordinator::CoordinatorOptions;
+use hosted_boot_coordinator::CoordinatorOptions;
 
 use super::agent_user::{TestUser, runner_in_mode, sandbox_for, sandbox_with};
 use super::support::{Runner, Sandbox, finish};

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Snapshot};
 use hosted_boot::wire::Event;
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, Snapshot};
 use tempfile::TempDir;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
@@ -791,12 +791,29 @@ impl Pty {
     }
 }
 
-/// Runs `hosted-boot demo` with `args` (bounded, 120 s) and returns its
-/// stdout, asserting that it exited 0 (its stderr in the failure message).
+/// The reference coordinator's binary (`serve`, `demo`), a package of its
+/// own (issue 34), beside the runner's in cargo's target directory. Cargo
+/// builds it with this suite when the suite is the workspace's
+/// (`cargo nextest run`, the README's test command): its package has
+/// integration tests of its own (crates/coordinator/tests/).
+pub fn coordinator_bin() -> PathBuf {
+    let path =
+        Path::new(env!("CARGO_BIN_EXE_hosted-boot")).with_file_name("hosted-boot-coordinator");
+    assert!(
+        path.is_file(),
+        "{} is missing: run the workspace's tests (`cargo nextest run`, not `-p hosted-boot` alone) or build it (`cargo build -p hosted-boot-coordinator`)",
+        path.display()
+    );
+    path
+}
+
+/// Runs `hosted-boot-coordinator demo` with `args` (bounded, 120 s) and
+/// returns its stdout, asserting that it exited 0 (its stderr in the
+/// failure message).
 pub async fn demo_stdout(args: &[&str]) -> String {
     let out = tokio::time::timeout(
         Duration::from_secs(120),
-        Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+        Command::new(coordinator_bin())
             .arg("demo")
             .args(args)
             .env_remove("HOSTED_BOOT_LOG")

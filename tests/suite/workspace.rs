@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use hosted_boot::coordinator::{Coordinator, CoordinatorOptions, Fault, Route};
 use hosted_boot::secret::Secret;
 use hosted_boot::session_dir::{BootContext, CredentialMode, SessionDir};
 use hosted_boot::wire::ErrorCode;
@@ -14,6 +13,7 @@ use hosted_boot::workspace::{
     HttpContext, PreparedRepo, RepoSpec, WorkspaceError, credential_helper_command,
     credential_helper_with_io, prepare_repo, read_cache_entry,
 };
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, Fault, Route};
 use pretty_assertions::assert_eq;
 
 const EXE: &str = env!("CARGO_BIN_EXE_hosted-boot");

@@ -1,9 +1,9 @@
-//! `hosted-boot coordinator`: the reference coordinator as a command
+//! `hosted-boot-coordinator serve`: the reference coordinator as a command
 //! (PROTOCOL.md section 6): starts it, prints what a sandbox and a person
 //! need, serves until Ctrl-C (or SIGTERM).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -12,7 +12,7 @@ use clap::Args;
 use super::{Coordinator, CoordinatorOptions};
 use crate::timings::parse_duration;
 
-/// Flags of `hosted-boot coordinator`.
+/// Flags of `hosted-boot-coordinator serve`.
 #[derive(Args, Clone, Debug)]
 pub struct CoordinatorArgs {
     /// A non-bare git repository to serve (cloned bare); a sample repository
@@ -113,6 +113,10 @@ pub struct CoordinatorArgs {
     /// their body): flat memory over a long session, for `bench/memory`.
     #[arg(long)]
     pub counts_only: bool,
+    /// The runner binary the printed sandbox line runs [default:
+    /// `hosted-boot` beside this binary, else on PATH].
+    #[arg(long, value_name = "PATH")]
+    pub runner: Option<PathBuf>,
 }
 
 fn parse_connector(text: &str) -> Result<(String, String), String> {
@@ -166,7 +170,7 @@ impl CoordinatorArgs {
     }
 }
 
-/// Runs `hosted-boot coordinator`: starts the coordinator, prints the
+/// Runs `hosted-boot-coordinator serve`: starts the coordinator, prints the
 /// start-up text ([`Coordinator::startup_text`]) on stdout, serves until
 /// Ctrl-C or SIGTERM, then stops.
 ///
@@ -174,20 +178,30 @@ impl CoordinatorArgs {
 pub async fn run_cli(args: CoordinatorArgs) -> anyhow::Result<()> {
     // Its git starts in the working directory, which must be readable.
     readable_working_dir()?;
+    // The sandbox line names the runner; serving does not need it, so a
+    // runner not found is said and the line names `hosted-boot` for PATH.
+    let runner = match find_runner(args.runner.as_deref()) {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("hosted-boot-coordinator: {e:#}");
+            PathBuf::from(RUNNER)
+        }
+    };
+    let stop = stop_signal()?;
     let coordinator = Coordinator::start(args.options()).await?;
-    println!("{}", coordinator.startup_text());
+    println!("{}", coordinator.startup_text(&runner));
     if let Err(e) = std::fs::create_dir_all(sandbox_root(&coordinator)) {
-        eprintln!("hosted-boot coordinator: cannot create the sample sandbox root: {e}");
+        eprintln!("hosted-boot-coordinator: cannot create the sample sandbox root: {e}");
     }
     if args.no_request_log {
-        wait_for_stop().await;
+        stop.await;
     } else {
         tokio::select! {
-            () = wait_for_stop() => {}
+            () = stop => {}
             () = request_log(&coordinator) => {}
         }
     }
-    eprintln!("hosted-boot coordinator: stopping");
+    eprintln!("hosted-boot-coordinator: stopping");
     coordinator.shutdown().await;
     Ok(())
 }
@@ -242,9 +256,8 @@ async fn request_log(c: &Coordinator) {
     }
 }
 
-/// The sandbox root the printed `env` line uses: a directory of its own,
-/// not the working directory (which may be a checkout).
-/// The root the printed env line gives the runner: one per coordinator
+/// The sandbox root the printed `env` line gives the runner: a directory of
+/// its own, not the working directory (which may be a checkout), one per coordinator
 /// process (its pid in the name). A root named by session and port alone
 /// was the same for the next coordinator on that port, whose session has the
 /// same id and branch but a new repository: the runner reused the old
@@ -259,23 +272,24 @@ fn sandbox_root(c: &Coordinator) -> std::path::PathBuf {
     ))
 }
 
-async fn wait_for_stop() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
+/// Ctrl-C or SIGTERM. Both are listened for from when this is called, not
+/// from the first poll: `run_cli` calls it before it prints the start-up
+/// text, so a stop sent by whoever read the text is never the signal's
+/// default action (an exit without the coordinator's cleanup).
+fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
         }
-    }
-    let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 /// See [`Coordinator::startup_text`].
-pub(crate) fn startup_text(c: &Coordinator) -> String {
+pub(crate) fn startup_text(c: &Coordinator, runner: &Path) -> String {
     let base = c.base_url();
     let mut env = c.sandbox_env();
     let loopback = c.local_addr().ip().is_loopback();
@@ -301,7 +315,7 @@ pub(crate) fn startup_text(c: &Coordinator) -> String {
     let dev = |p: &str| format!("{base}dev/{p}");
     let mut out = String::new();
     out.push_str(&format!(
-        "hosted-boot coordinator: session {} on {base}\n",
+        "hosted-boot-coordinator: session {} on {base}\n",
         c.session_id()
     ));
     out.push_str(&format!(
@@ -315,10 +329,7 @@ pub(crate) fn startup_text(c: &Coordinator) -> String {
             "dev token (dev API, Authorization: Bearer): {t}\n"
         ));
     }
-    let exe = std::env::current_exe()
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "hosted-boot".to_string());
-    let exe = crate::text::shell_word(&exe);
+    let exe = crate::text::shell_word(&runner.to_string_lossy());
     let root = crate::text::shell_word(&sandbox_root(c).to_string_lossy());
     out.push_str(
         "\nA sandbox, runnable as pasted (the built-in demo agent; for a real CLI set\nHOSTED_BOOT_AGENT=claude, codex or opencode, with its provider key).\nThe initial task runs at once as run-1; a turn queued during it waits until it is sealed:\n\n",
@@ -353,6 +364,48 @@ pub(crate) fn startup_text(c: &Coordinator) -> String {
     ));
     out.push_str("\nCtrl-C stops it.");
     out
+}
+
+/// The runner binary's name: the coordinator runs it (the demo) or prints
+/// a line that does (`serve`).
+const RUNNER: &str = "hosted-boot";
+
+/// The runner binary: `given` when it names an executable file; else
+/// `hosted-boot` beside this binary (as `cargo build` and an image that
+/// ships both leave them), else on `PATH`.
+///
+/// Errors: `given` is not an executable file, or no runner was found; the
+/// message says where it looked and what to pass.
+pub fn find_runner(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if let Some(path) = given {
+        anyhow::ensure!(
+            executable(path),
+            "the runner {} is not an executable file; pass --runner the path of the `{RUNNER}` binary",
+            path.display()
+        );
+        return Ok(path.to_path_buf());
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .map(|exe| exe.with_file_name(RUNNER));
+    if let Some(path) = beside.as_deref().filter(|p| executable(p)) {
+        return Ok(path.to_path_buf());
+    }
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(RUNNER))
+        .find(|p| executable(p));
+    on_path.ok_or_else(|| {
+        anyhow::anyhow!(
+            "the runner binary `{RUNNER}` is neither beside this binary ({}) nor on PATH; build both (`cargo build --release` builds every binary of the workspace) or pass --runner PATH",
+            beside.map_or_else(|| "its path is unknown".to_string(), |p| p.display().to_string())
+        )
+    })
 }
 
 /// The working directory, where the coordinator's git (and the demo's

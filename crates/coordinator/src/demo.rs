@@ -1,4 +1,4 @@
-//! `hosted-boot demo`: the main job on an embedded default. It starts the
+//! `hosted-boot-coordinator demo`: the main job on an embedded default. It starts the
 //! reference coordinator in process on an ephemeral loopback port with a
 //! sample repository, runs the real boot (the runner binary it is given,
 //! `run`) against it
@@ -42,7 +42,7 @@ pub async fn run(args: DemoArgs, runner: &Path) -> i32 {
     match scenario(&args, runner).await {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("hosted-boot demo failed: {e:#}");
+            eprintln!("hosted-boot-coordinator demo failed: {e:#}");
             1
         }
     }
@@ -652,7 +652,7 @@ fn branch_log(bare: &Path, branch: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `hosted-boot demo`.
+/// `hosted-boot-coordinator demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Keep the demo's working directory instead of removing it.
@@ -680,4 +680,8 @@ pub struct DemoArgs {
     /// (PROTOCOL.md 4.5, "A complete workspace").
     #[arg(long)]
     pub complete_workspace: bool,
+    /// The runner binary the demo boots [default: `hosted-boot` beside this
+    /// binary, else on PATH].
+    #[arg(long, value_name = "PATH")]
+    pub runner: Option<std::path::PathBuf>,
 }

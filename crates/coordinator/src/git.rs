@@ -46,7 +46,7 @@ while read -r old new ref; do
   case "$ref" in
     "refs/heads/$HOSTED_BOOT_COORDINATOR_BRANCH" | "refs/heads/$HOSTED_BOOT_COORDINATOR_BRANCH"-recovered-*) ;;
     *)
-      echo "hosted-boot coordinator: push to $ref refused: tokens are scoped to refs/heads/$HOSTED_BOOT_COORDINATOR_BRANCH and its recovery branches" >&2
+      echo "hosted-boot-coordinator: push to $ref refused: tokens are scoped to refs/heads/$HOSTED_BOOT_COORDINATOR_BRANCH and its recovery branches" >&2
       status=1
       ;;
   esac
@@ -57,7 +57,7 @@ while read -r old new ref; do
       git cat-file --batch-check='%(objecttype) %(objectsize) %(rest)' |
       awk -v max="$max" '$1 == "blob" && $2 > max { printf " %s (%s bytes)", $3, $2 }')
     if [ -n "$big" ]; then
-      echo "hosted-boot coordinator: push to $ref refused: files over the limit of $max bytes:$big" >&2
+      echo "hosted-boot-coordinator: push to $ref refused: files over the limit of $max bytes:$big" >&2
       status=1
     fi
   fi

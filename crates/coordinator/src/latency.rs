@@ -1,5 +1,5 @@
 //! The latency knob ([`super::CoordinatorOptions::latency`],
-//! `hosted-boot coordinator --latency-ms L`): every route of the contract
+//! `hosted-boot-coordinator serve --latency-ms L`): every route of the contract
 //! (section 2) and every git request is answered no sooner than L after it
 //! arrived, as by a coordinator one round trip of L away. It is what the
 //! boot-latency benchmark (`bench/boot-latency`) measures the runner's

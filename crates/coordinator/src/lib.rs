@@ -3,8 +3,9 @@
 //! repository over smart HTTP, and a dev API to queue turns, interrupt, end
 //! the session and inject faults.
 //!
-//! Used three ways: `hosted-boot coordinator` ([`run_cli`]), in-process by the
-//! integration tests and by `hosted-boot demo` ([`Coordinator::start`]).
+//! Used three ways: `hosted-boot-coordinator serve` ([`run_cli`]), in-process
+//! by the integration tests and by `hosted-boot-coordinator demo`
+//! ([`Coordinator::start`]); the binary is `src/main.rs`.
 //! A crate of its own (hosted-boot-coordinator, issue 34), on the contract
 //! (hosted-boot-wire) alone: nothing of the runner.
 //!
@@ -64,7 +65,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use url::Url;
 
-pub use cli::{CoordinatorArgs, run_cli};
+pub use cli::{CoordinatorArgs, find_runner, run_cli};
 pub use git::{SAMPLE_LFS_CONTENT, create_complete_sample_repos, create_sample_repo};
 pub use state::{DevError, Fault, RecordedRequest, Route, RunRecord, Snapshot};
 
@@ -164,7 +165,7 @@ pub struct CoordinatorOptions {
     /// Offer the long-poll of the session read (PROTOCOL.md 2.4): an `ETag`
     /// on every session answer, a read with `Prefer: wait=N` and a matching
     /// `If-None-Match` held until the session changes. Off by default here
-    /// (the suite's runners poll as without it); `hosted-boot coordinator`
+    /// (the suite's runners poll as without it); `hosted-boot-coordinator serve`
     /// turns it on unless `--no-long-poll`.
     pub long_poll: bool,
     /// How many sessions to serve (at least 1): the first is `session_id`,
@@ -688,8 +689,9 @@ impl Coordinator {
     /// repository, an `env …` line and a `docker run --network host -e …`
     /// line with the sandbox's environment, and `curl` lines for the dev API.
     /// Holds the boot secret (it is what a person copies into a sandbox).
-    pub fn startup_text(&self) -> String {
-        cli::startup_text(self)
+    /// The `env …` line runs `runner` (see [`find_runner`]).
+    pub fn startup_text(&self, runner: &Path) -> String {
+        cli::startup_text(self, runner)
     }
 
     /// Stops the server: no new connections, requests in flight get up to
