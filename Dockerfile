@@ -20,21 +20,30 @@ COPY Cargo.toml Cargo.lock ./
 COPY crates/wire/Cargo.toml crates/wire/Cargo.toml
 COPY crates/coordinator/Cargo.toml crates/coordinator/Cargo.toml
 COPY crates/redact/Cargo.toml crates/redact/Cargo.toml
+COPY crates/conformance/Cargo.toml crates/conformance/Cargo.toml
 COPY image/stub-targets /usr/local/bin/stub-targets
 RUN stub-targets > /tmp/stubs \
  && cargo build --release --locked \
  && xargs rm -f < /tmp/stubs \
  && rm -rf /tmp/stubs target/release/.fingerprint/hosted-boot-* \
            target/release/deps/hosted_boot-* target/release/deps/libhosted_boot-*
-# The lib and the bin are all this build needs (the benches' paths are
+# The libs and the bins are all this build needs (the benches' paths are
 # explicit in Cargo.toml, so cargo does not look for their files), and the
-# files their code includes (`include_str!`): the OpenAPI document.
+# files their code includes (`include_str!`): the OpenAPI document, which
+# only the conformance checker embeds.
 COPY src ./src
 COPY crates ./crates
 COPY docs/openapi.yaml ./docs/openapi.yaml
 RUN cargo build --release --locked \
  && install -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot \
- && install -m 0755 target/release/hosted-boot-coordinator /usr/local/bin/hosted-boot-coordinator
+ && install -m 0755 target/release/hosted-boot-coordinator /usr/local/bin/hosted-boot-coordinator \
+ && install -m 0755 target/release/hosted-boot-conformance /usr/local/bin/hosted-boot-conformance
+
+# The conformance checker alone (README, "For platform implementers"), to
+# copy into a platform's own sandbox image beside the runner, or out of the
+# build: `docker build --target conformance --output type=local,dest=. .`.
+FROM scratch AS conformance
+COPY --from=build /usr/local/bin/hosted-boot-conformance /hosted-boot-conformance
 
 # The reference coordinator, for local debugging beside a sandbox
 # (image/docker-compose.yml): `docker build --target coordinator`. Not in

@@ -45,13 +45,6 @@ pub enum Command {
     /// Run a program under the turn supervisor, as a turn runs the agent,
     /// and report how each run ended (for debugging an agent image).
     Supervise(crate::cmd::supervise::SuperviseArgs),
-    /// Check a platform's coordinator against the contract with one real
-    /// turn of a session it prepared (the sandbox's environment), and print
-    /// a table of checks (README, "For platform implementers").
-    Conformance(crate::cmd::conformance::ConformanceArgs),
-    /// The built-in agent of `conformance`.
-    #[command(hide = true)]
-    ConformanceAgent,
     /// A turn's guard (started by the supervisor, never by hand).
     #[command(hide = true)]
     TurnGuard(TurnGuardArgs),

@@ -6,76 +6,18 @@
 //! then it parses the command line and runs the subcommand.
 
 use std::collections::BTreeMap;
-use std::ffi::{CStr, OsString, c_char};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::Parser;
 
+use hosted_boot::boot::config;
 use hosted_boot::boot::config::RunArgs;
-use hosted_boot::boot::config::{self, BOOT_SECRET_VAR};
 use hosted_boot::cli::{Cli, Command};
-use hosted_boot::cmd::{check, conformance, demo, supervise};
+use hosted_boot::cmd::{check, demo, supervise};
 use hosted_boot::process::{guard, reaper};
 use hosted_boot::secret::Secret;
 use hosted_boot::{boot, status, tls, workspace};
-
-unsafe extern "C" {
-    static environ: *const *mut c_char;
-}
-
-/// Overwrites the boot secret's bytes in the initial environment block, so
-/// that `/proc/<pid>/environ` no longer shows it (PROTOCOL.md section 3).
-///
-/// Safety: call before any other thread exists and before the environment
-/// is modified; it writes inside strings the kernel placed for this process.
-unsafe fn scrub_initial_environment() {
-    let prefix = format!("{BOOT_SECRET_VAR}=");
-    // SAFETY: `environ` is a NULL-terminated array of NUL-terminated strings
-    // owned by this process; no other thread reads it yet.
-    unsafe {
-        let mut entry = environ;
-        if entry.is_null() {
-            return;
-        }
-        while !(*entry).is_null() {
-            let text = CStr::from_ptr(*entry);
-            let len = text.to_bytes().len();
-            if text.to_bytes().starts_with(prefix.as_bytes()) {
-                for i in prefix.len()..len {
-                    *(*entry).add(i) = 0;
-                }
-            }
-            entry = entry.add(1);
-        }
-    }
-}
-
-fn take_boot_secret() -> (BTreeMap<OsString, OsString>, Option<Secret>) {
-    let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
-    let secret = env.remove(&OsString::from(BOOT_SECRET_VAR)).map(secret_of);
-    // SAFETY: single-threaded: nothing else runs yet (see `main`).
-    unsafe {
-        scrub_initial_environment();
-        std::env::remove_var(BOOT_SECRET_VAR);
-    }
-    (env, secret)
-}
-
-/// The boot secret as a [`Secret`], in the same buffer (valid UTF-8) or
-/// with the copied bytes zeroized, so no copy outlives the `Secret`, which
-/// zeroizes on drop (broker mode keeps it only in memory, PROTOCOL.md 3).
-fn secret_of(value: OsString) -> Secret {
-    use std::os::unix::ffi::OsStringExt;
-    match String::from_utf8(value.into_vec()) {
-        Ok(text) => Secret::new(text),
-        Err(e) => {
-            let mut bytes = e.into_bytes();
-            let text = String::from_utf8_lossy(&bytes).into_owned();
-            zeroize::Zeroize::zeroize(&mut bytes);
-            Secret::new(text)
-        }
-    }
-}
 
 /// Marks every file descriptor above stderr close-on-exec, so that nothing
 /// the runner inherited (a socket, a pipe of the platform) reaches the agent.
@@ -96,32 +38,6 @@ fn close_inherited_fds_on_exec() {
             let _ = rustix::io::fcntl_setfd(fd, flags | rustix::io::FdFlags::CLOEXEC);
         }
     }
-}
-
-/// Keeps the boot secret out of a core dump and out of the reach of a
-/// process of the same user (`/proc/<pid>/mem`, ptrace; PROTOCOL.md section
-/// 3): core dumps off (soft and hard `RLIMIT_CORE` 0, so nothing in the
-/// runner's tree turns them back on), then non-dumpable. Before the secret
-/// is read: it is in the initial environment block from the exec on.
-///
-/// Errors: which call the kernel refused and why, for the runner to refuse
-/// to start (a runner whose secret can be dumped is not started).
-fn harden() -> Result<(), String> {
-    use rustix::process::{DumpableBehavior, Resource, Rlimit};
-    let off = Rlimit {
-        current: Some(0),
-        maximum: Some(0),
-    };
-    rustix::process::setrlimit(Resource::Core, off).map_err(|e| {
-        format!(
-            "cannot turn core dumps off (setrlimit RLIMIT_CORE 0): {e}; a core dump would hold the boot secret, so the runner is refusing to start (does a seccomp policy of the sandbox forbid setrlimit/prlimit64?)"
-        )
-    })?;
-    rustix::process::set_dumpable_behavior(DumpableBehavior::NotDumpable).map_err(|e| {
-        format!(
-            "cannot mark the process non-dumpable (prctl PR_SET_DUMPABLE 0): {e}; a process of the same user could read the boot secret from /proc/<pid>/mem, so the runner is refusing to start (does a seccomp policy of the sandbox forbid prctl?)"
-        )
-    })
 }
 
 /// Malloc arenas (glibc's `M_ARENA_MAX`): glibc gives each thread that
@@ -145,14 +61,15 @@ fn limit_malloc_arenas() {
 
 fn main() -> ExitCode {
     // Nothing may start a thread before this line.
-    if let Err(e) = harden() {
+    if let Err(e) = boot::secret_env::harden("the runner") {
         // Exit 2, as for the other failures before the first request.
         eprintln!("hosted-boot: {e}");
         return ExitCode::from(2);
     }
     limit_malloc_arenas();
     let handed = reaper::take_handed_secret();
-    let (env, env_secret) = take_boot_secret();
+    // SAFETY: single-threaded: nothing else runs yet (see above).
+    let (env, env_secret) = unsafe { boot::secret_env::take_boot_secret() };
     close_inherited_fds_on_exec();
     let boot_secret = match handed {
         Ok(Some(secret)) => Some(secret),
@@ -187,10 +104,6 @@ fn main() -> ExitCode {
         },
         Some(Command::DemoAgent) => demo::agent_main(),
         Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),
-        Some(Command::Conformance(args)) => {
-            with_runtime(|| conformance::run(env, args, boot_secret))
-        }
-        Some(Command::ConformanceAgent) => conformance::agent_main(),
         Some(Command::TurnGuard(args)) => guard::main(args.session, args.cgroup),
     };
     exit_code(code)

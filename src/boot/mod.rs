@@ -7,6 +7,7 @@ pub mod config;
 pub mod environment;
 mod error;
 pub mod idle;
+pub mod secret_env;
 
 use std::collections::HashSet;
 use std::future::Future;

@@ -1,8 +1,8 @@
 //! The subcommands other than `run` (whose runtime is [`crate::boot`]):
-//! `check`, `supervise`, `demo` and `conformance`. Each takes its parsed arguments and
-//! returns an exit code.
+//! `check`, `supervise` and the built-in demo agent (`demo-agent`). Each
+//! takes its parsed arguments and returns an exit code. (`conformance` is a
+//! binary of its own: crates/conformance.)
 
 pub mod check;
-pub mod conformance;
 pub mod demo;
 pub mod supervise;

@@ -1,21 +1,21 @@
 //! `docs/openapi.yaml` kept true: its operations are the route table's, its
 //! error codes `wire::ErrorCode`'s, the runner's wire types and the
-//! reference coordinator's answers validate against it; and `hosted-boot
-//! conformance` passes against the reference coordinator and names the
+//! reference coordinator's answers validate against it; and `hosted-boot-conformance`
+//! passes against the reference coordinator and names the
 //! failing check for each broken variant of it (its fault knobs).
 
-use hosted_boot::cmd::conformance::openapi::Document;
 use hosted_boot::wire::routes::{Auth, Location, Route, TABLE};
 use hosted_boot::wire::{
     self, AcceptedThrough, Access, BootStatus, BootStatusBody, ErrorCode, Event, EventsBody,
     FinishBody, FinishError, GitlinkReason, HarvestResult, PushError, PushErrorCode,
     RepoTokenRequest, RunOutcome, SkipReason, SkippedFile, UnpublishedGitlink, Usage,
 };
+use hosted_boot_conformance::openapi::Document;
 use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route as FaultRoute};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::support::{Sandbox, assert_no_secret, finish, pull_bearer};
+use super::support::{Sandbox, assert_no_secret, conformance_bin, finish, pull_bearer};
 
 fn doc() -> Document {
     Document::load().unwrap()
@@ -484,11 +484,11 @@ async fn openapi_documents_the_long_poll_of_the_session_read() {
     assert!(again.bytes().await.unwrap().is_empty());
 }
 
-/// `hosted-boot conformance` against the sandbox's coordinator, with the
+/// `hosted-boot-conformance` against the sandbox's coordinator, with the
 /// faults `faults` queued first: its exit code and output.
 async fn conformance(sb: &Sandbox) -> (i32, String) {
     let cmd = sb
-        .command("conformance", &sb.script("true"))
+        .program_command(&[], &conformance_bin(), &sb.script("true"))
         .spawn()
         .unwrap();
     let (status, out) = finish(cmd).await;
@@ -548,7 +548,7 @@ async fn conformance_passes_against_the_reference_coordinator() {
     // The resend was ignored: events are numbered from 1 without a repeat.
     let seqs: Vec<u64> = run.events.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
-    assert!(seqs.len() > hosted_boot::cmd::conformance::LARGE_BURST);
+    assert!(seqs.len() > hosted_boot_conformance::LARGE_BURST);
     drop(snap);
 }
 

@@ -93,13 +93,26 @@ impl Sandbox {
     /// [`Sandbox::command`] run through `wrapper` (for example `unshare …`
     /// or `setpriv …`), which execs the binary with the same environment.
     pub fn wrapped_command(&self, wrapper: &[&str], subcommand: &str, script: &Path) -> Command {
-        let mut bin = PathBuf::from(env!("CARGO_BIN_EXE_hosted-boot"));
+        let mut cmd = self.program_command(
+            wrapper,
+            Path::new(env!("CARGO_BIN_EXE_hosted-boot")),
+            script,
+        );
+        cmd.arg(subcommand);
+        cmd
+    }
+
+    /// `program` (the runner or another binary of the workspace) with the
+    /// sandbox's environment, as [`Sandbox::wrapped_command`] runs the
+    /// runner; its arguments are the caller's.
+    pub fn program_command(&self, wrapper: &[&str], program: &Path, script: &Path) -> Command {
+        let mut bin = program.to_path_buf();
         if !wrapper.is_empty() {
             // A wrapper may drop privileges, and the build directory may be
             // private (CI clones into a 0700 temporary directory): run a
             // world-executable copy from the sandbox's directory.
             use std::os::unix::fs::PermissionsExt;
-            let copy = self.dir.path().join("hosted-boot");
+            let copy = self.dir.path().join(program.file_name().unwrap());
             if !copy.exists() {
                 std::fs::copy(&bin, &copy).unwrap();
                 std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -115,8 +128,7 @@ impl Sandbox {
             }
             None => Command::new(bin),
         };
-        cmd.arg(subcommand)
-            .env_clear()
+        cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("HOME", self.dir.path())
             .envs(self.coordinator.sandbox_env())
@@ -797,14 +809,26 @@ impl Pty {
 /// (`cargo nextest run`, the README's test command): its package has
 /// integration tests of its own (crates/coordinator/tests/).
 pub fn coordinator_bin() -> PathBuf {
-    let path =
-        Path::new(env!("CARGO_BIN_EXE_hosted-boot")).with_file_name("hosted-boot-coordinator");
+    workspace_bin("hosted-boot-coordinator")
+}
+
+/// The binary `name` of another package of the workspace, beside the
+/// runner's (the package has integration tests, so cargo builds its binary
+/// with the workspace's tests).
+fn workspace_bin(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_hosted-boot")).with_file_name(name);
     assert!(
         path.is_file(),
-        "{} is missing: run the workspace's tests (`cargo nextest run`, not `-p hosted-boot` alone) or build it (`cargo build -p hosted-boot-coordinator`)",
+        "{} is missing: run the workspace's tests (`cargo nextest run`, not `-p hosted-boot` alone) or build it (`cargo build -p {name}`)",
         path.display()
     );
     path
+}
+
+/// The conformance checker's binary (`hosted-boot-conformance`), beside
+/// the runner's, as [`coordinator_bin`] is.
+pub fn conformance_bin() -> PathBuf {
+    workspace_bin("hosted-boot-conformance")
 }
 
 /// Runs `hosted-boot-coordinator demo` with `args` (bounded, 120 s) and

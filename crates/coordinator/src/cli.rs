@@ -180,11 +180,11 @@ pub async fn run_cli(args: CoordinatorArgs) -> anyhow::Result<()> {
     readable_working_dir()?;
     // The sandbox line names the runner; serving does not need it, so a
     // runner not found is said and the line names `hosted-boot` for PATH.
-    let runner = match find_runner(args.runner.as_deref()) {
+    let runner = match crate::runner_binary::find(args.runner.as_deref()) {
         Ok(path) => path,
         Err(e) => {
             eprintln!("hosted-boot-coordinator: {e:#}");
-            PathBuf::from(RUNNER)
+            PathBuf::from(crate::runner_binary::NAME)
         }
     };
     let stop = stop_signal()?;
@@ -364,48 +364,6 @@ pub(crate) fn startup_text(c: &Coordinator, runner: &Path) -> String {
     ));
     out.push_str("\nCtrl-C stops it.");
     out
-}
-
-/// The runner binary's name: the coordinator runs it (the demo) or prints
-/// a line that does (`serve`).
-const RUNNER: &str = "hosted-boot";
-
-/// The runner binary: `given` when it names an executable file; else
-/// `hosted-boot` beside this binary (as `cargo build` and an image that
-/// ships both leave them), else on `PATH`.
-///
-/// Errors: `given` is not an executable file, or no runner was found; the
-/// message says where it looked and what to pass.
-pub fn find_runner(given: Option<&Path>) -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let executable = |p: &Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if let Some(path) = given {
-        anyhow::ensure!(
-            executable(path),
-            "the runner {} is not an executable file; pass --runner the path of the `{RUNNER}` binary",
-            path.display()
-        );
-        return Ok(path.to_path_buf());
-    }
-    let beside = std::env::current_exe()
-        .ok()
-        .map(|exe| exe.with_file_name(RUNNER));
-    if let Some(path) = beside.as_deref().filter(|p| executable(p)) {
-        return Ok(path.to_path_buf());
-    }
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join(RUNNER))
-        .find(|p| executable(p));
-    on_path.ok_or_else(|| {
-        anyhow::anyhow!(
-            "the runner binary `{RUNNER}` is neither beside this binary ({}) nor on PATH; build both (`cargo build --release` builds every binary of the workspace) or pass --runner PATH",
-            beside.map_or_else(|| "its path is unknown".to_string(), |p| p.display().to_string())
-        )
-    })
 }
 
 /// The working directory, where the coordinator's git (and the demo's

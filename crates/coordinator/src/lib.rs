@@ -65,7 +65,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use url::Url;
 
-pub use cli::{CoordinatorArgs, find_runner, run_cli};
+pub use cli::{CoordinatorArgs, run_cli};
 pub use git::{SAMPLE_LFS_CONTENT, create_complete_sample_repos, create_sample_repo};
 pub use state::{DevError, Fault, RecordedRequest, Route, RunRecord, Snapshot};
 
@@ -73,6 +73,8 @@ pub use state::{DevError, Fault, RecordedRequest, Route, RunRecord, Snapshot};
 // `crate::wire::…` reads alike in both crates.
 pub(crate) use hosted_boot_wire::sync::lock;
 pub(crate) use hosted_boot_wire::{secret, text, timings, validate, wire};
+// Public: the binary (main.rs) finds the runner with it.
+pub use hosted_boot_wire::runner_binary;
 
 use crate::secret::Secret;
 use crate::wire::routes::Route as ApiRoute;
@@ -689,7 +691,7 @@ impl Coordinator {
     /// repository, an `env …` line and a `docker run --network host -e …`
     /// line with the sandbox's environment, and `curl` lines for the dev API.
     /// Holds the boot secret (it is what a person copies into a sandbox).
-    /// The `env …` line runs `runner` (see [`find_runner`]).
+    /// The `env …` line runs `runner` (see [`runner_binary::find`]).
     pub fn startup_text(&self, runner: &Path) -> String {
         cli::startup_text(self, runner)
     }

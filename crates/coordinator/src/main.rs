@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use hosted_boot_coordinator::{CoordinatorArgs, demo, find_runner, run_cli};
+use hosted_boot_coordinator::{CoordinatorArgs, demo, run_cli, runner_binary};
 
 /// The reference coordinator of hosted-boot (PROTOCOL.md section 6) and its
 /// demo.
@@ -49,7 +49,7 @@ fn main() -> ExitCode {
         }
         // The demo prints its own timeline; the coordinator's log lines
         // would interleave with it, so none is installed.
-        Command::Demo(args) => match find_runner(args.runner.as_deref()) {
+        Command::Demo(args) => match runner_binary::find(args.runner.as_deref()) {
             Ok(runner) => runtime.block_on(demo::run(args, &runner)),
             Err(e) => {
                 eprintln!("hosted-boot-coordinator demo: {e:#}");

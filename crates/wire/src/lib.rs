@@ -3,7 +3,8 @@
 //! and the conformance checker so that they cannot drift: the wire types and
 //! the route table ([`wire`]), the value checks of section 5 ([`validate`]),
 //! the contract's durations ([`timings`]), the one type that holds a secret
-//! ([`secret`]), text helpers for messages ([`text`]), and the primitives
+//! ([`secret`]), text helpers for messages ([`text`]), where the runner's
+//! peers find the runner binary ([`runner_binary`]), and the primitives
 //! every crate of the workspace shares (locks that survive a panicked
 //! holder, [`sync`]). It depends on no other crate of the workspace
 //! (ARCHITECTURE.md, "Crates").
@@ -20,6 +21,7 @@
     )
 )]
 
+pub mod runner_binary;
 pub mod secret;
 pub mod sync;
 pub mod text;

@@ -1,4 +1,4 @@
-//! The recording proxy of `hosted-boot conformance`: on loopback between
+//! The recording proxy of `hosted-boot-conformance`: on loopback between
 //! the runner (and its credential helper) and the platform's coordinator. It
 //! forwards every request of PROTOCOL.md section 2 unchanged, never follows
 //! a redirect (section 2), records each answer (status, whether it matched

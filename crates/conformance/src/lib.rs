@@ -1,9 +1,12 @@
-//! `hosted-boot conformance`: checks a platform's coordinator against the
+//! `hosted-boot-conformance`: checks a platform's coordinator against the
 //! contract (PROTOCOL.md section 2, `docs/openapi.yaml`) with one real turn.
+//! A binary of its own (issue 34), so that the sandbox image's runner
+//! carries neither the document nor its validator.
 //!
 //! Given the environment a sandbox gets (section 1), it starts the real
-//! runner (`run`, this binary) with the built-in conformance agent
-//! ([`agent_main`]) and points the runner's URLs at a recording proxy on
+//! runner (`hosted-boot run`, found beside this binary, on PATH or by
+//! `--runner`) with the built-in conformance agent (this binary's `agent`,
+//! [`agent_main`]) and points the runner's URLs at a recording proxy on
 //! loopback ([`proxy`]) that forwards to the coordinator and validates every
 //! answer against the document. The agent sends events in a large and a
 //! small batch and pushes a commit to the session branch through the
@@ -19,10 +22,13 @@
 pub mod openapi;
 pub mod proxy;
 
+// The contract's modules under the names the runner gives them.
+pub(crate) use hosted_boot_wire::{runner_binary, secret, sync, text, timings, wire};
+
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -45,7 +51,7 @@ const SMALL_BATCH: usize = 10;
 /// The line the agent prints once its push of the session branch succeeded.
 pub const PUSH_MARKER: &str = "conformance-push-ok";
 
-/// Flags of `hosted-boot conformance`. The coordinator and the session come
+/// Flags of `hosted-boot-conformance`. The coordinator and the session come
 /// from the sandbox environment (`ORIZU_*`, PROTOCOL.md section 1).
 #[derive(Args, Clone, Debug)]
 pub struct ConformanceArgs {
@@ -56,6 +62,10 @@ pub struct ConformanceArgs {
     /// Bound on the whole check (`5m`, `90s`).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::timings::parse_duration)]
     pub timeout: Duration,
+    /// The runner binary to run the turn with [default: `hosted-boot`
+    /// beside this binary, else on PATH].
+    #[arg(long, value_name = "PATH")]
+    pub runner: Option<PathBuf>,
 }
 
 /// One row of the table.
@@ -77,7 +87,7 @@ fn check(name: impl Into<String>, section: &'static str, outcome: Result<(), Str
     }
 }
 
-/// Runs `hosted-boot conformance`; returns 0 when every check passed, 1
+/// Runs `hosted-boot-conformance`; returns 0 when every check passed, 1
 /// when one failed, 2 when the environment is not a sandbox's.
 pub async fn run(
     env: BTreeMap<OsString, OsString>,
@@ -118,18 +128,25 @@ pub async fn run(
     let (upstream, session) = match setup {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("hosted-boot conformance: {e:#}");
+            eprintln!("hosted-boot-conformance: {e:#}");
+            return 2;
+        }
+    };
+    let runner = match crate::runner_binary::find(args.runner.as_deref()) {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("hosted-boot-conformance: {e}");
             return 2;
         }
     };
     let Some(boot_secret) = boot_secret else {
         eprintln!(
-            "hosted-boot conformance: ORIZU_BOOT_SECRET is not set: give conformance the sandbox's environment"
+            "hosted-boot-conformance: ORIZU_BOOT_SECRET is not set: give conformance the sandbox's environment"
         );
         return 2;
     };
     println!(
-        "hosted-boot conformance: session {session} on {}",
+        "hosted-boot-conformance: session {session} on {}",
         upstream.api_base
     );
     println!(
@@ -141,10 +158,10 @@ pub async fn run(
          complete or failed is posted and the session stays active. Nothing else is changed."
     );
     println!();
-    let checks = match exercise(&env, &args, boot_secret, upstream).await {
+    let checks = match exercise(&env, &args, &runner, boot_secret, upstream).await {
         Ok(checks) => checks,
         Err(e) => {
-            eprintln!("hosted-boot conformance: {e:#}");
+            eprintln!("hosted-boot-conformance: {e:#}");
             return 2;
         }
     };
@@ -163,6 +180,7 @@ pub async fn run(
 async fn exercise(
     env: &BTreeMap<OsString, OsString>,
     args: &ConformanceArgs,
+    runner_bin: &Path,
     boot_secret: Secret,
     upstream: Upstream,
 ) -> anyhow::Result<Vec<Check>> {
@@ -170,7 +188,7 @@ async fn exercise(
     let ca = env
         .get(&OsString::from("HOSTED_BOOT_CA_FILE"))
         .map(PathBuf::from);
-    let http = crate::tls::http_client(ca.as_deref())?;
+    let http = hosted_boot::tls::http_client(ca.as_deref())?;
     let proxy = Proxy::start(upstream, http, doc).await?;
     let temp = tempfile::Builder::new()
         .prefix("hosted-boot-conformance-")
@@ -182,8 +200,9 @@ async fn exercise(
     std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
     let log_path = temp.path().join("runner.log");
     let log = std::fs::File::create(&log_path)?;
+    // The agent is this binary's `agent`.
     let exe = std::env::current_exe().context("cannot find this executable")?;
-    let mut runner = tokio::process::Command::new(&exe);
+    let mut runner = tokio::process::Command::new(runner_bin);
     runner
         .arg("run")
         .env_clear()
@@ -198,10 +217,7 @@ async fn exercise(
         .env("HOSTED_BOOT_AGENT", "command")
         .env(
             "HOSTED_BOOT_AGENT_COMMAND",
-            format!(
-                "{} conformance-agent",
-                crate::text::shell_word(&exe.to_string_lossy())
-            ),
+            format!("{} agent", crate::text::shell_word(&exe.to_string_lossy())),
         )
         .env("HOSTED_BOOT_ROOT", &root)
         .env("HOSTED_BOOT_LOG_FORMAT", "text")
@@ -549,7 +565,7 @@ pub fn table(checks: &[Check]) -> String {
     out
 }
 
-/// The built-in agent of `conformance` (`hosted-boot conformance-agent`, run
+/// The built-in agent of `conformance` (`hosted-boot-conformance agent`, run
 /// by the runner as the `command` agent): a large burst of events, a commit
 /// pushed to the session branch through the credential helper, then one
 /// line (a small batch). Exit 0 only when the push succeeded.
@@ -567,7 +583,7 @@ pub fn agent_main() -> i32 {
         let _ = out.flush();
     }
     let text = format!(
-        "# Conformance\n\nWritten by `hosted-boot conformance` (one turn of {} bytes of prompt).\n",
+        "# Conformance\n\nWritten by `hosted-boot-conformance` (one turn of {} bytes of prompt).\n",
         prompt.len()
     );
     if let Err(e) = std::fs::write("CONFORMANCE.md", text) {
@@ -576,7 +592,7 @@ pub fn agent_main() -> i32 {
     }
     for args in [
         vec!["add", "CONFORMANCE.md"],
-        vec!["commit", "-q", "-m", "hosted-boot conformance: one turn"],
+        vec!["commit", "-q", "-m", "hosted-boot-conformance: one turn"],
         vec!["push", "-q", "origin", "HEAD"],
     ] {
         match std::process::Command::new("git").args(&args).status() {

@@ -1,5 +1,5 @@
 //! `docs/openapi.yaml` (the routes of PROTOCOL.md section 2 as an OpenAPI
-//! 3.1 document), embedded in the binary for `hosted-boot conformance` and
+//! 3.1 document), embedded in the binary for `hosted-boot-conformance` and
 //! the tests, and a validator for the part of JSON Schema the document uses.
 //! Only `conformance` loads it: `run` never does (the runner's own checks
 //! are its wire types).

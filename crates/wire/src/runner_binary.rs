@@ -1,0 +1,65 @@
+//! Where the runner's peers find the runner binary: the reference
+//! coordinator (`hosted-boot-coordinator`, whose demo boots it and whose
+//! `serve` prints a line that does) and the conformance checker
+//! (`hosted-boot-conformance`, which runs one real turn with it). Each is a
+//! binary of its own (issue 34) and runs the runner as a child, never links
+//! it.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+
+/// The runner binary's file name.
+pub const NAME: &str = "hosted-boot";
+
+/// Why no runner was found; the message says where it looked and what to
+/// pass.
+#[derive(Debug, thiserror::Error)]
+pub enum NotFound {
+    /// `--runner` named something that is not an executable file.
+    #[error(
+        "the runner {} is not an executable file; pass --runner the path of the `{NAME}` binary",
+        .0.display()
+    )]
+    NotExecutable(PathBuf),
+    /// Neither beside this binary nor on `PATH`.
+    #[error(
+        "the runner binary `{NAME}` is neither beside this binary ({}) nor on PATH; build both (`cargo build --release` builds every binary of the workspace), put `{NAME}` on PATH, or pass --runner PATH",
+        .beside.as_ref().map_or_else(|| "its own path is unknown".to_string(), |p| p.display().to_string())
+    )]
+    Nowhere {
+        /// Where it would be beside this binary.
+        beside: Option<PathBuf>,
+    },
+}
+
+/// The runner binary: `given` (a `--runner` flag) when it names an
+/// executable file; else `hosted-boot` beside this binary (as `cargo build`
+/// leaves them, and as a sandbox image that carries both has them), else on
+/// `PATH`.
+///
+/// Errors: see [`NotFound`].
+pub fn find(given: Option<&Path>) -> Result<PathBuf, NotFound> {
+    if let Some(path) = given {
+        return if executable(path) {
+            Ok(path.to_path_buf())
+        } else {
+            Err(NotFound::NotExecutable(path.to_path_buf()))
+        };
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .map(|exe| exe.with_file_name(NAME));
+    if let Some(path) = beside.as_deref().filter(|p| executable(p)) {
+        return Ok(path.to_path_buf());
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(NAME))
+        .find(|p| executable(p))
+        .ok_or(NotFound::Nowhere { beside })
+}
+
+fn executable(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
