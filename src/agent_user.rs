@@ -422,7 +422,7 @@ mod tests {
     fn a_name_and_its_uid_resolve_alike() {
         // `nobody` (65534) exists on Debian and in the CI image.
         let Ok(by_name) = AgentUser::resolve("nobody", 0) else {
-            eprintln!("SKIPPED: no `nobody` user here");
+            hosted_boot_test_support::skip("no `nobody` user here (65534, as Debian has)");
             return;
         };
         let by_uid = AgentUser::resolve(&by_name.uid.to_string(), 0).unwrap();
@@ -432,12 +432,12 @@ mod tests {
 
     #[test]
     fn the_walk_gives_entries_without_following_links() {
-        if !rustix::process::getuid().is_root() {
-            eprintln!("SKIPPED: chown needs root");
+        if let Err(reason) = hosted_boot_test_support::root("chown") {
+            hosted_boot_test_support::skip(reason);
             return;
         }
         let Ok(user) = AgentUser::resolve("nobody", 0) else {
-            eprintln!("SKIPPED: no `nobody` user here");
+            hosted_boot_test_support::skip("no `nobody` user here (65534, as Debian has)");
             return;
         };
         use std::os::unix::fs::MetadataExt;

@@ -525,12 +525,12 @@ pub(super) mod tests {
     #[test]
     fn a_hold_that_acted_as_the_agent_user_walks_nothing_at_its_drop() {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        if !rustix::process::getuid().is_root() {
-            eprintln!("SKIPPED: acting as another user needs root");
+        if let Err(reason) = hosted_boot_test_support::root("acting as another user") {
+            hosted_boot_test_support::skip(reason);
             return;
         }
         let Ok(user) = crate::agent_user::AgentUser::resolve("nobody", 0) else {
-            eprintln!("SKIPPED: no `nobody` user here");
+            hosted_boot_test_support::skip("no `nobody` user here (65534, as Debian has)");
             return;
         };
         let root = tempfile::tempdir().unwrap();

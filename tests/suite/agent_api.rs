@@ -469,8 +469,10 @@ async fn agent_api_allow_refuses_unknown_and_credential_routes_at_start() {
 #[tokio::test]
 async fn the_agent_cannot_read_the_runners_environment_or_memory() {
     let root = rustix::process::getuid().is_root();
-    if root && !Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("SKIPPED: as root, needs setpriv to run the runner as uid 65534");
+    if root && let Err(reason) = hosted_boot_test_support::program("/usr/bin/setpriv", "util-linux")
+    {
+        // As root, the runner runs as uid 65534 through setpriv.
+        hosted_boot_test_support::skip(reason);
         return;
     }
     let sb = Sandbox::start(CoordinatorOptions::default()).await;

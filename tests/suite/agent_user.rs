@@ -27,7 +27,7 @@ impl TestUser {
     pub fn create() -> Result<TestUser, String> {
         if !rustix::process::getuid().is_root() {
             return Err(
-                "creating a user and running the agent as it need root; CI runs as root".into(),
+                "creating a user and running the agent as it need root (run the suite as root, as .ci/run does)".into(),
             );
         }
         use std::sync::atomic::{AtomicU32, Ordering};
@@ -173,7 +173,7 @@ async fn agent_user_turns(mode: &str, readable: &[&str]) {
     let user = match TestUser::create() {
         Ok(u) => u,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            hosted_boot_test_support::skip(reason);
             return;
         }
     };

@@ -69,7 +69,7 @@ async fn core_worktree_in_the_agents_git_config_gets_the_harvest_no_root_only_fi
     let user = match super::agent_user::TestUser::create() {
         Ok(u) => u,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            hosted_boot_test_support::skip(reason);
             return;
         }
     };
@@ -125,7 +125,7 @@ async fn a_reflog_symlinked_by_the_agent_gets_the_harvest_no_root_write() {
     let user = match super::agent_user::TestUser::create() {
         Ok(u) => u,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            hosted_boot_test_support::skip(reason);
             return;
         }
     };
@@ -172,7 +172,7 @@ async fn a_restarted_runner_reuses_the_agents_repo_as_the_agent_user_not_as_root
     let user = match super::agent_user::TestUser::create() {
         Ok(u) => u,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            hosted_boot_test_support::skip(reason);
             return;
         }
     };
@@ -233,7 +233,7 @@ async fn a_fifo_at_the_agents_git_config_does_not_wedge_the_runners_git_work() {
     let user = match super::agent_user::TestUser::create() {
         Ok(u) => u,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            hosted_boot_test_support::skip(reason);
             return;
         }
     };

@@ -475,8 +475,9 @@ git rev-parse HEAD > "$AGENT_OUT/head"
 
 #[tokio::test]
 async fn a_peer_of_another_uid_is_refused() {
-    if !rustix::process::geteuid().is_root() {
-        println!("skipped: needs root to connect as another uid (nobody, 65534)");
+    if let Err(reason) = hosted_boot_test_support::root("connecting as another uid (nobody, 65534)")
+    {
+        hosted_boot_test_support::skip(reason);
         return;
     }
     let sb = Sandbox::start(CoordinatorOptions::default()).await;

@@ -235,8 +235,8 @@ async fn a_root_that_is_a_file_is_named_as_such() {
 
 #[tokio::test]
 async fn a_root_this_user_cannot_write_fails_the_check() {
-    if !rustix::process::getuid().is_root() || !std::path::Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("SKIPPED: needs root and setpriv to run the check as uid 65534");
+    if let Err(reason) = super::support::root_and_setpriv("running the check as uid 65534") {
+        hosted_boot_test_support::skip(reason);
         return;
     }
     let sb = Sandbox::start(CoordinatorOptions::default()).await;

@@ -23,8 +23,8 @@ const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 /// `timestamp_file` holds (re-read at every call), or `None` (with the
 /// reason printed) where libfaketime is not installed.
 fn faked_runner(sb: &Sandbox, script: &Path, timestamp_file: &Path) -> Option<Runner> {
-    if !Path::new(LIBFAKETIME).exists() {
-        eprintln!("skipped: {LIBFAKETIME} is not installed (apt-get install libfaketime)");
+    if let Err(reason) = hosted_boot_test_support::program(LIBFAKETIME, "libfaketime") {
+        hosted_boot_test_support::skip(reason);
         return None;
     }
     std::fs::write(timestamp_file, "+0s\n").unwrap();

@@ -16,9 +16,7 @@ struct Tmpfs(std::path::PathBuf);
 
 impl Tmpfs {
     fn mount(at: &Path, size: &str) -> Result<Tmpfs, String> {
-        if !rustix::process::geteuid().is_root() {
-            return Err("not root: cannot mount a tmpfs".into());
-        }
+        hosted_boot_test_support::root("mounting a tmpfs")?;
         let out = std::process::Command::new("mount")
             .args([
                 "-t",
@@ -73,7 +71,7 @@ async fn a_root_that_fills_during_a_turn_fails_clearly_and_leaves_no_partial_sec
     let _tmpfs = match Tmpfs::mount(&sb.root(), "24m") {
         Ok(t) => t,
         Err(why) => {
-            eprintln!("skipped: {why}");
+            hosted_boot_test_support::skip(why);
             return;
         }
     };

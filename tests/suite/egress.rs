@@ -131,10 +131,11 @@ struct Netns {
 }
 
 impl Netns {
-    /// `None` (with the reason printed) where the test cannot make one.
+    /// `None` (the test skipped, or failed unless the run allows skipping)
+    /// where the test cannot make one.
     fn create(n: u8) -> Option<Netns> {
-        if !rustix::process::geteuid().is_root() {
-            println!("skipped: a network namespace needs root");
+        if let Err(reason) = hosted_boot_test_support::root("a network namespace") {
+            hosted_boot_test_support::skip(reason);
             return None;
         }
         let id = (std::process::id() % 200) as u8;
@@ -196,15 +197,17 @@ impl Netns {
             match run(step) {
                 Ok(o) if o.status.success() => {}
                 Ok(o) => {
-                    println!(
-                        "skipped: `ip {}` failed: {}",
+                    hosted_boot_test_support::skip(format!(
+                        "`ip {}` failed: {} (iproute2, with network namespaces)",
                         step.join(" "),
                         String::from_utf8_lossy(&o.stderr).trim()
-                    );
+                    ));
                     return None;
                 }
                 Err(e) => {
-                    println!("skipped: cannot run ip: {e}");
+                    hosted_boot_test_support::skip(format!(
+                        "cannot run ip: {e} (apt-get install iproute2)"
+                    ));
                     return None;
                 }
             }
@@ -308,14 +311,16 @@ openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out lea
     match made {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
-            println!(
-                "skipped: openssl failed: {}",
+            hosted_boot_test_support::skip(format!(
+                "openssl failed: {}",
                 String::from_utf8_lossy(&o.stderr)
-            );
+            ));
             return None;
         }
         Err(e) => {
-            println!("skipped: cannot run openssl: {e}");
+            hosted_boot_test_support::skip(format!(
+                "cannot run openssl: {e} (apt-get install openssl)"
+            ));
             return None;
         }
     }

@@ -3,7 +3,6 @@
 //! policy) that refuses either keeps the runner from starting.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 
 use hosted_boot_coordinator::CoordinatorOptions;
 use tokio::process::Command;
@@ -87,8 +86,8 @@ async fn the_runner_and_its_agent_run_with_core_dumps_off() {
 /// dumpable one to its uid.
 #[tokio::test]
 async fn proc_shows_the_runner_non_dumpable() {
-    if !rustix::process::getuid().is_root() || !Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("SKIPPED: needs root and setpriv to run the runner as uid 65534");
+    if let Err(reason) = super::support::root_and_setpriv("running the runner as uid 65534") {
+        hosted_boot_test_support::skip(reason);
         return;
     }
     let sb = Sandbox::start(CoordinatorOptions::default()).await;

@@ -36,7 +36,7 @@ async fn the_image_default_runs_the_runner_as_root_and_the_agent_as_the_agent_us
     let user = match super::agent_user::TestUser::create() {
         Ok(u) => u,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            hosted_boot_test_support::skip(reason);
             return;
         }
     };
@@ -92,12 +92,8 @@ echo "commit=$?" >> "$AGENT_OUT/commit"
 /// agent one uid, `HOSTED_BOOT_AGENT_USER` empty).
 #[test]
 fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
-    if !rustix::process::getuid().is_root() {
-        eprintln!("SKIPPED: dropping to uid {AGENT_UID} needs root; this test runs as root in CI");
-        return;
-    }
-    if !Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("SKIPPED: setpriv (util-linux) is not installed");
+    if let Err(reason) = super::support::root_and_setpriv(&format!("dropping to uid {AGENT_UID}")) {
+        hosted_boot_test_support::skip(reason);
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -176,14 +172,7 @@ fn the_binary_runs_the_demo_as_the_unprivileged_agent_user() {
 
 /// `setpriv` to the agent uid, or the reason to skip.
 fn as_agent_user() -> Result<std::process::Command, String> {
-    if !rustix::process::getuid().is_root() {
-        return Err(format!(
-            "dropping to uid {AGENT_UID} needs root; this test runs as root in CI"
-        ));
-    }
-    if !Path::new("/usr/bin/setpriv").exists() {
-        return Err("setpriv (util-linux) is not installed".into());
-    }
+    super::support::root_and_setpriv(&format!("dropping to uid {AGENT_UID}"))?;
     let mut cmd = std::process::Command::new("/usr/bin/setpriv");
     cmd.args([
         format!("--reuid={AGENT_UID}"),
@@ -219,7 +208,7 @@ fn a_working_directory_the_runner_cannot_read_is_named_as_such() {
         let mut cmd = match as_agent_user() {
             Ok(c) => c,
             Err(reason) => {
-                eprintln!("SKIPPED: {reason}");
+                hosted_boot_test_support::skip(reason);
                 return;
             }
         };
@@ -271,7 +260,7 @@ fn the_image_default_as_a_non_root_uid_is_refused_with_what_to_do() {
     let mut cmd = match as_agent_user() {
         Ok(c) => c,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            hosted_boot_test_support::skip(reason);
             return;
         }
     };

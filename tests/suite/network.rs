@@ -43,9 +43,7 @@ struct Link {
 
 impl Link {
     fn create() -> Result<Link, String> {
-        if !rustix::process::geteuid().is_root() {
-            return Err("not root: cannot create a network namespace".into());
-        }
+        hosted_boot_test_support::root("a network namespace")?;
         if sh(&["nft", "--version"]).is_err() {
             return Err("nft is not installed (apt-get install nftables)".into());
         }
@@ -166,7 +164,7 @@ async fn a_lossy_slow_link_and_a_partition_that_heals_lose_no_event() {
     let link = match Link::create() {
         Ok(l) => l,
         Err(why) => {
-            eprintln!("skipped: {why}");
+            hosted_boot_test_support::skip(why);
             return;
         }
     };

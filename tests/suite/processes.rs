@@ -237,7 +237,7 @@ async fn as_pid1_the_runner_reaps_orphans_forwards_sigterm_and_hands_the_secret_
     let wrapper = match pid_namespace_wrapper() {
         Ok(w) => w,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            hosted_boot_test_support::skip(reason);
             return;
         }
     };
@@ -376,8 +376,10 @@ fn as_nobody(argv: &[&str]) -> (bool, String) {
 
 #[tokio::test]
 async fn proc_protections_hold_against_a_reader_of_the_runners_own_uid() {
-    if !rustix::process::getuid().is_root() || !Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("SKIPPED: needs root and setpriv to run the runner and a reader as uid 65534");
+    if let Err(reason) =
+        super::support::root_and_setpriv("running the runner and a reader as uid 65534")
+    {
+        hosted_boot_test_support::skip(reason);
         return;
     }
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
@@ -564,7 +566,7 @@ async fn under_the_pid_1_reaper_the_worker_holds_the_root_lock() {
     let wrapper = match pid_namespace_wrapper() {
         Ok(w) => w,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            hosted_boot_test_support::skip(reason);
             return;
         }
     };

@@ -6,8 +6,10 @@
 //! `$HOSTED_BOOT_AGENT_CLIS`. The CLIs talk to a fake model provider on
 //! loopback (`tests/fakes/model-provider`) that scripts each turn (its
 //! prompt names the scenario: `write:NAME`, `sleep:NAME`, `fail:KIND`) and
-//! logs what each CLI sent. Where a CLI is not installed, its tests skip
-//! with a printed reason. The CLIs' state (HOME, CODEX_HOME, opencode's
+//! logs what each CLI sent. Where a CLI is not installed, its tests fail
+//! naming it (or skip, recorded, where the run allows skipping:
+//! `hosted_boot_test_support::skip`). The cases that wait out a CLI's own
+//! backoff cost minutes and are `#[ignore]`d: `--run-ignored all` runs them. The CLIs' state (HOME, CODEX_HOME, opencode's
 //! XDG directories) stays in the test's temporary directories.
 
 use std::path::{Path, PathBuf};
@@ -27,12 +29,16 @@ const FAKES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes");
 /// Bound on a real CLI's turn: a cold opencode start takes seconds, more
 /// on a loaded machine.
 const TURN_WAIT: Duration = Duration::from_secs(120);
-/// Bound on a turn's seal with HOSTED_BOOT_AGENT_CLIS_SLOW=1: a case that
-/// waits out a CLI's own backoff (opencode's is minutes per attempt).
+/// Bound on a turn's seal in a case that waits out a CLI's own backoff
+/// (opencode's is minutes per attempt): see [`SLOW`].
 const SLOW_TURN_WAIT: Duration = Duration::from_secs(20 * 60);
+/// Set by the `#[ignore]`d cases that wait out a CLI's own backoff: their
+/// turns are bounded by [`SLOW_TURN_WAIT`] (each test is a process of its
+/// own under nextest).
+static SLOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The directory holding the real CLIs, when `cli` is installed there;
-/// otherwise prints why the test skips.
+/// otherwise the test skips (it fails unless the run allows skipping).
 fn installed(cli: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("HOSTED_BOOT_AGENT_CLIS")
         .map(PathBuf::from)
@@ -42,11 +48,11 @@ fn installed(cli: &str) -> Option<PathBuf> {
     if dir.join(cli).is_file() {
         Some(dir)
     } else {
-        eprintln!(
-            "skipped: {cli} is not installed in {} (run scripts/install-agent-clis, or set \
+        hosted_boot_test_support::skip(format!(
+            "{cli} is not installed in {} (run scripts/install-agent-clis, which needs npm, or set \
              HOSTED_BOOT_AGENT_CLIS)",
             dir.display()
-        );
+        ));
         None
     }
 }
@@ -321,7 +327,7 @@ impl Case {
     /// Waits until `run` is sealed; on a timeout, fails with the runner's
     /// log and the provider's.
     async fn sealed(&self, runner: &mut Runner, run: &str) -> Snapshot {
-        let wait = if std::env::var_os("HOSTED_BOOT_AGENT_CLIS_SLOW").is_some() {
+        let wait = if SLOW.load(std::sync::atomic::Ordering::Relaxed) {
             SLOW_TURN_WAIT
         } else {
             TURN_WAIT
@@ -688,14 +694,10 @@ async fn provider_error(agent: &'static str, kind: &str, code: &str) {
 /// the runner's two overload continuations of the agent session. (A single
 /// 529 is retried by the CLIs themselves and never reaches the adapter.)
 /// opencode's own backoff on a persistent 529 takes about four minutes:
-/// its cases run only with HOSTED_BOOT_AGENT_CLIS_SLOW=1 (the
-/// newest-versions command sets it).
+/// its cases are `#[ignore]`d (the newest-versions command runs them).
 async fn overload_continuation(agent: &'static str) {
-    if cli_of(agent) == "opencode" && std::env::var_os("HOSTED_BOOT_AGENT_CLIS_SLOW").is_none() {
-        eprintln!(
-            "skipped: opencode's own backoff on a 529 takes minutes; set HOSTED_BOOT_AGENT_CLIS_SLOW=1"
-        );
-        return;
+    if cli_of(agent) == "opencode" {
+        SLOW.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     let Some(case) = Case::start(agent, "fail:529 write:one.txt").await else {
         return;
@@ -729,11 +731,13 @@ async fn real_codex_exec_overload_is_continued() {
 }
 
 #[tokio::test]
+#[ignore = "opencode's own backoff costs minutes: run with --run-ignored all (README, the newest versions)"]
 async fn real_opencode_overload_is_continued() {
     overload_continuation("opencode").await;
 }
 
 #[tokio::test]
+#[ignore = "opencode's own backoff costs minutes: run with --run-ignored all (README, the newest versions)"]
 async fn real_opencode_run_overload_is_continued() {
     overload_continuation("opencode-run").await;
 }
@@ -758,14 +762,10 @@ async fn real_codex_exec_auth_error() {
 /// `provider_quota_exhausted` in every adapter mode. opencode 1.18.33
 /// retries that 429 with its own backoff, and `opencode run --format json`
 /// prints nothing while it does (the serve adapter sees the retry notices
-/// and gives up): the `opencode-run` case costs minutes and runs only with
-/// HOSTED_BOOT_AGENT_CLIS_SLOW=1.
+/// and gives up): the `opencode-run` case costs minutes and is `#[ignore]`d.
 async fn quota_exhausted(agent: &'static str) {
-    if agent == "opencode-run" && std::env::var_os("HOSTED_BOOT_AGENT_CLIS_SLOW").is_none() {
-        eprintln!(
-            "skipped: opencode run's own backoff on a dead quota takes minutes; set HOSTED_BOOT_AGENT_CLIS_SLOW=1"
-        );
-        return;
+    if agent == "opencode-run" {
+        SLOW.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     let Some(case) = Case::start(agent, "fail:quota").await else {
         return;
@@ -802,6 +802,7 @@ async fn real_opencode_quota_exhausted() {
 }
 
 #[tokio::test]
+#[ignore = "opencode's own backoff costs minutes: run with --run-ignored all (README, the newest versions)"]
 async fn real_opencode_run_quota_exhausted() {
     quota_exhausted("opencode-run").await;
 }

@@ -427,7 +427,7 @@ async fn setup_runs_as_the_agent_user_and_leaves_repo_the_agent_users() {
     let user = match super::agent_user::TestUser::create() {
         Ok(u) => u,
         Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+            hosted_boot_test_support::skip(reason);
             return;
         }
     };

@@ -634,6 +634,13 @@ pub fn assert_no_secret(what: &str, output: &str, secrets: &[String]) {
     }
 }
 
+/// `Err` naming what is missing unless this process is root and has
+/// setpriv (util-linux), which `what` needs to drop to another uid.
+pub fn root_and_setpriv(what: &str) -> Result<(), String> {
+    hosted_boot_test_support::root(what)?;
+    hosted_boot_test_support::program("/usr/bin/setpriv", "util-linux")
+}
+
 /// `unshare --pid --fork --mount-proc` as this machine allows it, or the
 /// reason to skip. `--kill-child`: when a failed test kills `unshare`, the
 /// namespace's PID 1, and so everything in the namespace, dies with it.
