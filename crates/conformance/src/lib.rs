@@ -297,7 +297,8 @@ async fn exercise(
 }
 
 /// The checks of one conformance run, from what the proxy recorded and how
-/// the runner ended.
+/// the runner ended: each route's answers, then what the run must have
+/// shown, in the order of the contract's sections.
 pub fn judge(
     record: &Record,
     milestone: Option<Milestone>,
@@ -305,12 +306,34 @@ pub fn judge(
     stopped_by_us: bool,
     session_files_left: bool,
 ) -> Vec<Check> {
-    let mut out = Vec::new();
     let runner: Vec<&Exchange> = record
         .exchanges
         .iter()
         .filter(|e| !e.by_conformance)
         .collect();
+    let mut out = route_checks(record);
+    out.push(redirect_check(record));
+    out.push(turn_started_check(&runner, milestone));
+    out.extend(event_checks(&runner, record));
+    out.push(push_check(&runner));
+    out.push(seal_check(&runner));
+    out.push(stop_check(&runner, exit, stopped_by_us, session_files_left));
+    out
+}
+
+fn answered_2xx(e: &Exchange) -> bool {
+    e.status.is_some_and(|s| (200..300).contains(&s))
+}
+
+/// A boot status post of `status`.
+fn posts_status(e: &Exchange, status: &str) -> bool {
+    e.route == Route::BootStatus && e.request.get("status").and_then(Value::as_str) == Some(status)
+}
+
+/// Two checks per route of the table: every call answered 2xx, and the
+/// answers match the document.
+fn route_checks(record: &Record) -> Vec<Check> {
+    let mut out = Vec::new();
     for spec in TABLE {
         let mine: Vec<&Exchange> = record
             .exchanges
@@ -321,10 +344,7 @@ pub fn judge(
         let status = if mine.is_empty() {
             Err("at least one call, got none (the boot stopped before it)".to_string())
         } else {
-            match mine
-                .iter()
-                .find(|e| !e.status.is_some_and(|s| (200..300).contains(&s)))
-            {
+            match mine.iter().find(|e| !answered_2xx(e)) {
                 None => Ok(()),
                 Some(e) => Err(match (e.status, &e.transport_error) {
                     (Some(s), _) => format!("2xx, got {s}"),
@@ -338,12 +358,7 @@ pub fn judge(
             Err("an answer to check, got none".to_string())
         } else {
             match mine.iter().find_map(|e| e.mismatch.as_ref()) {
-                None if mine
-                    .iter()
-                    .any(|e| e.status.is_some_and(|s| (200..300).contains(&s))) =>
-                {
-                    Ok(())
-                }
+                None if mine.iter().any(|e| answered_2xx(e)) => Ok(()),
                 None => Err("a 2xx answer to check, got none".to_string()),
                 Some(m) => Err(m.clone()),
             }
@@ -354,11 +369,16 @@ pub fn judge(
             shape,
         ));
     }
+    out
+}
+
+/// No answer was a redirect (the runner never follows one).
+fn redirect_check(record: &Record) -> Check {
     let redirect = record
         .exchanges
         .iter()
         .find(|e| e.status.is_some_and(|s| (300..400).contains(&s)));
-    out.push(check(
+    check(
         "no redirects",
         "2",
         match redirect {
@@ -370,15 +390,15 @@ pub fn judge(
                 if e.location { " with a Location" } else { "" }
             )),
         },
-    ));
-    let turn_started = runner.iter().any(|e| {
-        e.route == Route::BootStatus
-            && e.request.get("status").and_then(Value::as_str) == Some("turn_started")
-    });
-    out.push(check(
+    )
+}
+
+/// The session had a run for the runner to take, and it took it.
+fn turn_started_check(runner: &[&Exchange], milestone: Option<Milestone>) -> Check {
+    check(
         "a run to take: the runner starts a turn",
         "2.4",
-        if turn_started {
+        if runner.iter().any(|e| posts_status(e, "turn_started")) {
             Ok(())
         } else if milestone == Some(Milestone::Ready) {
             Err(
@@ -388,7 +408,12 @@ pub fn judge(
         } else {
             Err("turn_started posted, got none".into())
         },
-    ));
+    )
+}
+
+/// Section 2.6's events: a large and a small batch accepted through their
+/// last seq, a resend ignored, the cursor, `acceptedThrough` monotonic.
+fn event_checks(runner: &[&Exchange], record: &Record) -> Vec<Check> {
     let batches: Vec<(usize, bool)> = runner
         .iter()
         .filter(|e| e.route == Route::Events)
@@ -400,10 +425,7 @@ pub fn judge(
                 .and_then(|v| v.get("seq"))
                 .and_then(Value::as_u64);
             let accepted = e.answer.get("acceptedThrough").and_then(Value::as_u64);
-            let ok = e.status.is_some_and(|s| (200..300).contains(&s))
-                && last.is_some()
-                && accepted >= last;
-            (n, ok)
+            (n, answered_2xx(e) && last.is_some() && accepted >= last)
         })
         .collect();
     let sizes = |pred: &dyn Fn(usize) -> bool| -> Result<(), String> {
@@ -419,54 +441,60 @@ pub fn judge(
             ))
         }
     };
-    out.push(check(
-        format!("events: a large batch (>= {LARGE_BATCH}) accepted"),
-        "2.6",
-        sizes(&|n| n >= LARGE_BATCH),
-    ));
-    out.push(check(
-        format!("events: a small batch (<= {SMALL_BATCH}) accepted"),
-        "2.6",
-        sizes(&|n| (1..=SMALL_BATCH).contains(&n)),
-    ));
-    out.push(check(
-        "events: a resend at or below the cursor is ignored",
-        "2.6",
-        record
-            .resend
-            .clone()
-            .unwrap_or_else(|| Err("an accepted batch to resend, got none".into())),
-    ));
-    out.push(check(
-        "events: the cursor is the last acceptedThrough",
-        "2.6",
-        record
-            .cursor
-            .clone()
-            .unwrap_or_else(|| Err("a cursor read after an accepted batch, got none".into())),
-    ));
-    out.push(check(
-        "events: acceptedThrough never goes backwards",
-        "2.6",
-        match &record.backwards {
-            None => Ok(()),
-            Some(b) => Err(b.clone()),
-        },
-    ));
+    vec![
+        check(
+            format!("events: a large batch (>= {LARGE_BATCH}) accepted"),
+            "2.6",
+            sizes(&|n| n >= LARGE_BATCH),
+        ),
+        check(
+            format!("events: a small batch (<= {SMALL_BATCH}) accepted"),
+            "2.6",
+            sizes(&|n| (1..=SMALL_BATCH).contains(&n)),
+        ),
+        check(
+            "events: a resend at or below the cursor is ignored",
+            "2.6",
+            record
+                .resend
+                .clone()
+                .unwrap_or_else(|| Err("an accepted batch to resend, got none".into())),
+        ),
+        check(
+            "events: the cursor is the last acceptedThrough",
+            "2.6",
+            record
+                .cursor
+                .clone()
+                .unwrap_or_else(|| Err("a cursor read after an accepted batch, got none".into())),
+        ),
+        check(
+            "events: acceptedThrough never goes backwards",
+            "2.6",
+            match &record.backwards {
+                None => Ok(()),
+                Some(b) => Err(b.clone()),
+            },
+        ),
+    ]
+}
+
+/// The credential helper got a write repo token, the agent's push went
+/// through, and the seal says so.
+fn push_check(runner: &[&Exchange]) -> Check {
     let write_token = runner.iter().any(|e| {
         e.route == Route::RepoToken
             && e.request.get("access").and_then(Value::as_str) == Some("write")
-            && e.status.is_some_and(|s| (200..300).contains(&s))
+            && answered_2xx(e)
     });
     let pushed = runner
         .iter()
         .any(|e| e.route == Route::Events && e.request.to_string().contains(PUSH_MARKER));
-    let finish = runner.iter().rev().find(|e| e.route == Route::Finish);
-    let result_pushed = finish
+    let result_pushed = last_finish(runner)
         .and_then(|f| f.request.pointer("/result/pushed"))
         .and_then(Value::as_bool)
         == Some(true);
-    out.push(check(
+    check(
         "credential helper: a write repo token, the agent's push of the session branch",
         "2.5",
         match (write_token, pushed, result_pushed) {
@@ -477,18 +505,28 @@ pub fn judge(
             }
             (true, true, false) => Err("finish.result.pushed true, got otherwise".into()),
         },
-    ));
-    let turn_completed = runner.iter().any(|e| {
-        e.route == Route::BootStatus
-            && e.request.get("status").and_then(Value::as_str) == Some("turn_completed")
-            && e.status.is_some_and(|s| (200..300).contains(&s))
-    });
-    out.push(check(
+    )
+}
+
+fn last_finish<'a>(runner: &[&'a Exchange]) -> Option<&'a Exchange> {
+    runner
+        .iter()
+        .rev()
+        .find(|e| e.route == Route::Finish)
+        .copied()
+}
+
+/// The run was sealed `succeeded` and `turn_completed` acknowledged.
+fn seal_check(runner: &[&Exchange]) -> Check {
+    let turn_completed = runner
+        .iter()
+        .any(|e| posts_status(e, "turn_completed") && answered_2xx(e));
+    check(
         "seal: finish succeeded accepted, turn_completed acknowledged",
         "2.6",
-        match finish {
+        match last_finish(runner) {
             None => Err("a finish, got none".into()),
-            Some(f) if !f.status.is_some_and(|s| (200..300).contains(&s)) => Err(format!(
+            Some(f) if !answered_2xx(f) => Err(format!(
                 "finish answered 2xx, got {}",
                 f.status
                     .map_or("no HTTP answer".to_string(), |s| s.to_string())
@@ -505,38 +543,43 @@ pub fn judge(
             Some(_) if !turn_completed => Err("turn_completed acknowledged, got none".into()),
             Some(_) => Ok(()),
         },
-    ));
-    out.push(check(
+    )
+}
+
+/// Stopped between turns by SIGTERM, the runner exits 143, removes the
+/// session files and posts nothing (4.4).
+fn stop_check(
+    runner: &[&Exchange],
+    exit: Option<i32>,
+    stopped_by_us: bool,
+    session_files_left: bool,
+) -> Check {
+    let posted_after = runner.iter().any(|e| {
+        e.route == Route::BootStatus
+            && matches!(
+                e.request.get("status").and_then(Value::as_str),
+                Some("complete" | "failed" | "turn_failed")
+            )
+    });
+    check(
         "graceful stop: exit 143, session files removed, nothing posted",
         "4.4",
-        {
-            let posted_after = runner.iter().any(|e| {
-                e.route == Route::BootStatus
-                    && matches!(
-                        e.request.get("status").and_then(Value::as_str),
-                        Some("complete" | "failed" | "turn_failed")
-                    )
-            });
-            match (stopped_by_us, exit) {
-                (false, code) => Err(format!(
-                    "the runner to wait for a turn, got its exit {}",
-                    code.map_or("unknown".to_string(), |c| c.to_string())
-                )),
-                (true, Some(143)) if !session_files_left && !posted_after => Ok(()),
-                (true, Some(143)) if session_files_left => {
-                    Err("the session directory removed, got it left".into())
-                }
-                (true, Some(143)) => {
-                    Err("nothing posted, got complete, failed or turn_failed".into())
-                }
-                (true, code) => Err(format!(
-                    "exit 143 after SIGTERM, got {}",
-                    code.map_or("none".to_string(), |c| c.to_string())
-                )),
+        match (stopped_by_us, exit) {
+            (false, code) => Err(format!(
+                "the runner to wait for a turn, got its exit {}",
+                code.map_or("unknown".to_string(), |c| c.to_string())
+            )),
+            (true, Some(143)) if !session_files_left && !posted_after => Ok(()),
+            (true, Some(143)) if session_files_left => {
+                Err("the session directory removed, got it left".into())
             }
+            (true, Some(143)) => Err("nothing posted, got complete, failed or turn_failed".into()),
+            (true, code) => Err(format!(
+                "exit 143 after SIGTERM, got {}",
+                code.map_or("none".to_string(), |c| c.to_string())
+            )),
         },
-    ));
-    out
+    )
 }
 
 /// The table: check, PASS or FAIL, section, and for a failure what was
