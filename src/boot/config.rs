@@ -155,7 +155,9 @@ pub fn parse_max_file_size(text: &str) -> Result<Option<u64>, ConfigError> {
 }
 
 /// Reads `env` (the environment as the process was started, boot secret
-/// already taken out into `boot_secret`) and `args`.
+/// already taken out into `boot_secret`) and `args`, in the order a person
+/// reading the errors expects: the contract's variables, then the agent,
+/// then the runner's own settings.
 ///
 /// Errors: the first problem found, naming the variable and the value.
 pub fn load(
@@ -169,11 +171,71 @@ pub fn load(
             .map(|v| v.to_string_lossy().into_owned())
             .filter(|v| !v.is_empty())
     };
-    let require = |name: &str| {
-        get(name).ok_or_else(|| {
-            ConfigError(format!("{name} is not set; the coordinator must inject it"))
-        })
+    let api = api_config(&get, checked_boot_secret(boot_secret)?, args.insecure_http)?;
+    let workspace_id = get("ORIZU_WORKSPACE_ID");
+    let opencode_port = opencode_port(&get)?;
+    let time_scale = time_scale(args)?;
+    let agent_user = agent_user(args)?;
+    let mut agent = agent(args, &get)?;
+    agent.opencode_port = opencode_port;
+    agent.user = agent_user.clone();
+    if time_scale != 1.0 {
+        agent.timings = agent.timings.scaled(time_scale);
+    }
+    let root = match &args.root {
+        Some(r) if r.is_absolute() => r.clone(),
+        Some(r) => cwd.join(r),
+        None => cwd.clone(),
     };
+    let git_base_url = validate::url(
+        "HOSTED_BOOT_GIT_BASE_URL",
+        args.git_base_url.trim_end_matches('/'),
+        args.insecure_http,
+    )
+    .map_err(|e| ConfigError(e.to_string()))?;
+    let timings = timings(args, time_scale)?;
+    if let Some(path) = &args.ca_file {
+        crate::tls::read_ca_file(path).map_err(|e| ConfigError(format!("{e:#}")))?;
+    }
+    let harvest_max_file_size = parse_max_file_size(&args.harvest_max_file_size)?;
+    let setup = setup_config(args, time_scale)?;
+    let agent_api_allow =
+        Allowlist::with_names(&args.agent_api_allow).map_err(|e| ConfigError(e.to_string()))?;
+    let egress_canary = egress_canary(args)?;
+    let instructions_file = instructions_file(args, &cwd)?;
+    let base_env = env
+        .iter()
+        .filter(|(k, _)| k.as_os_str() != BOOT_SECRET_VAR)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+
+    Ok(BootConfig {
+        api,
+        workspace_id,
+        root,
+        git_base_url,
+        agent,
+        timings,
+        time_scale,
+        log_format: args.log_format,
+        insecure_http: args.insecure_http,
+        ca_file: args.ca_file.clone(),
+        base_env,
+        turn_cgroup: args.turn_cgroup,
+        harvest_max_file_size,
+        agent_api: args.agent_api,
+        agent_api_allow,
+        credential_mode: args.credential_mode,
+        agent_user,
+        setup,
+        egress_canary,
+        instructions_file,
+        git_mirror_dir: args.git_mirror_dir.clone(),
+    })
+}
+
+/// The boot secret, present and long enough to be redacted safely.
+fn checked_boot_secret(boot_secret: Option<Secret>) -> Result<Secret, ConfigError> {
     let boot_secret = boot_secret
         .filter(|s| !s.expose().is_empty())
         .ok_or_else(|| {
@@ -187,8 +249,21 @@ pub fn load(
             boot_secret.expose().len()
         )));
     }
+    Ok(boot_secret)
+}
 
-    let insecure_http = args.insecure_http;
+/// The coordinator's URLs and the session (PROTOCOL.md section 1), each
+/// checked; `ORIZU_RUN_ID` is checked though only the session is read.
+fn api_config(
+    get: &dyn Fn(&str) -> Option<String>,
+    boot_secret: Secret,
+    insecure_http: bool,
+) -> Result<ApiConfig, ConfigError> {
+    let require = |name: &str| {
+        get(name).ok_or_else(|| {
+            ConfigError(format!("{name} is not set; the coordinator must inject it"))
+        })
+    };
     let check_url = |name: &str, value: &str| {
         validate::url(name, value, insecure_http).map_err(|e| ConfigError(e.to_string()))
     };
@@ -208,77 +283,85 @@ pub fn load(
     if let Some(run_id) = get("ORIZU_RUN_ID") {
         validate::path_safe_id("ORIZU_RUN_ID", &run_id).map_err(|e| ConfigError(e.to_string()))?;
     }
-    let workspace_id = get("ORIZU_WORKSPACE_ID");
-    let opencode_port = match get("ORIZU_OPENCODE_PORT") {
-        None => None,
+    Ok(ApiConfig {
+        api_base,
+        agent_token_url,
+        boot_status_url,
+        session_id,
+        boot_secret,
+    })
+}
+
+/// `ORIZU_OPENCODE_PORT`: digits only, 1..=65535.
+fn opencode_port(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<u16>, ConfigError> {
+    match get("ORIZU_OPENCODE_PORT") {
+        None => Ok(None),
         Some(v) => match v.parse::<u16>() {
-            Ok(p) if p >= 1 && v.bytes().all(|b| b.is_ascii_digit()) => Some(p),
-            _ => {
-                return Err(ConfigError(format!(
-                    "ORIZU_OPENCODE_PORT {v:?} is not a TCP port (1..=65535)"
-                )));
-            }
+            Ok(p) if p >= 1 && v.bytes().all(|b| b.is_ascii_digit()) => Ok(Some(p)),
+            _ => Err(ConfigError(format!(
+                "ORIZU_OPENCODE_PORT {v:?} is not a TCP port (1..=65535)"
+            ))),
         },
-    };
-
-    let time_scale = match args.test_time_scale {
-        None => 1.0,
-        Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => f,
-        Some(_) => {
-            return Err(ConfigError(
-                "HOSTED_BOOT_TEST_TIME_SCALE must be a number in (0, 1]".to_string(),
-            ));
-        }
-    };
-    let agent_user = match args.agent_user.as_deref().map(str::trim) {
-        None | Some("") => None,
-        Some(spec) => Some(
-            crate::agent_user::AgentUser::resolve(spec, rustix::process::geteuid().as_raw())
-                .map_err(|e| ConfigError(e.to_string()))?,
-        ),
-    };
-    let mut agent = agent(args, &get)?;
-    agent.opencode_port = opencode_port;
-    agent.user = agent_user.clone();
-    if time_scale != 1.0 {
-        agent.timings = agent.timings.scaled(time_scale);
     }
-    let root = match &args.root {
-        Some(r) if r.is_absolute() => r.clone(),
-        Some(r) => cwd.join(r),
-        None => cwd.clone(),
-    };
-    let git_base_url = check_url(
-        "HOSTED_BOOT_GIT_BASE_URL",
-        args.git_base_url.trim_end_matches('/'),
-    )?;
+}
 
-    let mut timings = Timings {
+/// `HOSTED_BOOT_TEST_TIME_SCALE`: 1.0 unless set to a number in (0, 1].
+fn time_scale(args: &RunArgs) -> Result<f64, ConfigError> {
+    match args.test_time_scale {
+        None => Ok(1.0),
+        Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => Ok(f),
+        Some(_) => Err(ConfigError(
+            "HOSTED_BOOT_TEST_TIME_SCALE must be a number in (0, 1]".to_string(),
+        )),
+    }
+}
+
+/// `--agent-user` resolved against the user database; empty is none.
+fn agent_user(args: &RunArgs) -> Result<Option<crate::agent_user::AgentUser>, ConfigError> {
+    match args.agent_user.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(spec) => {
+            crate::agent_user::AgentUser::resolve(spec, rustix::process::geteuid().as_raw())
+                .map(Some)
+                .map_err(|e| ConfigError(e.to_string()))
+        }
+    }
+}
+
+/// The contract's durations with `--interrupt-grace` and `--stop-budget`,
+/// scaled by the test time scale.
+fn timings(args: &RunArgs, time_scale: f64) -> Result<Timings, ConfigError> {
+    let timings = Timings {
         interrupt_grace: parse_duration(&args.interrupt_grace)
             .map_err(|e| ConfigError(format!("--interrupt-grace: {e}")))?,
         stop_budget: parse_duration(&args.stop_budget)
             .map_err(|e| ConfigError(format!("--stop-budget: {e}")))?,
         ..Timings::default()
     };
-    if time_scale != 1.0 {
-        timings = timings.scaled(time_scale);
-    }
-    if let Some(path) = &args.ca_file {
-        crate::tls::read_ca_file(path).map_err(|e| ConfigError(format!("{e:#}")))?;
-    }
-    let harvest_max_file_size = parse_max_file_size(&args.harvest_max_file_size)?;
-    let setup = setup_config(args, time_scale)?;
-    let agent_api_allow =
-        Allowlist::with_names(&args.agent_api_allow).map_err(|e| ConfigError(e.to_string()))?;
+    Ok(if time_scale != 1.0 {
+        timings.scaled(time_scale)
+    } else {
+        timings
+    })
+}
 
-    let egress_canary = match args.egress_canary.as_deref().map(str::trim) {
-        None | Some("") => None,
-        Some(text) => Some(
-            crate::egress::Canary::parse("--egress-canary", text)
-                .map_err(|e| ConfigError(e.to_string()))?,
-        ),
-    };
-    let instructions_file = args
+/// `--egress-canary`; empty is none.
+fn egress_canary(args: &RunArgs) -> Result<Option<crate::egress::Canary>, ConfigError> {
+    match args.egress_canary.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(text) => crate::egress::Canary::parse("--egress-canary", text)
+            .map(Some)
+            .map_err(|e| ConfigError(e.to_string())),
+    }
+}
+
+/// `--instructions-file` against `cwd`, which must name a file that
+/// exists; empty is none.
+fn instructions_file(
+    args: &RunArgs,
+    cwd: &std::path::Path,
+) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(path) = args
         .instructions_file
         .as_ref()
         .filter(|p| !p.as_os_str().is_empty())
@@ -288,51 +371,17 @@ pub fn load(
             } else {
                 cwd.join(p)
             }
-        });
-    if let Some(path) = &instructions_file {
-        std::fs::metadata(path).map_err(|e| {
-            ConfigError(format!(
-                "--instructions-file {}: {e}; name a readable file of instructions for the agent",
-                path.display()
-            ))
-        })?;
-    }
-
-    let base_env = env
-        .iter()
-        .filter(|(k, _)| k.as_os_str() != BOOT_SECRET_VAR)
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-
-    Ok(BootConfig {
-        api: ApiConfig {
-            api_base,
-            agent_token_url,
-            boot_status_url,
-            session_id,
-            boot_secret,
-        },
-        workspace_id,
-        root,
-        git_base_url,
-        agent,
-        timings,
-        time_scale,
-        log_format: args.log_format,
-        insecure_http,
-        ca_file: args.ca_file.clone(),
-        base_env,
-        turn_cgroup: args.turn_cgroup,
-        harvest_max_file_size,
-        agent_api: args.agent_api,
-        agent_api_allow,
-        credential_mode: args.credential_mode,
-        agent_user,
-        setup,
-        egress_canary,
-        instructions_file,
-        git_mirror_dir: args.git_mirror_dir.clone(),
-    })
+        })
+    else {
+        return Ok(None);
+    };
+    std::fs::metadata(&path).map_err(|e| {
+        ConfigError(format!(
+            "--instructions-file {}: {e}; name a readable file of instructions for the agent",
+            path.display()
+        ))
+    })?;
+    Ok(Some(path))
 }
 
 /// `--setup-script`, `--setup-inputs` and `--setup-timeout` (an empty
