@@ -444,8 +444,9 @@ async fn cut_mid_body(resp: Response, conn: ConnHandle) -> Response {
     Response::from_parts(parts, Body::from_stream(first.chain(reset)))
 }
 
-/// The one handler. Records the request (after reading an API body; git
-/// bodies are streamed and not recorded), applies a queued fault, dispatches.
+/// The one handler: reads the body, records the request and takes a queued
+/// fault ([`record`]), answers ([`respond`]), records the answer's status,
+/// and shapes what is sent by the fault ([`deliver`]).
 async fn handle(
     AxumState(fleet): AxumState<Arc<Fleet>>,
     ConnectInfo(conn): ConnectInfo<ConnHandle>,
@@ -458,94 +459,20 @@ async fn handle(
     };
     let route = target.route();
     let (parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string());
+    let body = read_body(route, &parts.headers, body).await;
 
-    let mut too_large = false;
-    let (bytes, git_body, body_len) = if route == Route::Git {
-        let len = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        (Bytes::new(), Some(body), len)
-    } else {
-        match axum::body::to_bytes(body, MAX_API_BODY).await {
-            Ok(b) => {
-                let len = b.len() as u64;
-                (b, None, len)
-            }
-            Err(_) => {
-                too_large = true;
-                (Bytes::new(), None, 0)
-            }
-        }
-    };
-
-    if matches!(&target, Target::Dev(rest) if rest == "sessions") && !too_large {
-        return super::fleet::dev_sessions(&fleet, &parts.method, &parts.headers, &bytes)
+    if matches!(&target, Target::Dev(rest) if rest == "sessions") && !body.too_large {
+        return super::fleet::dev_sessions(&fleet, &parts.method, &parts.headers, &body.bytes)
             .await
             .unwrap_or_else(IntoResponse::into_response);
     }
 
-    let (index, fault) = sh.update(|st| {
-        let fault = if too_large {
-            None
-        } else {
-            st.take_fault(route)
-        };
-        st.requests.push(RecordedRequest {
-            at_ms: st.elapsed_ms(),
-            method: parts.method.to_string(),
-            path: path.clone(),
-            route,
-            headers: recorded_headers(&parts.headers),
-            body: if route == Route::Git || sh.cfg.counts_only {
-                Value::Null
-            } else {
-                recorded_body(&bytes)
-            },
-            body_len,
-            response_status: None,
-            answered_at_ms: None,
-            fault: fault.clone(),
-            response_len: 0,
-        });
-        (st.requests.len() - 1, fault)
-    });
-
+    let (index, fault) = record(&sh, &parts, route, &body);
     super::latency::answer_after(sh.cfg.latency, route).await;
     if let Some(ms) = fault.as_ref().and_then(|f| f.delay_ms) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
-    let answer: Option<Response> = if too_large {
-        Some(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response())
-    } else {
-        match &fault {
-            Some(f) if !f.after && f.reset => None,
-            Some(f) if !f.after && f.replaces() => Some(fault_response(f)),
-            _ => {
-                let normal = dispatch(
-                    &sh,
-                    target,
-                    &parts.method,
-                    &parts.uri,
-                    &parts.headers,
-                    bytes,
-                    git_body,
-                )
-                .await;
-                match &fault {
-                    Some(f) if f.after && f.reset => None,
-                    Some(f) if f.after && f.replaces() => Some(fault_response(f)),
-                    _ => Some(normal),
-                }
-            }
-        }
-    };
+    let answer = respond(&sh, target, &parts, body, fault.as_ref()).await;
 
     let status = answer.as_ref().map(|r| r.status().as_u16());
     sh.update(|st| {
@@ -562,15 +489,144 @@ async fn handle(
         status = status.map_or_else(|| "none".to_string(), |s| s.to_string()),
         "coordinator request"
     );
+    deliver(answer, route, fault.as_ref(), &sh, index, conn).await
+}
+
+/// A request's body: an API body read whole (up to [`MAX_API_BODY`]), a git
+/// body left to stream to `git http-backend` (its length from the header).
+struct ReadBody {
+    bytes: Bytes,
+    git: Option<Body>,
+    len: u64,
+    too_large: bool,
+}
+
+async fn read_body(route: Route, headers: &HeaderMap, body: Body) -> ReadBody {
+    if route == Route::Git {
+        let len = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        return ReadBody {
+            bytes: Bytes::new(),
+            git: Some(body),
+            len,
+            too_large: false,
+        };
+    }
+    match axum::body::to_bytes(body, MAX_API_BODY).await {
+        Ok(bytes) => ReadBody {
+            len: bytes.len() as u64,
+            bytes,
+            git: None,
+            too_large: false,
+        },
+        Err(_) => ReadBody {
+            bytes: Bytes::new(),
+            git: None,
+            len: 0,
+            too_large: true,
+        },
+    }
+}
+
+/// Records the request (git bodies and, with `counts_only`, every body as
+/// null) and takes the route's queued fault, unless the body was too large;
+/// returns the record's index and the fault.
+fn record(
+    sh: &Shared,
+    parts: &axum::http::request::Parts,
+    route: Route,
+    body: &ReadBody,
+) -> (usize, Option<Fault>) {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string());
+    sh.update(|st| {
+        let fault = if body.too_large {
+            None
+        } else {
+            st.take_fault(route)
+        };
+        st.requests.push(RecordedRequest {
+            at_ms: st.elapsed_ms(),
+            method: parts.method.to_string(),
+            path,
+            route,
+            headers: recorded_headers(&parts.headers),
+            body: if route == Route::Git || sh.cfg.counts_only {
+                Value::Null
+            } else {
+                recorded_body(&body.bytes)
+            },
+            body_len: body.len,
+            response_status: None,
+            answered_at_ms: None,
+            fault: fault.clone(),
+            response_len: 0,
+        });
+        (st.requests.len() - 1, fault)
+    })
+}
+
+/// The answer: 413 for a body too large; else the route's own, unless the
+/// fault replaces it before or after (a reset fault: `None`, nothing sent).
+async fn respond(
+    sh: &Arc<Shared>,
+    target: Target,
+    parts: &axum::http::request::Parts,
+    body: ReadBody,
+    fault: Option<&Fault>,
+) -> Option<Response> {
+    if body.too_large {
+        return Some(
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response(),
+        );
+    }
+    match fault {
+        Some(f) if !f.after && f.reset => None,
+        Some(f) if !f.after && f.replaces() => Some(fault_response(f)),
+        _ => {
+            let normal = dispatch(
+                sh,
+                target,
+                &parts.method,
+                &parts.uri,
+                &parts.headers,
+                body.bytes,
+                body.git,
+            )
+            .await;
+            match fault {
+                Some(f) if f.after && f.reset => None,
+                Some(f) if f.after && f.replaces() => Some(fault_response(f)),
+                _ => Some(normal),
+            }
+        }
+    }
+}
+
+/// What is sent: a git answer counted as it streams; an API answer edited,
+/// delayed or cut mid-body by the fault; no answer: the connection dropped.
+async fn deliver(
+    answer: Option<Response>,
+    route: Route,
+    fault: Option<&Fault>,
+    sh: &Arc<Shared>,
+    index: usize,
+    conn: ConnHandle,
+) -> Response {
     match answer {
         Some(resp) if route == Route::Git => {
-            let resp = match &fault {
+            let resp = match fault {
                 Some(f) => shaped(resp, f),
                 None => resp,
             };
             counted(resp, sh.clone(), index)
         }
-        Some(resp) => match &fault {
+        Some(resp) => match fault {
             Some(f) => {
                 let resp = match (&f.merge_fields, &f.add_fields) {
                     (None, None) => resp,
