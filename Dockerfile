@@ -13,7 +13,7 @@ WORKDIR /src
 # Dependencies first, in a layer of their own that survives source edits:
 # every target the manifests declare (the lib, the bin, the benches, each
 # workspace crate's lib) gets an empty stand-in, removed after the build
-# (with what cargo built of them: hosted-boot-* and hosted_boot_*). scripts/check-dockerfile (CI)
+# (with what cargo built of them: every hosted-boot* and hosted_boot* artifact). scripts/check-dockerfile (CI)
 # replays both steps without an engine.
 COPY Cargo.toml Cargo.lock ./
 # Each crate of the workspace: its manifest here, its sources below.
@@ -21,12 +21,13 @@ COPY crates/wire/Cargo.toml crates/wire/Cargo.toml
 COPY crates/coordinator/Cargo.toml crates/coordinator/Cargo.toml
 COPY crates/redact/Cargo.toml crates/redact/Cargo.toml
 COPY crates/conformance/Cargo.toml crates/conformance/Cargo.toml
+COPY crates/test-support/Cargo.toml crates/test-support/Cargo.toml
 COPY image/stub-targets /usr/local/bin/stub-targets
 RUN stub-targets > /tmp/stubs \
  && cargo build --release --locked \
  && xargs rm -f < /tmp/stubs \
- && rm -rf /tmp/stubs target/release/.fingerprint/hosted-boot-* \
-           target/release/deps/hosted_boot-* target/release/deps/libhosted_boot-*
+ && rm -rf /tmp/stubs target/release/.fingerprint/hosted-boot* \
+           target/release/deps/hosted_boot* target/release/deps/libhosted_boot*
 # The libs and the bins are all this build needs (the benches' paths are
 # explicit in Cargo.toml, so cargo does not look for their files), and the
 # files their code includes (`include_str!`): the OpenAPI document, which
@@ -34,8 +35,14 @@ RUN stub-targets > /tmp/stubs \
 COPY src ./src
 COPY crates ./crates
 COPY docs/openapi.yaml ./docs/openapi.yaml
-RUN cargo build --release --locked \
- && install -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot \
+RUN cargo build --release --locked --bin hosted-boot \
+ && install -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot
+
+# The other two binaries, in a stage of their own: a build of the sandbox
+# image (the default target) does not link them (BuildKit builds only the
+# stages a target needs).
+FROM build AS build-tools
+RUN cargo build --release --locked --bin hosted-boot-coordinator --bin hosted-boot-conformance \
  && install -m 0755 target/release/hosted-boot-coordinator /usr/local/bin/hosted-boot-coordinator \
  && install -m 0755 target/release/hosted-boot-conformance /usr/local/bin/hosted-boot-conformance
 
@@ -43,7 +50,7 @@ RUN cargo build --release --locked \
 # copy into a platform's own sandbox image beside the runner, or out of the
 # build: `docker build --target conformance --output type=local,dest=. .`.
 FROM scratch AS conformance
-COPY --from=build /usr/local/bin/hosted-boot-conformance /hosted-boot-conformance
+COPY --from=build-tools /usr/local/bin/hosted-boot-conformance /hosted-boot-conformance
 
 # The reference coordinator, for local debugging beside a sandbox
 # (image/docker-compose.yml): `docker build --target coordinator`. Not in
@@ -54,7 +61,7 @@ FROM debian:${DEBIAN_RELEASE}-slim AS coordinator
 RUN apt-get update \
  && apt-get install -y --no-install-recommends git \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /usr/local/bin/hosted-boot-coordinator /usr/local/bin/hosted-boot-coordinator
+COPY --from=build-tools /usr/local/bin/hosted-boot-coordinator /usr/local/bin/hosted-boot-coordinator
 WORKDIR /srv
 ENTRYPOINT ["/usr/local/bin/hosted-boot-coordinator"]
 CMD ["serve", "--listen=0.0.0.0:8787"]

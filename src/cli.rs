@@ -45,9 +45,27 @@ pub enum Command {
     /// Run a program under the turn supervisor, as a turn runs the agent,
     /// and report how each run ended (for debugging an agent image).
     Supervise(crate::cmd::supervise::SuperviseArgs),
+    /// Moved to `hosted-boot-coordinator serve` (issue 34): says so.
+    #[command(hide = true, disable_help_flag = true)]
+    Coordinator(MovedArgs),
+    /// Moved to `hosted-boot-coordinator demo` (issue 34): says so.
+    #[command(hide = true, disable_help_flag = true)]
+    Demo(MovedArgs),
+    /// Moved to `hosted-boot-conformance` (issue 34): says so.
+    #[command(hide = true, disable_help_flag = true)]
+    Conformance(MovedArgs),
     /// A turn's guard (started by the supervisor, never by hand).
     #[command(hide = true)]
     TurnGuard(TurnGuardArgs),
+}
+
+/// The arguments of a subcommand that moved to another binary: taken
+/// whole, so that the answer is where it went, not a parse error.
+#[derive(Debug, Args)]
+pub struct MovedArgs {
+    /// Whatever followed.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub rest: Vec<std::ffi::OsString>,
 }
 
 /// `hosted-boot turn-guard`.

@@ -45,7 +45,8 @@ pub mod session_dir;
 
 // Foundations.
 pub mod agent_user;
-pub(crate) mod signals;
+// Public for the conformance checker, which stops its runner as a sandbox does.
+pub mod signals;
 pub(crate) mod status_line;
 pub mod tls;
 

@@ -104,9 +104,21 @@ fn main() -> ExitCode {
         },
         Some(Command::DemoAgent) => demo::agent_main(),
         Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),
+        Some(Command::Coordinator(_)) => moved("coordinator", "hosted-boot-coordinator serve"),
+        Some(Command::Demo(_)) => moved("demo", "hosted-boot-coordinator demo"),
+        Some(Command::Conformance(_)) => moved("conformance", "hosted-boot-conformance"),
         Some(Command::TurnGuard(args)) => guard::main(args.session, args.cgroup),
     };
     exit_code(code)
+}
+
+/// A subcommand that left the runner for a binary of its own (issue 34:
+/// the sandbox binary is only the runner): where it went; exit 2.
+fn moved(old: &str, new: &str) -> i32 {
+    eprintln!(
+        "hosted-boot: `{old}` is no longer a subcommand of the runner; run `{new}` (a binary of its own, which `cargo build` leaves beside this one; README, \"The two commands\")"
+    );
+    2
 }
 
 fn exit_code(code: i32) -> ExitCode {

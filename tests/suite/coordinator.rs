@@ -1251,3 +1251,29 @@ async fn the_printed_env_line_runs_as_pasted() {
         "{log}"
     );
 }
+
+/// The subcommands that left the runner (issue 34) say where they went,
+/// exit 2, and never start anything.
+#[test]
+fn the_runner_names_where_its_old_subcommands_went() {
+    for (old, new) in [
+        ("coordinator", "hosted-boot-coordinator serve"),
+        ("demo", "hosted-boot-coordinator demo"),
+        ("conformance", "hosted-boot-conformance"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+            .args([old, "--listen", "127.0.0.1:0"])
+            .env_remove("ORIZU_BOOT_SECRET")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{old}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "`{old}` is no longer a subcommand of the runner; run `{new}`"
+            )),
+            "{old}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{old}");
+    }
+}

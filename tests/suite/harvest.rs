@@ -910,6 +910,59 @@ async fn the_demo_timeline_shows_a_harvest_line_for_each_turn() {
     );
 }
 
+/// Ctrl-C or SIGTERM during the demo stops the runner as a sandbox's stop
+/// does and removes the demo's directory: nothing of it is left running,
+/// nothing left in the temporary directory (it used to exit by the
+/// signal's default action and leave both).
+#[tokio::test]
+async fn a_demo_stopped_by_a_signal_leaves_no_process_and_no_directory() {
+    use tokio::io::AsyncBufReadExt;
+    for stop in [rustix::process::Signal::TERM, rustix::process::Signal::INT] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = tokio::process::Command::new(coordinator_bin())
+            .arg("demo")
+            .env("TMPDIR", tmp.path())
+            .env_remove("HOSTED_BOOT_ROOT")
+            .env_remove("HOSTED_BOOT_LOG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // Stopped once the runner runs its first turn.
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.contains("turn_started") {
+                    return;
+                }
+            }
+            panic!("the demo ended before its first turn");
+        })
+        .await
+        .expect("no turn_started line");
+        signal(child.id().unwrap(), stop);
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .expect("the demo did not stop")
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stop:?}: {stderr}");
+        assert!(
+            stderr.contains("stopped by a signal; the runner exited"),
+            "{stop:?}: {stderr}"
+        );
+        let needle = tmp.path().to_str().unwrap();
+        let left = super::support::processes_with_env(needle);
+        assert!(left.is_empty(), "{stop:?}: processes left: {left:?}");
+        let entries: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(entries.is_empty(), "{stop:?}: left in TMPDIR: {entries:?}");
+    }
+}
+
 /// The demo streams its timeline as the coordinator sees each request: its
 /// first timeline line is printed while the runner still runs (its status
 /// file not yet at the final phase), not all at once at the end. It closes

@@ -552,6 +552,54 @@ async fn conformance_passes_against_the_reference_coordinator() {
     drop(snap);
 }
 
+/// Ctrl-C or SIGTERM during conformance's turn stops the runner as a
+/// sandbox's stop does, through the proxy, which still serves it: the run
+/// is sealed, not left running; nothing of conformance is left running or
+/// in its temporary directory; no table, exit 2, the signal named. (It used
+/// to exit by the signal's default action: the runner went on alone against
+/// a proxy that was gone, and the run stayed running.)
+#[tokio::test]
+async fn conformance_stopped_by_a_signal_stops_its_runner_and_leaves_nothing() {
+    // A coordinator one round trip away: the turn lasts long enough to be
+    // stopped in.
+    let sb = Sandbox::start(CoordinatorOptions {
+        latency: std::time::Duration::from_millis(150),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let child = sb
+        .program_command(&[], &conformance_bin(), &sb.script("true"))
+        .env("TMPDIR", tmp.path())
+        .spawn()
+        .unwrap();
+    // Stopped mid-turn: once the runner marked the run started.
+    sb.coordinator
+        .wait_for(std::time::Duration::from_secs(60), |s| {
+            s.run("run-1").is_some_and(|r| r.status == "running")
+        })
+        .await
+        .expect("run-1 never started");
+    super::support::signal(child.id().unwrap(), rustix::process::Signal::TERM);
+    let (status, out) = finish(child).await;
+    assert_eq!(status.code(), Some(2), "{out}");
+    assert!(
+        out.contains("stopped by SIGTERM before the checks were done"),
+        "{out}"
+    );
+    assert!(!out.contains("check "), "no table: {out}");
+    let run = sb.coordinator.run("run-1").unwrap();
+    assert_ne!(run.status, "running", "the run was left running: {out}");
+    assert_eq!(run.finish_count, 1, "{out}");
+    let left = super::support::processes_with_env(tmp.path().to_str().unwrap());
+    assert!(left.is_empty(), "processes left: {left:?}");
+    let entries: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(entries.is_empty(), "left in TMPDIR: {entries:?}");
+}
+
 async fn broken(fault: Fault) -> String {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     sb.coordinator.add_fault(fault).unwrap();

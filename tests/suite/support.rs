@@ -838,6 +838,22 @@ pub fn conformance_bin() -> PathBuf {
     workspace_bin("hosted-boot-conformance")
 }
 
+/// Pids of the processes whose environment holds `needle` (a unique
+/// directory the test gave them as TMPDIR or HOME): what a stopped tool
+/// left running.
+pub fn processes_with_env(needle: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != std::process::id() as i32)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        })
+        .collect()
+}
+
 /// Runs `hosted-boot-coordinator demo` with `args` (bounded, 120 s) and
 /// returns its stdout, asserting that it exited 0 (its stderr in the
 /// failure message).

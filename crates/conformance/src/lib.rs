@@ -23,7 +23,7 @@ pub mod openapi;
 pub mod proxy;
 
 // The contract's modules under the names the runner gives them.
-pub(crate) use hosted_boot_wire::{runner_binary, secret, sync, text, timings, wire};
+pub(crate) use hosted_boot_wire::{runner_binary, secret, sync, text, timings, validate, wire};
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -147,7 +147,8 @@ pub async fn run(
     };
     println!(
         "hosted-boot-conformance: session {session} on {}",
-        upstream.api_base
+        // Never a credential: user info, query and fragment are elided.
+        crate::validate::shown_url(upstream.api_base.as_str())
     );
     println!(
         "This runs one real turn of the session, as a sandbox would: it pulls a bearer, reads the \
@@ -184,6 +185,11 @@ async fn exercise(
     boot_secret: Secret,
     upstream: Upstream,
 ) -> anyhow::Result<Vec<Check>> {
+    // Listened for from here on: a person's Ctrl-C or a SIGTERM stops the
+    // runner as a sandbox's stop does (4.4), with the proxy still serving
+    // it, and the temporary directory goes (its default action would leave
+    // the runner alone against a proxy that is gone, and the directory).
+    let mut stop = hosted_boot::signals::listen().map_err(anyhow::Error::msg)?;
     let doc = Document::load().map_err(anyhow::Error::msg)?;
     let ca = env
         .get(&OsString::from("HOSTED_BOOT_CA_FILE"))
@@ -228,10 +234,17 @@ async fn exercise(
     drop(boot_secret);
     let mut child = runner.spawn().context("cannot start the runner")?;
     let mut milestones = proxy.milestones.clone();
+    let mut interrupted = None;
     let waited = tokio::time::timeout(args.timeout, async {
         loop {
             tokio::select! {
                 status = child.wait() => return (None, status.ok()),
+                changed = stop.changed() => {
+                    if changed.is_ok() && stop.borrow().signal().is_some() {
+                        interrupted = Some(stop.borrow().signal_name());
+                        return (None, None);
+                    }
+                }
                 changed = milestones.changed() => {
                     if changed.is_err() {
                         continue;
@@ -267,6 +280,15 @@ async fn exercise(
                 None
             }
         };
+    }
+    if let Some(signal) = interrupted {
+        // The temporary directory (the root, unless --root) goes when
+        // `temp` drops; the session keeps what the runner sealed.
+        anyhow::bail!(
+            "stopped by {signal} before the checks were done: the runner was stopped as a sandbox is (it exited {}); no table",
+            exit.and_then(|s| s.code())
+                .map_or_else(|| "by a signal".to_string(), |c| c.to_string())
+        );
     }
     let record = proxy.finish();
     let session_files_left = std::fs::read_dir(root.join(".orizu-session"))

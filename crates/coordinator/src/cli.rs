@@ -275,8 +275,9 @@ fn sandbox_root(c: &Coordinator) -> std::path::PathBuf {
 /// Ctrl-C or SIGTERM. Both are listened for from when this is called, not
 /// from the first poll: `run_cli` calls it before it prints the start-up
 /// text, so a stop sent by whoever read the text is never the signal's
-/// default action (an exit without the coordinator's cleanup).
-fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+/// default action (an exit without the coordinator's cleanup); the demo
+/// before it creates anything.
+pub(crate) fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;

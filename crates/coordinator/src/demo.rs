@@ -50,6 +50,10 @@ pub async fn run(args: DemoArgs, runner: &Path) -> i32 {
 
 async fn scenario(args: &DemoArgs, runner: &Path) -> anyhow::Result<()> {
     let started = Instant::now();
+    // Ctrl-C or SIGTERM from here on stops the runner as a sandbox's stop
+    // does and removes the demo's directory (the default action would
+    // leave the runner alone, its session files, and the directory).
+    let stop = crate::cli::stop_signal()?;
     // The coordinator's git and the runner start in the working directory.
     crate::cli::readable_working_dir()?;
     let workdir = tempfile::Builder::new()
@@ -169,7 +173,17 @@ async fn scenario(args: &DemoArgs, runner: &Path) -> anyhow::Result<()> {
             coordinator.changed(Duration::from_millis(250)).await;
         }
     };
-    let ((outcome, status), ()) = tokio::join!(run_and_wait, stream);
+    let joined = tokio::select! {
+        both = async { tokio::join!(run_and_wait, stream) } => Some(both),
+        () = stop => None,
+    };
+    let Some(((outcome, status), ())) = joined else {
+        println!();
+        println!("stopping: the runner gets SIGTERM, as a sandbox's stop (PROTOCOL.md 4.4)");
+        let status = stop_runner(&mut child).await;
+        coordinator.shutdown().await;
+        bail!("stopped by a signal; the runner {status}, the demo's directory is removed");
+    };
     let status = match status {
         Ok(s) => s?,
         Err(_) => {
@@ -217,6 +231,27 @@ async fn scenario(args: &DemoArgs, runner: &Path) -> anyhow::Result<()> {
         bail!("the runner did not end the session cleanly");
     }
     Ok(())
+}
+
+/// SIGTERM to the runner, then its exit (bounded by the contract's stop
+/// budget and a margin; then SIGKILL), in words.
+async fn stop_runner(child: &mut tokio::process::Child) -> String {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+    let budget = crate::timings::Timings::default().stop_budget + Duration::from_secs(5);
+    match tokio::time::timeout(budget, child.wait()).await {
+        Ok(Ok(status)) => match status.code() {
+            Some(code) => format!("exited {code}"),
+            None => "was killed by a signal".to_string(),
+        },
+        _ => {
+            let _ = child.kill().await;
+            "did not stop within its stop budget and was killed".to_string()
+        }
+    }
 }
 
 /// The runner's exit in words: its code and the reason its status file

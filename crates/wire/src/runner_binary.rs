@@ -32,18 +32,24 @@ pub enum NotFound {
     },
 }
 
-/// The runner binary: `given` (a `--runner` flag) when it names an
-/// executable file; else `hosted-boot` beside this binary (as `cargo build`
-/// leaves them, and as a sandbox image that carries both has them), else on
-/// `PATH`.
+/// The runner binary, as an absolute path: `given` (a `--runner` flag)
+/// when it names an executable file; else `hosted-boot` beside this binary
+/// (as `cargo build` leaves them, and as a sandbox image that carries both
+/// has them), else on `PATH`.
+///
+/// Absolute because the path is used where the working directory is
+/// another (the runner starts its agent, this binary again, in `repo/`; a
+/// printed line is pasted elsewhere) and because `Command::new` looks a bare
+/// name up on `PATH`: a relative `hosted-boot` checked here in the working
+/// directory would run another binary, one on `PATH`, given the boot secret.
+/// Not canonical: a symbolic link given stays the link.
 ///
 /// Errors: see [`NotFound`].
 pub fn find(given: Option<&Path>) -> Result<PathBuf, NotFound> {
     if let Some(path) = given {
-        return if executable(path) {
-            Ok(path.to_path_buf())
-        } else {
-            Err(NotFound::NotExecutable(path.to_path_buf()))
+        return match std::path::absolute(path) {
+            Ok(path) if executable(&path) => Ok(path),
+            _ => Err(NotFound::NotExecutable(path.to_path_buf())),
         };
     }
     let beside = std::env::current_exe()
@@ -55,11 +61,40 @@ pub fn find(given: Option<&Path>) -> Result<PathBuf, NotFound> {
     std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(NAME))
+        // An empty entry is the working directory, as `.` is.
+        .filter_map(|dir| std::path::absolute(dir.join(NAME)).ok())
         .find(|p| executable(p))
         .ok_or(NotFound::Nowhere { beside })
 }
 
 fn executable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A relative `--runner` comes back absolute, against the working
+    /// directory it was checked in (a bare name is not looked up on PATH).
+    #[test]
+    fn a_relative_runner_is_made_absolute() {
+        let cwd = std::env::current_dir().unwrap();
+        let dir = tempfile::tempdir_in(&cwd).unwrap();
+        let runner = dir.path().join(NAME);
+        std::fs::write(&runner, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let relative = runner.strip_prefix(&cwd).unwrap();
+        assert!(relative.is_relative());
+        let found = find(Some(relative)).unwrap();
+        assert!(found.is_absolute(), "{}", found.display());
+        assert_eq!(found, runner);
+        let missing = find(Some(Path::new("no-such-dir/hosted-boot"))).unwrap_err();
+        assert!(
+            missing
+                .to_string()
+                .contains("the runner no-such-dir/hosted-boot is not an executable file"),
+            "{missing}"
+        );
+    }
 }
