@@ -47,7 +47,7 @@ fn commit_message(job: &HarvestJob) -> String {
 /// `HEAD`, except files over `max` bytes (new or changed), which stay in the
 /// work tree uncommitted and are noted in `skipped`. `None` when there is
 /// nothing to commit.
-// 120 lines: one index, filled by two paths (everything at once, else path
+// long: one index, filled by two paths (everything at once, else path
 // by path) under the same size guard, then committed.
 pub(super) fn commit_uncommitted(
     repo: &Repository,

@@ -297,7 +297,7 @@ impl Harvester {
 
     /// [`Harvester::harvest`] on the calling thread: blocking, never from an
     /// async task. `progress` receives the report as it fills in.
-    // 130 lines: the harvest's steps in order over one `repo` and one report,
+    // long: the harvest's steps in order over one `repo` and one report,
     // each ending it with its own push error code; the last match maps every
     // way the push can fail to a code (PROTOCOL.md 4.5).
     pub fn harvest_blocking(

@@ -12,7 +12,7 @@ use super::gitlinks::unpublished;
 use super::harvest::{HarvestJob, Harvester, RECOVERED_AT_BOOT, message};
 use super::local_branch::{Saved, bring_local_to, save_local_branch};
 use super::recovery::{keep_discarded, recovery_name, recovery_suffix};
-use super::remote::{Failure, fetch, push};
+use super::remote::{Failure, RemoteState, fetch, push};
 use super::secret_guard::{PushGate, hold_back};
 use super::size_limit::{leave_out_oversized, oversized_blobs};
 use crate::wire::HarvestResult;
@@ -21,10 +21,8 @@ impl Harvester {
     /// One attempt: fetch the session branch, push `head` where it may go,
     /// then bring the local session branch to the remote's (its own commits
     /// pushed first when no remote branch, `head`, nor `known`, the tip last
-    /// seen on the remote, holds them).
-    // 130 lines: one attempt is retried whole (fetch, size guard, push, local
-    // branch), and its parts share the fetched remote state, `head` and the
-    // report; split, each would take them all.
+    /// seen on the remote, holds them). Retried whole: its steps ([`Attempt`])
+    /// share the fetched remote state.
     pub(super) fn push_once(
         &self,
         repo: &Repository,
@@ -34,63 +32,117 @@ impl Harvester {
         r: &mut HarvestResult,
         gate: &PushGate<'_>,
     ) -> Result<(), Failure> {
-        let url = self.remote_url.as_str();
-        let branch = self.branch.as_str();
-        let remote = fetch(repo, url, branch)?;
-
-        // Files over the size limit in the agent's own commits: the git host
-        // would refuse the whole push, this one and every later one.
-        if let Some(max) = self.max_file_size {
-            let found = oversized_blobs(repo, *head_at, &remote.heads, max)
-                .map_err(|e| Failure::Local(message(&e)))?;
-            if !found.is_empty() {
-                *head_at = leave_out_oversized(repo, *head_at, &remote, &found, job, max, r)
-                    .map_err(|e| Failure::Local(message(&e)))?;
-            }
-        }
-        // A secret in what the agent committed (anywhere in the range, a
-        // file deleted again included): the agent's commits are held back,
-        // the rest of the work goes (PROTOCOL.md 4.5).
-        let found = gate
-            .scan(repo, *head_at, &remote.heads)
-            .map_err(|e| Failure::Local(message(&e)))?;
-        if found.any() {
-            let (new, kept) = hold_back(
-                repo,
-                *head_at,
-                remote.session_tip,
-                &found,
-                &job.name,
-                gate.redactor(),
-            )
-            .map_err(|e| Failure::Local(message(&e)))?;
-            *head_at = new;
-            for path in found.report(gate.redactor()) {
-                if !r.blocked_paths.contains(&path) {
-                    r.blocked_paths.push(path);
-                }
-            }
-            r.blocked_ref = Some(kept);
-            // The harvest's own commit, if any, is folded into the new head.
-            r.harvest_commit = None;
-            r.head_sha = Some(new.to_string());
-        }
+        let remote = fetch(repo, &self.remote_url, &self.branch)?;
+        let attempt = Attempt {
+            harvester: self,
+            repo,
+            remote,
+            known,
+            job,
+            gate,
+        };
+        attempt.guard_size(head_at, r)?;
+        attempt.hold_back_secrets(head_at, r)?;
         let head = *head_at;
         // Gitlinks the agent committed to commits others cannot fetch:
         // named, pushed as committed (PROTOCOL.md 4.5).
-        r.unpublished_gitlinks = unpublished(repo, head, &remote.heads).unwrap_or_else(|e| {
-            tracing::warn!(error = %message(&e), "harvest: cannot look through the gitlinks of the commits to push");
-            Vec::new()
-        });
+        r.unpublished_gitlinks =
+            unpublished(repo, head, &attempt.remote.heads).unwrap_or_else(|e| {
+                tracing::warn!(error = %message(&e), "harvest: cannot look through the gitlinks of the commits to push");
+                Vec::new()
+            });
+        attempt.count_changes(head, r);
+        let on_session = attempt.push_head(head, r)?;
+        // The session branch's tip on the remote now.
+        let remote_tip = if on_session {
+            Some(head)
+        } else {
+            attempt.remote.session_tip
+        };
+        if let Some(remote_tip) = remote_tip {
+            attempt.save_and_move_local_branch(head, remote_tip, r);
+        }
+        Ok(())
+    }
+}
 
-        let base = job
+/// One push attempt's steps after the fetch.
+struct Attempt<'a> {
+    harvester: &'a Harvester,
+    repo: &'a Repository,
+    remote: RemoteState,
+    /// The session branch's tip as last seen on the remote.
+    known: Option<Oid>,
+    job: &'a HarvestJob,
+    gate: &'a PushGate<'a>,
+}
+
+impl Attempt<'_> {
+    fn contains(&self, a: Oid, b: Oid) -> bool {
+        a == b || self.repo.graph_descendant_of(a, b).unwrap_or(false)
+    }
+
+    /// Files over the size limit in the agent's own commits: the git host
+    /// would refuse the whole push, this one and every later one.
+    fn guard_size(&self, head_at: &mut Oid, r: &mut HarvestResult) -> Result<(), Failure> {
+        let Some(max) = self.harvester.max_file_size else {
+            return Ok(());
+        };
+        let found = oversized_blobs(self.repo, *head_at, &self.remote.heads, max)
+            .map_err(|e| Failure::Local(message(&e)))?;
+        if !found.is_empty() {
+            *head_at =
+                leave_out_oversized(self.repo, *head_at, &self.remote, &found, self.job, max, r)
+                    .map_err(|e| Failure::Local(message(&e)))?;
+        }
+        Ok(())
+    }
+
+    /// A secret in what the agent committed (anywhere in the range, a file
+    /// deleted again included): the agent's commits are held back, the rest
+    /// of the work goes (PROTOCOL.md 4.5).
+    fn hold_back_secrets(&self, head_at: &mut Oid, r: &mut HarvestResult) -> Result<(), Failure> {
+        let gate = self.gate;
+        let found = gate
+            .scan(self.repo, *head_at, &self.remote.heads)
+            .map_err(|e| Failure::Local(message(&e)))?;
+        if !found.any() {
+            return Ok(());
+        }
+        let (new, kept) = hold_back(
+            self.repo,
+            *head_at,
+            self.remote.session_tip,
+            &found,
+            &self.job.name,
+            gate.redactor(),
+        )
+        .map_err(|e| Failure::Local(message(&e)))?;
+        *head_at = new;
+        for path in found.report(gate.redactor()) {
+            if !r.blocked_paths.contains(&path) {
+                r.blocked_paths.push(path);
+            }
+        }
+        r.blocked_ref = Some(kept);
+        // The harvest's own commit, if any, is folded into the new head.
+        r.harvest_commit = None;
+        r.head_sha = Some(new.to_string());
+        Ok(())
+    }
+
+    /// The turn's commits and diff statistics, from where it started (or
+    /// the remote's tip) to `head`; a failure is logged, not fatal.
+    fn count_changes(&self, head: Oid, r: &mut HarvestResult) {
+        let base = self
+            .job
             .start
             .as_deref()
             .and_then(|s| Oid::from_str(s).ok())
-            .filter(|oid| repo.find_commit(*oid).is_ok())
-            .or(remote.session_tip)
+            .filter(|oid| self.repo.find_commit(*oid).is_ok())
+            .or(self.remote.session_tip)
             .unwrap_or(head);
-        match statistics(repo, base, head) {
+        match statistics(self.repo, base, head) {
             Ok((commits, files, insertions, deletions)) => {
                 r.commits = commits;
                 r.files_changed = files;
@@ -101,16 +153,28 @@ impl Harvester {
                 tracing::warn!(error = %message(&e), "harvest: cannot count the turn's changes")
             }
         }
+    }
 
-        let contains = |a: Oid, b: Oid| a == b || repo.graph_descendant_of(a, b).unwrap_or(false);
-        let tip = remote.session_tip;
-        let session_ref = format!("refs/heads/{branch}");
+    /// `head` to the session branch when that fast-forwards it, else to a
+    /// recovery branch (at boot, commits a force push dropped are kept
+    /// locally instead); whether it is on the session branch now.
+    fn push_head(&self, head: Oid, r: &mut HarvestResult) -> Result<bool, Failure> {
+        let url = self.harvester.remote_url.as_str();
+        let branch = self.harvester.branch.as_str();
+        let heads = &self.remote.heads;
+        let tip = self.remote.session_tip;
         let mut on_session = false;
         match tip {
             // Everything in HEAD is on the remote already.
-            Some(tip) if contains(tip, head) => {}
-            Some(tip) if contains(head, tip) => {
-                match push(repo, url, &session_ref, gate, &remote.heads) {
+            Some(tip) if self.contains(tip, head) => {}
+            Some(tip) if self.contains(head, tip) => {
+                match push(
+                    self.repo,
+                    url,
+                    &format!("refs/heads/{branch}"),
+                    self.gate,
+                    heads,
+                ) {
                     Ok(()) => on_session = true,
                     Err(Failure::RefRejected(text)) => {
                         tracing::warn!(error = %text, "harvest: the session branch refused the push; using a recovery branch");
@@ -121,61 +185,71 @@ impl Harvester {
             // The remote moved on (or lost the session branch): recovery.
             _ => {}
         }
-        let is_recovery = !on_session && !tip.is_some_and(|t| contains(t, head));
-        // At boot, a HEAD wholly on the session branch as last seen, which
-        // the remote no longer has: a force push while the runner was down
-        // dropped it, the user's choice (as in the sync before a turn); kept
-        // on a local ref, not pushed back.
-        let mut discarded = is_recovery
-            && job.name == RECOVERED_AT_BOOT
-            && tip.is_some()
-            && known.is_some_and(|k| contains(k, head));
-        if discarded && let Some(known) = known {
-            match keep_discarded(repo, &job.name, known, &remote.heads) {
-                Ok(Some((name, _, count))) => {
-                    tracing::warn!(discarded_ref = %name, count, "harvest at boot: the remote session branch dropped commits; kept locally, not pushed back");
-                    r.discarded_ref = Some(name);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    // Not kept locally: pushed to a recovery branch instead.
-                    tracing::warn!(error = %message(&e), "harvest at boot: cannot keep the commits the remote dropped on a local ref");
-                    discarded = false;
-                }
-            }
-        }
-        if is_recovery && !discarded {
+        let is_recovery = !on_session && !tip.is_some_and(|t| self.contains(t, head));
+        if is_recovery && !self.keep_dropped_at_boot(head, r) {
             let name =
-                recovery_name(repo, branch, &job.name, &remote.heads, head).ok_or_else(|| {
+                recovery_name(self.repo, branch, &self.job.name, heads, head).ok_or_else(|| {
                     Failure::Verdict(format!(
                         "no free recovery branch name for {branch}-recovered-{}",
-                        recovery_suffix(&job.name)
+                        recovery_suffix(&self.job.name)
                     ))
                 })?;
-            let there = remote.heads.get(&format!("refs/heads/{name}"));
-            if there != Some(&head) {
-                push(
-                    repo,
-                    url,
-                    &format!("refs/heads/{name}"),
-                    gate,
-                    &remote.heads,
-                )?;
+            let recovery_ref = format!("refs/heads/{name}");
+            if heads.get(&recovery_ref) != Some(&head) {
+                push(self.repo, url, &recovery_ref, self.gate, heads)?;
             }
             tracing::warn!(recovery_branch = %name, head = %head, "harvest: the session branch moved on; the work went to a recovery branch");
             r.recovery_branch = Some(name);
         }
+        Ok(on_session)
+    }
 
-        // The session branch's tip on the remote now.
-        let remote_tip = if on_session { Some(head) } else { tip };
-        let Some(remote_tip) = remote_tip else {
-            return Ok(());
+    /// At boot, a `head` wholly on the session branch as last seen, which
+    /// the remote no longer has: a force push while the runner was down
+    /// dropped it, the user's choice (as in the sync before a turn); kept on
+    /// a local ref, not pushed back. Whether it was kept (if not, it goes
+    /// to a recovery branch).
+    fn keep_dropped_at_boot(&self, head: Oid, r: &mut HarvestResult) -> bool {
+        let Some(known) = self.known else {
+            return false;
         };
-        // The local session branch may hold commits HEAD does not (the agent
-        // committed on it, then moved HEAD away): pushed before it moves.
+        if self.job.name != RECOVERED_AT_BOOT
+            || self.remote.session_tip.is_none()
+            || !self.contains(known, head)
+        {
+            return false;
+        }
+        match keep_discarded(self.repo, &self.job.name, known, &self.remote.heads) {
+            Ok(Some((name, _, count))) => {
+                tracing::warn!(discarded_ref = %name, count, "harvest at boot: the remote session branch dropped commits; kept locally, not pushed back");
+                r.discarded_ref = Some(name);
+                true
+            }
+            Ok(None) => true,
+            Err(e) => {
+                // Not kept locally: pushed to a recovery branch instead.
+                tracing::warn!(error = %message(&e), "harvest at boot: cannot keep the commits the remote dropped on a local ref");
+                false
+            }
+        }
+    }
+
+    /// The local session branch may hold commits `head` does not (the agent
+    /// committed on it, then moved `HEAD` away): pushed before it moves to
+    /// `remote_tip`. A failure is logged: the next harvest tries again.
+    fn save_and_move_local_branch(&self, head: Oid, remote_tip: Oid, r: &mut HarvestResult) {
+        let branch = self.harvester.branch.as_str();
         let mut seen = vec![head];
-        seen.extend(known);
-        let saving = save_local_branch(repo, url, branch, &job.name, &remote.heads, &seen, gate);
+        seen.extend(self.known);
+        let saving = save_local_branch(
+            self.repo,
+            &self.harvester.remote_url,
+            branch,
+            &self.job.name,
+            &self.remote.heads,
+            &seen,
+            self.gate,
+        );
         match saving {
             Ok(Saved::Pushed(name)) => r.local_branch_recovery = Some(name),
             Ok(Saved::Blocked { paths, kept }) => {
@@ -197,14 +271,13 @@ impl Harvester {
                 // HEAD is on the remote; the branch stays where it is (its
                 // commits kept on it) and the next harvest tries again.
                 tracing::warn!(error = %text, "harvest: cannot push the local session branch's own commits; it is not moved");
-                return Ok(());
+                return;
             }
         }
-        if let Err(e) = bring_local_to(repo, branch, remote_tip) {
+        if let Err(e) = bring_local_to(self.repo, branch, remote_tip) {
             // The work is on the remote; the next harvest tries again.
             tracing::warn!(error = %message(&e), "harvest: cannot bring the local session branch to the remote's");
         }
-        Ok(())
     }
 }
 

@@ -148,7 +148,7 @@ pub(super) fn oversized_blobs(
 /// moves to it (a mixed reset: the work tree keeps the files, now
 /// uncommitted); the agent's commits stay on
 /// `refs/hosted-boot/oversized/<name>`. Returns the new commit.
-// 110 lines: one replacement commit: its tree, its message (what was left
+// long: one replacement commit: its tree, its message (what was left
 // out, which commits it replaces) and the reset, from the same walk.
 pub(super) fn leave_out_oversized(
     repo: &Repository,

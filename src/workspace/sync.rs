@@ -12,7 +12,7 @@ use git2::Oid;
 use super::harvest::{Harvester, message};
 use super::local_branch::{Saved, bring_local_to, save_local_branch};
 use super::recovery::{keep_discarded, recovery_name};
-use super::remote::{RemoteError, fetch, push};
+use super::remote::{RemoteError, RemoteState, fetch, push};
 use super::secret_guard::{PushGate, hold_back};
 use crate::client::retry::Policy;
 use crate::wire::{SyncOutcome, SyncWarning, SyncWarningCode, WorkspaceSync, truncate_reason};
@@ -46,44 +46,35 @@ impl Harvester {
     }
 
     /// [`Harvester::sync_before_turn`] on the calling thread: blocking,
-    /// never from an async task.
-    // 180 lines: the sync's steps in order (4.5 "Before a turn"), each of which
-    // may end it with its own `kept_local` warning, over one `repo`, one fetch
-    // and one report.
+    /// never from an async task. The steps of 4.5 "Before a turn" in order
+    /// ([`Sync`]); the first that cannot go on ends the sync with its
+    /// warning (`kept_local`: the turn starts from the local `HEAD`), what
+    /// the earlier ones found kept in the report.
     pub fn sync_blocking(&self, run_id: &str, deadline: Instant) -> WorkspaceSync {
         let hold = self.lock_repo();
-        let url = self.remote_url.as_str();
-        let branch = self.branch.as_str();
-        let mut s = empty_sync(branch);
-        let warn = |mut s: WorkspaceSync, code, text: String| {
+        let mut s = empty_sync(&self.branch);
+        let synced = match hold.refused() {
+            Some(why) => Err((SyncWarningCode::RepoUnreadable, why.to_string())),
+            None => self.sync_steps(&mut s, run_id, deadline),
+        };
+        if let Err((code, text)) = synced {
             s.outcome = SyncOutcome::KeptLocal;
             s.warning = Some(SyncWarning {
                 code,
                 message: truncate_reason(&text),
             });
-            s
-        };
-        if let Some(why) = hold.refused() {
-            return warn(s, SyncWarningCode::RepoUnreadable, why.to_string());
         }
-        let repo = match super::repo_config::open(&self.repo_dir) {
-            Ok(repo) => repo,
-            Err(e) => {
-                let text = format!("cannot open {}: {}", self.repo_dir.display(), message(&e));
-                return warn(s, SyncWarningCode::RepoUnreadable, text);
-            }
-        };
-        let head = match repo.head().and_then(|h| h.peel_to_commit()) {
-            Ok(c) => c.id(),
-            Err(e) => {
-                let text = format!(
-                    "cannot read the commit at HEAD in {} (none, or one libgit2 cannot parse): {}",
-                    self.repo_dir.display(),
-                    message(&e)
-                );
-                return warn(s, SyncWarningCode::RepoUnreadable, text);
-            }
-        };
+        s
+    }
+
+    fn sync_steps(
+        &self,
+        s: &mut WorkspaceSync,
+        run_id: &str,
+        deadline: Instant,
+    ) -> Result<(), Warned> {
+        let branch = self.branch.as_str();
+        let (repo, head) = self.open_at_head()?;
         s.local_sha = Some(head.to_string());
         s.start_sha = Some(head.to_string());
         // The session branch's tip as the runner last saw it on the remote
@@ -91,160 +82,296 @@ impl Harvester {
         let known = repo
             .refname_to_id(&format!("refs/remotes/origin/{branch}"))
             .ok();
-
-        let remote = match self.with_remote(
-            deadline,
-            "workspace sync fetch",
-            Policy::WORKSPACE_SYNC,
-            || fetch(&repo, url, branch),
-        ) {
-            Ok(remote) => remote,
-            Err(e) => {
+        let remote = self
+            .with_remote(
+                deadline,
+                "workspace sync fetch",
+                Policy::WORKSPACE_SYNC,
+                || fetch(&repo, &self.remote_url, branch),
+            )
+            .map_err(|e| {
                 let code = match e {
                     RemoteError::NoTime | RemoteError::OutOfTime { .. } => {
                         SyncWarningCode::SyncTimeout
                     }
                     _ => SyncWarningCode::FetchFailed,
                 };
-                let text = format!(
-                    "{}; the turn starts from the local HEAD",
-                    e.describe(&format!("the fetch of {branch} from {url}"))
-                );
-                return warn(s, code, text);
-            }
-        };
+                let what = format!("the fetch of {branch} from {}", self.remote_url);
+                (code, from_local_head(e.describe(&what)))
+            })?;
         let Some(tip) = remote.session_tip else {
-            let text = format!(
-                "the remote {url} has no branch {branch}; the turn starts from the local HEAD"
-            );
-            return warn(s, SyncWarningCode::BranchMissing, text);
+            return Err((
+                SyncWarningCode::BranchMissing,
+                from_local_head(format!(
+                    "the remote {} has no branch {branch}",
+                    self.remote_url
+                )),
+            ));
         };
         s.remote_sha = Some(tip.to_string());
-
-        let contains = |a: Oid, b: Oid| a == b || repo.graph_descendant_of(a, b).unwrap_or(false);
-        let gate = PushGate::new(branch, &self.http.redactor);
+        let sync = Sync {
+            harvester: self,
+            gate: PushGate::new(branch, &self.http.redactor),
+            repo,
+            remote,
+            tip,
+            run_id,
+            deadline,
+        };
         let mut head = head;
-        let mut on_remote = remote.heads.values().any(|t| contains(*t, head));
-        let known_pushed = known.is_some_and(|k| contains(k, head));
-        if !on_remote && !known_pushed {
-            // Local work about to be pushed that holds a secret: held back
-            // as the harvest does, the files left in the work tree.
-            let name = format!("before-{run_id}");
-            let held = gate.scan(&repo, head, &remote.heads).and_then(|found| {
+        let known_pushed = known.is_some_and(|k| sync.contains(k, head));
+        let (target, pushed) = if sync.on_remote(head) || known_pushed {
+            (tip, false)
+        } else {
+            if let Some(new) = sync.hold_back_secrets(s, head)? {
+                head = new;
+            }
+            if sync.on_remote(head) {
+                (tip, false)
+            } else {
+                sync.save_unpushed(s, head)?
+            }
+        };
+        if let Some(known) = known {
+            sync.keep_dropped(s, known);
+        }
+        sync.save_local_branch_commits(s, head, known)?;
+        if Instant::now() >= deadline {
+            return Err((
+                SyncWarningCode::SyncTimeout,
+                from_local_head(
+                    "the workspace sync's time bound ran out before the checkout".to_string(),
+                ),
+            ));
+        }
+        bring_local_to(&sync.repo, branch, target).map_err(|e| {
+            (
+                SyncWarningCode::CheckoutFailed,
+                from_local_head(format!(
+                    "cannot check out {target} (the remote's {branch}): {}",
+                    message(&e)
+                )),
+            )
+        })?;
+        s.start_sha = Some(target.to_string());
+        s.outcome = if pushed {
+            SyncOutcome::Pushed
+        } else if s.recovery_branch.is_some() || s.discarded_ref.is_some() {
+            SyncOutcome::Reset
+        } else if head == tip {
+            SyncOutcome::UpToDate
+        } else {
+            SyncOutcome::FastForward
+        };
+        Ok(())
+    }
+
+    /// `repo/` and the commit at its `HEAD`.
+    fn open_at_head(&self) -> Result<(git2::Repository, Oid), Warned> {
+        let repo = super::repo_config::open(&self.repo_dir).map_err(|e| {
+            (
+                SyncWarningCode::RepoUnreadable,
+                format!("cannot open {}: {}", self.repo_dir.display(), message(&e)),
+            )
+        })?;
+        let head = match repo.head().and_then(|h| h.peel_to_commit()) {
+            Ok(c) => c.id(),
+            Err(e) => {
+                return Err((
+                    SyncWarningCode::RepoUnreadable,
+                    format!(
+                        "cannot read the commit at HEAD in {} (none, or one libgit2 cannot parse): {}",
+                        self.repo_dir.display(),
+                        message(&e)
+                    ),
+                ));
+            }
+        };
+        Ok((repo, head))
+    }
+}
+
+/// Why a step ended the sync: the warning's code and text.
+type Warned = (SyncWarningCode, String);
+
+/// `what`, and that the turn starts from the local `HEAD` (every warning
+/// that ends the sync after `repo/` was opened says so).
+fn from_local_head(what: String) -> String {
+    format!("{what}; the turn starts from the local HEAD")
+}
+
+/// One sync's steps after the fetch: the repository, the remote as fetched
+/// and the gate every push passes.
+struct Sync<'a> {
+    harvester: &'a Harvester,
+    gate: PushGate<'a>,
+    repo: git2::Repository,
+    remote: RemoteState,
+    /// The remote session branch's tip.
+    tip: Oid,
+    run_id: &'a str,
+    deadline: Instant,
+}
+
+impl Sync<'_> {
+    fn contains(&self, a: Oid, b: Oid) -> bool {
+        a == b || self.repo.graph_descendant_of(a, b).unwrap_or(false)
+    }
+
+    /// Whether a remote branch holds `commit`.
+    fn on_remote(&self, commit: Oid) -> bool {
+        self.remote
+            .heads
+            .values()
+            .any(|t| self.contains(*t, commit))
+    }
+
+    /// A push, bounded by the sync's deadline.
+    fn push(&self, refname: &str) -> Result<(), RemoteError> {
+        self.harvester.with_remote(
+            self.deadline,
+            "workspace sync push",
+            Policy::WORKSPACE_SYNC,
+            || {
+                push(
+                    &self.repo,
+                    &self.harvester.remote_url,
+                    refname,
+                    &self.gate,
+                    &self.remote.heads,
+                )
+            },
+        )
+    }
+
+    /// Local work about to be pushed that holds a secret: held back as the
+    /// harvest does, the files left in the work tree; the new `HEAD`.
+    fn hold_back_secrets(&self, s: &mut WorkspaceSync, head: Oid) -> Result<Option<Oid>, Warned> {
+        let name = format!("before-{}", self.run_id);
+        let held = self
+            .gate
+            .scan(&self.repo, head, &self.remote.heads)
+            .and_then(|found| {
                 if !found.any() {
                     return Ok(None);
                 }
-                let (new, kept) =
-                    hold_back(&repo, head, Some(tip), &found, &name, gate.redactor())?;
-                Ok(Some((new, kept, found.report(gate.redactor()))))
-            });
-            match held {
-                Ok(None) => {}
-                Ok(Some((new, kept, paths))) => {
-                    head = new;
-                    s.blocked_paths = paths;
-                    s.blocked_ref = Some(kept);
-                    on_remote = remote.heads.values().any(|t| contains(*t, head));
-                }
-                Err(e) => {
-                    let text = format!(
-                        "cannot look through the local work for secrets before pushing it: {}; the turn starts from the local HEAD",
+                let (new, kept) = hold_back(
+                    &self.repo,
+                    head,
+                    Some(self.tip),
+                    &found,
+                    &name,
+                    self.gate.redactor(),
+                )?;
+                Ok(Some((new, kept, found.report(self.gate.redactor()))))
+            })
+            .map_err(|e| {
+                (
+                    SyncWarningCode::PushFailed,
+                    from_local_head(format!(
+                        "cannot look through the local work for secrets before pushing it: {}",
                         message(&e)
-                    );
-                    return warn(s, SyncWarningCode::PushFailed, text);
-                }
-            }
-        }
-        let mut target = tip;
-        let mut pushed = false;
-        if !on_remote && !known_pushed {
-            // Work that is on no remote branch (an earlier push failed): saved
-            // before the workspace moves, never forced.
-            if contains(head, tip) {
-                let session_ref = format!("refs/heads/{branch}");
-                if let Err(e) = self.with_remote(
-                    deadline,
-                    "workspace sync push",
-                    Policy::WORKSPACE_SYNC,
-                    || push(&repo, url, &session_ref, &gate, &remote.heads),
-                ) {
-                    let text = format!(
-                        "{}; the turn starts from the local HEAD",
-                        e.describe(&format!("the push of the local work to {branch}"))
-                    );
-                    return warn(s, SyncWarningCode::PushFailed, text);
-                }
-                target = head;
-                pushed = true;
-            } else {
-                let name = format!("before-{run_id}");
-                let Some(recovery) = recovery_name(&repo, branch, &name, &remote.heads, head)
-                else {
-                    let text = format!(
-                        "no free recovery branch name for {branch}-recovered-{name}; the turn starts from the local HEAD"
-                    );
-                    return warn(s, SyncWarningCode::PushFailed, text);
-                };
-                let recovery_ref = format!("refs/heads/{recovery}");
-                if remote.heads.get(&recovery_ref) != Some(&head)
-                    && let Err(e) = self.with_remote(
-                        deadline,
-                        "workspace sync push",
-                        Policy::WORKSPACE_SYNC,
-                        || push(&repo, url, &recovery_ref, &gate, &remote.heads),
-                    )
-                {
-                    let text = format!(
-                        "{}; the turn starts from the local HEAD",
-                        e.describe(&format!("the push of the local work to {recovery}"))
-                    );
-                    return warn(s, SyncWarningCode::PushFailed, text);
-                }
-                tracing::warn!(recovery_branch = %recovery, head = %head, "workspace sync: local work the remote lacked went to a recovery branch");
-                s.recovery_branch = Some(recovery);
-            }
-        }
+                    )),
+                )
+            })?;
+        Ok(held.map(|(new, kept, paths)| {
+            s.blocked_paths = paths;
+            s.blocked_ref = Some(kept);
+            new
+        }))
+    }
 
-        // Commits the session branch no longer has (the user force-pushed):
-        // the user's choice stands, they are not pushed back; repo/ keeps
-        // them on a local ref.
-        if let Some(known) = known
-            && !contains(tip, known)
-        {
-            match keep_discarded(&repo, run_id, known, &remote.heads) {
-                Ok(Some((name, commits, count))) => {
-                    tracing::warn!(discarded_ref = %name, count, "workspace sync: the remote session branch dropped commits; kept locally, not pushed back");
-                    s.discarded_ref = Some(name);
-                    s.discarded_commits = commits;
-                    s.discarded_count = Some(count);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(error = %message(&e), "workspace sync: cannot keep the commits the remote dropped on a local ref");
-                }
+    /// Work that is on no remote branch (an earlier push failed): saved
+    /// before the workspace moves, never forced: pushed to the session
+    /// branch when it fast-forwards it (the target is then `head`), else to
+    /// a recovery branch. The target and whether it was pushed.
+    fn save_unpushed(&self, s: &mut WorkspaceSync, head: Oid) -> Result<(Oid, bool), Warned> {
+        let branch = self.harvester.branch.as_str();
+        if self.contains(head, self.tip) {
+            self.push(&format!("refs/heads/{branch}")).map_err(|e| {
+                let what = format!("the push of the local work to {branch}");
+                (
+                    SyncWarningCode::PushFailed,
+                    from_local_head(e.describe(&what)),
+                )
+            })?;
+            return Ok((head, true));
+        }
+        let name = format!("before-{}", self.run_id);
+        let Some(recovery) = recovery_name(&self.repo, branch, &name, &self.remote.heads, head)
+        else {
+            return Err((
+                SyncWarningCode::PushFailed,
+                from_local_head(format!(
+                    "no free recovery branch name for {branch}-recovered-{name}"
+                )),
+            ));
+        };
+        let recovery_ref = format!("refs/heads/{recovery}");
+        if self.remote.heads.get(&recovery_ref) != Some(&head) {
+            self.push(&recovery_ref).map_err(|e| {
+                let what = format!("the push of the local work to {recovery}");
+                (
+                    SyncWarningCode::PushFailed,
+                    from_local_head(e.describe(&what)),
+                )
+            })?;
+        }
+        tracing::warn!(recovery_branch = %recovery, head = %head, "workspace sync: local work the remote lacked went to a recovery branch");
+        s.recovery_branch = Some(recovery);
+        Ok((self.tip, false))
+    }
+
+    /// Commits the session branch no longer has (the user force-pushed):
+    /// the user's choice stands, they are not pushed back; `repo/` keeps
+    /// them on a local ref. Never ends the sync.
+    fn keep_dropped(&self, s: &mut WorkspaceSync, known: Oid) {
+        if self.contains(self.tip, known) {
+            return;
+        }
+        match keep_discarded(&self.repo, self.run_id, known, &self.remote.heads) {
+            Ok(Some((name, commits, count))) => {
+                tracing::warn!(discarded_ref = %name, count, "workspace sync: the remote session branch dropped commits; kept locally, not pushed back");
+                s.discarded_ref = Some(name);
+                s.discarded_commits = commits;
+                s.discarded_count = Some(count);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %message(&e), "workspace sync: cannot keep the commits the remote dropped on a local ref");
             }
         }
+    }
 
-        // The local session branch may hold commits HEAD does not (the agent
-        // committed on it, then moved HEAD away): pushed before it moves.
+    /// The local session branch may hold commits `HEAD` does not (the agent
+    /// committed on it, then moved `HEAD` away): pushed to a recovery
+    /// branch before it moves, or held back when they hold a secret.
+    fn save_local_branch_commits(
+        &self,
+        s: &mut WorkspaceSync,
+        head: Oid,
+        known: Option<Oid>,
+    ) -> Result<(), Warned> {
+        let branch = self.harvester.branch.as_str();
         let mut seen = vec![head];
         seen.extend(known);
-        match self.with_remote(
-            deadline,
+        let saved = self.harvester.with_remote(
+            self.deadline,
             "workspace sync push",
             Policy::WORKSPACE_SYNC,
             || {
                 save_local_branch(
-                    &repo,
-                    url,
+                    &self.repo,
+                    &self.harvester.remote_url,
                     branch,
-                    &format!("before-{run_id}"),
-                    &remote.heads,
+                    &format!("before-{}", self.run_id),
+                    &self.remote.heads,
                     &seen,
-                    &gate,
+                    &self.gate,
                 )
             },
-        ) {
+        );
+        match saved {
             Ok(Saved::Pushed(name)) => s.local_branch_recovery = Some(name),
             Ok(Saved::Blocked { paths, kept }) => {
                 for path in paths {
@@ -256,38 +383,15 @@ impl Harvester {
             }
             Ok(Saved::Nothing) => {}
             Err(e) => {
-                let text = format!(
-                    "{}; the turn starts from the local HEAD",
-                    e.describe(&format!(
-                        "the push of the local {branch}'s own commits to a recovery branch"
-                    ))
-                );
-                return warn(s, SyncWarningCode::PushFailed, text);
+                let what =
+                    format!("the push of the local {branch}'s own commits to a recovery branch");
+                return Err((
+                    SyncWarningCode::PushFailed,
+                    from_local_head(e.describe(&what)),
+                ));
             }
         }
-
-        if Instant::now() >= deadline {
-            let text = "the workspace sync's time bound ran out before the checkout; the turn starts from the local HEAD".to_string();
-            return warn(s, SyncWarningCode::SyncTimeout, text);
-        }
-        if let Err(e) = bring_local_to(&repo, branch, target) {
-            let text = format!(
-                "cannot check out {target} (the remote's {branch}): {}; the turn starts from the local HEAD",
-                message(&e)
-            );
-            return warn(s, SyncWarningCode::CheckoutFailed, text);
-        }
-        s.start_sha = Some(target.to_string());
-        s.outcome = if pushed {
-            SyncOutcome::Pushed
-        } else if s.recovery_branch.is_some() || s.discarded_ref.is_some() {
-            SyncOutcome::Reset
-        } else if head == tip {
-            SyncOutcome::UpToDate
-        } else {
-            SyncOutcome::FastForward
-        };
-        s
+        Ok(())
     }
 }
 
