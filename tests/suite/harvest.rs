@@ -7,8 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hosted_boot::secret::Secret;
-use hosted_boot::session_dir::{BootContext, CredentialMode, SessionDir};
 use hosted_boot::wire::{HarvestResult, PushErrorCode};
 use hosted_boot::workspace::{
     HarvestJob, Harvester, HttpContext, RepoSpec, credential_helper_command, prepare_repo_async,
@@ -786,29 +784,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
     })
     .await
     .unwrap();
-    let session = SessionDir::create(root.path(), &coord.session_id()).unwrap();
-    session
-        .write_boot_secret(&Secret::new(coord.boot_secret()))
-        .unwrap();
-    session.create_credential_cache().unwrap();
-    session
-        .write_context(&BootContext {
-            api_base_url: coord.base_url().to_string(),
-            agent_token_url: coord.agent_token_url(),
-            session_id: coord.session_id(),
-            remote_url: coord.clone_url(),
-            submodule_remotes: Vec::new(),
-            credential_mode: CredentialMode::File,
-            credential_socket: None,
-            boot_secret_path: Some(session.boot_secret_path()),
-            credential_cache_path: session.credential_cache_path(),
-            issued_tokens_path: session.issued_tokens_path(),
-            credential_lock_path: session.credential_lock_path(),
-            ca_file: None,
-            insecure_http: false,
-            time_scale: 0.05,
-        })
-        .unwrap();
+    let session = hosted_boot_test_support::file_mode_session(root.path(), &coord, 0.05);
     let helper = credential_helper_command(
         Path::new(env!("CARGO_BIN_EXE_hosted-boot")),
         &session.context_path(),

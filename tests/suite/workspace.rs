@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use hosted_boot::secret::Secret;
-use hosted_boot::session_dir::{BootContext, CredentialMode, SessionDir};
+use hosted_boot::session_dir::SessionDir;
 use hosted_boot::wire::ErrorCode;
 use hosted_boot::workspace::{
     HttpContext, PreparedRepo, RepoSpec, WorkspaceError, credential_helper_command,
@@ -36,29 +35,7 @@ fn env_with(opts: CoordinatorOptions) -> Env {
         .unwrap();
     let coord = rt.block_on(Coordinator::start(opts)).unwrap();
     let root = tempfile::tempdir().unwrap();
-    let session = SessionDir::create(root.path(), &coord.session_id()).unwrap();
-    session
-        .write_boot_secret(&Secret::new(coord.boot_secret()))
-        .unwrap();
-    session.create_credential_cache().unwrap();
-    session
-        .write_context(&BootContext {
-            api_base_url: coord.base_url().to_string(),
-            agent_token_url: coord.agent_token_url(),
-            session_id: coord.session_id(),
-            remote_url: coord.clone_url(),
-            submodule_remotes: Vec::new(),
-            credential_mode: CredentialMode::File,
-            credential_socket: None,
-            boot_secret_path: Some(session.boot_secret_path()),
-            credential_cache_path: session.credential_cache_path(),
-            issued_tokens_path: session.issued_tokens_path(),
-            credential_lock_path: session.credential_lock_path(),
-            ca_file: None,
-            insecure_http: false,
-            time_scale: 0.05,
-        })
-        .unwrap();
+    let session = hosted_boot_test_support::file_mode_session(root.path(), &coord, 0.05);
     let http = HttpContext {
         client: hosted_boot::tls::http_client(None).unwrap(),
         runtime: rt.handle().clone(),

@@ -1,6 +1,7 @@
-//! What the workspace's tests share (a dev-dependency only: never in a
-//! binary): one way for a test to need something of the machine (issue
-//! 35). A test that cannot run here (no root, no second uid, no git-lfs, no
+//! What the workspace's tests and benches share (a dev-dependency only:
+//! never in a binary): one way for a test to need something of the machine
+//! (issue 35), and the session directory a test or bench that drives the
+//! workspace layer through the library needs ([`file_mode_session`]). A test that cannot run here (no root, no second uid, no git-lfs, no
 //! real agent CLI, no libfaketime, no nftables, …) calls [`skip`] with what
 //! is missing and how to get it, then returns. That fails the test, unless
 //! the run allows skipping (`HOSTED_BOOT_ALLOW_SKIP=1`, which `.ci/run`
@@ -101,4 +102,44 @@ pub fn program(program: &str, package: &str) -> Result<(), String> {
             "{program} is not installed (apt-get install {package})"
         ))
     }
+}
+
+/// The session directory of `coordinator`'s session under `root`, as the
+/// boot writes it in the file credential mode: the boot secret, the
+/// credential cache and `boot-context.json` (contract durations scaled by
+/// `time_scale`). For tests and benches that run the workspace layer
+/// (clone, harvest, sync) through the library rather than a booted runner.
+pub fn file_mode_session(
+    root: &std::path::Path,
+    coordinator: &hosted_boot_coordinator::Coordinator,
+    time_scale: f64,
+) -> hosted_boot::session_dir::SessionDir {
+    use hosted_boot::session_dir::{BootContext, CredentialMode, SessionDir};
+    let session = SessionDir::create(root, &coordinator.session_id())
+        .unwrap_or_else(|e| panic!("cannot create the session directory: {e}"));
+    let written = session
+        .write_boot_secret(&hosted_boot::secret::Secret::new(coordinator.boot_secret()))
+        .and_then(|()| session.create_credential_cache())
+        .and_then(|()| {
+            session.write_context(&BootContext {
+                api_base_url: coordinator.base_url().to_string(),
+                agent_token_url: coordinator.agent_token_url(),
+                session_id: coordinator.session_id(),
+                remote_url: coordinator.clone_url(),
+                submodule_remotes: Vec::new(),
+                credential_mode: CredentialMode::File,
+                credential_socket: None,
+                boot_secret_path: Some(session.boot_secret_path()),
+                credential_cache_path: session.credential_cache_path(),
+                issued_tokens_path: session.issued_tokens_path(),
+                credential_lock_path: session.credential_lock_path(),
+                ca_file: None,
+                insecure_http: false,
+                time_scale,
+            })
+        });
+    if let Err(e) = written {
+        panic!("cannot write the session files: {e}");
+    }
+    session
 }
