@@ -426,17 +426,17 @@ impl Pending {
 
     /// Whether the check waits for [`Pending::take`] (a setup may run).
     pub fn is_deferred(&self) -> bool {
-        crate::sync::lock(&self.deferred).is_some()
+        crate::concurrency::lock(&self.deferred).is_some()
     }
 
     /// The verdict, once: the first caller waits for it, later ones get
     /// `None` (only the first agent of a boot waits for the canary).
     pub async fn take(&self) -> Option<Verdict> {
-        let deferred = crate::sync::lock(&self.deferred).take();
+        let deferred = crate::concurrency::lock(&self.deferred).take();
         if let Some((canary, opts)) = deferred {
             return Some(check(&canary, &opts).await);
         }
-        let task = crate::sync::lock(&self.task).take()?;
+        let task = crate::concurrency::lock(&self.task).take()?;
         match task.await {
             Ok(v) => Some(v),
             // The check panicked: its verdict is unknown, so fail closed.

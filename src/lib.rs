@@ -51,7 +51,7 @@ pub(crate) mod status_line;
 pub mod tls;
 
 // Primitives every layer shares (crate-internal).
-mod sync;
+mod concurrency;
 
 // The contract, a crate of its own (issue 34): re-exported under the names
 // the runner's modules use, so that `crate::wire`, `crate::secret`, … read

@@ -164,7 +164,7 @@ impl StopBudget {
             if matches!(self.current(), Stop::Immediate(_)) {
                 return None;
             }
-            let deadline = crate::sync::sleep_until(self.deadline);
+            let deadline = crate::concurrency::sleep_until(self.deadline);
             tokio::select! {
                 r = &mut fut => return Some(r),
                 _ = deadline => {

@@ -222,7 +222,7 @@ impl StatusFile {
     }
 
     fn update(&self, force: bool, change: impl FnOnce(&mut Status)) {
-        let mut inner = crate::sync::lock(&self.inner);
+        let mut inner = crate::concurrency::lock(&self.inner);
         change(&mut inner.status);
         let due = inner
             .last_write
@@ -276,7 +276,7 @@ impl StatusFile {
 
     /// Whether the final phase was written.
     pub fn has_exited(&self) -> bool {
-        crate::sync::lock(&self.inner).status.phase == Phase::Exited
+        crate::concurrency::lock(&self.inner).status.phase == Phase::Exited
     }
 
     /// Records a request to the coordinator and, if `ok`, its success.
@@ -294,7 +294,7 @@ impl StatusFile {
     /// written, and rewrites the file at least every [`HEARTBEAT`].
     pub fn tick(&self) {
         let due = {
-            let inner = crate::sync::lock(&self.inner);
+            let inner = crate::concurrency::lock(&self.inner);
             inner.dirty || inner.last_write.is_none_or(|t| t.elapsed() >= HEARTBEAT)
         };
         if due {

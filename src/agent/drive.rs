@@ -439,7 +439,7 @@ async fn run_once(
         input.timings.pipe_drain + Duration::from_secs(1),
     )
     .await;
-    let stderr_tail = std::mem::take(&mut crate::sync::lock(&tail).0);
+    let stderr_tail = std::mem::take(&mut crate::concurrency::lock(&tail).0);
     Ok(process.finish(exit, observation, launch.exit_rule, stderr_tail))
 }
 
@@ -538,9 +538,9 @@ fn observer(
     tail: Arc<Mutex<Tail>>,
 ) -> impl Fn(Stream, &Line) + Clone + Send + 'static {
     move |stream: Stream, line: &Line| {
-        *crate::sync::lock(&last_output) = Instant::now();
+        *crate::concurrency::lock(&last_output) = Instant::now();
         if stream == Stream::Stderr {
-            crate::sync::lock(&tail).push(&line.text());
+            crate::concurrency::lock(&tail).push(&line.text());
         }
     }
 }
@@ -610,7 +610,7 @@ impl Process<'_> {
                     Some(note) => self.on_note(note),
                     None => notes_open = false,
                 },
-                _ = crate::sync::sleep_until(alarm.map(|(at, _)| at)) => {
+                _ = crate::concurrency::sleep_until(alarm.map(|(at, _)| at)) => {
                     if let Some((_, alarm)) = alarm {
                         self.watchdog.ring(alarm);
                     }

@@ -230,17 +230,17 @@ impl AgentSession {
 
     /// The agent session id to resume, if any.
     pub fn resume_id(&self) -> Option<String> {
-        crate::sync::lock(&self.resume).clone()
+        crate::concurrency::lock(&self.resume).clone()
     }
 
     /// Records the id the agent reported; returns the previous one.
     pub fn set_resume_id(&self, id: String) -> Option<String> {
-        crate::sync::lock(&self.resume).replace(id)
+        crate::concurrency::lock(&self.resume).replace(id)
     }
 
     /// The last running total recorded for `thread`.
     pub fn cumulative_for(&self, thread: &str) -> Option<Usage> {
-        crate::sync::lock(&self.cumulative)
+        crate::concurrency::lock(&self.cumulative)
             .as_ref()
             .filter(|(t, _)| t == thread)
             .map(|(_, u)| u.clone())
@@ -248,14 +248,14 @@ impl AgentSession {
 
     /// Records the running total of `thread`.
     pub fn set_cumulative(&self, thread: String, total: Usage) {
-        *crate::sync::lock(&self.cumulative) = Some((thread, total));
+        *crate::concurrency::lock(&self.cumulative) = Some((thread, total));
     }
 
     /// Forgets the running total: a turn ended without one (an
     /// interrupted `codex exec` prints no `turn.completed`), so the next
     /// total includes tokens no turn reported, and is left out.
     pub fn forget_cumulative(&self) {
-        *crate::sync::lock(&self.cumulative) = None;
+        *crate::concurrency::lock(&self.cumulative) = None;
     }
 
     /// The CLI's version if the probe has answered (`Some(None)`: it

@@ -224,7 +224,7 @@ async fn run(adapter: OpenCodeAdapter, mut io: AdapterIo) -> Observation {
                 io.events
                     .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
             }
-            () = crate::sync::sleep_until(pending.as_ref().map(|(_, at)| *at)), if pending.is_some() => {
+            () = crate::concurrency::sleep_until(pending.as_ref().map(|(_, at)| *at)), if pending.is_some() => {
                 pending = None;
                 let e = crashed(format!(
                     "opencode serve did not print the port it listens on within {}",

@@ -23,8 +23,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{AdapterCommand, AgentTimings, Launch};
+use crate::concurrency::lock;
 use crate::process::supervisor::Control;
-use crate::sync::lock;
 use crate::timings::Timings;
 
 /// Which deadline of the [`Watchdog`] came.

@@ -215,7 +215,7 @@ impl ApiProxy {
         self.revoke();
         let token = random_token().map_err(ProxyError::Random)?;
         self.shared.redactor.add(&token, SecretKind::Credential);
-        *crate::sync::lock(&self.shared.grant) = Some(Grant {
+        *crate::concurrency::lock(&self.shared.grant) = Some(Grant {
             token: token.clone(),
             run_id: run_id.to_string(),
             peers: BTreeSet::new(),
@@ -226,7 +226,7 @@ impl ApiProxy {
     /// Revokes the turn's token: from now on every request is refused
     /// `401` until the next [`ApiProxy::issue`]. Idempotent.
     pub fn revoke(&self) {
-        crate::sync::lock(&self.shared.grant).take();
+        crate::concurrency::lock(&self.shared.grant).take();
     }
 }
 
@@ -337,7 +337,7 @@ fn check(
         })
         .map(|(_, t)| t.trim());
     let run_id = {
-        let grant = crate::sync::lock(&shared.grant);
+        let grant = crate::concurrency::lock(&shared.grant);
         match (grant.as_ref(), token) {
             (Some(g), Some(t)) if same_token(t.as_bytes(), g.token.expose().as_bytes()) => {
                 g.run_id.clone()
@@ -425,7 +425,7 @@ async fn from_the_turn(shared: &Arc<Shared>, client: SocketAddr) -> Result<(), S
             "the connection from {client} is not a socket of this network namespace"
         ));
     };
-    let known = crate::sync::lock(&shared.grant)
+    let known = crate::concurrency::lock(&shared.grant)
         .as_ref()
         .is_some_and(|g| g.peers.contains(&inode));
     if known {
@@ -438,7 +438,7 @@ async fn from_the_turn(shared: &Arc<Shared>, client: SocketAddr) -> Result<(), S
     match holder {
         Some(pid) => {
             tracing::debug!(pid, client = %client, "agent API proxy: a connection from a process of the turn");
-            if let Some(g) = crate::sync::lock(&shared.grant).as_mut() {
+            if let Some(g) = crate::concurrency::lock(&shared.grant).as_mut() {
                 g.peers.insert(inode);
             }
             Ok(())

@@ -543,7 +543,7 @@ async fn until_deadline<T>(
 ) -> Option<T> {
     tokio::pin!(post);
     loop {
-        let cut = crate::sync::sleep_until(*deadline);
+        let cut = crate::concurrency::sleep_until(*deadline);
         tokio::select! {
             r = &mut post => return Some(r),
             d = &mut *close_rx, if deadline.is_none() => {

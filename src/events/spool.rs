@@ -159,7 +159,7 @@ impl Spool {
     /// event (the coordinator accepted events this spool no longer holds: a
     /// new `seq` at or below its cursor would be ignored).
     pub fn continue_after(&self, seq: u64) {
-        let mut w = crate::sync::lock(&self.writer);
+        let mut w = crate::concurrency::lock(&self.writer);
         if seq > w.last_seq {
             w.last_seq = seq;
             self.last_seq.store(seq, Ordering::SeqCst);
@@ -194,7 +194,7 @@ impl Spool {
         if count == 0 {
             return Some(self.last_seq.load(Ordering::SeqCst));
         }
-        let mut w = crate::sync::lock(&self.writer);
+        let mut w = crate::concurrency::lock(&self.writer);
         let Writer {
             file,
             len,

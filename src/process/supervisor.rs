@@ -567,8 +567,8 @@ impl TurnProcesses {
         tokio::pin!(guard_gone);
         let mut guard_armed = self.guard_pid.is_some();
         loop {
-            let kill_sleep = crate::sync::sleep_until(kill_at);
-            let cap_sleep = crate::sync::sleep_until(cap_at);
+            let kill_sleep = crate::concurrency::sleep_until(kill_at);
+            let cap_sleep = crate::concurrency::sleep_until(cap_at);
             tokio::select! {
                 _ = &mut exited => {
                     if let Some(at) = waited.signalled_at {

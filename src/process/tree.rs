@@ -162,7 +162,7 @@ pub fn become_subreaper() -> bool {
 static SPAWNED: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
 
 fn spawned() -> MutexGuard<'static, BTreeSet<i32>> {
-    crate::sync::lock(&SPAWNED)
+    crate::concurrency::lock(&SPAWNED)
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -185,7 +185,7 @@ fn spawner() -> io::Result<std_mpsc::Sender<Job>> {
             .map(|_| Mutex::new(tx))
     });
     match slot {
-        Some(tx) => Ok(crate::sync::lock(tx).clone()),
+        Some(tx) => Ok(crate::concurrency::lock(tx).clone()),
         None => Err(io::Error::other("cannot start the spawner thread")),
     }
 }

@@ -449,10 +449,10 @@ impl<'a> Turn<'a> {
             &ctx.repo_dir,
             events,
         ));
-        if let Some(recovered) = crate::sync::lock(&ctx.recovered_at_boot).take() {
+        if let Some(recovered) = crate::concurrency::lock(&ctx.recovered_at_boot).take() {
             workspace_steps::emit(events, &recovered);
         }
-        if let Some(completion) = crate::sync::lock(&ctx.completion).take() {
+        if let Some(completion) = crate::concurrency::lock(&ctx.completion).take() {
             events.emit(RunnerEvent::Workspace, completion.event_data());
         }
         // The sync comes before the watch's first read, so that an interrupt

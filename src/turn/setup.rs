@@ -399,7 +399,7 @@ impl Setup {
                 }
             }
         };
-        let tail = crate::sync::lock(&tail).clone();
+        let tail = crate::concurrency::lock(&tail).clone();
         let exit = match result {
             Ok(exit) => exit,
             Err(e) => {
@@ -486,7 +486,7 @@ fn failure(exit: &Exit, timeout: Duration) -> Option<String> {
 
 /// Keeps the last [`TAIL_CHARS`] characters of setup's (redacted) output.
 fn remember(tail: &Mutex<String>, text: &str) {
-    let mut tail = crate::sync::lock(tail);
+    let mut tail = crate::concurrency::lock(tail);
     tail.push_str(text);
     tail.push('\n');
     if tail.len() > 4 * TAIL_CHARS {

@@ -190,7 +190,7 @@ impl Broker {
         self.inner
             .redactor
             .add(&entry.token, SecretKind::Credential);
-        *crate::sync::lock(&self.inner.read) = Some(entry);
+        *crate::concurrency::lock(&self.inner.read) = Some(entry);
         true
     }
 
@@ -199,7 +199,7 @@ impl Broker {
     /// workspace") be answered with the session's repo token, for the rest
     /// of the boot.
     pub fn allow_submodule_remote(&self, url: &Url) {
-        let mut remotes = crate::sync::lock(&self.inner.submodule_remotes);
+        let mut remotes = crate::concurrency::lock(&self.inner.submodule_remotes);
         if !remotes.contains(url) {
             tracing::info!(remote = %url, "credential broker: answers for a submodule's remote too");
             remotes.push(url.clone());
@@ -238,7 +238,7 @@ impl Broker {
                 .try_lock()
                 .ok()
                 .and_then(|slot| slot.as_ref().filter(|c| fresh(c)).cloned());
-            let seeded = crate::sync::lock(&self.inner.read)
+            let seeded = crate::concurrency::lock(&self.inner.read)
                 .as_ref()
                 .filter(|c| fresh(c))
                 .cloned();
@@ -311,7 +311,7 @@ impl Broker {
                 .is_some_and(|c| refused.is_none_or(|r| r == c.token.expose()))
         };
         {
-            let mut read = crate::sync::lock(&self.inner.read);
+            let mut read = crate::concurrency::lock(&self.inner.read);
             if is_refused(&read) {
                 *read = None;
             }
@@ -332,7 +332,7 @@ impl Broker {
         let action = String::from_utf8_lossy(action).trim().to_string();
         let attributes = read_attributes(rest.strip_prefix(b"\n").unwrap_or(rest));
         let describe = |key: &str| attributes.get(key).cloned().unwrap_or_default();
-        let submodule = crate::sync::lock(&self.inner.submodule_remotes)
+        let submodule = crate::concurrency::lock(&self.inner.submodule_remotes)
             .iter()
             .any(|u| request_matches_remote(&attributes, u));
         if !submodule && !request_matches_remote(&attributes, &self.inner.remote) {

@@ -383,7 +383,7 @@ struct RemoteEntry {
 
 fn registry() -> MutexGuard<'static, HashMap<String, Arc<RemoteEntry>>> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<RemoteEntry>>>> = OnceLock::new();
-    crate::sync::lock(REGISTRY.get_or_init(Default::default))
+    crate::concurrency::lock(REGISTRY.get_or_init(Default::default))
 }
 
 fn key(url: &str) -> String {
@@ -414,7 +414,7 @@ impl RemoteRegistration {
     /// The `Retry-After` of the last `429` or `503` through this
     /// registration, which replaces the backoff (PROTOCOL.md section 2).
     pub fn retry_after(&self) -> Option<Duration> {
-        *crate::sync::lock(&self.retry_after)
+        *crate::concurrency::lock(&self.retry_after)
     }
 }
 
@@ -522,7 +522,7 @@ struct Shared {
 
 impl Shared {
     fn entry(&self, url: &str) -> Result<Arc<RemoteEntry>, TransportError> {
-        let mut slot = crate::sync::lock(&self.entry);
+        let mut slot = crate::concurrency::lock(&self.entry);
         if let Some(entry) = slot.as_ref() {
             return Ok(entry.clone());
         }
@@ -542,7 +542,7 @@ impl Shared {
         url: &reqwest::Url,
         access: crate::wire::Access,
     ) -> Result<Secret, TransportError> {
-        let mut auth = crate::sync::lock(&self.auth);
+        let mut auth = crate::concurrency::lock(&self.auth);
         if let Some(p) = &auth.password {
             return Ok(p.clone());
         }
@@ -572,7 +572,7 @@ impl Shared {
     /// A `401` for `password`: erase it from the helpers and forget it.
     /// Returns whether another attempt is allowed.
     fn rejected(&self, entry: &RemoteEntry, url: &reqwest::Url, password: &Secret) -> bool {
-        let mut auth = crate::sync::lock(&self.auth);
+        let mut auth = crate::concurrency::lock(&self.auth);
         match &entry.http.broker {
             Some(broker) => entry
                 .http
@@ -784,7 +784,7 @@ impl HttpStream {
                 if crate::client::retry::honours_retry_after(status.as_u16())
                     && let Some(wait) = crate::client::retry::retry_after(response.headers())
                 {
-                    *crate::sync::lock(&self.entry.retry_after) = Some(wait);
+                    *crate::concurrency::lock(&self.entry.retry_after) = Some(wait);
                 }
                 return Err(TransportError::Status {
                     status: status.as_u16(),

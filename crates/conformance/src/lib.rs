@@ -23,7 +23,7 @@ pub mod openapi;
 pub mod proxy;
 
 // The contract's modules under the names the runner gives them.
-pub(crate) use hosted_boot_wire::{runner_binary, secret, sync, text, timings, validate, wire};
+pub(crate) use hosted_boot_wire::{locks, runner_binary, secret, text, timings, validate, wire};
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;

@@ -151,7 +151,7 @@ impl Proxy {
     /// Stops serving and hands over what was recorded.
     pub fn finish(self) -> Record {
         self.task.abort();
-        std::mem::take(&mut *crate::sync::lock(&self.shared.record))
+        std::mem::take(&mut *crate::locks::lock(&self.shared.record))
     }
 }
 
@@ -235,7 +235,7 @@ async fn handle(State(sh): State<Arc<Shared>>, req: Request) -> Response {
     )
     .await;
     after_answer(&sh, &exchange, &headers, &body).await;
-    crate::sync::lock(&sh.record).exchanges.push(exchange);
+    crate::locks::lock(&sh.record).exchanges.push(exchange);
     answer
 }
 
@@ -409,7 +409,7 @@ async fn after_answer(sh: &Shared, ex: &Exchange, headers: &HeaderMap, body: &By
         .and_then(Value::as_u64);
     let first_resend = ex.route == Route::Events
         && last_seq.is_some_and(|s| s <= n)
-        && crate::sync::lock(&sh.record).resend.is_none();
+        && crate::locks::lock(&sh.record).resend.is_none();
     if !first_resend {
         return;
     }
@@ -476,12 +476,12 @@ async fn after_answer(sh: &Shared, ex: &Exchange, headers: &HeaderMap, body: &By
                 (Some(s), _) => Err(format!("the cursor answered 2xx, got {s}")),
                 (None, _) => Err("the cursor answered, got no HTTP answer".into()),
             };
-            crate::sync::lock(&sh.record).exchanges.push(read);
+            crate::locks::lock(&sh.record).exchanges.push(read);
             r
         }
         Err(_) => Err("the cursor's URL could not be built".into()),
     };
-    let mut record = crate::sync::lock(&sh.record);
+    let mut record = crate::locks::lock(&sh.record);
     record.exchanges.push(again);
     record.resend = Some(resend);
     record.cursor = Some(cursor);
@@ -490,7 +490,7 @@ async fn after_answer(sh: &Shared, ex: &Exchange, headers: &HeaderMap, body: &By
 /// Records `n` as the run's latest `acceptedThrough`; a lower one than
 /// before is a contract break (2.6).
 fn note_accepted(sh: &Shared, run: &str, n: u64) {
-    let mut record = crate::sync::lock(&sh.record);
+    let mut record = crate::locks::lock(&sh.record);
     let highest = record.highest.get(run).copied().unwrap_or(0);
     if n < highest && record.backwards.is_none() {
         record.backwards = Some(format!(

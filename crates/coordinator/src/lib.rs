@@ -71,7 +71,7 @@ pub use state::{DevError, Fault, RecordedRequest, Route, RunRecord, Snapshot};
 
 // The contract's modules under the names the runner gives them, so that
 // `crate::wire::…` reads alike in both crates.
-pub(crate) use hosted_boot_wire::sync::lock;
+pub(crate) use hosted_boot_wire::locks::lock;
 pub(crate) use hosted_boot_wire::{secret, text, timings, validate, wire};
 // Public: the binary (main.rs) finds the runner with it.
 pub use hosted_boot_wire::runner_binary;

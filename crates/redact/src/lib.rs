@@ -79,7 +79,7 @@ pub struct Redactor {
 /// Shows how many patterns the redactor holds, never one of them.
 impl std::fmt::Debug for Redactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = hosted_boot_wire::sync::read(&self.shared.state);
+        let state = hosted_boot_wire::locks::read(&self.shared.state);
         f.debug_struct("Redactor")
             .field("patterns", &state.known.len())
             .field("compiled", &state.compiled)
@@ -269,7 +269,7 @@ impl Redactor {
             return false;
         }
         self.shared.adding();
-        let trouble = hosted_boot_wire::sync::write(&self.shared.state).insert(
+        let trouble = hosted_boot_wire::locks::write(&self.shared.state).insert(
             value_forms(value),
             &self.shared,
             "secret is",
@@ -299,7 +299,7 @@ impl Redactor {
             added.push(true);
         }
         self.shared.adding();
-        let trouble = hosted_boot_wire::sync::write(&self.shared.state).insert(
+        let trouble = hosted_boot_wire::locks::write(&self.shared.state).insert(
             forms,
             &self.shared,
             "secrets are",
@@ -313,7 +313,7 @@ impl Redactor {
     /// Registers a source polled before each redaction (see
     /// [`SecretSource`]); its values are added as [`SecretKind::Credential`].
     pub fn add_source(&self, source: SecretSource) {
-        let mut sources = hosted_boot_wire::sync::lock(&self.shared.sources);
+        let mut sources = hosted_boot_wire::locks::lock(&self.shared.sources);
         sources.push(source);
     }
 
@@ -326,7 +326,7 @@ impl Redactor {
         }
         REFRESHING.with(|r| r.set(true));
         let fresh: Vec<Secret> = {
-            let mut sources = hosted_boot_wire::sync::lock(&self.shared.sources);
+            let mut sources = hosted_boot_wire::locks::lock(&self.shared.sources);
             let fresh: Vec<Secret> = sources.iter_mut().flat_map(|s| s()).collect();
             if !fresh.is_empty() {
                 // Before the values are added: a line another stream
@@ -342,7 +342,7 @@ impl Redactor {
     }
 
     fn current(&self) -> (u64, Option<Arc<Matcher>>) {
-        let state = hosted_boot_wire::sync::read(&self.shared.state);
+        let state = hosted_boot_wire::locks::read(&self.shared.state);
         (
             self.shared.generation.load(Ordering::SeqCst),
             state.matcher.clone(),
@@ -1027,7 +1027,7 @@ mod tests {
 
     /// The number of levels of `r`'s matcher.
     fn levels(r: &Redactor) -> usize {
-        let state = hosted_boot_wire::sync::read(&r.shared.state);
+        let state = hosted_boot_wire::locks::read(&r.shared.state);
         state.matcher.as_ref().map_or(0, |m| m.levels())
     }
 
@@ -1046,7 +1046,7 @@ mod tests {
             ));
         }
         let (known, compiled) = {
-            let state = hosted_boot_wire::sync::read(&r.shared.state);
+            let state = hosted_boot_wire::locks::read(&r.shared.state);
             (state.known.len(), state.compiled)
         };
         assert!(

@@ -6,7 +6,7 @@
 //! ([`secret`]), text helpers for messages ([`text`]), where the runner's
 //! peers find the runner binary ([`runner_binary`]), and the primitives
 //! every crate of the workspace shares (locks that survive a panicked
-//! holder, [`sync`]). It depends on no other crate of the workspace
+//! holder, [`locks`]). It depends on no other crate of the workspace
 //! (ARCHITECTURE.md, "Crates").
 
 // The unit tests may panic on what the runtime must handle (a panic is the
@@ -21,9 +21,9 @@
     )
 )]
 
+pub mod locks;
 pub mod runner_binary;
 pub mod secret;
-pub mod sync;
 pub mod text;
 pub mod timings;
 pub mod validate;

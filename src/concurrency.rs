@@ -1,10 +1,10 @@
 //! Concurrency helpers every layer shares: locks that survive a panicked
-//! holder (the workspace's, `hosted_boot_wire::sync`), and a sleep to a
+//! holder (the workspace's, `hosted_boot_wire::locks`), and a sleep to a
 //! deadline that may not exist.
 
 use tokio::time::Instant;
 
-pub use hosted_boot_wire::sync::lock;
+pub use hosted_boot_wire::locks::lock;
 
 /// Sleeps until `deadline`; with `None`, never returns: the arm of a
 /// `select!` whose timer is not armed.
