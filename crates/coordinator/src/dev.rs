@@ -175,6 +175,8 @@ fn method_not_allowed(methods: &[&str]) -> ApiError {
 /// The dev API: `rest` is the path below `dev/`. Order of checks: dev token
 /// (401), route (404, naming the path and the routes), method (405), body
 /// (400), state (404, 409).
+// long: the dev API's table, one arm per route after the checks its doc
+// gives in order; each arm is a few lines.
 pub(super) fn route(
     sh: &Shared,
     method: &Method,
