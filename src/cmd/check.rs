@@ -279,6 +279,9 @@ async fn coordinator_lines(
     (lines, names)
 }
 
+// long: the contract's three reads in order (agent token, session, env
+// bundle), each a match from its answer to its check lines; the later two
+// need the first one's bearer.
 async fn coordinator_checks(
     config: &BootConfig,
     redactor: &Redactor,

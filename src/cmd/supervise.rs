@@ -174,55 +174,68 @@ pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 
                 }
             }
         };
-        match result {
-            Ok(exit) => {
-                let outcome = if let Some(guard) = exit.guard_died {
-                    agent::TurnOutcome::failed(
-                        crate::wire::ErrorCode::RunnerError,
-                        agent::drive::guard_died_message(guard),
-                    )
-                } else if exit.timed_out && !(interrupted || stopped) {
-                    agent::TurnOutcome::failed(
-                        crate::wire::ErrorCode::AgentTimeout,
-                        supervision.timeout_message(),
-                    )
-                } else if interrupted || stopped {
-                    agent::TurnOutcome::interrupted()
-                } else {
-                    agent::command::outcome(&exit)
-                };
-                let status = exit.status;
-                code = match status.map(|s| (s.code(), s.signal())) {
-                    Some((Some(c), _)) => c,
-                    Some((None, Some(sig))) => 128 + sig,
-                    _ => 1,
-                };
-                emit(json!({
-                    "type": "exit",
-                    "run": n,
-                    "pgid": exit.pgid,
-                    "code": status.and_then(|s| s.code()),
-                    "signal": status.and_then(|s| s.signal()),
-                    "status": outcome.status.as_str(),
-                    "error": outcome.error.map(|e| e.code),
-                    "timedOut": exit.timed_out,
-                    "swept": exit.swept,
-                    "killed": exit.left_behind.iter().map(|l| json!({
-                        "pid": l.pid,
-                        "name": l.name,
-                        "by": l.by.as_str(),
-                    })).collect::<Vec<_>>(),
-                    "guardDied": exit.guard_died,
-                }));
-            }
-            Err(e) => {
-                code = 127;
-                emit(json!({"type": "spawn_failed", "run": n, "error": e.to_string()}));
-            }
-        }
+        code = report(n, result, interrupted || stopped, &supervision);
         if let Some(c) = stop.borrow().exit_code() {
             return c;
         }
     }
     code
+}
+
+/// Prints how run `n` ended (one `exit` line, or `spawn_failed`) and
+/// returns its exit code: the program's, 128+N for a signal, 127 when it
+/// could not start. `interrupted`: an interrupt or a stop was sent to it.
+fn report(
+    n: u32,
+    result: Result<supervisor::Exit, supervisor::SpawnError>,
+    interrupted: bool,
+    supervision: &Supervision,
+) -> i32 {
+    match result {
+        Ok(exit) => {
+            let outcome = if let Some(guard) = exit.guard_died {
+                agent::TurnOutcome::failed(
+                    crate::wire::ErrorCode::RunnerError,
+                    agent::drive::guard_died_message(guard),
+                )
+            } else if exit.timed_out && !interrupted {
+                agent::TurnOutcome::failed(
+                    crate::wire::ErrorCode::AgentTimeout,
+                    supervision.timeout_message(),
+                )
+            } else if interrupted {
+                agent::TurnOutcome::interrupted()
+            } else {
+                agent::command::outcome(&exit)
+            };
+            let status = exit.status;
+            let code = match status.map(|s| (s.code(), s.signal())) {
+                Some((Some(c), _)) => c,
+                Some((None, Some(sig))) => 128 + sig,
+                _ => 1,
+            };
+            emit(json!({
+                "type": "exit",
+                "run": n,
+                "pgid": exit.pgid,
+                "code": status.and_then(|s| s.code()),
+                "signal": status.and_then(|s| s.signal()),
+                "status": outcome.status.as_str(),
+                "error": outcome.error.map(|e| e.code),
+                "timedOut": exit.timed_out,
+                "swept": exit.swept,
+                "killed": exit.left_behind.iter().map(|l| json!({
+                    "pid": l.pid,
+                    "name": l.name,
+                    "by": l.by.as_str(),
+                })).collect::<Vec<_>>(),
+                "guardDied": exit.guard_died,
+            }));
+            code
+        }
+        Err(e) => {
+            emit(json!({"type": "spawn_failed", "run": n, "error": e.to_string()}));
+            127
+        }
+    }
 }

@@ -466,6 +466,9 @@ impl<'a> Turn<'a> {
     /// Steps 3–4: the watch's first read; unless it (or a stop) asks to
     /// interrupt, the watch and the agent. Returns the outcome and the stop
     /// that ended the agent, if one did.
+    // long: steps 3-4 of 4.1 in order (the watch's first read, the setup,
+    // the deferred egress check, the agent), which share one request channel,
+    // the stop and the watch's state.
     async fn run_agent(
         &mut self,
         input: &TurnInput,
