@@ -206,33 +206,10 @@ async fn exercise(
     std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
     let log_path = temp.path().join("runner.log");
     let log = std::fs::File::create(&log_path)?;
-    // The agent is this binary's `agent`.
-    let exe = std::env::current_exe().context("cannot find this executable")?;
-    let mut runner = tokio::process::Command::new(runner_bin);
-    runner
-        .arg("run")
-        .env_clear()
-        .envs(
-            env.iter()
-                .filter(|(k, _)| !k.to_string_lossy().starts_with("HOSTED_BOOT_AGENT")),
-        )
-        .env("ORIZU_BOOT_SECRET", boot_secret.expose())
-        .env("ORIZU_API_BASE_URL", proxy.url(proxy::API_PREFIX))
-        .env("ORIZU_AGENT_TOKEN_URL", proxy.url(proxy::AGENT_TOKEN_PATH))
-        .env("ORIZU_BOOT_STATUS_URL", proxy.url(proxy::BOOT_STATUS_PATH))
-        .env("HOSTED_BOOT_AGENT", "command")
-        .env(
-            "HOSTED_BOOT_AGENT_COMMAND",
-            format!("{} agent", crate::text::shell_word(&exe.to_string_lossy())),
-        )
-        .env("HOSTED_BOOT_ROOT", &root)
-        .env("HOSTED_BOOT_LOG_FORMAT", "text")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true);
+    let mut child = runner_command(env, runner_bin, &boot_secret, &proxy, &root, log)?
+        .spawn()
+        .context("cannot start the runner")?;
     drop(boot_secret);
-    let mut child = runner.spawn().context("cannot start the runner")?;
     let mut milestones = proxy.milestones.clone();
     let mut interrupted = None;
     let waited = tokio::time::timeout(args.timeout, async {
@@ -264,22 +241,8 @@ async fn exercise(
     let (milestone, mut exit) = waited.unwrap_or_default();
     let mut stopped_by_us = false;
     if exit.is_none() {
-        // The graceful stop of 4.4 (between turns: nothing posted).
-        if let Some(pid) = child.id() {
-            stopped_by_us = true;
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_raw(i32::try_from(pid).unwrap_or(0))
-                    .ok_or_else(|| anyhow::anyhow!("no pid"))?,
-                rustix::process::Signal::TERM,
-            );
-        }
-        exit = match tokio::time::timeout(Duration::from_secs(40), child.wait()).await {
-            Ok(s) => s.ok(),
-            Err(_) => {
-                let _ = child.kill().await;
-                None
-            }
-        };
+        stopped_by_us = child.id().is_some();
+        exit = stop_runner(&mut child).await;
     }
     if let Some(signal) = interrupted {
         // The temporary directory (the root, unless --root) goes when
@@ -316,6 +279,60 @@ async fn exercise(
         }
     }
     Ok(checks)
+}
+
+/// The real runner (`run`) with the sandbox's environment, its URLs the
+/// proxy's, the built-in agent (this binary's `agent`), `root` and its log.
+fn runner_command(
+    env: &BTreeMap<OsString, OsString>,
+    runner_bin: &Path,
+    boot_secret: &Secret,
+    proxy: &Proxy,
+    root: &Path,
+    log: std::fs::File,
+) -> anyhow::Result<tokio::process::Command> {
+    // The agent is this binary's `agent`.
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+    let mut runner = tokio::process::Command::new(runner_bin);
+    runner
+        .arg("run")
+        .env_clear()
+        .envs(
+            env.iter()
+                .filter(|(k, _)| !k.to_string_lossy().starts_with("HOSTED_BOOT_AGENT")),
+        )
+        .env("ORIZU_BOOT_SECRET", boot_secret.expose())
+        .env("ORIZU_API_BASE_URL", proxy.url(proxy::API_PREFIX))
+        .env("ORIZU_AGENT_TOKEN_URL", proxy.url(proxy::AGENT_TOKEN_PATH))
+        .env("ORIZU_BOOT_STATUS_URL", proxy.url(proxy::BOOT_STATUS_PATH))
+        .env("HOSTED_BOOT_AGENT", "command")
+        .env(
+            "HOSTED_BOOT_AGENT_COMMAND",
+            format!("{} agent", crate::text::shell_word(&exe.to_string_lossy())),
+        )
+        .env("HOSTED_BOOT_ROOT", root)
+        .env("HOSTED_BOOT_LOG_FORMAT", "text")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true);
+    Ok(runner)
+}
+/// The graceful stop of 4.4 (between turns: nothing posted): SIGTERM, then
+/// its exit within 40 s, else SIGKILL and `None`.
+async fn stop_runner(child: &mut tokio::process::Child) -> Option<std::process::ExitStatus> {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+    match tokio::time::timeout(Duration::from_secs(40), child.wait()).await {
+        Ok(s) => s.ok(),
+        Err(_) => {
+            let _ = child.kill().await;
+            None
+        }
+    }
 }
 
 /// The checks of one conformance run, from what the proxy recorded and how

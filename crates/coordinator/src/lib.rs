@@ -300,68 +300,13 @@ impl Coordinator {
             .await
             .with_context(|| format!("could not listen on {}", opts.listen))?;
         let local_addr = listener.local_addr()?;
-        let base_url = match &opts.advertise_url {
-            Some(u) => u.clone(),
-            None => {
-                let ip = match local_addr.ip() {
-                    IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-                    IpAddr::V6(v6) if v6.is_unspecified() => {
-                        IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
-                    }
-                    ip => ip,
-                };
-                Url::parse(&format!(
-                    "http://{}/",
-                    SocketAddr::new(ip, local_addr.port())
-                ))?
-            }
-        };
-        if !base_url.path().ends_with('/') {
-            anyhow::bail!("the advertised URL {base_url} must end with /");
-        }
+        let base_url = advertised_url(&opts, local_addr)?;
         let dev_token =
             (!local_addr.ip().is_loopback()).then(|| Secret::new(state::random_hex(16)));
 
         let shared = Arc::new(server::Shared {
-            cfg: server::Config {
-                session_id: opts.session_id.clone(),
-                workspace_id: opts.workspace_id.clone(),
-                repo_full_name: opts.repo_full_name.clone(),
-                branch: opts.branch.clone(),
-                client_info: ClientInfo {
-                    task: opts.task.clone(),
-                    model: opts.model.clone(),
-                    reasoning_effort: opts.reasoning_effort.clone(),
-                    surface: opts.surface.clone(),
-                    duration_minutes: opts.duration_minutes,
-                },
-                connectors: opts.connectors.clone(),
-                redact_vars: opts.redact_vars.clone(),
-                setup_connectors: opts.setup_connectors.clone(),
-                bearer_ttl: opts.bearer_ttl,
-                clock_offset_s: opts.clock_offset_s,
-                bearer_expires_in_s: opts.bearer_expires_in_s,
-                repo_token_ttl: opts.repo_token_ttl,
-                repo_token_expires_at: opts.repo_token_expires_at,
-                boot_secret: Secret::new(state::random_hex(32)),
-                dev_token,
-                long_poll: opts.long_poll,
-                repo,
-                served: served::Served::default(),
-                latency: opts.latency,
-                counts_only: opts.counts_only,
-            },
-            state: Mutex::new({
-                let mut s = state::State::new((!opts.start_idle).then_some(opts.task.as_str()));
-                s.agent_session_id = opts.agent_session_id.clone();
-                s.git_max_file_size = opts.git_max_file_size;
-                s.setup = opts.setup.clone();
-                s.around = state::AroundAgent {
-                    egress_canary: opts.egress_canary.clone(),
-                    instructions: opts.instructions.clone(),
-                };
-                s
-            }),
+            cfg: server_config(&opts, repo, dev_token),
+            state: Mutex::new(initial_state(&opts)),
             changed: tokio::sync::Notify::new(),
         });
 
@@ -722,4 +667,78 @@ impl Drop for Coordinator {
             task.abort();
         }
     }
+}
+
+/// The base URL sandboxes are given: `--advertise-url`, else the listening
+/// address (an unspecified one as loopback).
+fn advertised_url(opts: &CoordinatorOptions, local_addr: SocketAddr) -> anyhow::Result<Url> {
+    let base_url = match &opts.advertise_url {
+        Some(u) => u.clone(),
+        None => {
+            let ip = match local_addr.ip() {
+                IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+                ip => ip,
+            };
+            Url::parse(&format!(
+                "http://{}/",
+                SocketAddr::new(ip, local_addr.port())
+            ))?
+        }
+    };
+    if !base_url.path().ends_with('/') {
+        anyhow::bail!("the advertised URL {base_url} must end with /");
+    }
+    Ok(base_url)
+}
+
+/// What the session's server answers with and never changes: from the
+/// options, the served repository and the dev token.
+fn server_config(
+    opts: &CoordinatorOptions,
+    repo: git::BareRepo,
+    dev_token: Option<Secret>,
+) -> server::Config {
+    server::Config {
+        session_id: opts.session_id.clone(),
+        workspace_id: opts.workspace_id.clone(),
+        repo_full_name: opts.repo_full_name.clone(),
+        branch: opts.branch.clone(),
+        client_info: ClientInfo {
+            task: opts.task.clone(),
+            model: opts.model.clone(),
+            reasoning_effort: opts.reasoning_effort.clone(),
+            surface: opts.surface.clone(),
+            duration_minutes: opts.duration_minutes,
+        },
+        connectors: opts.connectors.clone(),
+        redact_vars: opts.redact_vars.clone(),
+        setup_connectors: opts.setup_connectors.clone(),
+        bearer_ttl: opts.bearer_ttl,
+        clock_offset_s: opts.clock_offset_s,
+        bearer_expires_in_s: opts.bearer_expires_in_s,
+        repo_token_ttl: opts.repo_token_ttl,
+        repo_token_expires_at: opts.repo_token_expires_at,
+        boot_secret: Secret::new(state::random_hex(32)),
+        dev_token,
+        long_poll: opts.long_poll,
+        repo,
+        served: served::Served::default(),
+        latency: opts.latency,
+        counts_only: opts.counts_only,
+    }
+}
+
+/// The session's first state: its initial run (unless it starts idle) and
+/// what the dev API can change later.
+fn initial_state(opts: &CoordinatorOptions) -> state::State {
+    let mut s = state::State::new((!opts.start_idle).then_some(opts.task.as_str()));
+    s.agent_session_id = opts.agent_session_id.clone();
+    s.git_max_file_size = opts.git_max_file_size;
+    s.setup = opts.setup.clone();
+    s.around = state::AroundAgent {
+        egress_canary: opts.egress_canary.clone(),
+        instructions: opts.instructions.clone(),
+    };
+    s
 }
