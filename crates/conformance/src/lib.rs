@@ -178,6 +178,9 @@ pub async fn run(
     }
 }
 
+// long: one conformance run in order (proxy, runner, the wait for a
+// milestone or a stop, the graceful stop, the judging) over one proxy,
+// child and temporary directory.
 async fn exercise(
     env: &BTreeMap<OsString, OsString>,
     args: &ConformanceArgs,

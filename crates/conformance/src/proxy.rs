@@ -372,6 +372,9 @@ fn check_answer(
 
 /// What the answer means beyond its own route: milestones, the
 /// `acceptedThrough` order, and the resend of the first accepted batch.
+// long: one branch per route whose answers mean more than themselves
+// (boot status milestones, the events cursor order, the resend), over the
+// same exchange and record.
 async fn after_answer(sh: &Shared, ex: &Exchange, headers: &HeaderMap, body: &Bytes) {
     let ok = ex.status.is_some_and(|s| (200..300).contains(&s));
     if ex.route == Route::BootStatus && ok {

@@ -48,6 +48,9 @@ pub async fn run(args: DemoArgs, runner: &Path) -> i32 {
     }
 }
 
+// long: the demo in the order a person reads it (the coordinator, the
+// header, the runner, the live timeline, the turns, the summary), over one
+// coordinator, runner and timeline; its parts print, they compute little.
 async fn scenario(args: &DemoArgs, runner: &Path) -> anyhow::Result<()> {
     let started = Instant::now();
     // Ctrl-C or SIGTERM from here on stops the runner as a sandbox's stop

@@ -234,6 +234,9 @@ pub(crate) struct BareRepo {
 /// `HEAD` at the default branch, creates `branch` from it when `create_branch`
 /// is set, refuses deletions and non-fast-forward pushes, and installs the
 /// pre-receive hook that scopes pushes to the session branch.
+// long: the git commands that make the served repository, in the order
+// git needs them (check the name, clone, find the default branch, create
+// the session branch, configure, hook), each a few lines.
 pub(crate) fn prepare_bare_repo(
     workdir: &Path,
     source: &Path,
@@ -408,6 +411,9 @@ pub(crate) async fn http_backend(request: BackendRequest<'_>, body: Body) -> Res
     }
 }
 
+// long: one CGI exchange with `git http-backend` in order: its
+// environment, the request body fed while its output is read, its headers
+// parsed, the rest streamed; the child lives with the stream it feeds.
 async fn run_backend(request: BackendRequest<'_>, body: Body) -> anyhow::Result<Response> {
     let BackendRequest {
         repo,
