@@ -41,8 +41,9 @@ pub fn skip(reason: impl std::fmt::Display) {
 }
 
 /// Appends the skip to this run's record (one file per nextest run, by its
-/// `NEXTEST_RUN_ID`), one line each (`O_APPEND`: the tests of a run are
-/// processes of their own writing at once).
+/// `NEXTEST_RUN_ID`; `cargo-test.log`, which accumulates, outside nextest),
+/// one line each (`O_APPEND`: the tests of a run are processes of their own
+/// writing at once). Panics when it cannot be recorded.
 fn record(test: &str, reason: &str) {
     let dir = skips_dir();
     let run = std::env::var("NEXTEST_RUN_ID").unwrap_or_else(|_| "cargo-test".to_string());
@@ -54,8 +55,12 @@ fn record(test: &str, reason: &str) {
             .open(dir.join(format!("{run}.log")))?
             .write_all(line.as_bytes())
     });
+    // A skip nobody can count is a pass that did not run: fail instead.
     if let Err(e) = written {
-        eprintln!("SKIPPED, and not recorded in {}: {e}", dir.display());
+        panic!(
+            "{test} cannot run here ({reason}) and its skip cannot be recorded in {}: {e}",
+            dir.display()
+        );
     }
 }
 
