@@ -21,6 +21,13 @@ use git2::{FileMode, ObjectType, Oid, Repository};
 /// The raw mode of a gitlink (a submodule's commit).
 pub(super) const GITLINK: i32 = 0o160000;
 
+/// Whether `commit` is in the history of `tip`: it is `tip`, or `tip`
+/// descends from it (an unreadable graph counts as not). What "a branch
+/// holds a commit" means to every push and sync check.
+pub(super) fn contains(repo: &Repository, tip: Oid, commit: Oid) -> bool {
+    tip == commit || repo.graph_descendant_of(tip, commit).unwrap_or(false)
+}
+
 /// One entry a commit brings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Brought {

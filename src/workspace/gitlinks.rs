@@ -126,9 +126,8 @@ fn not_pushed(dir: &Path, commit: Oid) -> Option<bool> {
     sub.find_commit(commit).ok()?;
     let refs = sub.references_glob("refs/remotes/*").ok()?;
     let on_remote = refs.flatten().any(|r| {
-        r.peel_to_commit().is_ok_and(|tip| {
-            tip.id() == commit || sub.graph_descendant_of(tip.id(), commit).unwrap_or(false)
-        })
+        r.peel_to_commit()
+            .is_ok_and(|tip| super::brought::contains(&sub, tip.id(), commit))
     });
     Some(!on_remote)
 }

@@ -43,7 +43,7 @@ pub(super) fn save_local_branch(
     let Ok(local) = repo.refname_to_id(&local_ref) else {
         return Ok(Saved::Nothing);
     };
-    let contains = |a: Oid, b: Oid| a == b || repo.graph_descendant_of(a, b).unwrap_or(false);
+    let contains = |a: Oid, b: Oid| super::brought::contains(repo, a, b);
     let held = heads
         .values()
         .chain(seen)

@@ -79,7 +79,7 @@ struct Attempt<'a> {
 
 impl Attempt<'_> {
     fn contains(&self, a: Oid, b: Oid) -> bool {
-        a == b || self.repo.graph_descendant_of(a, b).unwrap_or(false)
+        super::brought::contains(self.repo, a, b)
     }
 
     /// Files over the size limit in the agent's own commits: the git host

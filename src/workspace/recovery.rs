@@ -45,7 +45,7 @@ pub(super) fn recovery_name(
         .find(
             |candidate| match heads.get(&format!("refs/heads/{candidate}")) {
                 None => true,
-                Some(tip) => *tip == head || repo.graph_descendant_of(head, *tip).unwrap_or(false),
+                Some(tip) => super::brought::contains(repo, head, *tip),
             },
         )
 }

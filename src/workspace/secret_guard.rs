@@ -221,9 +221,7 @@ pub(super) fn hold_back(
     redactor: &Redactor,
 ) -> Result<(Oid, String), git2::Error> {
     let base = match session_tip {
-        Some(tip) if tip == head || repo.graph_descendant_of(head, tip).unwrap_or(false) => {
-            Some(tip)
-        }
+        Some(tip) if super::brought::contains(repo, head, tip) => Some(tip),
         Some(tip) => repo.merge_base(head, tip).ok(),
         None => None,
     };

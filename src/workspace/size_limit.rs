@@ -160,9 +160,7 @@ pub(super) fn leave_out_oversized(
     r: &mut HarvestResult,
 ) -> Result<Oid, git2::Error> {
     let base = match remote.session_tip {
-        Some(tip) if tip == head || repo.graph_descendant_of(head, tip).unwrap_or(false) => {
-            Some(tip)
-        }
+        Some(tip) if super::brought::contains(repo, head, tip) => Some(tip),
         Some(tip) => repo.merge_base(head, tip).ok(),
         None => None,
     };

@@ -215,7 +215,7 @@ struct Sync<'a> {
 
 impl Sync<'_> {
     fn contains(&self, a: Oid, b: Oid) -> bool {
-        a == b || self.repo.graph_descendant_of(a, b).unwrap_or(false)
+        super::brought::contains(&self.repo, a, b)
     }
 
     /// Whether a remote branch holds `commit`.
