@@ -928,14 +928,7 @@ async fn a_demo_stopped_by_a_signal_leaves_no_process_and_no_directory() {
             stderr.contains("stopped by a signal; the runner exited"),
             "{stop:?}: {stderr}"
         );
-        let needle = tmp.path().to_str().unwrap();
-        let left = super::support::processes_with_env(needle);
-        assert!(left.is_empty(), "{stop:?}: processes left: {left:?}");
-        let entries: Vec<_> = std::fs::read_dir(tmp.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert!(entries.is_empty(), "{stop:?}: left in TMPDIR: {entries:?}");
+        super::support::assert_nothing_left(tmp.path(), &format!("{stop:?}"));
     }
 }
 

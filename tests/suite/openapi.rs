@@ -591,13 +591,7 @@ async fn conformance_stopped_by_a_signal_stops_its_runner_and_leaves_nothing() {
     let run = sb.coordinator.run("run-1").unwrap();
     assert_ne!(run.status, "running", "the run was left running: {out}");
     assert_eq!(run.finish_count, 1, "{out}");
-    let left = super::support::processes_with_env(tmp.path().to_str().unwrap());
-    assert!(left.is_empty(), "processes left: {left:?}");
-    let entries: Vec<_> = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert!(entries.is_empty(), "left in TMPDIR: {entries:?}");
+    super::support::assert_nothing_left(tmp.path(), "conformance");
 }
 
 async fn broken(fault: Fault) -> String {

@@ -838,10 +838,23 @@ pub fn conformance_bin() -> PathBuf {
     workspace_bin("hosted-boot-conformance")
 }
 
+/// Asserts that a stopped tool given `tmp` as its TMPDIR left nothing:
+/// no process whose environment names `tmp`, nothing in it. `what` names
+/// the case in the failure.
+pub fn assert_nothing_left(tmp: &Path, what: &str) {
+    let left = processes_with_env(tmp.to_str().unwrap());
+    assert!(left.is_empty(), "{what}: processes left: {left:?}");
+    let entries: Vec<_> = std::fs::read_dir(tmp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(entries.is_empty(), "{what}: left in TMPDIR: {entries:?}");
+}
+
 /// Pids of the processes whose environment holds `needle` (a unique
 /// directory the test gave them as TMPDIR or HOME): what a stopped tool
 /// left running.
-pub fn processes_with_env(needle: &str) -> Vec<i32> {
+fn processes_with_env(needle: &str) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
