@@ -2,6 +2,7 @@
 //! variable of the same name (PROTOCOL.md section 1). The boot secret is
 //! never a clap argument: `main` takes it out of the environment first.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -14,16 +15,93 @@ use crate::boot::config::RunArgs;
 #[command(
     name = "hosted-boot",
     version,
-    args_conflicts_with_subcommands = true,
-    after_help = "With no subcommand, `run` is assumed. See README.md for the environment contract."
+    after_help = "With no subcommand, `run` is assumed: `hosted-boot --agent claude` is `hosted-boot run --agent claude` (its settings: `hosted-boot run --help`). See README.md for the environment contract."
 )]
 pub struct Cli {
-    /// What to do (default: `run`).
+    /// What to do.
     #[command(subcommand)]
-    pub command: Option<Command>,
-    /// Settings of `run` when no subcommand is given.
-    #[command(flatten)]
-    pub run: RunArgs,
+    pub command: Command,
+}
+
+/// Parses the command line, `run` when it names no subcommand. `run`'s
+/// settings are parsed only for `run` and `check`: their variables (a bad
+/// `HOSTED_BOOT_INTERRUPT_GRACE`) are no concern of `status`, the image's
+/// health check, or of the credential helper.
+///
+/// Errors: clap's, for [`report`].
+pub fn parse(argv: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
+    let mut argv: Vec<OsString> = argv.into_iter().collect();
+    let first = argv.get(1).map(|a| a.to_string_lossy().into_owned());
+    let names_no_subcommand = match first.as_deref() {
+        None => true,
+        Some("-h" | "--help" | "-V" | "--version") => false,
+        Some(flag) => flag.starts_with('-'),
+    };
+    if names_no_subcommand {
+        argv.insert(1.min(argv.len()), OsString::from("run"));
+    }
+    Cli::try_parse_from(argv)
+}
+
+/// Prints a parse error and gives the exit code: for a bad value, the
+/// runner's own configuration error (exit 2, as `load`'s): the flag, its
+/// variable, and the parser's message, which quotes the value (never a
+/// secret: a URL's user info is not shown) and says what to write; clap's
+/// rendering would quote the raw value, user info and all. Anything else
+/// (help, version, an unknown flag) as clap prints it.
+pub fn report(error: &clap::Error) -> i32 {
+    match explain(error) {
+        Some(message) => {
+            eprintln!("hosted-boot: configuration error: {message}");
+            2
+        }
+        None => {
+            let _ = error.print();
+            error.exit_code()
+        }
+    }
+}
+
+/// The runner's message for a bad value, `None` for any other error.
+fn explain(error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let ContextValue::String(arg) = error.get(ContextKind::InvalidArg)? else {
+        return None;
+    };
+    let flag = arg.split_whitespace().next().unwrap_or(arg);
+    let named = match variable_of(flag) {
+        Some(var) => format!("{flag} ({var})"),
+        None => flag.to_string(),
+    };
+    let valid = match error.get(ContextKind::ValidValue) {
+        Some(ContextValue::Strings(values)) => values.join(", "),
+        _ => String::new(),
+    };
+    match error.kind() {
+        ErrorKind::ValueValidation => {
+            let reason = std::error::Error::source(error)?;
+            Some(format!("{named}: {reason}"))
+        }
+        ErrorKind::InvalidValue if !valid.is_empty() => {
+            let value = match error.get(ContextKind::InvalidValue) {
+                Some(ContextValue::String(v)) if !v.is_empty() => {
+                    format!("{:?} is not one of", crate::text::head(v, 80))
+                }
+                _ => "is empty; write one of".to_string(),
+            };
+            Some(format!("{named}: {value} {valid}"))
+        }
+        _ => None,
+    }
+}
+
+/// The variable behind `--flag`, from the command's own declarations.
+fn variable_of(flag: &str) -> Option<String> {
+    let long = flag.strip_prefix("--")?;
+    let command = <Cli as clap::CommandFactory>::command();
+    let run = command.find_subcommand("run")?;
+    let arg = run.get_arguments().find(|a| a.get_long() == Some(long))?;
+    arg.get_env().map(|v| v.to_string_lossy().into_owned())
 }
 
 /// The subcommands.

@@ -9,11 +9,9 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use hosted_boot::boot::config;
 use hosted_boot::boot::config::RunArgs;
-use hosted_boot::cli::{Cli, Command};
+use hosted_boot::cli::{self, Command};
 use hosted_boot::cmd::{check, demo, supervise};
 use hosted_boot::process::{guard, reaper};
 use hosted_boot::secret::Secret;
@@ -85,15 +83,17 @@ fn main() -> ExitCode {
     }
     tls::install_crypto_provider();
 
-    let cli = Cli::parse();
+    let cli = match cli::parse(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(e) => return exit_code(cli::report(&e)),
+    };
     let code = match cli.command {
-        None => run(cli.run, env, boot_secret),
-        Some(Command::Run(args)) => run(args, env, boot_secret),
-        Some(Command::Credential(args)) => {
+        Command::Run(args) => run(args, env, boot_secret),
+        Command::Credential(args) => {
             workspace::credential::run_credential_helper(&args.action, &args.context)
         }
-        Some(Command::Check(args)) => with_runtime(|| check::run(env, args, boot_secret)),
-        Some(Command::Status(args)) => match args.root.map_or_else(config::working_dir, Ok) {
+        Command::Check(args) => with_runtime(|| check::run(env, args, boot_secret)),
+        Command::Status(args) => match args.root.map_or_else(config::working_dir, Ok) {
             Ok(root) => status::command(&root, args.check),
             Err(e) => {
                 // `status` answers on stdout, exit 1 (never 2, which Docker
@@ -102,12 +102,12 @@ fn main() -> ExitCode {
                 1
             }
         },
-        Some(Command::DemoAgent) => demo::agent_main(),
-        Some(Command::Supervise(args)) => with_runtime(|| supervise::run(args, env)),
-        Some(Command::Coordinator(_)) => moved("coordinator", "hosted-boot-coordinator serve"),
-        Some(Command::Demo(_)) => moved("demo", "hosted-boot-coordinator demo"),
-        Some(Command::Conformance(_)) => moved("conformance", "hosted-boot-conformance"),
-        Some(Command::TurnGuard(args)) => guard::main(args.session, args.cgroup),
+        Command::DemoAgent => demo::agent_main(),
+        Command::Supervise(args) => with_runtime(|| supervise::run(args, env)),
+        Command::Coordinator(_) => moved("coordinator", "hosted-boot-coordinator serve"),
+        Command::Demo(_) => moved("demo", "hosted-boot-coordinator demo"),
+        Command::Conformance(_) => moved("conformance", "hosted-boot-conformance"),
+        Command::TurnGuard(args) => guard::main(args.session, args.cgroup),
     };
     exit_code(code)
 }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use reqwest::Url;
 
@@ -17,6 +18,8 @@ use crate::secret::Secret;
 use crate::session_dir::CredentialMode;
 use crate::timings::{Timings, parse_duration};
 use crate::validate;
+
+use super::values::{self, AgentChoice, Optional};
 
 /// The boot secret's variable (PROTOCOL.md section 1).
 pub const BOOT_SECRET_VAR: &str = "ORIZU_BOOT_SECRET";
@@ -133,26 +136,7 @@ pub struct BootConfig {
     pub git_mirror_dir: Option<PathBuf>,
 }
 
-/// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
-pub const DEFAULT_HARVEST_MAX_FILE_SIZE: u64 = 100 * 1024 * 1024;
-
-/// Parses `--harvest-max-file-size`: a byte count with an optional unit
-/// (`100MiB`, `50 MB`, `1048576`; binary units are powers of 1024, decimal
-/// ones of 1000). `0` is no limit (`None`); empty is the default.
-///
-/// Errors: a message naming the value and the accepted forms.
-pub fn parse_max_file_size(text: &str) -> Result<Option<u64>, ConfigError> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Ok(Some(DEFAULT_HARVEST_MAX_FILE_SIZE));
-    }
-    let bytes = text.parse::<bytesize::ByteSize>().map_err(|e| {
-        ConfigError(format!(
-            "HOSTED_BOOT_HARVEST_MAX_FILE_SIZE {text:?} is not a size ({e}); write it like 100MiB, 50MB or 1048576, or 0 for no limit"
-        ))
-    })?;
-    Ok(Some(bytes.as_u64()).filter(|b| *b > 0))
-}
+pub use super::values::{DEFAULT_HARVEST_MAX_FILE_SIZE, DEMO_AGENT};
 
 /// Reads `env` (the environment as the process was started, boot secret
 /// already taken out into `boot_secret`) and `args`, in the order a person
@@ -174,7 +158,7 @@ pub fn load(
     let api = api_config(&get, checked_boot_secret(boot_secret)?, args.insecure_http)?;
     let workspace_id = get("ORIZU_WORKSPACE_ID");
     let opencode_port = opencode_port(&get)?;
-    let time_scale = time_scale(args)?;
+    let time_scale = args.test_time_scale.unwrap_or(1.0);
     let agent_user = agent_user(args)?;
     let mut agent = agent(args, &get)?;
     agent.opencode_port = opencode_port;
@@ -187,21 +171,22 @@ pub fn load(
         Some(r) => cwd.join(r),
         None => cwd.clone(),
     };
-    let git_base_url = validate::url(
+    let git_base_url = args.git_base_url.clone();
+    validate::http_allowed(
         "HOSTED_BOOT_GIT_BASE_URL",
-        args.git_base_url.trim_end_matches('/'),
+        &git_base_url,
         args.insecure_http,
     )
     .map_err(|e| ConfigError(e.to_string()))?;
-    let timings = timings(args, time_scale)?;
+    let timings = timings(args, time_scale);
     if let Some(path) = &args.ca_file {
         crate::tls::read_ca_file(path).map_err(|e| ConfigError(format!("{e:#}")))?;
     }
-    let harvest_max_file_size = parse_max_file_size(&args.harvest_max_file_size)?;
-    let setup = setup_config(args, time_scale)?;
+    let harvest_max_file_size = Some(args.harvest_max_file_size).filter(|b| *b > 0);
+    let setup = setup_config(args, time_scale);
     let agent_api_allow =
         Allowlist::with_names(&args.agent_api_allow).map_err(|e| ConfigError(e.to_string()))?;
-    let egress_canary = egress_canary(args)?;
+    let egress_canary = args.egress_canary.get().cloned();
     let instructions_file = instructions_file(args, &cwd)?;
     let base_env = env
         .iter()
@@ -305,17 +290,6 @@ fn opencode_port(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<u16>, Co
     }
 }
 
-/// `HOSTED_BOOT_TEST_TIME_SCALE`: 1.0 unless set to a number in (0, 1].
-fn time_scale(args: &RunArgs) -> Result<f64, ConfigError> {
-    match args.test_time_scale {
-        None => Ok(1.0),
-        Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => Ok(f),
-        Some(_) => Err(ConfigError(
-            "HOSTED_BOOT_TEST_TIME_SCALE must be a number in (0, 1]".to_string(),
-        )),
-    }
-}
-
 /// `--agent-user` resolved against the user database; empty is none.
 fn agent_user(args: &RunArgs) -> Result<Option<crate::agent_user::AgentUser>, ConfigError> {
     match args.agent_user.as_deref().map(str::trim) {
@@ -330,28 +304,16 @@ fn agent_user(args: &RunArgs) -> Result<Option<crate::agent_user::AgentUser>, Co
 
 /// The contract's durations with `--interrupt-grace` and `--stop-budget`,
 /// scaled by the test time scale.
-fn timings(args: &RunArgs, time_scale: f64) -> Result<Timings, ConfigError> {
+fn timings(args: &RunArgs, time_scale: f64) -> Timings {
     let timings = Timings {
-        interrupt_grace: parse_duration(&args.interrupt_grace)
-            .map_err(|e| ConfigError(format!("--interrupt-grace: {e}")))?,
-        stop_budget: parse_duration(&args.stop_budget)
-            .map_err(|e| ConfigError(format!("--stop-budget: {e}")))?,
+        interrupt_grace: args.interrupt_grace,
+        stop_budget: args.stop_budget,
         ..Timings::default()
     };
-    Ok(if time_scale != 1.0 {
+    if time_scale != 1.0 {
         timings.scaled(time_scale)
     } else {
         timings
-    })
-}
-
-/// `--egress-canary`; empty is none.
-fn egress_canary(args: &RunArgs) -> Result<Option<crate::egress::Canary>, ConfigError> {
-    match args.egress_canary.as_deref().map(str::trim) {
-        None | Some("") => Ok(None),
-        Some(text) => crate::egress::Canary::parse("--egress-canary", text)
-            .map(Some)
-            .map_err(|e| ConfigError(e.to_string())),
     }
 }
 
@@ -384,26 +346,10 @@ fn instructions_file(
     Ok(Some(path))
 }
 
-/// `--setup-script`, `--setup-inputs` and `--setup-timeout` (an empty
-/// timeout is the default, 10 min), the timeout scaled like every contract
-/// duration.
-///
-/// Errors: a timeout that is not a positive duration.
-fn setup_config(
-    args: &RunArgs,
-    time_scale: f64,
-) -> Result<crate::turn::setup::SetupConfig, ConfigError> {
-    let text = args.setup_timeout.trim();
-    let mut timeout = if text.is_empty() {
-        crate::turn::setup::DEFAULT_TIMEOUT
-    } else {
-        parse_duration(text).map_err(|e| ConfigError(format!("--setup-timeout: {e}")))?
-    };
-    if timeout.is_zero() {
-        return Err(ConfigError(
-            "--setup-timeout must be a positive duration (10m, 90s)".to_string(),
-        ));
-    }
+/// `--setup-script`, `--setup-inputs` and `--setup-timeout`, the timeout
+/// scaled like every contract duration.
+fn setup_config(args: &RunArgs, time_scale: f64) -> crate::turn::setup::SetupConfig {
+    let mut timeout = args.setup_timeout;
     if time_scale != 1.0 {
         timeout = timeout.mul_f64(time_scale);
     }
@@ -419,11 +365,11 @@ fn setup_config(
         .map(|g| g.trim().to_string())
         .filter(|g| !g.is_empty())
         .collect();
-    Ok(crate::turn::setup::SetupConfig {
+    crate::turn::setup::SetupConfig {
         script,
         inputs,
         timeout,
-    })
+    }
 }
 
 fn default_boot_status_url(token_url: &Url) -> Result<Url, ConfigError> {
@@ -434,34 +380,17 @@ fn default_boot_status_url(token_url: &Url) -> Result<Url, ConfigError> {
     Ok(url)
 }
 
-/// `--agent demo`: not a kind of its own but the `command` agent running
-/// this binary's `demo-agent` (what `hosted-boot-coordinator demo` and the reference
-/// coordinator's printed `env` line use).
-pub const DEMO_AGENT: &str = "demo";
-
 fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentConfig, ConfigError> {
-    let mut names: Vec<&str> = AgentKind::ALL.iter().map(|k| k.name()).collect();
-    names.push(DEMO_AGENT);
-    if args.agent.as_deref().map(str::trim) == Some(DEMO_AGENT) {
-        return demo_agent(args, get);
-    }
-    let name = args
-        .agent
-        .as_deref()
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| {
-            ConfigError(format!(
+    let kind = match args.agent.get() {
+        Some(AgentChoice::Demo) => return demo_agent(args, get),
+        Some(AgentChoice::Kind(kind)) => *kind,
+        None => {
+            return Err(ConfigError(format!(
                 "no agent configured; set HOSTED_BOOT_AGENT (or --agent) to one of {}",
-                names.join(", ")
-            ))
-        })?;
-    let kind = AgentKind::from_name(name).ok_or_else(|| {
-        ConfigError(format!(
-            "unknown agent {name:?}; the agents are: {}",
-            names.join(", ")
-        ))
-    })?;
+                super::values::agent_names()
+            )));
+        }
+    };
     let text = args.agent_command.as_deref().unwrap_or("").trim();
     let words = if text.is_empty() {
         Vec::new()
@@ -496,16 +425,7 @@ fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentCo
         .iter()
         .map(|w| agent_env_pair(w))
         .collect::<Result<Vec<_>, _>>()?;
-    let idle = args.agent_idle_timeout.trim();
-    let idle_timeout = match idle {
-        "" => AgentTimings::default().idle_timeout,
-        "0" => None,
-        text => match parse_duration(text) {
-            Ok(d) if d.is_zero() => None,
-            Ok(d) => Some(d),
-            Err(e) => return Err(ConfigError(format!("--agent-idle-timeout: {e}"))),
-        },
-    };
+    let idle_timeout = Some(args.agent_idle_timeout).filter(|d| !d.is_zero());
     Ok(AgentConfig {
         kind,
         program,
@@ -558,7 +478,7 @@ fn demo_agent(
         ))
     })?;
     let command = RunArgs {
-        agent: Some(AgentKind::Command.name().to_string()),
+        agent: Optional(Some(AgentChoice::Kind(AgentKind::Command))),
         agent_command: Some(format!(
             "{} demo-agent",
             crate::text::shell_word(&exe.to_string_lossy())
@@ -599,13 +519,20 @@ fn agent_env_pair(word: &str) -> Result<(String, String), ConfigError> {
 }
 
 /// Settings of `hosted-boot run`.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
     /// The agent to run: `claude`, `codex`, `codex-exec`, `opencode`,
     /// `opencode-run`, `command` (any program) or `demo` (the built-in demo
     /// agent, `hosted-boot demo-agent`, to try a sandbox without a CLI).
-    #[arg(long, env = "HOSTED_BOOT_AGENT", hide_env_values = true)]
-    pub agent: Option<String>,
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_AGENT",
+        hide_env_values = true,
+        default_value = "",
+        hide_default_value = true,
+        value_parser = values::agent
+    )]
+    pub agent: Optional<AgentChoice>,
     /// A program and its arguments, split as a POSIX shell splits words (no
     /// shell is run). Required for `--agent command`; for a CLI agent it
     /// replaces the CLI's name (a path, or a launcher and its arguments).
@@ -625,9 +552,10 @@ pub struct RunArgs {
         long,
         env = "HOSTED_BOOT_AGENT_IDLE_TIMEOUT",
         hide_env_values = true,
-        default_value = "10m"
+        default_value = "10m",
+        value_parser = values::idle_timeout
     )]
-    pub agent_idle_timeout: String,
+    pub agent_idle_timeout: Duration,
     /// Directory holding `repo/`, the session files and the run files
     /// [default: the working directory].
     #[arg(long, env = "HOSTED_BOOT_ROOT", hide_env_values = true)]
@@ -637,26 +565,29 @@ pub struct RunArgs {
         long,
         env = "HOSTED_BOOT_GIT_BASE_URL",
         hide_env_values = true,
-        default_value = "https://github.com"
+        default_value = "https://github.com",
+        value_parser = values::git_base_url
     )]
-    pub git_base_url: String,
+    pub git_base_url: Url,
     /// Grace of an interrupt (`500ms`, `10s`, `2m`): the CLI's protocol
     /// interrupt at once, SIGINT at half of it, SIGKILL at its end.
     #[arg(
         long,
         env = "HOSTED_BOOT_INTERRUPT_GRACE",
         hide_env_values = true,
-        default_value = "10s"
+        default_value = "10s",
+        value_parser = parse_duration
     )]
-    pub interrupt_grace: String,
+    pub interrupt_grace: Duration,
     /// Time budget of a graceful stop on SIGTERM/SIGINT (PROTOCOL.md 4.4).
     #[arg(
         long,
         env = "HOSTED_BOOT_STOP_BUDGET",
         hide_env_values = true,
-        default_value = "25s"
+        default_value = "25s",
+        value_parser = parse_duration
     )]
-    pub stop_budget: String,
+    pub stop_budget: Duration,
     /// Log format [default: text on a terminal, json otherwise]. The filter
     /// is `HOSTED_BOOT_LOG` (tracing syntax, default `info`).
     #[arg(long, env = "HOSTED_BOOT_LOG_FORMAT", hide_env_values = true)]
@@ -681,9 +612,10 @@ pub struct RunArgs {
         long,
         env = "HOSTED_BOOT_HARVEST_MAX_FILE_SIZE",
         hide_env_values = true,
-        default_value = "100MiB"
+        default_value = "100MiB",
+        value_parser = values::file_size
     )]
-    pub harvest_max_file_size: String,
+    pub harvest_max_file_size: u64,
     /// How the agent reaches the coordinator's API during a turn
     /// (PROTOCOL.md section 3, "The agent's API"): `proxy`, the runner's
     /// API proxy on loopback with a per-turn proxy token in the bearer
@@ -753,17 +685,25 @@ pub struct RunArgs {
         long,
         env = "HOSTED_BOOT_SETUP_TIMEOUT",
         hide_env_values = true,
-        default_value = "10m"
+        default_value = "10m",
+        value_parser = values::setup_timeout
     )]
-    pub setup_timeout: String,
+    pub setup_timeout: Duration,
     /// A host the sandbox's egress policy must block, tried before the
     /// first agent starts: `HOST:PORT` (reachable: a TCP connection) or
     /// `https://HOST` (reachable: a TLS handshake verified against the
     /// runner's trust roots, through `HTTPS_PROXY` when the agent has one).
     /// Reachable: no agent runs, the turn fails `egress_policy_missing`.
     /// The session's `egressCanary` wins. Unset: no check.
-    #[arg(long, env = "HOSTED_BOOT_EGRESS_CANARY", hide_env_values = true)]
-    pub egress_canary: Option<String>,
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_EGRESS_CANARY",
+        hide_env_values = true,
+        default_value = "",
+        hide_default_value = true,
+        value_parser = values::egress_canary
+    )]
+    pub egress_canary: Optional<crate::egress::Canary>,
     /// A file of the platform's instructions for the agent, given to each
     /// CLI its own way (README, "Instructions for the agent"); the
     /// session's `instructions` win.
@@ -784,7 +724,8 @@ pub struct RunArgs {
         long,
         env = "HOSTED_BOOT_TEST_TIME_SCALE",
         hide_env_values = true,
-        hide = true
+        hide = true,
+        value_parser = values::time_scale
     )]
     pub test_time_scale: Option<f64>,
 }
@@ -820,33 +761,29 @@ mod tests {
         ]
     }
 
-    fn args() -> RunArgs {
-        RunArgs {
-            agent: Some("command".into()),
-            agent_command: Some("my-agent --flag 'two words'".into()),
-            git_base_url: "https://github.com".into(),
-            interrupt_grace: "10s".into(),
-            stop_budget: "25s".into(),
-            agent_idle_timeout: "10m".into(),
-            ..RunArgs::default()
+    /// `RunArgs` as clap parses `argv` (each flag's defaults and parser).
+    fn parse(argv: &[&str]) -> Result<RunArgs, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Run {
+            #[command(flatten)]
+            run: RunArgs,
         }
+        <Run as clap::Parser>::try_parse_from(std::iter::once("run").chain(argv.iter().copied()))
+            .map(|r| r.run)
+    }
+
+    fn args() -> RunArgs {
+        parse(&[
+            "--agent",
+            "command",
+            "--agent-command",
+            "my-agent --flag 'two words'",
+        ])
+        .unwrap()
     }
 
     fn secret() -> Option<Secret> {
         Some(Secret::new("b".repeat(64)))
-    }
-
-    #[test]
-    fn file_size_limits_parse_in_the_documented_forms() {
-        let p = |t: &str| parse_max_file_size(t).unwrap();
-        assert_eq!(p(""), Some(100 * 1024 * 1024));
-        assert_eq!(p("100MiB"), Some(100 * 1024 * 1024));
-        assert_eq!(p("1 MiB"), Some(1024 * 1024));
-        assert_eq!(p("50MB"), Some(50_000_000));
-        assert_eq!(p("1048576"), Some(1_048_576));
-        assert_eq!(p("0"), None);
-        let e = parse_max_file_size("lots").unwrap_err().to_string();
-        assert!(e.contains("\"lots\"") && e.contains("100MiB"), "{e}");
     }
 
     #[test]
@@ -867,7 +804,7 @@ mod tests {
     #[test]
     fn the_demo_agent_is_this_binarys_demo_agent() {
         let demo = RunArgs {
-            agent: Some("demo".into()),
+            agent: Optional(Some(AgentChoice::Demo)),
             agent_command: None,
             agent_arg: Vec::new(),
             ..args()
@@ -897,7 +834,7 @@ mod tests {
         let err = load(
             &env(&base()),
             &RunArgs {
-                agent: Some("demo".into()),
+                agent: Optional(Some(AgentChoice::Demo)),
                 ..args()
             },
             secret(),
@@ -907,18 +844,7 @@ mod tests {
         .unwrap()
         .to_string();
         assert!(err.contains("HOSTED_BOOT_AGENT_COMMAND"), "{err}");
-        let err = load(
-            &env(&base()),
-            &RunArgs {
-                agent: Some("nope".into()),
-                ..args()
-            },
-            secret(),
-            "/".into(),
-        )
-        .err()
-        .unwrap()
-        .to_string();
+        let err = parse(&["--agent", "nope"]).err().unwrap().to_string();
         assert!(err.contains("command, demo"), "{err}");
     }
 
@@ -977,7 +903,7 @@ mod tests {
         );
 
         let no_agent = RunArgs {
-            agent: None,
+            agent: Optional(None),
             ..args()
         };
         let err = load(&env(&base()), &no_agent, secret(), "/".into())
@@ -997,11 +923,11 @@ mod tests {
     #[test]
     fn cli_agents_default_their_program_and_take_args_and_env() {
         let a = RunArgs {
-            agent: Some("claude".into()),
+            agent: Optional(Some(AgentChoice::Kind(AgentKind::Claude))),
             agent_command: None,
             agent_arg: vec!["--max-turns=3".into()],
             agent_env: vec!["FOO=bar=baz".into()],
-            agent_idle_timeout: "0".into(),
+            agent_idle_timeout: Duration::ZERO,
             ..args()
         };
         let mut e = base();
@@ -1032,14 +958,7 @@ mod tests {
                 .to_string();
             assert!(err.contains("--agent-env"), "{err}");
         }
-        let a = RunArgs {
-            agent: Some("gemini".into()),
-            ..args()
-        };
-        let err = load(&env(&base()), &a, secret(), "/".into())
-            .err()
-            .unwrap()
-            .to_string();
+        let err = parse(&["--agent", "gemini"]).err().unwrap().to_string();
         assert!(
             err.contains("claude, codex, codex-exec, opencode, opencode-run, command"),
             "{err}"

@@ -8,6 +8,7 @@ pub mod environment;
 mod error;
 pub mod idle;
 pub mod secret_env;
+pub mod values;
 
 use std::collections::HashSet;
 use std::future::Future;

@@ -597,6 +597,28 @@ async fn configuration_errors_exit_2_without_a_single_request() {
             Some("soon"),
             "interrupt-grace",
         ),
+        // Parsed by clap where declared; the message names the flag, the
+        // variable and the value, as load's do.
+        (
+            "HOSTED_BOOT_HARVEST_MAX_FILE_SIZE",
+            Some("lots"),
+            "--harvest-max-file-size (HOSTED_BOOT_HARVEST_MAX_FILE_SIZE): \"lots\" is not a size",
+        ),
+        (
+            "HOSTED_BOOT_TURN_CGROUP",
+            Some("always"),
+            "--turn-cgroup (HOSTED_BOOT_TURN_CGROUP): \"always\" is not one of auto, off",
+        ),
+        (
+            "HOSTED_BOOT_SETUP_TIMEOUT",
+            Some("0s"),
+            "--setup-timeout (HOSTED_BOOT_SETUP_TIMEOUT): \"0s\" is not a positive duration",
+        ),
+        (
+            "HOSTED_BOOT_EGRESS_CANARY",
+            Some("blocked.example"),
+            "--egress-canary (HOSTED_BOOT_EGRESS_CANARY): invalid value \"blocked.example\": no port",
+        ),
         ("ORIZU_OPENCODE_PORT", Some("70000"), "ORIZU_OPENCODE_PORT"),
         (
             "HOSTED_BOOT_CA_FILE",

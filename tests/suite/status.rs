@@ -108,3 +108,21 @@ async fn a_failed_boot_leaves_its_exit_and_reason_in_the_status_file() {
         "{out}"
     );
 }
+
+/// The image's health check runs `status --check` in the container's
+/// environment, which holds `run`'s variables: a bad one made it exit 2
+/// (clap's parse error, a code Docker reserves) instead of reporting.
+#[test]
+fn a_bad_run_variable_does_not_break_the_health_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+        .args(["status", "--check", "--root"])
+        .arg(dir.path())
+        .env("HOSTED_BOOT_INTERRUPT_GRACE", "soon")
+        .env("HOSTED_BOOT_TURN_CGROUP", "")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.starts_with("unhealthy: cannot read "), "{stdout}");
+}

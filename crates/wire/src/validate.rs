@@ -212,19 +212,37 @@ fn last_at(text: &str) -> Option<usize> {
 /// with no user info, query or fragment. An error quotes the URL as
 /// [`shown_url`] shows it, never its user info (section 1).
 pub fn url(what: &str, value: &str, insecure_http: bool) -> Result<Url, CheckError> {
+    checked_url(what, value, Some(insecure_http))
+}
+
+/// [`url`] without the rule on plain `http`, which depends on
+/// `HOSTED_BOOT_INSECURE_HTTP`: for a flag parsed before the others are
+/// known; [`http_allowed`] applies the rule once they are.
+pub fn url_syntax(what: &str, value: &str) -> Result<Url, CheckError> {
+    checked_url(what, value, None)
+}
+
+/// The rule of [`url`] on plain `http`, for a URL [`url_syntax`] accepted.
+pub fn http_allowed(what: &str, url: &Url, insecure_http: bool) -> Result<(), CheckError> {
+    if url.scheme() == "http" && !insecure_http && !is_loopback_host(url) {
+        return Err(fail(what, &shown_url(url.as_str()), PLAIN_HTTP));
+    }
+    Ok(())
+}
+
+const PLAIN_HTTP: &str = "must be https (plain http is accepted only for loopback hosts, or with HOSTED_BOOT_INSECURE_HTTP=1)";
+
+/// [`url`]'s checks in their order; `insecure_http` `None` accepts plain
+/// `http` for any host.
+fn checked_url(what: &str, value: &str, insecure_http: Option<bool>) -> Result<Url, CheckError> {
     let shown = shown_url(value);
     let refuse = |reason: String| fail(what, &shown, reason);
     git_value(what, value).map_err(|e| refuse(e.reason))?;
     let url = Url::parse(value).map_err(|e| refuse(format!("is not a URL ({e})")))?;
     match url.scheme() {
         "https" => {}
-        "http" if insecure_http || is_loopback_host(&url) => {}
-        "http" => {
-            return Err(refuse(
-                "must be https (plain http is accepted only for loopback hosts, or with HOSTED_BOOT_INSECURE_HTTP=1)"
-                    .into(),
-            ));
-        }
+        "http" if insecure_http.is_none_or(|insecure| insecure || is_loopback_host(&url)) => {}
+        "http" => return Err(refuse(PLAIN_HTTP.into())),
         other => return Err(refuse(format!("has scheme {other:?}; must be https"))),
     }
     if url.host().is_none() {

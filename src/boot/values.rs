@@ -1,0 +1,187 @@
+//! The value parsers of the runner's flags (`RunArgs`): each duration, size,
+//! URL and name is checked where clap reads it, so a bad value stops the
+//! parse with a message that quotes the value (never a secret) and says what
+//! to write; `cli::explain` puts the flag and its variable in front.
+//! Rules that depend on another flag (plain `http` and
+//! `HOSTED_BOOT_INSECURE_HTTP`) stay in `config::load`.
+
+use std::time::Duration;
+
+use reqwest::Url;
+
+use crate::agent::AgentKind;
+use crate::egress::Canary;
+use crate::timings::parse_duration;
+
+/// A setting that an empty value leaves unset, as an unset variable does (a
+/// platform's template writes `VAR=` to turn it off). clap hands an empty
+/// environment value to the parser, so an `Option` field cannot say this;
+/// the field takes `default_value = ""` and this type.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Optional<T>(pub Option<T>);
+
+impl<T> Optional<T> {
+    /// The value, when one was given.
+    pub fn get(&self) -> Option<&T> {
+        self.0.as_ref()
+    }
+}
+
+/// `parse` for a non-empty value, nothing for an empty one.
+fn optional<T>(
+    text: &str,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<Optional<T>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(Optional(None));
+    }
+    parse(text).map(|v| Optional(Some(v)))
+}
+
+/// `--agent`: a CLI adapter, `command`, or `demo` (the built-in demo agent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentChoice {
+    /// An adapter.
+    Kind(AgentKind),
+    /// `demo`: the `command` agent running this binary's `demo-agent`.
+    Demo,
+}
+
+/// `--agent demo` (what `hosted-boot-coordinator demo` and the reference
+/// coordinator's printed `env` line use).
+pub const DEMO_AGENT: &str = "demo";
+
+/// Every name `--agent` takes, for messages.
+pub fn agent_names() -> String {
+    let mut names: Vec<&str> = AgentKind::ALL.iter().map(|k| k.name()).collect();
+    names.push(DEMO_AGENT);
+    names.join(", ")
+}
+
+/// Parses `--agent`; empty is unset.
+pub fn agent(text: &str) -> Result<Optional<AgentChoice>, String> {
+    optional(text, |name| {
+        if name == DEMO_AGENT {
+            return Ok(AgentChoice::Demo);
+        }
+        AgentKind::from_name(name)
+            .map(AgentChoice::Kind)
+            .ok_or_else(|| format!("unknown agent {name:?}; the agents are: {}", agent_names()))
+    })
+}
+
+/// `--agent-idle-timeout`'s value when empty: the default (10 min).
+pub fn idle_timeout(text: &str) -> Result<Duration, String> {
+    match text.trim() {
+        "" => Ok(crate::agent::AgentTimings::default()
+            .idle_timeout
+            .unwrap_or_default()),
+        text => parse_duration(text),
+    }
+}
+
+/// `--setup-timeout`: a positive duration; empty is the default (10 min).
+pub fn setup_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = match text.trim() {
+        "" => crate::turn::setup::DEFAULT_TIMEOUT,
+        text => parse_duration(text)?,
+    };
+    if timeout.is_zero() {
+        return Err(format!(
+            "{text:?} is not a positive duration; write it like 10m or 90s"
+        ));
+    }
+    Ok(timeout)
+}
+
+/// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
+pub const DEFAULT_HARVEST_MAX_FILE_SIZE: u64 = 100 * 1024 * 1024;
+
+/// Parses `--harvest-max-file-size`: a byte count with an optional unit
+/// (`100MiB`, `50 MB`, `1048576`; binary units are powers of 1024, decimal
+/// ones of 1000). `0` is no limit; empty is the default.
+pub fn file_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(DEFAULT_HARVEST_MAX_FILE_SIZE);
+    }
+    text.parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64())
+        .map_err(|e| {
+            format!(
+                "{text:?} is not a size ({e}); write it like 100MiB, 50MB or 1048576, or 0 for no limit"
+            )
+        })
+}
+
+/// Parses `--git-base-url` (a trailing `/` dropped): every rule of a
+/// contract URL but plain `http`'s, which `load` checks.
+pub fn git_base_url(text: &str) -> Result<Url, String> {
+    crate::validate::url_syntax("URL", text.trim_end_matches('/')).map_err(|e| e.to_string())
+}
+
+/// Parses `--egress-canary`; empty is unset.
+pub fn egress_canary(text: &str) -> Result<Optional<Canary>, String> {
+    optional(text, |text| {
+        Canary::parse("value", text).map_err(|e| e.to_string())
+    })
+}
+
+/// Parses `HOSTED_BOOT_TEST_TIME_SCALE`: a number in (0, 1].
+pub fn time_scale(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!("{text:?} is not a number in (0, 1]")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_size_limits_parse_in_the_documented_forms() {
+        let p = |t: &str| file_size(t).unwrap();
+        assert_eq!(p(""), 100 * 1024 * 1024);
+        assert_eq!(p("100MiB"), 100 * 1024 * 1024);
+        assert_eq!(p("1 MiB"), 1024 * 1024);
+        assert_eq!(p("50MB"), 50_000_000);
+        assert_eq!(p("1048576"), 1_048_576);
+        assert_eq!(p("0"), 0);
+        let e = file_size("lots").unwrap_err();
+        assert!(e.contains("\"lots\"") && e.contains("100MiB"), "{e}");
+    }
+
+    #[test]
+    fn empty_values_are_unset_or_the_default() {
+        assert_eq!(agent("").unwrap(), Optional(None));
+        assert_eq!(agent(" demo ").unwrap(), Optional(Some(AgentChoice::Demo)));
+        let e = agent("nope").unwrap_err();
+        assert!(e.contains("\"nope\"") && e.contains("command, demo"), "{e}");
+        assert!(egress_canary("  ").unwrap().get().is_none());
+        assert_eq!(idle_timeout("").unwrap(), Duration::from_secs(600));
+        assert_eq!(idle_timeout("0").unwrap(), Duration::ZERO);
+        assert_eq!(setup_timeout("").unwrap(), Duration::from_secs(600));
+        assert!(setup_timeout("0s").unwrap_err().contains("positive"));
+    }
+
+    #[test]
+    fn a_base_url_is_checked_but_for_plain_http() {
+        assert_eq!(
+            git_base_url("http://git.example/").unwrap().as_str(),
+            "http://git.example/"
+        );
+        let e = git_base_url("https://user:pw-SEKRIT@[::1/x").unwrap_err();
+        assert!(!e.contains("SEKRIT"), "{e}");
+        assert!(git_base_url("ftp://git.example").is_err());
+    }
+
+    #[test]
+    fn a_time_scale_is_in_the_unit_interval() {
+        assert_eq!(time_scale("0.05").unwrap(), 0.05);
+        for bad in ["0", "1.5", "NaN", "", "x"] {
+            assert!(time_scale(bad).is_err(), "{bad}");
+        }
+    }
+}
