@@ -11,7 +11,6 @@
 //! before its agent would start, so a canary that times out costs the boot
 //! no wall time of its own.
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -266,7 +265,7 @@ async fn check_https(url: &Url, opts: &CheckOptions) -> (bool, String) {
                 answer.status().as_u16()
             ),
         ),
-        Err(e) => (false, reqwest_reason(&e.without_url())),
+        Err(e) => (false, reqwest_reason(&e.without_url(), proxy.is_some())),
     }
 }
 
@@ -323,26 +322,20 @@ fn io_reason(e: &std::io::Error) -> String {
     }
 }
 
-/// Why an `https://` canary was not reached: the first cause in the chain
-/// the log can name.
-fn reqwest_reason(e: &reqwest::Error) -> String {
+/// Why an `https://` canary was not reached (through a proxy when
+/// `proxied`): the first cause in the chain the log can name, told apart by
+/// type. A connection error with none of them, through a proxy, is the
+/// proxy's answer to the CONNECT (reqwest keeps that error's type private).
+fn reqwest_reason(e: &reqwest::Error, proxied: bool) -> String {
     if e.is_timeout() {
         return "timed out".to_string();
     }
-    let mut chain = Vec::new();
-    let mut cause: Option<&(dyn StdError + 'static)> = Some(e);
-    while let Some(c) = cause {
+    let causes = crate::tls::causes(e);
+    for c in &causes {
         if let Some(tls) = c.downcast_ref::<rustls::Error>() {
             return tls_reason(tls);
         }
         if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            // io::Error's source() skips the error it wraps.
-            if let Some(tls) = io
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            {
-                return tls_reason(tls);
-            }
             use std::io::ErrorKind as K;
             if matches!(
                 io.kind(),
@@ -356,21 +349,15 @@ fn reqwest_reason(e: &reqwest::Error) -> String {
                 return io_reason(io);
             }
         }
-        chain.push(c.to_string());
-        cause = c.source();
     }
-    let text = chain.join(": ");
-    // rustls's error does not always survive the client's wrapping as a
-    // type: its text does.
-    if let Some(at) = text.find("invalid peer certificate") {
-        let why = text.get(at..).unwrap_or_default();
-        return format!(
-            "the certificate is not trusted ({why}): not the canary host, or an intercepting proxy"
-        );
-    }
-    if text.contains("dns error") {
+    let text = causes
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(": ");
+    if causes.iter().any(|c| c.is::<crate::tls::Unresolved>()) {
         format!("the name does not resolve ({text})")
-    } else if text.contains("tunnel") {
+    } else if proxied && e.is_connect() {
         format!("the proxy refused the tunnel ({text})")
     } else {
         format!("not reachable: {text}")
@@ -504,5 +491,55 @@ mod tests {
         let opts = CheckOptions::default().proxy_from(env.iter().copied());
         assert_eq!(opts.https_proxy.as_deref(), Some("http://upper:1"));
         assert_eq!(opts.no_proxy.as_deref(), Some("localhost"));
+    }
+
+    fn opts() -> CheckOptions {
+        CheckOptions {
+            timeout: Duration::from_secs(20),
+            ..CheckOptions::default()
+        }
+    }
+
+    /// Told apart by the resolver's error type, once by reqwest's text.
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_said_so() {
+        let canary = Canary::parse("c", "https://no-such-host.invalid").unwrap();
+        let verdict = check(&canary, &opts()).await;
+        assert!(!verdict.reachable, "{}", verdict.detail);
+        assert!(
+            verdict.detail.starts_with("the name does not resolve ("),
+            "{}",
+            verdict.detail
+        );
+    }
+
+    /// A proxy that answers CONNECT with 403: the proxy's refusal, not an
+    /// unreachable host.
+    #[tokio::test]
+    async fn a_proxy_that_refuses_the_tunnel_is_said_so() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = conn.read(&mut buf).await;
+                let _ = conn
+                    .write_all(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let canary = Canary::parse("c", "https://blocked.example").unwrap();
+        let opts = CheckOptions {
+            https_proxy: Some(proxy),
+            ..opts()
+        };
+        let verdict = check(&canary, &opts).await;
+        assert!(verdict.via_proxy && !verdict.reachable, "{verdict:?}");
+        assert!(
+            verdict.detail.starts_with("the proxy refused the tunnel ("),
+            "{}",
+            verdict.detail
+        );
     }
 }

@@ -15,6 +15,9 @@
 //! `SSL_CERT_DIR`, when set, are read as given.
 
 mod pem;
+mod resolve;
+
+pub use resolve::{SystemResolver, Unresolved, causes};
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -197,6 +200,7 @@ pub fn http_client_with(
     let build = |roots: &[&CertificateDer<'static>]| {
         customize(
             reqwest::Client::builder()
+                .dns_resolver(std::sync::Arc::new(SystemResolver))
                 .redirect(reqwest::redirect::Policy::none())
                 .user_agent(concat!("hosted-boot/", env!("CARGO_PKG_VERSION")))
                 .tls_certs_only(

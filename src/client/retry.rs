@@ -724,21 +724,11 @@ pub fn describe(error: reqwest::Error) -> String {
         .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
         .unwrap_or_else(|| "the server".to_string());
     let error = error.without_url();
-    let chain: Vec<&(dyn std::error::Error + 'static)> =
-        std::iter::successors(Some(&error as &(dyn std::error::Error + 'static)), |e| {
-            e.source()
-        })
-        .collect();
+    let chain = crate::tls::causes(&error);
     let io = chain
         .iter()
         .find_map(|e| e.downcast_ref::<std::io::Error>());
-    let tls = chain.iter().find_map(|e| {
-        e.downcast_ref::<rustls::Error>().or_else(|| {
-            e.downcast_ref::<std::io::Error>()?
-                .get_ref()?
-                .downcast_ref::<rustls::Error>()
-        })
-    });
+    let tls = chain.iter().find_map(|e| e.downcast_ref::<rustls::Error>());
     if let Some(tls) = tls {
         return format!("TLS handshake with {at} failed: {tls}");
     }
@@ -764,12 +754,14 @@ pub fn describe(error: reqwest::Error) -> String {
             return format!("{what} {at}{hint}");
         }
     }
-    let words: Vec<String> = chain
+    let mut words: Vec<String> = chain
         .iter()
         .map(|e| e.to_string())
         .filter(|t| !internal_text(t))
         .collect();
-    if error.is_connect() && chain.iter().any(|e| e.to_string().starts_with("dns error")) {
+    // An io::Error shows the error it wraps, which the chain holds next.
+    words.dedup();
+    if chain.iter().any(|e| e.is::<crate::tls::Unresolved>()) {
         return format!("cannot resolve {at}: {}", words.join(": "));
     }
     let kind = if error.is_connect() {
@@ -956,5 +948,25 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(written < 64 * 1024 * 1024, "the whole body was read");
+    }
+
+    /// A name that does not resolve, told by the resolver's error type.
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_described_as_such() {
+        let client = crate::tls::http_client(None).unwrap();
+        let error = client
+            .get("http://no-such-host.invalid:8080/x?token=t")
+            .send()
+            .await
+            .unwrap_err();
+        let text = describe(error);
+        assert!(
+            text.starts_with("cannot resolve no-such-host.invalid:8080: "),
+            "{text}"
+        );
+        assert!(
+            !text.contains("token") && !text.contains("dns error"),
+            "{text}"
+        );
     }
 }
