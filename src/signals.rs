@@ -39,16 +39,30 @@ impl Stop {
 
 pub use crate::text::signal_name;
 
+/// A signal whose handler could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot handle {signal}: {error}")]
+pub struct ListenError {
+    /// The signal's name.
+    pub signal: &'static str,
+    /// tokio's error.
+    pub error: std::io::Error,
+}
+
 /// Starts listening for SIGTERM and SIGINT. SIGHUP is ignored (a container
 /// has no controlling terminal to hang up).
 ///
-/// Errors: the handlers cannot be installed (returned as text).
-pub fn listen() -> Result<watch::Receiver<Stop>, String> {
-    let mut term =
-        signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
-    let mut int =
-        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
-    let mut hup = signal(SignalKind::hangup()).map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
+/// Errors: a handler cannot be installed.
+pub fn listen() -> Result<watch::Receiver<Stop>, ListenError> {
+    let handler = |kind: SignalKind, name: &'static str| {
+        signal(kind).map_err(|error| ListenError {
+            signal: name,
+            error,
+        })
+    };
+    let mut term = handler(SignalKind::terminate(), "SIGTERM")?;
+    let mut int = handler(SignalKind::interrupt(), "SIGINT")?;
+    let mut hup = handler(SignalKind::hangup(), "SIGHUP")?;
     let (tx, rx) = watch::channel(Stop::Running);
     tokio::spawn(async move {
         loop {

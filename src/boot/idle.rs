@@ -107,7 +107,9 @@ pub fn select_turn(
     at_boot: bool,
     done: &HashSet<String>,
 ) -> Result<Option<TurnInput>, InvalidTurn> {
-    let pending = session.pending_turn().map_err(InvalidTurn)?;
+    let pending = session
+        .pending_turn()
+        .map_err(|e| InvalidTurn(e.to_string()))?;
     if let Some(turn) = pending {
         validate::path_safe_id("pendingTurn.runId", &turn.run_id)
             .map_err(|e| InvalidTurn(e.to_string()))?;

@@ -20,22 +20,47 @@ use crate::secret::Secret;
 ///
 /// Errors: which call the kernel refused and why, for `who` ("the runner")
 /// to refuse to start (a process whose secret can be dumped is not started).
-pub fn harden(who: &str) -> Result<(), String> {
+pub fn harden(who: &str) -> Result<(), HardenError> {
     use rustix::process::{DumpableBehavior, Resource, Rlimit};
     let off = Rlimit {
         current: Some(0),
         maximum: Some(0),
     };
-    rustix::process::setrlimit(Resource::Core, off).map_err(|e| {
-        format!(
-            "cannot turn core dumps off (setrlimit RLIMIT_CORE 0): {e}; a core dump would hold the boot secret, so {who} is refusing to start (does a seccomp policy of the sandbox forbid setrlimit/prlimit64?)"
-        )
+    rustix::process::setrlimit(Resource::Core, off).map_err(|error| HardenError::CoreDumps {
+        who: who.to_string(),
+        error,
     })?;
-    rustix::process::set_dumpable_behavior(DumpableBehavior::NotDumpable).map_err(|e| {
-        format!(
-            "cannot mark the process non-dumpable (prctl PR_SET_DUMPABLE 0): {e}; a process of the same user could read the boot secret from /proc/<pid>/mem, so {who} is refusing to start (does a seccomp policy of the sandbox forbid prctl?)"
-        )
+    rustix::process::set_dumpable_behavior(DumpableBehavior::NotDumpable).map_err(|error| {
+        HardenError::Dumpable {
+            who: who.to_string(),
+            error,
+        }
     })
+}
+
+/// A call of [`harden`] the kernel refused: `who` refuses to start.
+#[derive(Debug, thiserror::Error)]
+pub enum HardenError {
+    /// `setrlimit(RLIMIT_CORE, 0)`.
+    #[error(
+        "cannot turn core dumps off (setrlimit RLIMIT_CORE 0): {error}; a core dump would hold the boot secret, so {who} is refusing to start (does a seccomp policy of the sandbox forbid setrlimit/prlimit64?)"
+    )]
+    CoreDumps {
+        /// Who refuses ("the runner").
+        who: String,
+        /// The kernel's answer.
+        error: rustix::io::Errno,
+    },
+    /// `prctl(PR_SET_DUMPABLE, 0)`.
+    #[error(
+        "cannot mark the process non-dumpable (prctl PR_SET_DUMPABLE 0): {error}; a process of the same user could read the boot secret from /proc/<pid>/mem, so {who} is refusing to start (does a seccomp policy of the sandbox forbid prctl?)"
+    )]
+    Dumpable {
+        /// Who refuses.
+        who: String,
+        /// The kernel's answer.
+        error: rustix::io::Errno,
+    },
 }
 
 unsafe extern "C" {

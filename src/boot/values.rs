@@ -30,13 +30,44 @@ impl<T> Optional<T> {
 /// `parse` for a non-empty value, nothing for an empty one.
 fn optional<T>(
     text: &str,
-    parse: impl FnOnce(&str) -> Result<T, String>,
-) -> Result<Optional<T>, String> {
+    parse: impl FnOnce(&str) -> Result<T, InvalidValue>,
+) -> Result<Optional<T>, InvalidValue> {
     let text = text.trim();
     if text.is_empty() {
         return Ok(Optional(None));
     }
     parse(text).map(|v| Optional(Some(v)))
+}
+
+/// A flag's value that does not parse; the message quotes the value (a
+/// URL without its user info) and says what to write.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidValue {
+    /// Not a duration.
+    #[error(transparent)]
+    Duration(#[from] crate::timings::InvalidDuration),
+    /// Zero where a positive duration is needed.
+    #[error("{0:?} is not a positive duration; write it like 10m or 90s")]
+    NotPositive(String),
+    /// Not a size.
+    #[error(
+        "{text:?} is not a size ({error}); write it like 100MiB, 50MB or 1048576, or 0 for no limit"
+    )]
+    Size {
+        /// The value.
+        text: String,
+        /// bytesize's reason.
+        error: String,
+    },
+    /// Not an agent the runner drives.
+    #[error("unknown agent {0:?}; the agents are: {names}", names = agent_names())]
+    UnknownAgent(String),
+    /// A URL or canary that fails its check.
+    #[error(transparent)]
+    Check(#[from] crate::validate::CheckError),
+    /// Not in (0, 1].
+    #[error("{0:?} is not a number in (0, 1]")]
+    TimeScale(String),
 }
 
 /// `--agent`: a CLI adapter, `command`, or `demo` (the built-in demo agent).
@@ -60,37 +91,35 @@ pub fn agent_names() -> String {
 }
 
 /// Parses `--agent`; empty is unset.
-pub fn agent(text: &str) -> Result<Optional<AgentChoice>, String> {
+pub fn agent(text: &str) -> Result<Optional<AgentChoice>, InvalidValue> {
     optional(text, |name| {
         if name == DEMO_AGENT {
             return Ok(AgentChoice::Demo);
         }
         AgentKind::from_name(name)
             .map(AgentChoice::Kind)
-            .ok_or_else(|| format!("unknown agent {name:?}; the agents are: {}", agent_names()))
+            .ok_or_else(|| InvalidValue::UnknownAgent(name.to_string()))
     })
 }
 
 /// `--agent-idle-timeout`'s value when empty: the default (10 min).
-pub fn idle_timeout(text: &str) -> Result<Duration, String> {
+pub fn idle_timeout(text: &str) -> Result<Duration, InvalidValue> {
     match text.trim() {
         "" => Ok(crate::agent::AgentTimings::default()
             .idle_timeout
             .unwrap_or_default()),
-        text => parse_duration(text),
+        text => Ok(parse_duration(text)?),
     }
 }
 
 /// `--setup-timeout`: a positive duration; empty is the default (10 min).
-pub fn setup_timeout(text: &str) -> Result<Duration, String> {
+pub fn setup_timeout(text: &str) -> Result<Duration, InvalidValue> {
     let timeout = match text.trim() {
         "" => crate::turn::setup::DEFAULT_TIMEOUT,
         text => parse_duration(text)?,
     };
     if timeout.is_zero() {
-        return Err(format!(
-            "{text:?} is not a positive duration; write it like 10m or 90s"
-        ));
+        return Err(InvalidValue::NotPositive(text.to_string()));
     }
     Ok(timeout)
 }
@@ -101,38 +130,38 @@ pub const DEFAULT_HARVEST_MAX_FILE_SIZE: u64 = 100 * 1024 * 1024;
 /// Parses `--harvest-max-file-size`: a byte count with an optional unit
 /// (`100MiB`, `50 MB`, `1048576`; binary units are powers of 1024, decimal
 /// ones of 1000). `0` is no limit; empty is the default.
-pub fn file_size(text: &str) -> Result<u64, String> {
+pub fn file_size(text: &str) -> Result<u64, InvalidValue> {
     let text = text.trim();
     if text.is_empty() {
         return Ok(DEFAULT_HARVEST_MAX_FILE_SIZE);
     }
     text.parse::<bytesize::ByteSize>()
         .map(|b| b.as_u64())
-        .map_err(|e| {
-            format!(
-                "{text:?} is not a size ({e}); write it like 100MiB, 50MB or 1048576, or 0 for no limit"
-            )
+        .map_err(|error| InvalidValue::Size {
+            text: text.to_string(),
+            error,
         })
 }
 
 /// Parses `--git-base-url` (a trailing `/` dropped): every rule of a
 /// contract URL but plain `http`'s, which `load` checks.
-pub fn git_base_url(text: &str) -> Result<Url, String> {
-    crate::validate::url_syntax("URL", text.trim_end_matches('/')).map_err(|e| e.to_string())
+pub fn git_base_url(text: &str) -> Result<Url, InvalidValue> {
+    Ok(crate::validate::url_syntax(
+        "URL",
+        text.trim_end_matches('/'),
+    )?)
 }
 
 /// Parses `--egress-canary`; empty is unset.
-pub fn egress_canary(text: &str) -> Result<Optional<Canary>, String> {
-    optional(text, |text| {
-        Canary::parse("value", text).map_err(|e| e.to_string())
-    })
+pub fn egress_canary(text: &str) -> Result<Optional<Canary>, InvalidValue> {
+    optional(text, |text| Ok(Canary::parse("value", text)?))
 }
 
 /// Parses `HOSTED_BOOT_TEST_TIME_SCALE`: a number in (0, 1].
-pub fn time_scale(text: &str) -> Result<f64, String> {
+pub fn time_scale(text: &str) -> Result<f64, InvalidValue> {
     match text.trim().parse::<f64>() {
         Ok(f) if f.is_finite() && f > 0.0 && f <= 1.0 => Ok(f),
-        _ => Err(format!("{text:?} is not a number in (0, 1]")),
+        _ => Err(InvalidValue::TimeScale(text.to_string())),
     }
 }
 
@@ -149,7 +178,7 @@ mod tests {
         assert_eq!(p("50MB"), 50_000_000);
         assert_eq!(p("1048576"), 1_048_576);
         assert_eq!(p("0"), 0);
-        let e = file_size("lots").unwrap_err();
+        let e = file_size("lots").unwrap_err().to_string();
         assert!(e.contains("\"lots\"") && e.contains("100MiB"), "{e}");
     }
 
@@ -157,13 +186,18 @@ mod tests {
     fn empty_values_are_unset_or_the_default() {
         assert_eq!(agent("").unwrap(), Optional(None));
         assert_eq!(agent(" demo ").unwrap(), Optional(Some(AgentChoice::Demo)));
-        let e = agent("nope").unwrap_err();
+        let e = agent("nope").unwrap_err().to_string();
         assert!(e.contains("\"nope\"") && e.contains("command, demo"), "{e}");
         assert!(egress_canary("  ").unwrap().get().is_none());
         assert_eq!(idle_timeout("").unwrap(), Duration::from_secs(600));
         assert_eq!(idle_timeout("0").unwrap(), Duration::ZERO);
         assert_eq!(setup_timeout("").unwrap(), Duration::from_secs(600));
-        assert!(setup_timeout("0s").unwrap_err().contains("positive"));
+        assert!(
+            setup_timeout("0s")
+                .unwrap_err()
+                .to_string()
+                .contains("positive")
+        );
     }
 
     #[test]
@@ -172,7 +206,9 @@ mod tests {
             git_base_url("http://git.example/").unwrap().as_str(),
             "http://git.example/"
         );
-        let e = git_base_url("https://user:pw-SEKRIT@[::1/x").unwrap_err();
+        let e = git_base_url("https://user:pw-SEKRIT@[::1/x")
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("SEKRIT"), "{e}");
         assert!(git_base_url("ftp://git.example").is_err());
     }

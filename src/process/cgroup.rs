@@ -28,6 +28,47 @@ pub enum CgroupMode {
     Off,
 }
 
+/// Why a turn gets no cgroup.
+#[derive(Debug, thiserror::Error)]
+pub enum NoCgroup {
+    /// A file of `/proc/self` could not be read.
+    #[error("cannot read {file}: {error}")]
+    Read {
+        /// The file.
+        file: &'static str,
+        /// The read's error.
+        error: io::Error,
+    },
+    /// The runner is in no cgroup v2.
+    #[error("no cgroup v2 membership in /proc/self/cgroup")]
+    NoMembership,
+    /// No cgroup2 file system is mounted.
+    #[error("no cgroup2 file system mounted")]
+    NoMount,
+    /// The runner's cgroup is not under the mount.
+    #[error("the runner's cgroup is outside the mounted cgroup2 subtree")]
+    OutsideMount,
+    /// The cgroup directory could not be made (a read-only mount).
+    #[error("cannot create {}: {error}", dir.display())]
+    Create {
+        /// The directory.
+        dir: PathBuf,
+        /// mkdir's error.
+        error: io::Error,
+    },
+    /// A kernel before 5.14.
+    #[error("the kernel has no cgroup.kill (Linux 5.14 or later)")]
+    NoKill,
+    /// `cgroup.procs` could not be opened for writing.
+    #[error("cannot open {}/cgroup.procs: {error}", dir.display())]
+    OpenProcs {
+        /// The directory.
+        dir: PathBuf,
+        /// open's error.
+        error: rustix::io::Errno,
+    },
+}
+
 /// A turn's cgroup, removed by [`TurnCgroup::remove`].
 #[derive(Debug)]
 pub struct TurnCgroup {
@@ -39,8 +80,8 @@ impl TurnCgroup {
     /// Creates the next turn cgroup of this runner.
     ///
     /// Errors: why there is none (no cgroup2 mount, not writable, no
-    /// `cgroup.kill`), as text for a log line.
-    pub fn create() -> Result<TurnCgroup, String> {
+    /// `cgroup.kill`), for a log line.
+    pub fn create() -> Result<TurnCgroup, NoCgroup> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let parent = own_cgroup_dir()?;
         let name = format!(
@@ -49,17 +90,23 @@ impl TurnCgroup {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         let dir = parent.join(name);
-        fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        fs::create_dir(&dir).map_err(|error| NoCgroup::Create {
+            dir: dir.clone(),
+            error,
+        })?;
         let opened = (|| {
             if !dir.join("cgroup.kill").exists() {
-                return Err("the kernel has no cgroup.kill (Linux 5.14 or later)".to_string());
+                return Err(NoCgroup::NoKill);
             }
             let procs = rustix::fs::open(
                 dir.join("cgroup.procs"),
                 rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
                 rustix::fs::Mode::empty(),
             )
-            .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", dir.display()))?;
+            .map_err(|error| NoCgroup::OpenProcs {
+                dir: dir.clone(),
+                error,
+            })?;
             Ok(procs)
         })();
         match opened {
@@ -141,22 +188,23 @@ pub fn populated(dir: &Path) -> bool {
 }
 
 /// The directory of this process's cgroup v2.
-fn own_cgroup_dir() -> Result<PathBuf, String> {
-    let cgroups = fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+fn own_cgroup_dir() -> Result<PathBuf, NoCgroup> {
+    let read = |file: &'static str| {
+        fs::read_to_string(file).map_err(|error| NoCgroup::Read { file, error })
+    };
+    let cgroups = read("/proc/self/cgroup")?;
     let path = cgroups
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
-        .ok_or("no cgroup v2 membership in /proc/self/cgroup")?;
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
-    let (root, mount_point) = cgroup2_mount(&mountinfo).ok_or("no cgroup2 file system mounted")?;
+        .ok_or(NoCgroup::NoMembership)?;
+    let mountinfo = read("/proc/self/mountinfo")?;
+    let (root, mount_point) = cgroup2_mount(&mountinfo).ok_or(NoCgroup::NoMount)?;
     let relative = if root == "/" {
         path
     } else {
         path.strip_prefix(root.as_str())
             .filter(|r| r.is_empty() || r.starts_with('/'))
-            .ok_or("the runner's cgroup is outside the mounted cgroup2 subtree")?
+            .ok_or(NoCgroup::OutsideMount)?
     };
     Ok(PathBuf::from(mount_point).join(relative.trim_start_matches('/')))
 }

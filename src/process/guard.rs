@@ -286,20 +286,31 @@ fn decimal(n: i32, out: &mut [u8; 12]) {
 impl Watch {
     /// After the agent's spawn returned (its child exec'd or failed): the
     /// guard that was started, or why there is none.
-    pub fn started(&self) -> Result<Started, String> {
+    pub fn started(&self) -> Result<Started, NoGuard> {
         let mut bytes = [0u8; 12];
         match rustix::io::read(&self.report, &mut bytes) {
             Ok(12) => {}
-            _ => return Err("the agent's child could not start it".to_string()),
+            _ => return Err(NoGuard::NotStarted),
         }
         let word =
             |i: usize| i32::from_ne_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
         let (pid, session, errno) = (word(0), word(4), word(8));
         if pid <= 0 {
-            return Err(std::io::Error::from_raw_os_error(errno).to_string());
+            return Err(NoGuard::Spawn(std::io::Error::from_raw_os_error(errno)));
         }
         Ok(Started { pid, session })
     }
+}
+
+/// Why a turn has no guard.
+#[derive(Debug, thiserror::Error)]
+pub enum NoGuard {
+    /// The agent's child reported nothing (it failed before the guard).
+    #[error("the agent's child could not start it")]
+    NotStarted,
+    /// The guard's spawn failed.
+    #[error("{0}")]
+    Spawn(std::io::Error),
 }
 
 /// Kills and reaps a guard whose agent never ran (its exec failed): the

@@ -53,7 +53,7 @@ pub fn is_pid1() -> bool {
 ///
 /// Errors: the variable does not name a readable pipe, or the secret is
 /// larger than 64 KiB or not UTF-8 (a message without the value).
-pub fn take_handed_secret() -> Result<Option<Secret>, String> {
+pub fn take_handed_secret() -> Result<Option<Secret>, HandOverError> {
     let Some(value) = std::env::var_os(SECRET_FD_VAR) else {
         return Ok(None);
     };
@@ -63,14 +63,14 @@ pub fn take_handed_secret() -> Result<Option<Secret>, String> {
         .to_str()
         .and_then(|v| v.parse().ok())
         .filter(|fd| *fd > 2)
-        .ok_or_else(|| format!("{SECRET_FD_VAR}={value:?} is not a file descriptor number"))?;
+        .ok_or(HandOverError::NotADescriptor { value })?;
     // Only a pipe is accepted: a stray variable must not make us read (and
     // close) an unrelated descriptor such as a terminal or a file.
     // SAFETY: `fd` is only borrowed for the `fstat`.
     let stat = rustix::fs::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
-        .map_err(|e| format!("{SECRET_FD_VAR}={fd}: cannot inspect the descriptor: {e}"))?;
+        .map_err(|error| HandOverError::Inspect { fd, error })?;
     if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::Fifo {
-        return Err(format!("{SECRET_FD_VAR}={fd} is not a pipe"));
+        return Err(HandOverError::NotAPipe { fd });
     }
     // SAFETY: the reaper handed this descriptor to us and nothing else in
     // this process owns it; the `File` closes it when dropped.
@@ -78,15 +78,58 @@ pub fn take_handed_secret() -> Result<Option<Secret>, String> {
     let mut bytes = Vec::new();
     file.take(MAX_SECRET_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read the boot secret from descriptor {fd}: {e}"))?;
+        .map_err(|error| HandOverError::Read { fd, error })?;
     if bytes.len() as u64 > MAX_SECRET_BYTES {
-        return Err(format!(
-            "the boot secret handed on descriptor {fd} is larger than 64 KiB"
-        ));
+        return Err(HandOverError::TooLarge { fd });
     }
-    let text = String::from_utf8(bytes)
-        .map_err(|_| format!("the boot secret handed on descriptor {fd} is not UTF-8"))?;
+    let text = String::from_utf8(bytes).map_err(|_| HandOverError::NotUtf8 { fd })?;
     Ok(Some(Secret::new(text)))
+}
+
+/// Why the worker did not get the boot secret the reaper handed it (never
+/// the secret's bytes).
+#[derive(Debug, thiserror::Error)]
+pub enum HandOverError {
+    /// The variable is not a descriptor number above 2.
+    #[error("{SECRET_FD_VAR}={value:?} is not a file descriptor number")]
+    NotADescriptor {
+        /// The variable's value.
+        value: std::ffi::OsString,
+    },
+    /// `fstat` failed.
+    #[error("{SECRET_FD_VAR}={fd}: cannot inspect the descriptor: {error}")]
+    Inspect {
+        /// The descriptor.
+        fd: i32,
+        /// The kernel's answer.
+        error: rustix::io::Errno,
+    },
+    /// The descriptor is not a pipe (a stray variable).
+    #[error("{SECRET_FD_VAR}={fd} is not a pipe")]
+    NotAPipe {
+        /// The descriptor.
+        fd: i32,
+    },
+    /// Reading the pipe failed.
+    #[error("cannot read the boot secret from descriptor {fd}: {error}")]
+    Read {
+        /// The descriptor.
+        fd: i32,
+        /// The read's error.
+        error: std::io::Error,
+    },
+    /// More than [`MAX_SECRET_BYTES`].
+    #[error("the boot secret handed on descriptor {fd} is larger than 64 KiB")]
+    TooLarge {
+        /// The descriptor.
+        fd: i32,
+    },
+    /// Not UTF-8.
+    #[error("the boot secret handed on descriptor {fd} is not UTF-8")]
+    NotUtf8 {
+        /// The descriptor.
+        fd: i32,
+    },
 }
 
 /// The reaper: starts the worker and then only reaps, forwards SIGTERM and

@@ -110,10 +110,10 @@ impl Drop for RepoHold<'_> {
 ///
 /// Errors: what cannot be cleared or is refused, named, with what to do.
 pub(super) fn ready_for_git(repo_dir: &Path) -> Result<(), String> {
-    for (path, kind) in super::special_files::clear(repo_dir)? {
+    for (path, kind) in super::special_files::clear(repo_dir).map_err(|e| e.0)? {
         tracing::warn!(path = %path.display(), kind, "removed a special file where the runner's git opens a file (it would block git; it cannot hold work)");
     }
-    super::repo_config::check_includes(repo_dir)
+    super::repo_config::check_includes(repo_dir).map_err(|e| e.0)
 }
 
 /// What every harvest of a boot shares: where `repo/` is and how to reach

@@ -55,9 +55,15 @@ fn open_bare(git_dir: &Path) -> Result<Repository, git2::Error> {
 /// the module documentation), or that is itself too large.
 ///
 /// Errors: the first such file, named, with what to do.
-pub fn check_includes(repo_dir: &Path) -> Result<(), String> {
-    check_config(repo_dir.join(".git").join("config"))
+pub fn check_includes(repo_dir: &Path) -> Result<(), Refused> {
+    check_config(repo_dir.join(".git").join("config")).map_err(Refused)
 }
+
+/// A repository configuration the runner's git does not read, or a git
+/// directory it cannot open (the message names the file and what to do).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
 
 /// Opens the git directory `git_dir` of a repository inside `repo/` (a
 /// submodule's, an embedded one's) to read its objects and refs, as
@@ -65,9 +71,9 @@ pub fn check_includes(repo_dir: &Path) -> Result<(), String> {
 /// by an empty one, no work tree.
 ///
 /// Errors: what [`check_includes`] refuses, or libgit2's message.
-pub fn open_git_dir(git_dir: &Path) -> Result<Repository, String> {
-    check_config(git_dir.join("config"))?;
-    open_bare(git_dir).map_err(|e| super::harvest::message(&e))
+pub fn open_git_dir(git_dir: &Path) -> Result<Repository, Refused> {
+    check_config(git_dir.join("config")).map_err(Refused)?;
+    open_bare(git_dir).map_err(|e| Refused(super::harvest::message(&e)))
 }
 
 /// The `path` of every `[submodule "…"]` entry of a `.gitmodules` text,
@@ -276,11 +282,11 @@ mod tests {
         std::fs::remove_file(dir.path().join("pipe")).unwrap();
         std::os::unix::fs::symlink("/dev/zero", dir.path().join("pipe")).unwrap();
         let e = check_includes(dir.path()).unwrap_err();
-        assert!(e.contains("pipe is a device"), "{e}");
+        assert!(e.0.contains("pipe is a device"), "{e}");
         std::fs::remove_file(dir.path().join("pipe")).unwrap();
         let big = std::fs::File::create(dir.path().join("pipe")).unwrap();
         big.set_len(MAX_CONFIG_BYTES + 1).unwrap();
-        assert!(check_includes(dir.path()).unwrap_err().contains("bytes"));
+        assert!(check_includes(dir.path()).unwrap_err().0.contains("bytes"));
         std::fs::remove_file(dir.path().join("pipe")).unwrap();
         // Opened for the runner: no rewrite of a URL, the work tree repo/.
         let repo = open(dir.path()).unwrap();

@@ -52,7 +52,10 @@ impl Harvester {
     /// Errors: the repository cannot be opened or reset (the message says
     /// why); the caller fails the turn `setup_failed`, since the agent would
     /// otherwise start on work that is not the user's.
-    pub async fn undo_setup_changes(&self, before: Option<String>) -> Result<SetupChanges, String> {
+    pub async fn undo_setup_changes(
+        &self,
+        before: Option<String>,
+    ) -> Result<SetupChanges, UndoFailed> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
             let hold = this.lock_repo();
@@ -91,6 +94,14 @@ impl Harvester {
             Ok(changes)
         })
         .await
-        .map_err(|e| format!("the undo of setup's changes did not finish: {e}"))?
+        .map_err(|e| format!("the undo of setup's changes did not finish: {e}"))
+        .and_then(|undone| undone)
+        .map_err(UndoFailed)
     }
 }
+
+/// Setup's changes to tracked files could not be put back (the message
+/// says why); the turn fails `setup_failed`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UndoFailed(pub String);

@@ -54,7 +54,17 @@ fn special(kind: FileType) -> bool {
 /// Errors: `.git` is not a directory, one cannot be removed, or `.git`
 /// leads (through links) to more than 50,000 directories; the message
 /// names the path and what to do.
-pub fn clear(repo_dir: &Path) -> Result<Vec<(PathBuf, &'static str)>, String> {
+pub fn clear(repo_dir: &Path) -> Result<Vec<(PathBuf, &'static str)>, Blocked> {
+    clear_all(repo_dir).map_err(Blocked)
+}
+
+/// A special file or link in `repo/` that keeps the runner's git from
+/// running (the message names it and what to do).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Blocked(pub String);
+
+fn clear_all(repo_dir: &Path) -> Result<Vec<(PathBuf, &'static str)>, String> {
     let git = repo_dir.join(".git");
     match std::fs::symlink_metadata(&git) {
         Ok(m) if m.is_dir() => {}

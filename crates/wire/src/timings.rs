@@ -164,10 +164,23 @@ pub fn scale_timeout(d: Duration, factor: f64) -> Duration {
 
 /// Parses a duration written `500ms`, `10s`, `2m` or `1h`.
 ///
-/// Errors: a message naming the value and the accepted forms.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("invalid duration {text:?} ({e}); write it like 500ms, 10s or 2m"))
+/// Errors: the value and humantime's reason.
+pub fn parse_duration(text: &str) -> Result<Duration, InvalidDuration> {
+    humantime::parse_duration(text.trim()).map_err(|error| InvalidDuration {
+        text: text.to_string(),
+        error,
+    })
+}
+
+/// A value that is not a duration; the message names it and the accepted
+/// forms.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid duration {text:?} ({error}); write it like 500ms, 10s or 2m")]
+pub struct InvalidDuration {
+    /// The value.
+    pub text: String,
+    /// humantime's reason.
+    pub error: humantime::DurationError,
 }
 
 #[cfg(test)]
@@ -179,7 +192,12 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("ten").unwrap_err().contains("\"ten\""));
+        assert!(
+            parse_duration("ten")
+                .unwrap_err()
+                .to_string()
+                .contains("\"ten\"")
+        );
     }
 
     #[test]

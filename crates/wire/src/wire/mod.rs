@@ -228,6 +228,17 @@ pub struct SessionSetup {
     pub inputs: Option<Vec<String>>,
 }
 
+/// Why a session's `pendingTurn` is not a turn.
+#[derive(Debug, thiserror::Error)]
+pub enum PendingTurnShape {
+    /// Neither an object nor null (the JSON kind it is).
+    #[error("pendingTurn has the wrong shape: expected an object or null, got {0}")]
+    NotAnObject(&'static str),
+    /// An object whose fields do not make a turn.
+    #[error("pendingTurn has the wrong shape: {0}")]
+    Fields(serde_json::Error),
+}
+
 impl Session {
     /// Whether the session is still `active` (an absent status counts as
     /// active, as in the Node boot).
@@ -236,17 +247,14 @@ impl Session {
     }
 
     /// The pending turn, or `Err` with why its shape is wrong.
-    pub fn pending_turn(&self) -> Result<Option<PendingTurn>, String> {
+    pub fn pending_turn(&self) -> Result<Option<PendingTurn>, PendingTurnShape> {
         match &self.pending_turn {
             None | Some(Value::Null) => Ok(None),
             // serde's derive would take an array as the fields in order.
-            Some(v) if !v.is_object() => Err(format!(
-                "pendingTurn has the wrong shape: expected an object or null, got {}",
-                json_kind(v)
-            )),
+            Some(v) if !v.is_object() => Err(PendingTurnShape::NotAnObject(json_kind(v))),
             Some(v) => serde_json::from_value::<PendingTurn>(v.clone())
                 .map(Some)
-                .map_err(|e| format!("pendingTurn has the wrong shape: {e}")),
+                .map_err(PendingTurnShape::Fields),
         }
     }
 
@@ -1069,12 +1077,12 @@ mod tests {
             let value = missing.as_object_mut().unwrap().remove(member).unwrap();
             missing["answer_to_question"] = value;
             s.pending_turn = Some(missing);
-            let e = s.pending_turn().unwrap_err();
+            let e = s.pending_turn().unwrap_err().to_string();
             assert!(e.contains(&format!("missing field `{member}`")), "{e}");
         }
         // Not an object: not the fields in order.
         s.pending_turn = Some(json!([null, 1, "r", "x", "c", null]));
-        let e = s.pending_turn().unwrap_err();
+        let e = s.pending_turn().unwrap_err().to_string();
         assert!(
             e.contains("expected an object or null, got an array"),
             "{e}"
