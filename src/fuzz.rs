@@ -439,7 +439,7 @@ proptest! {
             if let Ok(value) = serde_json::from_slice::<serde_json::Value>(line) {
                 let _ = crate::agent::jsonrpc::parse(&value);
                 let _ = crate::agent::jsonrpc::error_message(&value);
-                let _ = crate::agent::codex::classify_error(&value);
+                let _ = crate::agent::codex::classify_error(&crate::agent::lenient::read(&value));
             }
         }
         drive_adapter(Box::new(crate::agent::codex::CodexAdapter::new(spec())), &bytes, &cuts);

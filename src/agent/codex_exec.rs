@@ -236,7 +236,9 @@ fn handle(state: &mut State, io: &AdapterIo, obj: &Map<String, Value>) {
         }
         "turn.failed" => {
             let error = obj.get("error").cloned().unwrap_or(Value::Null);
-            state.terminal = Some(Terminal::Failed(classify_error(&error)));
+            state.terminal = Some(Terminal::Failed(classify_error(&super::lenient::read(
+                &error,
+            ))));
             io.note(Note::Terminal);
         }
         "error" => {
