@@ -57,6 +57,16 @@ where
     Ok((!value.is_null()).then(|| read(&value)))
 }
 
+/// A member read with [`read`] when it is an object, else `None`.
+pub fn if_object<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: DeserializeOwned + Default,
+{
+    let value = Value::deserialize(d)?;
+    Ok(value.is_object().then(|| read(&value)))
+}
+
 /// A member read with [`read`] whatever it is (absent and `null` read as
 /// an object without members).
 pub fn object<'de, D, T>(d: D) -> Result<T, D::Error>
@@ -104,13 +114,15 @@ mod tests {
         error: Option<Inner>,
         #[serde(deserialize_with = "list")]
         items: Option<Vec<Inner>>,
+        #[serde(deserialize_with = "if_object")]
+        info: Option<Inner>,
     }
 
     #[test]
     fn a_member_of_the_wrong_shape_reads_as_absent() {
         let o: Outer = read(&json!({
             "name": 3, "tokens": 12.0, "inner": ["x"], "error": null,
-            "items": ["a", {"name": "b"}, {"name": 1}]}));
+            "items": ["a", {"name": "b"}, {"name": 1}], "info": ["x"]}));
         assert_eq!(
             o,
             Outer {
@@ -125,6 +137,7 @@ mod tests {
                     },
                     Inner::default()
                 ]),
+                info: None,
             }
         );
         assert_eq!(read::<Outer>(&json!(["name", 1])), Outer::default());
@@ -136,5 +149,9 @@ mod tests {
             })
         );
         assert_eq!(read::<Outer>(&json!({"items": {}})).items, None);
+        assert_eq!(
+            read::<Outer>(&json!({"info": {}})).info,
+            Some(Inner::default())
+        );
     }
 }
