@@ -20,7 +20,6 @@
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use serde::de::value::MapDeserializer;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
@@ -661,16 +660,9 @@ enum Notice {
 }
 
 impl Notice {
-    /// Notification `method` with its `params` (`null` when it had none:
-    /// serde's adjacently tagged form wants the member, so it is given
-    /// as a map of the two).
+    /// Notification `method` with its `params` (`null` when it had none).
     fn read(method: &str, params: &Value) -> Notice {
-        let method = Value::from(method);
-        let members = [("method", &method), ("params", params)];
-        Notice::deserialize(MapDeserializer::<_, serde_json::Error>::new(
-            members.into_iter(),
-        ))
-        .unwrap_or(Notice::Other)
+        lenient::adjacent(("method", method), ("params", params)).unwrap_or(Notice::Other)
     }
 }
 

@@ -6,6 +6,7 @@
 //! `deserialize_with` functions (or a type that accepts any JSON, `Value`).
 
 use serde::Deserialize;
+use serde::de::value::MapDeserializer;
 use serde::de::{DeserializeOwned, Deserializer};
 use serde_json::Value;
 
@@ -16,6 +17,26 @@ pub fn read<T: DeserializeOwned + Default>(value: &Value) -> T {
         Value::Object(_) => T::deserialize(value).unwrap_or_default(),
         _ => T::default(),
     }
+}
+
+/// An adjacently tagged `T` (`#[serde(tag = .., content = ..)]`) from its
+/// tag and its content, read apart from the message: a message without
+/// the content member counts as one with `null` there (serde's form would
+/// refuse it, and the adapters read such a message). `None` for a tag `T`
+/// does not know.
+pub fn adjacent<T: DeserializeOwned>(tag: (&str, &str), content: (&str, &Value)) -> Option<T> {
+    let name = Value::from(tag.1);
+    let members = [(tag.0, &name), content];
+    T::deserialize(MapDeserializer::<_, serde_json::Error>::new(
+        members.into_iter(),
+    ))
+    .ok()
+}
+
+/// The member whatever it is, `null` included (`Option<Value>` would read
+/// `null` as absent).
+pub fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 /// The member as a `T` (a string, a bool, a number), `None` when it is
