@@ -183,23 +183,15 @@ fn handle(resuming: bool, state: &mut State, io: &AdapterIo, message: &Value) {
     }
     match lenient::read(message) {
         Event::ToolUse => state.effects = Effects::Some,
-        Event::StepFinish(StepFinish { part }) => {
-            if let Some(part) = &part {
-                record_step(&mut state.steps, part);
-            }
-        }
-        Event::Error(ErrorEvent { error }) => {
-            if let Some(error) = &error {
-                match classify_error(error, resuming) {
-                    None => state.aborted = true,
-                    Some(e) => {
-                        if state.error.is_none() {
-                            state.error = Some(e);
-                        }
-                    }
+        Event::StepFinish(StepFinish { part: Some(part) }) => record_step(&mut state.steps, &part),
+        Event::Error(ErrorEvent { error: Some(error) }) => match classify_error(&error, resuming) {
+            None => state.aborted = true,
+            Some(e) => {
+                if state.error.is_none() {
+                    state.error = Some(e);
                 }
             }
-        }
+        },
         Event::Done if state.terminal.is_none() => {
             state.terminal = Some(match (&state.error, state.aborted) {
                 (_, true) => Terminal::Aborted,
