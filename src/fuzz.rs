@@ -439,7 +439,7 @@ proptest! {
             if let Ok(value) = serde_json::from_slice::<serde_json::Value>(line) {
                 let _ = crate::agent::jsonrpc::parse(&value);
                 let _ = crate::agent::jsonrpc::error_message(&value);
-                let _ = crate::agent::codex::classify_error(&value);
+                let _ = crate::agent::codex::classify_error(&crate::agent::lenient::read(&value));
             }
         }
         drive_adapter(Box::new(crate::agent::codex::CodexAdapter::new(spec())), &bytes, &cuts);
@@ -459,8 +459,8 @@ proptest! {
         prop_assert_eq!(&pieces, &whole);
         for data in &whole {
             if let Ok(value) = serde_json::from_str::<serde_json::Value>(data) {
-                let _ = crate::agent::opencode::classify_error(&value, false);
-                let _ = crate::agent::opencode::step_usage(&value);
+                let _ = crate::agent::opencode::classify_error(&crate::agent::lenient::read(&value), false);
+                let _ = crate::agent::opencode::step_usage(&crate::agent::lenient::read(&value));
             }
         }
     }

@@ -23,11 +23,12 @@
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::classify::{self, from_http_status};
 use super::command::{JsonLines, event_for_line};
-use super::usage::as_u64;
+use super::lenient;
 use super::{
     Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
@@ -106,7 +107,7 @@ struct State {
     api_key_source: Option<String>,
     model: Option<String>,
     /// `rate_limit_info` of the last `rate_limit_event`.
-    rate_limit: Option<Map<String, Value>>,
+    rate_limit: Option<RateLimitInfo>,
     /// `error` of the last `assistant` message that had one.
     assistant_error: Option<String>,
     /// `error_status` of the last `system/api_retry`.
@@ -142,7 +143,7 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
                 match stream {
                     Stream::Stdout => {
                         if let Some(obj) = json_lines.push(&line) {
-                            handle(&spec, &mut state, &mut io, &obj);
+                            handle(&spec, &mut state, &mut io, &Value::Object(obj));
                         }
                     }
                     Stream::Stderr => {
@@ -179,51 +180,42 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
     }
 }
 
-fn str_field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
-    obj.get(key).and_then(Value::as_str)
-}
-
-fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, obj: &Map<String, Value>) {
+fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, message: &Value) {
     if state.session_id.is_none()
-        && let Some(id) = str_field(obj, "session_id").filter(|s| !s.is_empty())
+        && let Some(id) = lenient::read::<SessionRef>(message)
+            .session_id
+            .filter(|s| !s.is_empty())
     {
-        state.session_id = Some(id.to_string());
-        io.note(Note::SessionId(id.to_string()));
+        state.session_id = Some(id.clone());
+        io.note(Note::SessionId(id));
     }
-    match str_field(obj, "type").unwrap_or("") {
-        "system" => match str_field(obj, "subtype").unwrap_or("") {
-            "init" => {
-                state.api_key_source = str_field(obj, "apiKeySource").map(str::to_string);
-                state.model = str_field(obj, "model").map(str::to_string);
-            }
-            "api_retry" => {
-                state.retry_status =
-                    as_u64(obj.get("error_status")).and_then(|s| u16::try_from(s).ok());
-            }
-            _ => {}
-        },
-        "assistant" => assistant(state, obj),
-        "user" => {
-            let blocks = obj
-                .get("message")
-                .and_then(|m| m.get("content"))
-                .and_then(Value::as_array);
-            if blocks.is_some_and(|b| {
-                b.iter()
-                    .any(|block| block.get("type").and_then(Value::as_str) == Some("tool_result"))
-            }) {
+    match lenient::read(message) {
+        Event::System(System::Init(init)) => {
+            state.api_key_source = init.api_key_source;
+            state.model = init.model;
+        }
+        Event::System(System::ApiRetry(retry)) => {
+            state.retry_status = retry.error_status.and_then(|s| u16::try_from(s).ok());
+        }
+        Event::Assistant(message) => assistant(state, message),
+        Event::User(user) => {
+            let blocks = user.message.content.unwrap_or_default();
+            if blocks
+                .iter()
+                .any(|block| block.kind.as_deref() == Some("tool_result"))
+            {
                 state.effects = Effects::Some;
             }
         }
-        "rate_limit_event" => {
-            if let Some(Value::Object(info)) = obj.get("rate_limit_info") {
-                state.rate_limit = Some(info.clone());
+        Event::RateLimitEvent(event) => {
+            if let Some(info) = event.rate_limit_info {
+                state.rate_limit = Some(info);
             }
         }
-        "control_request" => {
+        Event::ControlRequest(request) => {
             // The CLI asks us something (a permission, a hook): we registered
             // nothing, so say so rather than leave it waiting.
-            if let Some(id) = str_field(obj, "request_id") {
+            if let Some(id) = request.request_id {
                 io.send_json(&json!({
                     "type": "control_response",
                     "response": {
@@ -234,90 +226,82 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, obj: &Map<Stri
                 }));
             }
         }
-        "result" => {
+        Event::Result(result) => {
             if state.terminal.is_some() {
                 return;
             }
-            state.usage = result_usage(obj, state.model.clone());
-            state.terminal = Some(terminal(spec, state, obj));
+            state.usage = result_usage(&result, state.model.clone());
+            state.terminal = Some(terminal(spec, state, &result));
             io.note(Note::Terminal);
             // The CLI exits once its stdin closes.
             io.stdin = None;
         }
-        _ => {}
+        Event::System(System::Other) | Event::Other => {}
     }
 }
 
 /// An assistant message: its error class, its model, whether it calls a
 /// tool (an effect).
-fn assistant(state: &mut State, obj: &Map<String, Value>) {
-    if let Some(e) = str_field(obj, "error") {
-        state.assistant_error = Some(e.to_string());
+fn assistant(state: &mut State, assistant: Assistant) {
+    if let Some(e) = assistant.error {
+        state.assistant_error = Some(e);
     }
-    let message = obj.get("message");
-    if let Some(m) = message.and_then(|m| m.get("model")).and_then(Value::as_str)
+    let message = assistant.message;
+    if let Some(m) = message.model
         && m != "<synthetic>"
     {
-        state.model = Some(m.to_string());
+        state.model = Some(m);
     }
-    let blocks = message
-        .and_then(|m| m.get("content"))
-        .and_then(Value::as_array);
-    let tool = blocks.is_some_and(|b| {
-        b.iter().any(|block| {
-            matches!(
-                block.get("type").and_then(Value::as_str),
-                Some("tool_use" | "server_tool_use" | "mcp_tool_use")
-            )
-        })
+    let tool = message.content.unwrap_or_default().iter().any(|block| {
+        matches!(
+            block.kind.as_deref(),
+            Some("tool_use" | "server_tool_use" | "mcp_tool_use")
+        )
     });
     if tool {
         state.effects = Effects::Some;
     }
 }
 
-fn result_usage(obj: &Map<String, Value>, model: Option<String>) -> Usage {
-    let u = obj.get("usage");
-    let field = |k: &str| as_u64(u.and_then(|u| u.get(k)));
+fn result_usage(result: &ResultEvent, model: Option<String>) -> Usage {
+    let u = &result.usage;
     let model = model.or_else(|| {
-        obj.get("modelUsage")
-            .and_then(Value::as_object)
+        result
+            .model_usage
+            .as_ref()
             .and_then(|m| m.keys().next().cloned())
     });
     Usage {
         model,
-        input_tokens: field("input_tokens"),
-        output_tokens: field("output_tokens"),
-        cache_read_tokens: field("cache_read_input_tokens"),
-        cache_write_tokens: field("cache_creation_input_tokens"),
-        cost_usd: obj.get("total_cost_usd").and_then(Value::as_f64),
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cache_read_tokens: u.cache_read_input_tokens,
+        cache_write_tokens: u.cache_creation_input_tokens,
+        cost_usd: result.total_cost_usd,
     }
 }
 
-fn terminal(spec: &TurnSpec, state: &State, obj: &Map<String, Value>) -> Terminal {
-    let reason = str_field(obj, "terminal_reason").unwrap_or("");
+fn terminal(spec: &TurnSpec, state: &State, result: &ResultEvent) -> Terminal {
+    let reason = result.terminal_reason.as_deref().unwrap_or("");
     if reason.starts_with("aborted") {
         return Terminal::Aborted;
     }
-    let is_error = obj
-        .get("is_error")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let subtype = str_field(obj, "subtype").unwrap_or("");
+    let is_error = result.is_error.unwrap_or(false);
+    let subtype = result.subtype.as_deref().unwrap_or("");
     if !is_error && subtype == "success" {
         return Terminal::Completed;
     }
-    Terminal::Failed(classify_result(spec, state, obj))
+    Terminal::Failed(classify_result(spec, state, result))
 }
 
 /// Claude's result text: `result`, else the `errors` joined, else the subtype.
-fn result_text(obj: &Map<String, Value>) -> String {
-    if let Some(t) = str_field(obj, "result").filter(|t| !t.is_empty()) {
+fn result_text(result: &ResultEvent) -> String {
+    if let Some(t) = result.result.as_deref().filter(|t| !t.is_empty()) {
         return t.to_string();
     }
-    let errors: Vec<String> = obj
-        .get("errors")
-        .and_then(Value::as_array)
+    let errors: Vec<String> = result
+        .errors
+        .as_ref()
         .map(|a| {
             a.iter()
                 .map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_string))
@@ -329,15 +313,15 @@ fn result_text(obj: &Map<String, Value>) -> String {
     }
     format!(
         "the turn ended with {}",
-        str_field(obj, "subtype").unwrap_or("an error")
+        result.subtype.as_deref().unwrap_or("an error")
     )
 }
 
-fn classify_result(spec: &TurnSpec, state: &State, obj: &Map<String, Value>) -> AgentError {
-    let text = result_text(obj);
+fn classify_result(spec: &TurnSpec, state: &State, result: &ResultEvent) -> AgentError {
+    let text = result_text(result);
     let message = classify::clip(&text);
-    let subtype = str_field(obj, "subtype").unwrap_or("");
-    let reason = str_field(obj, "terminal_reason").unwrap_or("");
+    let subtype = result.subtype.as_deref().unwrap_or("");
+    let reason = result.terminal_reason.as_deref().unwrap_or("");
     let err = |code| AgentError::new(code, message.clone());
 
     if matches!(subtype, "error_max_turns" | "error_max_budget_usd")
@@ -349,17 +333,9 @@ fn classify_result(spec: &TurnSpec, state: &State, obj: &Map<String, Value>) -> 
         return err(ErrorCode::ContextWindowExceeded);
     }
     // An exhausted subscription quota: the one structured signal.
-    let limit_status = state
-        .rate_limit
-        .as_ref()
-        .and_then(|r| r.get("status"))
-        .and_then(Value::as_str);
+    let limit_status = state.rate_limit.as_ref().and_then(|r| r.status.as_deref());
     if limit_status == Some("rejected") {
-        let resets = state
-            .rate_limit
-            .as_ref()
-            .and_then(|r| r.get("resetsAt"))
-            .and_then(Value::as_f64);
+        let resets = state.rate_limit.as_ref().and_then(|r| r.resets_at);
         return err(ErrorCode::ProviderQuotaExhausted).resets_at_unix(resets);
     }
     let text_code = classify::from_text(&text, spec.resume.is_some());
@@ -372,7 +348,8 @@ fn classify_result(spec: &TurnSpec, state: &State, obj: &Map<String, Value>) -> 
     if text_code == Some(ErrorCode::ResumeFailed) {
         return err(ErrorCode::ResumeFailed);
     }
-    let status = as_u64(obj.get("api_error_status"))
+    let status = result
+        .api_error_status
         .and_then(|s| u16::try_from(s).ok())
         .or(match state.assistant_error.as_deref() {
             Some("rate_limit") => Some(429),
@@ -413,6 +390,151 @@ fn classify_result(spec: &TurnSpec, state: &State, obj: &Map<String, Value>) -> 
     }
 }
 
+/// The member any message may carry: the session id comes from the first
+/// one that has it, whatever its type.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct SessionRef {
+    #[serde(deserialize_with = "lenient::value")]
+    session_id: Option<String>,
+}
+
+/// The stream-json messages the adapter reads; every line is forwarded as
+/// an event whatever it is.
+#[derive(Debug, Default, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Event {
+    System(System),
+    Assistant(Assistant),
+    User(User),
+    RateLimitEvent(RateLimitEvent),
+    ControlRequest(ControlRequest),
+    Result(ResultEvent),
+    #[default]
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(tag = "subtype", rename_all = "snake_case")]
+enum System {
+    Init(Init),
+    ApiRetry(ApiRetry),
+    #[default]
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct Init {
+    #[serde(deserialize_with = "lenient::value")]
+    api_key_source: Option<String>,
+    #[serde(deserialize_with = "lenient::value")]
+    model: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ApiRetry {
+    #[serde(deserialize_with = "lenient::count")]
+    error_status: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Assistant {
+    #[serde(deserialize_with = "lenient::value")]
+    error: Option<String>,
+    #[serde(deserialize_with = "lenient::object")]
+    message: Message,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct User {
+    #[serde(deserialize_with = "lenient::object")]
+    message: Message,
+}
+
+/// The `message` of an assistant or user message.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Message {
+    #[serde(deserialize_with = "lenient::value")]
+    model: Option<String>,
+    #[serde(deserialize_with = "lenient::list")]
+    content: Option<Vec<Block>>,
+}
+
+/// A content block.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Block {
+    #[serde(rename = "type", deserialize_with = "lenient::value")]
+    kind: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RateLimitEvent {
+    #[serde(deserialize_with = "lenient::if_object")]
+    rate_limit_info: Option<RateLimitInfo>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct RateLimitInfo {
+    #[serde(deserialize_with = "lenient::value")]
+    status: Option<String>,
+    #[serde(deserialize_with = "lenient::value")]
+    resets_at: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ControlRequest {
+    #[serde(deserialize_with = "lenient::value")]
+    request_id: Option<String>,
+}
+
+/// The `result` message: the terminal event.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ResultEvent {
+    #[serde(deserialize_with = "lenient::value")]
+    subtype: Option<String>,
+    #[serde(deserialize_with = "lenient::value")]
+    is_error: Option<bool>,
+    #[serde(deserialize_with = "lenient::value")]
+    terminal_reason: Option<String>,
+    #[serde(deserialize_with = "lenient::value")]
+    result: Option<String>,
+    #[serde(deserialize_with = "lenient::value")]
+    errors: Option<Vec<Value>>,
+    #[serde(deserialize_with = "lenient::count")]
+    api_error_status: Option<u64>,
+    #[serde(deserialize_with = "lenient::object")]
+    usage: ResultUsage,
+    #[serde(rename = "modelUsage", deserialize_with = "lenient::value")]
+    model_usage: Option<Map<String, Value>>,
+    #[serde(deserialize_with = "lenient::value")]
+    total_cost_usd: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ResultUsage {
+    #[serde(deserialize_with = "lenient::count")]
+    input_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::count")]
+    output_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::count")]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::count")]
+    cache_creation_input_tokens: Option<u64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,11 +555,8 @@ mod tests {
         }
     }
 
-    fn obj(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => panic!("not an object"),
-        }
+    fn obj(v: Value) -> ResultEvent {
+        lenient::read(&v)
     }
 
     #[test]
@@ -477,7 +596,9 @@ mod tests {
         };
         // A subscription 429 with a rejected rate_limit_event: quota.
         let rejected = State {
-            rate_limit: Some(obj(json!({"status": "rejected", "resetsAt": 1700000000}))),
+            rate_limit: Some(lenient::read(
+                &json!({"status": "rejected", "resetsAt": 1700000000}),
+            )),
             ..State::default()
         };
         let e = classify(rejected, api_error(429, "API Error: 429 rate_limit_error"));
@@ -594,5 +715,101 @@ mod tests {
             json!({"model": "claude-sonnet", "inputTokens": 10, "outputTokens": 20,
                     "cacheReadTokens": 30, "cacheWriteTokens": 40, "costUsd": 0.25})
         );
+    }
+    #[test]
+    fn messages_read_as_the_fake_cli_writes_them() {
+        let read = |v: Value| lenient::read::<Event>(&v);
+        let init = json!({"type": "system", "subtype": "init", "session_id": "s-1", "cwd": "/r",
+            "model": "claude-sonnet", "tools": ["Bash"], "apiKeySource": "none"});
+        assert_eq!(
+            lenient::read::<SessionRef>(&init).session_id.as_deref(),
+            Some("s-1")
+        );
+        assert!(matches!(
+            read(init),
+            Event::System(System::Init(Init { api_key_source: Some(a), model: Some(m) }))
+                if a == "none" && m == "claude-sonnet"
+        ));
+        assert!(matches!(
+            read(
+                json!({"type": "system", "subtype": "api_retry", "attempt": 1,
+                        "error_status": 529, "error": "overloaded", "session_id": "s-1"})
+            ),
+            Event::System(System::ApiRetry(ApiRetry {
+                error_status: Some(529)
+            }))
+        ));
+        let Event::Assistant(a) = read(json!({"type": "assistant", "session_id": "s-1",
+            "parent_tool_use_id": null, "error": "rate_limit",
+            "message": {"id": "msg_1", "model": "claude-sonnet", "role": "assistant",
+                "content": [{"type": "text", "text": "x"},
+                            {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]}}))
+        else {
+            panic!("not an assistant message");
+        };
+        assert_eq!(a.error.as_deref(), Some("rate_limit"));
+        assert_eq!(
+            a.message
+                .content
+                .map(|c| c.into_iter().filter_map(|b| b.kind).collect::<Vec<_>>()),
+            Some(vec!["text".to_string(), "tool_use".to_string()])
+        );
+        assert!(matches!(
+            read(json!({"type": "user", "session_id": "s-1", "message": {"role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "README.md"}]}})),
+            Event::User(User { message: Message { content: Some(c), .. } }) if c.len() == 1
+        ));
+        let Event::RateLimitEvent(r) =
+            read(json!({"type": "rate_limit_event", "session_id": "s-1",
+            "rate_limit_info": {"status": "rejected", "resetsAt": 1900000000,
+                                "rateLimitType": "five_hour", "utilization": 1.0}}))
+        else {
+            panic!("not a rate_limit_event");
+        };
+        let info = r.rate_limit_info.unwrap_or_default();
+        assert_eq!(
+            (info.status.as_deref(), info.resets_at),
+            (Some("rejected"), Some(1_900_000_000.0))
+        );
+        // An info that is no object leaves the last one in place.
+        assert!(matches!(
+            read(json!({"type": "rate_limit_event", "rate_limit_info": ["rejected"]})),
+            Event::RateLimitEvent(RateLimitEvent {
+                rate_limit_info: None
+            })
+        ));
+        assert!(matches!(
+            read(json!({"type": "control_request", "request_id": "r1",
+                        "request": {"subtype": "can_use_tool"}})),
+            Event::ControlRequest(ControlRequest { request_id: Some(id) }) if id == "r1"
+        ));
+        let Event::Result(r) = read(
+            json!({"type": "result", "subtype": "success", "is_error": true,
+            "result": "API Error: 529", "session_id": "s-1", "total_cost_usd": 0.0123,
+            "usage": {"input_tokens": 100, "output_tokens": 50}, "modelUsage": {"claude-sonnet": {}},
+            "terminal_reason": "api_error", "api_error_status": 529}),
+        ) else {
+            panic!("not a result");
+        };
+        assert_eq!(
+            (r.is_error, r.api_error_status, r.usage.input_tokens),
+            (Some(true), Some(529), Some(100))
+        );
+        assert_eq!(
+            result_usage(&r, None).model.as_deref(),
+            Some("claude-sonnet")
+        );
+        // Unknown types and subtypes, a type that is no string, no type.
+        for other in [
+            json!({"type": "control_response", "response": {"subtype": "success"}}),
+            json!({"type": 3, "session_id": "s-1"}),
+            json!({"session_id": "s-1"}),
+        ] {
+            assert!(matches!(read(other), Event::Other));
+        }
+        assert!(matches!(
+            read(json!({"type": "system", "subtype": "compact_boundary"})),
+            Event::System(System::Other)
+        ));
     }
 }

@@ -20,13 +20,14 @@
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
 
 use super::classify::{self, from_http_status};
 use super::command::{JsonLines, event_for_line};
 use super::jsonrpc::{self, Message};
+use super::lenient;
 use super::usage::Totals;
-use super::usage::as_u64;
 use super::{
     Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
@@ -97,11 +98,13 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
     io.send_json(&jsonrpc::request(
         INITIALIZE,
         "initialize",
-        json!({"clientInfo": {
-            "name": "hosted_boot",
-            "title": "hosted-boot",
-            "version": env!("CARGO_PKG_VERSION"),
-        }}),
+        Initialize {
+            client_info: ClientInfo {
+                name: "hosted_boot",
+                title: "hosted-boot",
+                version: env!("CARGO_PKG_VERSION"),
+            },
+        },
     ));
     let mut json_lines = JsonLines::new();
     let mut commands_open = true;
@@ -154,7 +157,10 @@ fn interrupt(state: &mut State, io: &mut AdapterIo) {
             io.send_json(&jsonrpc::request(
                 INTERRUPT,
                 "turn/interrupt",
-                json!({"threadId": thread, "turnId": turn}),
+                Interrupt {
+                    thread_id: thread,
+                    turn_id: turn,
+                },
             ));
         }
         (Some(_), None) => state.interrupt_pending = true,
@@ -167,16 +173,15 @@ fn start_turn(spec: &TurnSpec, state: &State, io: &AdapterIo) {
     let Some(thread) = &state.thread_id else {
         return;
     };
-    let mut params = json!({
-        "threadId": thread,
-        "input": [{"type": "text", "text": spec.prompt}],
-    });
-    if let Some(m) = &spec.model {
-        params["model"] = json!(m);
-    }
-    if let Some(e) = &spec.effort {
-        params["effort"] = json!(e);
-    }
+    let params = TurnStart {
+        effort: spec.effort.as_deref(),
+        input: [Input {
+            text: &spec.prompt,
+            kind: "text",
+        }],
+        model: spec.model.as_deref(),
+        thread_id: thread,
+    };
     io.send_json(&jsonrpc::request(TURN, "turn/start", params));
 }
 
@@ -228,25 +233,18 @@ fn response(
     match (id, result) {
         (Some(INITIALIZE), Ok(_)) => start_thread(spec, io),
         (Some(THREAD), Ok(result)) => {
-            if let Some(m) = result.get("model").and_then(Value::as_str) {
-                state.model = Some(m.to_string());
+            let ThreadResult { model, thread } = lenient::read(&result);
+            if let Some(m) = model {
+                state.model = Some(m);
             }
-            let id = result
-                .get("thread")
-                .and_then(|t| t.get("id"))
-                .and_then(Value::as_str);
-            if let Some(id) = id {
+            if let Some(id) = &thread.id {
                 set_thread(state, io, id);
             }
             start_turn(spec, state, io);
         }
         (Some(TURN), Ok(result)) => {
             if state.turn_id.is_none() {
-                state.turn_id = result
-                    .get("turn")
-                    .and_then(|t| t.get("id"))
-                    .and_then(Value::as_str)
-                    .map(str::to_string);
+                state.turn_id = lenient::read::<TurnRef>(&result).turn.id;
             }
             if state.interrupt_pending {
                 state.interrupt_pending = false;
@@ -263,33 +261,26 @@ fn response(
 /// session or `thread/start` with the model.
 fn start_thread(spec: &TurnSpec, io: &AdapterIo) {
     io.send_json(&jsonrpc::notification("initialized"));
-    let common = |mut p: Value| {
-        p["cwd"] = json!(spec.cwd.to_string_lossy());
-        p["approvalPolicy"] = json!("never");
-        p["sandbox"] = json!("danger-full-access");
+    let cwd = spec.cwd.to_string_lossy();
+    let params = ThreadStart {
+        approval_policy: "never",
+        cwd: &cwd,
         // A field of the thread request, on resume too (a resumed thread
         // is loaded afresh by this server).
-        if let Some(i) = &spec.instructions {
-            p["developerInstructions"] = json!(i.text);
-        }
-        p
+        developer_instructions: spec.instructions.as_ref().map(|i| i.text.as_str()),
+        // The thread's earlier turns are not needed (only its id), and
+        // codex 0.171.0's deprecation notice asks for this.
+        exclude_turns: spec.resume.as_ref().map(|_| true),
+        // On resume the model goes with `turn/start` only.
+        model: spec.model.as_deref().filter(|_| spec.resume.is_none()),
+        sandbox: "danger-full-access",
+        thread_id: spec.resume.as_deref(),
     };
-    match &spec.resume {
-        Some(id) => io.send_json(&jsonrpc::request(
-            THREAD,
-            "thread/resume",
-            // The thread's earlier turns are not needed (only its id), and
-            // codex 0.171.0's deprecation notice asks for this.
-            common(json!({"threadId": id, "excludeTurns": true})),
-        )),
-        None => {
-            let mut p = common(json!({}));
-            if let Some(m) = &spec.model {
-                p["model"] = json!(m);
-            }
-            io.send_json(&jsonrpc::request(THREAD, "thread/start", p))
-        }
+    let method = match spec.resume {
+        Some(_) => "thread/resume",
+        None => "thread/start",
     };
+    io.send_json(&jsonrpc::request(THREAD, method, params));
 }
 
 /// A request of the setup was refused: the turn fails (a refused
@@ -333,29 +324,17 @@ fn set_thread(state: &mut State, io: &AdapterIo, id: &str) {
 const TALK_ITEMS: &[&str] = &["agentMessage", "reasoning", "userMessage", "plan"];
 
 fn notification(state: &mut State, io: &mut AdapterIo, method: &str, params: &Value) {
-    match method {
-        "thread/started" => {
-            if let Some(id) = params
-                .get("thread")
-                .and_then(|t| t.get("id"))
-                .and_then(Value::as_str)
-            {
+    match Notice::read(method, params) {
+        Notice::ThreadStarted(ThreadRef { thread }) => {
+            if let Some(id) = &thread.id {
                 set_thread(state, io, id);
             }
         }
-        "turn/started" if state.turn_id.is_none() => {
-            state.turn_id = params
-                .get("turn")
-                .and_then(|t| t.get("id"))
-                .and_then(Value::as_str)
-                .map(str::to_string);
+        Notice::TurnStarted(TurnRef { turn }) if state.turn_id.is_none() => {
+            state.turn_id = turn.id;
         }
-        "item/started" | "item/completed" => {
-            let kind = params
-                .get("item")
-                .and_then(|i| i.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
+        Notice::Item(ItemParams { item }) => {
+            let kind = item.kind.as_deref().unwrap_or("");
             if !TALK_ITEMS.contains(&kind) {
                 state.effects = Effects::Some;
             }
@@ -363,16 +342,14 @@ fn notification(state: &mut State, io: &mut AdapterIo, method: &str, params: &Va
         // After `thread/resume`, codex 0.171.0 replays the previous turn's
         // notice (with that turn's id) before `turn/started`: only this
         // turn's notices count (PROTOCOL.md 7: usage is never cumulative).
-        "thread/tokenUsage/updated"
+        Notice::TokenUsage(TokenUsageParams { turn_id, .. })
             if state.turn_id.is_none()
-                || params
-                    .get("turnId")
-                    .and_then(Value::as_str)
+                || turn_id
+                    .as_deref()
                     .is_some_and(|t| Some(t) != state.turn_id.as_deref()) => {}
-        "thread/tokenUsage/updated" => {
-            let usage = params.get("tokenUsage");
-            let total = usage.and_then(|u| u.get("total")).map(breakdown);
-            let last = usage.and_then(|u| u.get("last")).map(breakdown);
+        Notice::TokenUsage(TokenUsageParams { token_usage, .. }) => {
+            let total = token_usage.total.as_ref().map(breakdown);
+            let last = token_usage.last.as_ref().map(breakdown);
             if state.baseline.is_none()
                 && let (Some(t), Some(l)) = (&total, &last)
             {
@@ -382,47 +359,37 @@ fn notification(state: &mut State, io: &mut AdapterIo, method: &str, params: &Va
                 state.total = total;
             }
         }
-        "error" => {
-            let will_retry = params
-                .get("willRetry")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            if !will_retry && let Some(e) = params.get("error") {
+        Notice::Error(ErrorParams { will_retry, error }) => {
+            if !will_retry.unwrap_or(false)
+                && let Some(e) = &error
+            {
                 state.last_error = Some(classify_error(e));
             }
         }
-        "turn/completed" => turn_completed(state, io, params),
+        Notice::TurnCompleted(TurnCompleted { turn }) => turn_completed(state, io, turn),
         _ => {}
     }
 }
 
 /// `turn/completed` of this process's turn: the terminal event.
-fn turn_completed(state: &mut State, io: &mut AdapterIo, params: &Value) {
-    let turn = params.get("turn");
-    let id = turn.and_then(|t| t.get("id")).and_then(Value::as_str);
-    if let (Some(mine), Some(id)) = (&state.turn_id, id)
+fn turn_completed(state: &mut State, io: &mut AdapterIo, turn: CompletedTurn) {
+    if let (Some(mine), Some(id)) = (&state.turn_id, &turn.id)
         && mine != id
     {
         return;
     }
-    let status = turn
-        .and_then(|t| t.get("status"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
+    let status = turn.status.as_deref().unwrap_or("");
     state.terminal = Some(match status {
         "completed" => Terminal::Completed,
         "interrupted" => Terminal::Aborted,
-        _ => {
-            let error = turn.and_then(|t| t.get("error")).filter(|e| !e.is_null());
-            match (error, &state.last_error) {
-                (Some(e), _) => Terminal::Failed(classify_error(e)),
-                (None, Some(last)) => Terminal::Failed(last.clone()),
-                (None, None) => Terminal::Failed(AgentError::new(
-                    ErrorCode::AgentCrashed,
-                    format!("the turn ended {status:?} without an error"),
-                )),
-            }
-        }
+        _ => match (&turn.error, &state.last_error) {
+            (Some(e), _) => Terminal::Failed(classify_error(e)),
+            (None, Some(last)) => Terminal::Failed(last.clone()),
+            (None, None) => Terminal::Failed(AgentError::new(
+                ErrorCode::AgentCrashed,
+                format!("the turn ended {status:?} without an error"),
+            )),
+        },
     });
     io.note(Note::Terminal);
     io.stdin = None;
@@ -430,14 +397,14 @@ fn turn_completed(state: &mut State, io: &mut AdapterIo, params: &Value) {
 
 /// A `TokenUsageBreakdown` (`inputTokens` includes the cached part, which
 /// is reported apart).
-fn breakdown(v: &Value) -> Usage {
-    let input = as_u64(v.get("inputTokens"));
-    let cached = as_u64(v.get("cachedInputTokens"));
+fn breakdown(b: &Breakdown) -> Usage {
     Usage {
         model: None,
-        input_tokens: input.map(|i| i.saturating_sub(cached.unwrap_or(0))),
-        output_tokens: as_u64(v.get("outputTokens")),
-        cache_read_tokens: cached,
+        input_tokens: b
+            .input_tokens
+            .map(|i| i.saturating_sub(b.cached_input_tokens.unwrap_or(0))),
+        output_tokens: b.output_tokens,
+        cache_read_tokens: b.cached_input_tokens,
         cache_write_tokens: None,
         cost_usd: None,
     }
@@ -445,35 +412,25 @@ fn breakdown(v: &Value) -> Usage {
 
 /// Classifies a Codex error `{message, codexErrorInfo?, additionalDetails?}`
 /// (app-server); shared with `codex exec`, whose errors have only a message.
-pub fn classify_error(error: &Value) -> AgentError {
-    let message = error
-        .get("message")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let details = error
-        .get("additionalDetails")
-        .and_then(Value::as_str)
-        .unwrap_or("");
+pub fn classify_error(error: &CodexError) -> AgentError {
+    let message = error.message.clone().unwrap_or_default();
+    let details = error.additional_details.as_deref().unwrap_or("");
     let text = if details.is_empty() {
         message.clone()
     } else {
         format!("{message} ({details})")
     };
     let err = |code| AgentError::new(code, classify::clip(&text));
-    // Unit variants are strings; struct variants `{"name": {fields}}`.
-    let info = error.get("codexErrorInfo");
-    let (name, fields) = match info {
-        Some(Value::String(s)) => (s.as_str(), None),
-        Some(Value::Object(m)) if m.len() == 1 => match m.iter().next() {
-            Some((k, v)) => (k.as_str(), Some(v)),
+    let (name, fields) = match &error.codex_error_info {
+        Some(ErrorInfo::Unit(s)) => (s.as_str(), None),
+        Some(ErrorInfo::Struct(m)) if m.len() == 1 => match m.iter().next() {
+            Some((k, v)) => (k.as_str(), Some(lenient::read::<ErrorInfoFields>(v))),
             None => ("", None),
         },
         _ => ("", None),
     };
     let http = fields
-        .and_then(|f| f.get("httpStatusCode"))
-        .and_then(|s| as_u64(Some(s)))
+        .and_then(|f| f.http_status_code)
         .and_then(|s| u16::try_from(s).ok());
     match name {
         "usageLimitExceeded" => err(ErrorCode::ProviderQuotaExhausted),
@@ -510,13 +467,240 @@ pub fn classify_error(error: &Value) -> AgentError {
     }
 }
 
+/// `initialize`'s params.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Initialize {
+    client_info: ClientInfo,
+}
+
+#[derive(Serialize)]
+struct ClientInfo {
+    name: &'static str,
+    title: &'static str,
+    version: &'static str,
+}
+
+/// `thread/start`'s and `thread/resume`'s params. Members are in
+/// alphabetical order, as the `json!` objects these replaced wrote them.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ThreadStart<'a> {
+    approval_policy: &'static str,
+    cwd: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    developer_instructions: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exclude_turns: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
+    sandbox: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thread_id: Option<&'a str>,
+}
+
+/// `turn/start`'s params.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TurnStart<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    effort: Option<&'a str>,
+    input: [Input<'a>; 1],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
+    thread_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct Input<'a> {
+    text: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+/// `turn/interrupt`'s params.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Interrupt<'a> {
+    thread_id: &'a str,
+    turn_id: &'a str,
+}
+
+/// `{id}` of a thread or a turn.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Id {
+    #[serde(deserialize_with = "lenient::value")]
+    id: Option<String>,
+}
+
+/// The result of `thread/start` or `thread/resume`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ThreadResult {
+    #[serde(deserialize_with = "lenient::value")]
+    model: Option<String>,
+    #[serde(deserialize_with = "lenient::object")]
+    thread: Id,
+}
+
+/// `{thread: {id}}`: `thread/started`'s params.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ThreadRef {
+    #[serde(deserialize_with = "lenient::object")]
+    thread: Id,
+}
+
+/// `{turn: {id}}`: `turn/start`'s result, `turn/started`'s params.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TurnRef {
+    #[serde(deserialize_with = "lenient::object")]
+    turn: Id,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ItemParams {
+    #[serde(deserialize_with = "lenient::object")]
+    item: Item,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Item {
+    #[serde(rename = "type", deserialize_with = "lenient::value")]
+    kind: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct TokenUsageParams {
+    #[serde(deserialize_with = "lenient::value")]
+    turn_id: Option<String>,
+    #[serde(deserialize_with = "lenient::object")]
+    token_usage: TokenUsage,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TokenUsage {
+    #[serde(deserialize_with = "lenient::member")]
+    total: Option<Breakdown>,
+    #[serde(deserialize_with = "lenient::member")]
+    last: Option<Breakdown>,
+}
+
+/// A `TokenUsageBreakdown`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct Breakdown {
+    #[serde(deserialize_with = "lenient::count")]
+    input_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::count")]
+    cached_input_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::count")]
+    output_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct ErrorParams {
+    #[serde(deserialize_with = "lenient::value")]
+    will_retry: Option<bool>,
+    #[serde(deserialize_with = "lenient::member")]
+    error: Option<CodexError>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TurnCompleted {
+    #[serde(deserialize_with = "lenient::object")]
+    turn: CompletedTurn,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CompletedTurn {
+    #[serde(deserialize_with = "lenient::value")]
+    id: Option<String>,
+    #[serde(deserialize_with = "lenient::value")]
+    status: Option<String>,
+    #[serde(deserialize_with = "lenient::non_null")]
+    error: Option<CodexError>,
+}
+
+/// The notifications the adapter reads; every one is forwarded as an
+/// event whatever it is.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "method", content = "params")]
+enum Notice {
+    #[serde(rename = "thread/started", deserialize_with = "lenient::object")]
+    ThreadStarted(ThreadRef),
+    #[serde(rename = "turn/started", deserialize_with = "lenient::object")]
+    TurnStarted(TurnRef),
+    #[serde(
+        rename = "item/started",
+        alias = "item/completed",
+        deserialize_with = "lenient::object"
+    )]
+    Item(ItemParams),
+    #[serde(
+        rename = "thread/tokenUsage/updated",
+        deserialize_with = "lenient::object"
+    )]
+    TokenUsage(TokenUsageParams),
+    #[serde(rename = "error", deserialize_with = "lenient::object")]
+    Error(ErrorParams),
+    #[serde(rename = "turn/completed", deserialize_with = "lenient::object")]
+    TurnCompleted(TurnCompleted),
+    #[serde(other)]
+    Other,
+}
+
+impl Notice {
+    /// Notification `method` with its `params` (`null` when it had none).
+    fn read(method: &str, params: &Value) -> Notice {
+        lenient::adjacent(("method", method), ("params", params)).unwrap_or(Notice::Other)
+    }
+}
+
+/// A Codex error `{message, codexErrorInfo?, additionalDetails?}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct CodexError {
+    #[serde(deserialize_with = "lenient::value")]
+    message: Option<String>,
+    #[serde(deserialize_with = "lenient::value")]
+    additional_details: Option<String>,
+    #[serde(deserialize_with = "lenient::value")]
+    codex_error_info: Option<ErrorInfo>,
+}
+
+/// `codexErrorInfo`: a unit variant is a string, a struct variant
+/// `{"name": {fields}}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ErrorInfo {
+    Unit(String),
+    Struct(Map<String, Value>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct ErrorInfoFields {
+    #[serde(deserialize_with = "lenient::count")]
+    http_status_code: Option<u64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn codex_error_info_decides_first() {
-        let c = |v: Value| classify_error(&v).code;
+        let c = |v: Value| classify_error(&lenient::read(&v)).code;
         assert_eq!(
             c(
                 json!({"message": "You've hit your usage limit.", "codexErrorInfo": "usageLimitExceeded"})
@@ -566,9 +750,9 @@ mod tests {
             ErrorCode::ProviderQuotaExhausted
         );
         assert_eq!(c(json!({"message": "boom"})), ErrorCode::AgentCrashed);
-        let e = classify_error(&json!({
+        let e = classify_error(&lenient::read(&json!({
             "message": "Rate limit reached for gpt-5 on tokens per min (TPM). Please try again in 2.4s.",
-            "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": 429}}}));
+            "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": 429}}})));
         assert_eq!(
             (e.code, e.retry_after_ms),
             (ErrorCode::ProviderRateLimited, Some(2400))
@@ -577,9 +761,140 @@ mod tests {
 
     #[test]
     fn usage_breakdown_separates_cached_input() {
-        let u = breakdown(&json!({"inputTokens": 100, "cachedInputTokens": 30, "outputTokens": 7}));
+        let u = breakdown(&lenient::read(
+            &json!({"inputTokens": 100, "cachedInputTokens": 30, "outputTokens": 7}),
+        ));
         assert_eq!(u.input_tokens, Some(70));
         assert_eq!(u.cache_read_tokens, Some(30));
         assert_eq!(u.output_tokens, Some(7));
+    }
+    #[test]
+    fn notices_read_as_the_fake_server_writes_them() {
+        let n = |method: &str, params: Value| Notice::read(method, &params);
+        assert!(matches!(
+            n("thread/started", json!({"thread": {"id": "0199-a"}})),
+            Notice::ThreadStarted(ThreadRef { thread: Id { id: Some(id) } }) if id == "0199-a"
+        ));
+        assert!(matches!(
+            n("turn/started", json!({"threadId": "t", "turn": {"id": "turn-1", "status": "inProgress", "items": [], "error": null}})),
+            Notice::TurnStarted(TurnRef { turn: Id { id: Some(id) } }) if id == "turn-1"
+        ));
+        assert!(matches!(
+            n("item/completed", json!({"threadId": "t", "turnId": "turn-1",
+                "item": {"type": "reasoning", "id": "r_1", "summary": [], "content": []}})),
+            Notice::Item(ItemParams { item: Item { kind: Some(k) } }) if k == "reasoning"
+        ));
+        let Notice::TokenUsage(u) = n(
+            "thread/tokenUsage/updated",
+            json!({"threadId": "t", "turnId": "turn-1", "tokenUsage": {
+                "total": {"inputTokens": 10, "cachedInputTokens": 0, "outputTokens": 5.0},
+                "last": {"inputTokens": 4}, "modelContextWindow": 272000}}),
+        ) else {
+            panic!("not token usage");
+        };
+        assert_eq!(u.turn_id.as_deref(), Some("turn-1"));
+        assert_eq!(u.token_usage.total.map(|t| t.output_tokens), Some(Some(5)));
+        let Notice::Error(e) = n(
+            "error",
+            json!({"threadId": "t", "willRetry": false,
+                   "error": {"message": "x", "codexErrorInfo": "unauthorized", "additionalDetails": null}}),
+        ) else {
+            panic!("not an error");
+        };
+        assert_eq!(e.will_retry, Some(false));
+        assert_eq!(
+            e.error.map(|e| classify_error(&e).code),
+            Some(ErrorCode::ProviderAuth)
+        );
+        let Notice::TurnCompleted(c) = n(
+            "turn/completed",
+            json!({"threadId": "t", "turn": {"id": "turn-1", "status": "failed", "items": [], "error": null}}),
+        ) else {
+            panic!("not turn/completed");
+        };
+        assert_eq!(
+            (
+                c.turn.id.as_deref(),
+                c.turn.status.as_deref(),
+                c.turn.error.is_none()
+            ),
+            (Some("turn-1"), Some("failed"), true)
+        );
+        // Unknown methods, deltas and params of any shape.
+        assert!(matches!(
+            n("item/agentMessage/delta", json!({"delta": "x"})),
+            Notice::Other
+        ));
+        assert!(matches!(n("hosted_boot.harvest", json!(3)), Notice::Other));
+        // Without params (or with params that are no object) a known
+        // notice still counts, its members absent.
+        assert!(matches!(
+            n("item/started", Value::Null),
+            Notice::Item(ItemParams {
+                item: Item { kind: None }
+            })
+        ));
+        assert!(matches!(
+            n("turn/completed", json!([1])),
+            Notice::TurnCompleted(TurnCompleted {
+                turn: CompletedTurn {
+                    id: None,
+                    status: None,
+                    error: None
+                }
+            })
+        ));
+    }
+
+    #[test]
+    fn results_read_as_the_fake_server_writes_them() {
+        let r: ThreadResult = lenient::read(&json!({
+            "thread": {"id": "0199-a", "preview": "", "modelProvider": "openai"},
+            "model": "gpt-5-codex", "reasoningEffort": "medium"}));
+        assert_eq!(
+            (r.model.as_deref(), r.thread.id.as_deref()),
+            (Some("gpt-5-codex"), Some("0199-a"))
+        );
+        let t: TurnRef = lenient::read(&json!({"turn": {"id": "turn-1", "status": "inProgress"}}));
+        assert_eq!(t.turn.id.as_deref(), Some("turn-1"));
+        assert_eq!(lenient::read::<TurnRef>(&json!({})).turn.id, None);
+    }
+
+    #[test]
+    fn requests_are_written_as_before() {
+        let start = ThreadStart {
+            approval_policy: "never",
+            cwd: "/r",
+            developer_instructions: None,
+            exclude_turns: Some(true),
+            model: None,
+            sandbox: "danger-full-access",
+            thread_id: Some("0199-a"),
+        };
+        assert_eq!(
+            serde_json::to_string(&jsonrpc::request(THREAD, "thread/resume", start)).ok(),
+            Some(
+                json!({"id": THREAD, "method": "thread/resume", "params": {
+                    "threadId": "0199-a", "excludeTurns": true, "cwd": "/r",
+                    "approvalPolicy": "never", "sandbox": "danger-full-access"}})
+                .to_string()
+            )
+        );
+        let turn = TurnStart {
+            effort: Some("high"),
+            input: [Input {
+                text: "p",
+                kind: "text",
+            }],
+            model: None,
+            thread_id: "0199-a",
+        };
+        assert_eq!(
+            serde_json::to_string(&turn).ok(),
+            Some(
+                json!({"threadId": "0199-a", "input": [{"type": "text", "text": "p"}], "effort": "high"})
+                    .to_string()
+            )
+        );
     }
 }

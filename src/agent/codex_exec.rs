@@ -22,13 +22,14 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde_json::Value;
 
 use super::classify;
-use super::codex::classify_error;
+use super::codex::{CodexError, classify_error};
 use super::command::{JsonLines, event_for_line};
+use super::lenient;
 use super::usage::Totals;
-use super::usage::as_u64;
 use super::{
     Adapter, AdapterIo, AgentError, AgentSession, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
@@ -138,7 +139,7 @@ async fn run(spec: TurnSpec, session: Arc<AgentSession>, mut io: AdapterIo) -> O
         match stream {
             Stream::Stdout => {
                 if let Some(obj) = json_lines.push(&line) {
-                    handle(&mut state, &io, &obj);
+                    handle(&mut state, &io, &Value::Object(obj));
                 }
             }
             Stream::Stderr => {
@@ -198,60 +199,127 @@ async fn run(spec: TurnSpec, session: Arc<AgentSession>, mut io: AdapterIo) -> O
     }
 }
 
-fn handle(state: &mut State, io: &AdapterIo, obj: &Map<String, Value>) {
-    let kind = obj.get("type").and_then(Value::as_str).unwrap_or("");
-    match kind {
-        "thread.started" => {
-            if let Some(id) = obj.get("thread_id").and_then(Value::as_str)
+fn handle(state: &mut State, io: &AdapterIo, message: &Value) {
+    match lenient::read(message) {
+        Event::ThreadStarted(ThreadStarted { thread_id }) => {
+            if let Some(id) = thread_id
                 && state.thread_id.is_none()
             {
-                state.thread_id = Some(id.to_string());
-                io.note(Note::SessionId(id.to_string()));
+                state.thread_id = Some(id.clone());
+                io.note(Note::SessionId(id));
             }
         }
-        "item.started" | "item.updated" | "item.completed" => {
-            let item_type = obj
-                .get("item")
-                .and_then(|i| i.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
+        Event::Item(ItemEvent { item }) => {
+            let item_type = item.kind.as_deref().unwrap_or("");
             if !TALK_ITEMS.contains(&item_type) {
                 state.effects = Effects::Some;
             }
         }
-        "turn.completed" => {
-            let u = obj.get("usage");
-            let input = as_u64(u.and_then(|u| u.get("input_tokens")));
-            let cached = as_u64(u.and_then(|u| u.get("cached_input_tokens")));
+        Event::TurnCompleted(TurnCompleted { usage: u }) => {
             state.total = Some(Usage {
                 model: None,
-                input_tokens: input.map(|i| i.saturating_sub(cached.unwrap_or(0))),
-                output_tokens: as_u64(u.and_then(|u| u.get("output_tokens"))),
-                cache_read_tokens: cached,
+                input_tokens: u
+                    .input_tokens
+                    .map(|i| i.saturating_sub(u.cached_input_tokens.unwrap_or(0))),
+                output_tokens: u.output_tokens,
+                cache_read_tokens: u.cached_input_tokens,
                 cache_write_tokens: None,
                 cost_usd: None,
             });
             state.terminal = Some(Terminal::Completed);
             io.note(Note::Terminal);
         }
-        "turn.failed" => {
-            let error = obj.get("error").cloned().unwrap_or(Value::Null);
+        Event::TurnFailed(TurnFailed { error }) => {
             state.terminal = Some(Terminal::Failed(classify_error(&error)));
             io.note(Note::Terminal);
         }
-        "error" => {
-            state.last_error = obj
-                .get("message")
-                .and_then(Value::as_str)
-                .map(str::to_string);
-        }
-        _ => {}
+        Event::Error(ErrorEvent { message }) => state.last_error = message,
+        Event::Other => {}
     }
+}
+
+/// The `exec --json` events the adapter reads; every line is forwarded as
+/// an event whatever it is.
+#[derive(Debug, Default, Deserialize)]
+#[serde(tag = "type")]
+enum Event {
+    #[serde(rename = "thread.started")]
+    ThreadStarted(ThreadStarted),
+    #[serde(
+        rename = "item.started",
+        alias = "item.updated",
+        alias = "item.completed"
+    )]
+    Item(ItemEvent),
+    #[serde(rename = "turn.completed")]
+    TurnCompleted(TurnCompleted),
+    #[serde(rename = "turn.failed")]
+    TurnFailed(TurnFailed),
+    #[serde(rename = "error")]
+    Error(ErrorEvent),
+    #[default]
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ThreadStarted {
+    #[serde(deserialize_with = "lenient::value")]
+    thread_id: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ItemEvent {
+    #[serde(deserialize_with = "lenient::object")]
+    item: Item,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Item {
+    #[serde(rename = "type", deserialize_with = "lenient::value")]
+    kind: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TurnCompleted {
+    #[serde(deserialize_with = "lenient::object")]
+    usage: TurnUsage,
+}
+
+/// The thread's running total (`input_tokens` includes the cached part).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TurnUsage {
+    #[serde(deserialize_with = "lenient::count")]
+    input_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::count")]
+    cached_input_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::count")]
+    output_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TurnFailed {
+    #[serde(deserialize_with = "lenient::object")]
+    error: CodexError,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ErrorEvent {
+    #[serde(deserialize_with = "lenient::value")]
+    message: Option<String>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::path::PathBuf;
 
     #[test]
@@ -286,5 +354,57 @@ mod tests {
             ]
         );
         assert_eq!(toml_string("a\"b"), "\"a\\\"b\"");
+    }
+    #[test]
+    fn events_read_as_codex_exec_writes_them() {
+        let read = |v: Value| lenient::read::<Event>(&v);
+        assert!(matches!(
+            read(json!({"type": "thread.started", "thread_id": "0199-a"})),
+            Event::ThreadStarted(ThreadStarted { thread_id: Some(id) }) if id == "0199-a"
+        ));
+        for kind in ["item.started", "item.updated", "item.completed"] {
+            assert!(matches!(
+                read(json!({"type": kind, "item": {"id": "item_0", "type": "command_execution", "command": "ls"}})),
+                Event::Item(ItemEvent { item: Item { kind: Some(k) } }) if k == "command_execution"
+            ));
+        }
+        let Event::TurnCompleted(TurnCompleted { usage }) = read(json!({"type": "turn.completed",
+            "usage": {"input_tokens": 100, "cached_input_tokens": 30, "output_tokens": 7}}))
+        else {
+            panic!("not turn.completed");
+        };
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.cached_input_tokens,
+                usage.output_tokens
+            ),
+            (Some(100), Some(30), Some(7))
+        );
+        let Event::TurnFailed(TurnFailed { error }) = read(json!({"type": "turn.failed",
+            "error": {"message": "You've hit your usage limit."}}))
+        else {
+            panic!("not turn.failed");
+        };
+        assert_eq!(
+            classify_error(&error).code,
+            ErrorCode::ProviderQuotaExhausted
+        );
+        assert!(matches!(
+            read(json!({"type": "error", "message": "Reconnecting... 1/5"})),
+            Event::Error(ErrorEvent { message: Some(m) }) if m == "Reconnecting... 1/5"
+        ));
+        // turn.failed without an error still fails the turn.
+        assert!(matches!(
+            read(json!({"type": "turn.failed"})),
+            Event::TurnFailed(_)
+        ));
+        for other in [
+            json!({"type": "turn.started"}),
+            json!({"type": 1}),
+            json!({"thread_id": "0199-a"}),
+        ] {
+            assert!(matches!(read(other), Event::Other));
+        }
     }
 }

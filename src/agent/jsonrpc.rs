@@ -1,7 +1,10 @@
 //! JSON-RPC 2.0 messages as `codex app-server` writes them: one JSON
 //! object a line, the `"jsonrpc"` member omitted.
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
+use super::lenient;
 
 /// A message from the server.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,22 +34,40 @@ pub enum Message {
     },
 }
 
+/// The members of a message the runner reads; which of them are there
+/// says what kind of message it is (JSON-RPC has no tag member).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Envelope {
+    #[serde(deserialize_with = "lenient::value")]
+    method: Option<String>,
+    /// `null` reads as absent: a message with a null id is no request or
+    /// response of ours.
+    id: Option<Value>,
+    params: Value,
+    error: Option<Value>,
+    result: Option<Value>,
+}
+
 /// Reads a message, or `None` when `value` is not one.
 pub fn parse(value: &Value) -> Option<Message> {
-    let obj = value.as_object()?;
-    let method = obj
-        .get("method")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let id = obj.get("id").cloned().filter(|v| !v.is_null());
-    let params = obj.get("params").cloned().unwrap_or(Value::Null);
+    if !value.is_object() {
+        return None;
+    }
+    let Envelope {
+        method,
+        id,
+        params,
+        error,
+        result,
+    } = lenient::read(value);
     match (method, id) {
         (Some(method), Some(id)) => Some(Message::Request { id, method, params }),
         (Some(method), None) => Some(Message::Notification { method, params }),
         (None, Some(id)) => {
-            let result = match obj.get("error") {
-                Some(e) if !e.is_null() => Err(e.clone()),
-                _ => Ok(obj.get("result").cloned().unwrap_or(Value::Null)),
+            let result = match error {
+                Some(e) => Err(e),
+                None => Ok(result.unwrap_or(Value::Null)),
             };
             Some(Message::Response { id, result })
         }
@@ -55,8 +76,19 @@ pub fn parse(value: &Value) -> Option<Message> {
 }
 
 /// A request.
-pub fn request(id: u64, method: &str, params: Value) -> Value {
-    json!({"id": id, "method": method, "params": params})
+#[derive(Debug, Serialize)]
+pub struct Request<'a, P> {
+    /// Ours, to match the response with.
+    pub id: u64,
+    /// The method.
+    pub method: &'a str,
+    /// Its params.
+    pub params: P,
+}
+
+/// A request.
+pub fn request<P: Serialize>(id: u64, method: &str, params: P) -> Request<'_, P> {
+    Request { id, method, params }
 }
 
 /// A notification.
@@ -74,12 +106,18 @@ pub fn error_response(id: &Value, code: i64, message: &str) -> Value {
     json!({"id": id, "error": {"code": code, "message": message}})
 }
 
+/// The member of an error object the runner reads.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ErrorObject {
+    #[serde(deserialize_with = "lenient::value")]
+    message: Option<String>,
+}
+
 /// The `message` of an error object, or its JSON.
 pub fn error_message(error: &Value) -> String {
-    error
-        .get("message")
-        .and_then(Value::as_str)
-        .map(str::to_string)
+    lenient::read::<ErrorObject>(error)
+        .message
         .unwrap_or_else(|| error.to_string())
 }
 
@@ -112,5 +150,34 @@ mod tests {
             Some(Message::Request { .. })
         ));
         assert_eq!(parse(&json!({"type": "x"})), None);
+        // A null id is none; a method that is no string is none.
+        assert!(matches!(
+            parse(&json!({"id": null, "method": "turn/started"})),
+            Some(Message::Notification {
+                params: Value::Null,
+                ..
+            })
+        ));
+        assert_eq!(
+            parse(&json!({"id": 4, "method": 7, "error": null})),
+            Some(Message::Response {
+                id: json!(4),
+                result: Ok(Value::Null)
+            })
+        );
+        assert_eq!(parse(&json!([1])), None);
+    }
+
+    #[test]
+    fn requests_keep_their_members() {
+        assert_eq!(
+            serde_json::to_value(request(2, "turn/start", json!({"threadId": "t"}))).ok(),
+            Some(json!({"id": 2, "method": "turn/start", "params": {"threadId": "t"}}))
+        );
+        assert_eq!(error_message(&json!({"code": 1, "message": "no"})), "no");
+        assert_eq!(
+            error_message(&json!({"code": 1, "message": 2})),
+            r#"{"code":1,"message":2}"#
+        );
     }
 }

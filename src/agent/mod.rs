@@ -20,6 +20,7 @@ pub mod command;
 pub mod drive;
 pub mod env;
 pub mod jsonrpc;
+pub mod lenient;
 pub mod opencode;
 pub mod opencode_run;
 pub mod sse;
@@ -494,11 +495,15 @@ pub struct AdapterIo {
 
 impl AdapterIo {
     /// Writes one JSON line to stdin; false when stdin is closed.
-    pub fn send_json(&self, value: &serde_json::Value) -> bool {
+    pub fn send_json(&self, value: &impl serde::Serialize) -> bool {
         let Some(stdin) = &self.stdin else {
             return false;
         };
-        let mut bytes = value.to_string().into_bytes();
+        // Only a map with keys that are no strings fails, and the runner
+        // writes none.
+        let Ok(mut bytes) = serde_json::to_vec(value) else {
+            return false;
+        };
         bytes.push(b'\n');
         stdin.send(bytes).is_ok()
     }

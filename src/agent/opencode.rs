@@ -26,14 +26,16 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use serde_json::{Value, json};
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use super::classify::{self, from_http_status};
 use super::command::event_for_line;
+use super::lenient;
 use super::sse::SseParser;
 use super::usage::Totals;
-use super::usage::as_u64;
 use super::{
     Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
@@ -322,12 +324,9 @@ fn server_message(
             io.note(Note::Abort(e));
         }
         Server::Event(event) => {
-            let kind = event
-                .get("type")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            let props = event.get("properties").cloned().unwrap_or(Value::Null);
+            let Envelope { kind, properties } = lenient::read(&event);
+            let kind = kind.unwrap_or_default();
+            let props = properties;
             // A heartbeat is the server's, not the agent's: it does not keep
             // the idle watchdog quiet.
             if kind.is_empty() || kind == "server.heartbeat" || kind == "server.connected" {
@@ -348,15 +347,6 @@ fn server_message(
     }
 }
 
-/// The session an event is about, if it names one.
-fn event_session(props: &Value) -> Option<&str> {
-    props
-        .get("sessionID")
-        .or_else(|| props.get("info").and_then(|i| i.get("sessionID")))
-        .or_else(|| props.get("part").and_then(|p| p.get("sessionID")))
-        .and_then(Value::as_str)
-}
-
 fn handle_event(
     spec: &TurnSpec,
     state: &mut State,
@@ -368,41 +358,41 @@ fn handle_event(
     let Some(sid) = state.session.clone() else {
         return;
     };
-    if event_session(props).is_some_and(|s| s != sid) {
+    if lenient::read::<Scope>(props)
+        .session()
+        .is_some_and(|s| s != sid)
+    {
         return;
     }
-    match kind {
-        "session.status" => session_status(state, io, props.get("status")),
-        "session.idle" => idle(state, io),
-        "session.error" => {
-            if let Some(error) = props.get("error") {
+    match Event::read(kind, props) {
+        Event::Status(StatusProps { status }) => session_status(state, io, status),
+        Event::Idle(_) => idle(state, io),
+        Event::SessionError(ErrorProps { error }) => {
+            if let Some(error) = &error {
                 record_error(spec, state, error);
             }
         }
-        "message.updated" => message_updated(spec, state, props.get("info")),
-        "message.part.updated" => part_updated(state, props.get("part")),
-        "permission.asked" | "permission.updated" => {
-            if let (Some(h), Some(id)) = (http, props.get("id").and_then(Value::as_str)) {
+        Event::MessageUpdated(MessageProps { info }) => message_updated(spec, state, info),
+        Event::PartUpdated(PartProps { part }) => part_updated(state, part),
+        Event::Permission(PermissionProps { id }) => {
+            if let (Some(h), Some(id)) = (http, &id) {
                 allow(h, &sid, id);
             }
         }
-        _ => {}
+        Event::Other => {}
     }
 }
 
 /// `session.status`: busy, idle, or a retry notice. opencode retries
 /// provider errors forever: an exhausted quota, or more than
 /// [`MAX_RETRIES`] notices, gives up on the turn.
-fn session_status(state: &mut State, io: &mut AdapterIo, status: Option<&Value>) {
-    match status.and_then(|s| s.get("type")).and_then(Value::as_str) {
-        Some("busy") => state.busy = true,
-        Some("idle") => idle(state, io),
-        Some("retry") => {
+fn session_status(state: &mut State, io: &mut AdapterIo, status: Status) {
+    match status {
+        Status::Busy => state.busy = true,
+        Status::Idle => idle(state, io),
+        Status::Retry(Retry { message }) => {
             state.retries += 1;
-            let message = status
-                .and_then(|s| s.get("message"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
+            let message = message.as_deref().unwrap_or("");
             let code = classify::from_text(message, false);
             let give_up = if code == Some(ErrorCode::ProviderQuotaExhausted) {
                 Some(ErrorCode::ProviderQuotaExhausted)
@@ -425,55 +415,45 @@ fn session_status(state: &mut State, io: &mut AdapterIo, status: Option<&Value>)
                 io.note(Note::Abort(e));
             }
         }
-        _ => {}
+        Status::Other => {}
     }
 }
 
 /// `message.updated`: an assistant message names the model and may carry
 /// the turn's error.
-fn message_updated(spec: &TurnSpec, state: &mut State, info: Option<&Value>) {
-    if info.and_then(|i| i.get("role")).and_then(Value::as_str) != Some("assistant") {
+fn message_updated(spec: &TurnSpec, state: &mut State, info: MessageInfo) {
+    if info.role.as_deref() != Some("assistant") {
         return;
     }
-    let provider = info
-        .and_then(|i| i.get("providerID"))
-        .and_then(Value::as_str);
-    let model = info.and_then(|i| i.get("modelID")).and_then(Value::as_str);
-    if let Some(m) = model {
-        state.model = Some(match provider {
+    if let Some(m) = info.model_id {
+        state.model = Some(match info.provider_id {
             Some(p) => format!("{p}/{m}"),
-            None => m.to_string(),
+            None => m,
         });
     }
-    if let Some(error) = info.and_then(|i| i.get("error")).filter(|e| !e.is_null()) {
+    if let Some(error) = &info.error {
         record_error(spec, state, error);
     }
 }
 
 /// `message.part.updated`: a tool, patch or subtask part is an effect; a
 /// `step-finish` part carries the step's usage (the last update wins).
-fn part_updated(state: &mut State, part: Option<&Value>) {
-    let part_type = part
-        .and_then(|p| p.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    match part_type {
+fn part_updated(state: &mut State, part: Part) {
+    match part.kind.as_deref().unwrap_or("") {
         "tool" | "patch" | "subtask" => state.effects = Effects::Some,
-        "step-finish" => {
-            if let Some(p) = part {
-                let id = p
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                let usage = step_usage(p);
-                match state.steps.iter_mut().find(|(i, _)| *i == id) {
-                    Some(slot) => slot.1 = usage,
-                    None => state.steps.push((id, usage)),
-                }
-            }
-        }
+        "step-finish" => record_step(&mut state.steps, &part),
         _ => {}
+    }
+}
+
+/// A step's usage by its part id: a part is updated more than once, the
+/// last update wins (`opencode run`'s `step_finish` too).
+pub fn record_step(steps: &mut Vec<(String, Usage)>, part: &Part) {
+    let id = part.id.clone().unwrap_or_default();
+    let usage = step_usage(part);
+    match steps.iter_mut().find(|(i, _)| *i == id) {
+        Some(slot) => slot.1 = usage,
+        None => steps.push((id, usage)),
     }
 }
 
@@ -508,7 +488,7 @@ fn idle(state: &mut State, io: &mut AdapterIo) {
     io.note(Note::Terminal);
 }
 
-fn record_error(spec: &TurnSpec, state: &mut State, error: &Value) {
+fn record_error(spec: &TurnSpec, state: &mut State, error: &OpenCodeError) {
     match classify_error(error, spec.resume.is_some()) {
         None => state.aborted = true,
         Some(e) => {
@@ -521,40 +501,35 @@ fn record_error(spec: &TurnSpec, state: &mut State, error: &Value) {
 
 /// The usage of a `step-finish` part (`opencode run`'s `step_finish.part`
 /// has the same shape).
-pub fn step_usage(part: &Value) -> Usage {
-    let tokens = part.get("tokens");
-    let t = |k: &str| as_u64(tokens.and_then(|t| t.get(k)));
-    let cache = tokens.and_then(|t| t.get("cache"));
+pub fn step_usage(part: &Part) -> Usage {
+    let t = &part.tokens;
     Usage {
         model: None,
-        input_tokens: t("input"),
-        output_tokens: match (t("output"), t("reasoning")) {
+        input_tokens: t.input,
+        output_tokens: match (t.output, t.reasoning) {
             (Some(o), Some(r)) => Some(o + r),
             (o, None) => o,
             (None, r) => r,
         },
-        cache_read_tokens: as_u64(cache.and_then(|c| c.get("read"))),
-        cache_write_tokens: as_u64(cache.and_then(|c| c.get("write"))),
-        cost_usd: part.get("cost").and_then(Value::as_f64),
+        cache_read_tokens: t.cache.read,
+        cache_write_tokens: t.cache.write,
+        cost_usd: part.cost,
     }
 }
 
 /// Classifies an opencode error `{name, data: {message, statusCode?,
 /// isRetryable?, responseHeaders?, responseBody?}}`; `None` for
 /// `MessageAbortedError` (the turn was aborted).
-pub fn classify_error(error: &Value, resuming: bool) -> Option<AgentError> {
-    let name = error.get("name").and_then(Value::as_str).unwrap_or("");
-    let data = error.get("data");
+pub fn classify_error(error: &OpenCodeError, resuming: bool) -> Option<AgentError> {
+    let name = error.name.as_deref().unwrap_or("");
+    let data = &error.data;
     let message = data
-        .and_then(|d| d.get("message"))
-        .and_then(Value::as_str)
-        .or_else(|| error.get("message").and_then(Value::as_str))
+        .message
+        .as_deref()
+        .or(error.message.as_deref())
         .unwrap_or(name)
         .to_string();
-    let body = data
-        .and_then(|d| d.get("responseBody"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
+    let body = data.response_body.as_deref().unwrap_or("");
     let text = if body.is_empty() {
         message.clone()
     } else {
@@ -568,11 +543,10 @@ pub fn classify_error(error: &Value, resuming: bool) -> Option<AgentError> {
             Some(err(ErrorCode::ContextWindowExceeded))
         }
         "APIError" => {
-            let status =
-                as_u64(data.and_then(|d| d.get("statusCode"))).and_then(|s| u16::try_from(s).ok());
-            let headers = data.and_then(|d| d.get("responseHeaders"));
+            let status = data.status_code.and_then(|s| u16::try_from(s).ok());
             let header = |k: &str| {
-                headers
+                data.response_headers
+                    .as_ref()
                     .and_then(|h| h.get(k))
                     .and_then(Value::as_str)
                     .and_then(|v| v.trim().parse::<f64>().ok())
@@ -762,10 +736,7 @@ async fn create_session(http: &Http) -> Result<String, AgentError> {
             )));
         }
     };
-    body.as_ref()
-        .and_then(|b| b.get("id"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
+    body.and_then(|b| lenient::read::<Created>(&b).id)
         .ok_or_else(|| crashed("opencode created a session without an id".to_string()))
 }
 
@@ -815,13 +786,228 @@ async fn send_prompt(http: &Http, spec: &TurnSpec, sid: &str) -> Result<(), Agen
     }
 }
 
+/// An event of the stream: `{type, properties}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Envelope {
+    #[serde(rename = "type", deserialize_with = "lenient::value")]
+    kind: Option<String>,
+    properties: Value,
+}
+
+/// The events the adapter reads (of its session); every event but the
+/// server's own and the deltas is forwarded whatever it is.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", content = "properties")]
+enum Event {
+    #[serde(rename = "session.status", deserialize_with = "lenient::object")]
+    Status(StatusProps),
+    #[serde(rename = "session.idle")]
+    Idle(IgnoredAny),
+    #[serde(rename = "session.error", deserialize_with = "lenient::object")]
+    SessionError(ErrorProps),
+    #[serde(rename = "message.updated", deserialize_with = "lenient::object")]
+    MessageUpdated(MessageProps),
+    #[serde(rename = "message.part.updated", deserialize_with = "lenient::object")]
+    PartUpdated(PartProps),
+    #[serde(
+        rename = "permission.asked",
+        alias = "permission.updated",
+        deserialize_with = "lenient::object"
+    )]
+    Permission(PermissionProps),
+    #[serde(other)]
+    Other,
+}
+
+impl Event {
+    /// Event `kind` with its `properties` (`null` when it had none).
+    fn read(kind: &str, props: &Value) -> Event {
+        lenient::adjacent(("type", kind), ("properties", props)).unwrap_or(Event::Other)
+    }
+}
+
+/// Where an event names its session: `sessionID`, else `info.sessionID`,
+/// else `part.sessionID`; the first of them present decides, even when it
+/// is no string.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Scope {
+    #[serde(rename = "sessionID", deserialize_with = "lenient::present")]
+    session_id: Option<Value>,
+    #[serde(deserialize_with = "lenient::object")]
+    info: ScopeRef,
+    #[serde(deserialize_with = "lenient::object")]
+    part: ScopeRef,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ScopeRef {
+    #[serde(rename = "sessionID", deserialize_with = "lenient::present")]
+    session_id: Option<Value>,
+}
+
+impl Scope {
+    /// The session the event is about, if it names one.
+    fn session(&self) -> Option<&str> {
+        self.session_id
+            .as_ref()
+            .or(self.info.session_id.as_ref())
+            .or(self.part.session_id.as_ref())
+            .and_then(Value::as_str)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct StatusProps {
+    #[serde(deserialize_with = "lenient::object")]
+    status: Status,
+}
+
+/// A session's status.
+#[derive(Debug, Default, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Status {
+    Busy,
+    Idle,
+    Retry(Retry),
+    #[default]
+    #[serde(other)]
+    Other,
+}
+
+/// A retry notice.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Retry {
+    #[serde(deserialize_with = "lenient::value")]
+    message: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ErrorProps {
+    #[serde(deserialize_with = "lenient::member")]
+    error: Option<OpenCodeError>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct MessageProps {
+    #[serde(deserialize_with = "lenient::object")]
+    info: MessageInfo,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct MessageInfo {
+    #[serde(deserialize_with = "lenient::value")]
+    role: Option<String>,
+    #[serde(rename = "providerID", deserialize_with = "lenient::value")]
+    provider_id: Option<String>,
+    #[serde(rename = "modelID", deserialize_with = "lenient::value")]
+    model_id: Option<String>,
+    #[serde(deserialize_with = "lenient::non_null")]
+    error: Option<OpenCodeError>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PartProps {
+    #[serde(deserialize_with = "lenient::object")]
+    part: Part,
+}
+
+/// A message part (`opencode run`'s `step_finish.part` has the same shape).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Part {
+    #[serde(rename = "type", deserialize_with = "lenient::value")]
+    kind: Option<String>,
+    #[serde(deserialize_with = "lenient::value")]
+    id: Option<String>,
+    #[serde(deserialize_with = "lenient::object")]
+    tokens: Tokens,
+    #[serde(deserialize_with = "lenient::value")]
+    cost: Option<f64>,
+}
+
+/// A step's tokens.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Tokens {
+    #[serde(deserialize_with = "lenient::count")]
+    input: Option<u64>,
+    #[serde(deserialize_with = "lenient::count")]
+    output: Option<u64>,
+    #[serde(deserialize_with = "lenient::count")]
+    reasoning: Option<u64>,
+    #[serde(deserialize_with = "lenient::object")]
+    cache: Cache,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Cache {
+    #[serde(deserialize_with = "lenient::count")]
+    read: Option<u64>,
+    #[serde(deserialize_with = "lenient::count")]
+    write: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PermissionProps {
+    #[serde(deserialize_with = "lenient::value")]
+    id: Option<String>,
+}
+
+/// An opencode error `{name, data: {message, statusCode?, isRetryable?,
+/// responseHeaders?, responseBody?}}` (some have their `message` outside
+/// `data`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct OpenCodeError {
+    #[serde(deserialize_with = "lenient::value")]
+    name: Option<String>,
+    #[serde(deserialize_with = "lenient::object")]
+    data: ErrorData,
+    #[serde(deserialize_with = "lenient::value")]
+    message: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct ErrorData {
+    #[serde(deserialize_with = "lenient::value")]
+    message: Option<String>,
+    #[serde(deserialize_with = "lenient::count")]
+    status_code: Option<u64>,
+    #[serde(deserialize_with = "lenient::value")]
+    response_headers: Option<Map<String, Value>>,
+    #[serde(deserialize_with = "lenient::value")]
+    response_body: Option<String>,
+}
+
+/// `POST /session`'s answer.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Created {
+    #[serde(deserialize_with = "lenient::value")]
+    id: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn api_errors_are_classified() {
-        let c = |v: Value| classify_error(&v, false).map(|e| (e.code, e.retry_after_ms));
+        let c = |v: Value| {
+            classify_error(&lenient::read(&v), false).map(|e| (e.code, e.retry_after_ms))
+        };
         assert_eq!(
             c(
                 json!({"name": "APIError", "data": {"message": "Too Many Requests", "statusCode": 429,
@@ -894,12 +1080,115 @@ mod tests {
 
     #[test]
     fn step_usage_counts_reasoning_as_output() {
-        let u = step_usage(&json!({"tokens": {"input": 1, "output": 2, "reasoning": 3,
-            "cache": {"read": 4, "write": 5}}, "cost": 0.5}));
+        let u = step_usage(&lenient::read(
+            &json!({"tokens": {"input": 1, "output": 2, "reasoning": 3,
+            "cache": {"read": 4, "write": 5}}, "cost": 0.5}),
+        ));
         assert_eq!(
             serde_json::to_value(u.reported()).unwrap(),
             json!({"inputTokens": 1, "outputTokens": 5, "cacheReadTokens": 4,
             "cacheWriteTokens": 5, "costUsd": 0.5})
         );
+    }
+    #[test]
+    fn events_read_as_the_fake_server_writes_them() {
+        let e = |v: Value| {
+            let Envelope { kind, properties } = lenient::read(&v);
+            Event::read(&kind.unwrap_or_default(), &properties)
+        };
+        assert!(matches!(
+            e(
+                json!({"type": "session.status", "properties": {"sessionID": "ses_1", "status": {"type": "busy"}}})
+            ),
+            Event::Status(StatusProps {
+                status: Status::Busy
+            })
+        ));
+        assert!(matches!(
+            e(json!({"type": "session.status", "properties": {"sessionID": "ses_1",
+                "status": {"type": "retry", "attempt": 1, "message": "Rate limited", "next": 1}}})),
+            Event::Status(StatusProps { status: Status::Retry(Retry { message: Some(m) }) }) if m == "Rate limited"
+        ));
+        assert!(matches!(
+            e(json!({"type": "session.status", "properties": {"status": {"type": "compacting"}}})),
+            Event::Status(StatusProps {
+                status: Status::Other
+            })
+        ));
+        assert!(matches!(
+            e(json!({"type": "session.idle", "properties": {"sessionID": "ses_1"}})),
+            Event::Idle(_)
+        ));
+        let Event::MessageUpdated(MessageProps { info }) = e(json!({"type": "message.updated",
+            "properties": {"info": {"id": "msg_1", "sessionID": "ses_1", "role": "assistant",
+            "providerID": "anthropic", "modelID": "claude-sonnet-4-5", "error": null}}}))
+        else {
+            panic!("not message.updated");
+        };
+        assert_eq!(
+            (
+                info.role.as_deref(),
+                info.provider_id.as_deref(),
+                info.model_id.as_deref(),
+                info.error.is_none()
+            ),
+            (
+                Some("assistant"),
+                Some("anthropic"),
+                Some("claude-sonnet-4-5"),
+                true
+            )
+        );
+        let Event::PartUpdated(PartProps { part }) = e(json!({"type": "message.part.updated",
+            "properties": {"part": {"id": "prt_step_1", "sessionID": "ses_1", "messageID": "msg_1",
+            "type": "step-finish", "reason": "stop", "cost": 0.002, "tokens": {"input": 100,
+            "output": 40, "reasoning": 10, "cache": {"read": 500, "write": 20}}}}}))
+        else {
+            panic!("not message.part.updated");
+        };
+        assert_eq!(part.kind.as_deref(), Some("step-finish"));
+        assert_eq!(step_usage(&part).output_tokens, Some(50));
+        let Event::SessionError(ErrorProps { error: Some(error) }) =
+            e(json!({"type": "session.error",
+            "properties": {"sessionID": "ses_1", "error": {"name": "MessageAbortedError",
+            "data": {"message": "Aborted"}}}}))
+        else {
+            panic!("not session.error");
+        };
+        assert!(classify_error(&error, false).is_none());
+        assert!(matches!(
+            e(json!({"type": "permission.updated", "properties": {"id": "per_1", "sessionID": "ses_1"}})),
+            Event::Permission(PermissionProps { id: Some(id) }) if id == "per_1"
+        ));
+        // Unknown types, no type, no properties.
+        assert!(matches!(
+            e(json!({"type": "server.heartbeat", "properties": {}})),
+            Event::Other
+        ));
+        assert!(matches!(e(json!({"properties": {}})), Event::Other));
+        assert!(matches!(e(json!({"type": "session.idle"})), Event::Idle(_)));
+    }
+
+    #[test]
+    fn an_event_names_its_session_where_it_first_can() {
+        let s = |v: Value| lenient::read::<Scope>(&v).session().map(str::to_string);
+        assert_eq!(
+            s(json!({"sessionID": "a", "info": {"sessionID": "b"}})).as_deref(),
+            Some("a")
+        );
+        assert_eq!(
+            s(json!({"info": {"sessionID": "b"}, "part": {"sessionID": "c"}})).as_deref(),
+            Some("b")
+        );
+        assert_eq!(
+            s(json!({"info": "x", "part": {"sessionID": "c"}})).as_deref(),
+            Some("c")
+        );
+        // A member that is there but no string hides the later ones.
+        assert_eq!(
+            s(json!({"sessionID": null, "part": {"sessionID": "c"}})),
+            None
+        );
+        assert_eq!(s(json!([1])), None);
     }
 }

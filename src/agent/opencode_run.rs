@@ -14,11 +14,13 @@
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde_json::Value;
 
 use super::classify;
 use super::command::{JsonLines, event_for_line};
-use super::opencode::{classify_error, step_usage};
+use super::lenient;
+use super::opencode::{OpenCodeError, Part, classify_error, record_step};
 use super::usage::Totals;
 use super::{
     Adapter, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation, StdinMode,
@@ -140,7 +142,7 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
         match stream {
             Stream::Stdout => {
                 if let Some(obj) = json_lines.push(&line) {
-                    handle(resuming, &mut state, &io, &obj);
+                    handle(resuming, &mut state, &io, &Value::Object(obj));
                 }
             }
             Stream::Stderr => {
@@ -172,42 +174,25 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
     }
 }
 
-fn handle(resuming: bool, state: &mut State, io: &AdapterIo, obj: &Map<String, Value>) {
+fn handle(resuming: bool, state: &mut State, io: &AdapterIo, message: &Value) {
     if state.session.is_none()
-        && let Some(id) = obj.get("sessionID").and_then(Value::as_str)
+        && let Some(id) = lenient::read::<SessionRef>(message).session_id
     {
-        state.session = Some(id.to_string());
-        io.note(Note::SessionId(id.to_string()));
+        state.session = Some(id.clone());
+        io.note(Note::SessionId(id));
     }
-    match obj.get("type").and_then(Value::as_str).unwrap_or("") {
-        "tool_use" => state.effects = Effects::Some,
-        "step_finish" => {
-            if let Some(part) = obj.get("part") {
-                let id = part
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                let usage = step_usage(part);
-                match state.steps.iter_mut().find(|(i, _)| *i == id) {
-                    Some(slot) => slot.1 = usage,
-                    None => state.steps.push((id, usage)),
+    match lenient::read(message) {
+        Event::ToolUse => state.effects = Effects::Some,
+        Event::StepFinish(StepFinish { part: Some(part) }) => record_step(&mut state.steps, &part),
+        Event::Error(ErrorEvent { error: Some(error) }) => match classify_error(&error, resuming) {
+            None => state.aborted = true,
+            Some(e) => {
+                if state.error.is_none() {
+                    state.error = Some(e);
                 }
             }
-        }
-        "error" => {
-            if let Some(error) = obj.get("error") {
-                match classify_error(error, resuming) {
-                    None => state.aborted = true,
-                    Some(e) => {
-                        if state.error.is_none() {
-                            state.error = Some(e);
-                        }
-                    }
-                }
-            }
-        }
-        "done" if state.terminal.is_none() => {
+        },
+        Event::Done if state.terminal.is_none() => {
             state.terminal = Some(match (&state.error, state.aborted) {
                 (_, true) => Terminal::Aborted,
                 (Some(e), false) => Terminal::Failed(e.clone()),
@@ -219,9 +204,47 @@ fn handle(resuming: bool, state: &mut State, io: &AdapterIo, obj: &Map<String, V
     }
 }
 
+/// The member every event carries: the session id comes from the first
+/// one that has it, whatever its type.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct SessionRef {
+    #[serde(rename = "sessionID", deserialize_with = "lenient::value")]
+    session_id: Option<String>,
+}
+
+/// The `--format json` events the adapter reads; every line is forwarded
+/// as an event whatever it is.
+#[derive(Debug, Default, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Event {
+    ToolUse,
+    StepFinish(StepFinish),
+    Error(ErrorEvent),
+    Done,
+    #[default]
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct StepFinish {
+    #[serde(deserialize_with = "lenient::member")]
+    part: Option<Part>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ErrorEvent {
+    #[serde(deserialize_with = "lenient::member")]
+    error: Option<OpenCodeError>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::path::PathBuf;
 
     #[test]
@@ -254,5 +277,62 @@ mod tests {
                 "build"
             ]
         );
+    }
+    #[test]
+    fn events_read_as_opencode_run_writes_them() {
+        let read = |v: Value| lenient::read::<Event>(&v);
+        assert_eq!(
+            lenient::read::<SessionRef>(
+                &json!({"type": "step_start", "sessionID": "ses_1", "part": {}})
+            )
+            .session_id
+            .as_deref(),
+            Some("ses_1")
+        );
+        assert!(matches!(
+            read(
+                json!({"type": "tool_use", "sessionID": "ses_1", "part": {"type": "tool", "tool": "bash"}})
+            ),
+            Event::ToolUse
+        ));
+        let Event::StepFinish(StepFinish { part: Some(part) }) =
+            read(json!({"type": "step_finish",
+            "sessionID": "ses_1", "part": {"id": "prt_1", "type": "step-finish", "reason": "stop",
+            "cost": 0.01, "tokens": {"input": 10, "output": 5, "reasoning": 0,
+            "cache": {"read": 0, "write": 0}}}}))
+        else {
+            panic!("not a step_finish");
+        };
+        let mut steps = Vec::new();
+        record_step(&mut steps, &part);
+        assert_eq!(steps[0].0, "prt_1");
+        assert_eq!(steps[0].1.input_tokens, Some(10));
+        let Event::Error(ErrorEvent { error: Some(error) }) = read(json!({"type": "error",
+            "sessionID": "ses_1", "error": {"name": "APIError",
+            "data": {"message": "", "statusCode": 429}}}))
+        else {
+            panic!("not an error");
+        };
+        assert_eq!(
+            classify_error(&error, false).map(|e| e.code),
+            Some(ErrorCode::ProviderLimitUnknown)
+        );
+        assert!(matches!(
+            read(json!({"type": "done", "sessionID": "ses_1"})),
+            Event::Done
+        ));
+        // A null part still counts as a step (with no usage); an unknown
+        // type, a type that is no string and no type are ignored.
+        assert!(matches!(
+            read(json!({"type": "step_finish", "part": null})),
+            Event::StepFinish(StepFinish { part: Some(_) })
+        ));
+        for other in [
+            json!({"type": "text", "sessionID": "ses_1", "part": {"text": "hi"}}),
+            json!({"type": ["done"]}),
+            json!({"sessionID": "ses_1"}),
+        ] {
+            assert!(matches!(read(other), Event::Other));
+        }
     }
 }
