@@ -39,7 +39,7 @@ use hosted_boot::session_dir::SessionDir;
 use hosted_boot::workspace::{
     HttpContext, RepoSpec, credential_helper_command, prepare_repo_async,
 };
-use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, Route};
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, Target};
 
 /// Commits of the generated repository (the last [`NEW_COMMITS`] of them
 /// are not in the mirror).
@@ -229,7 +229,7 @@ fn git_bytes(coord: &Coordinator, from: usize) -> (u64, usize) {
     let git: Vec<_> = requests
         .iter()
         .skip(from)
-        .filter(|r| r.route == Route::Git)
+        .filter(|r| r.route == Target::Git)
         .collect();
     (git.iter().map(|r| r.response_len).sum(), git.len())
 }

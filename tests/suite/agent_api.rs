@@ -7,7 +7,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route, Target};
 use serde_json::{Value, json};
 
 use super::support::{Runner, Sandbox, assert_no_secret, finish, wait_for_file};
@@ -84,7 +84,7 @@ async fn test_bearer(sb: &Sandbox) -> String {
 }
 
 /// The routes of the coordinator's request record that carried [`MARK`].
-fn marked_routes(sb: &Sandbox) -> Vec<Route> {
+fn marked_routes(sb: &Sandbox) -> Vec<Target> {
     sb.coordinator
         .requests()
         .iter()

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route, Target};
 use serde_json::{Value, json};
 
 use super::reliability_log::record;
@@ -215,7 +215,7 @@ async fn bad_values_from_the_coordinator_are_refused_before_use() {
                 .find(|s| s.status.as_str() == "failed")
                 .and_then(|s| s.reason.clone())
                 .unwrap_or_default();
-            let cloned = snap.requests.iter().any(|r| r.route == Route::Git);
+            let cloned = snap.requests.iter().any(|r| r.route == Target::Git);
             let spawned = !sb.read_out(".agent-pgids").is_empty();
             let orphans: u64 = sb
                 .agent_groups()
@@ -419,7 +419,7 @@ async fn connectors_past_the_total_size_are_refused_before_any_spawn() {
         sb.read_out(".agent-pgids").is_empty(),
         "an agent was spawned"
     );
-    assert!(!snap.requests.iter().any(|r| r.route == Route::Git));
+    assert!(!snap.requests.iter().any(|r| r.route == Target::Git));
     record(
         "bad values: connectors past the 1 MiB total",
         "refused at boot (`reserved_connector_env`) before any clone or spawn",

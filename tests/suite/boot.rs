@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use hosted_boot::wire::AnswerToQuestion;
-use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route, Snapshot};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route, Snapshot, Target};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
@@ -27,11 +27,13 @@ echo 'to stderr' >&2
 fn routes(s: &Snapshot) -> Vec<String> {
     s.requests
         .iter()
-        .filter(|r| r.route != Route::Dev)
+        .filter(|r| r.route != Target::Dev)
         .map(|r| match r.route {
-            Route::BootStatus => format!("status:{}", r.body["status"].as_str().unwrap_or("?")),
-            Route::Git => "git".to_string(),
-            other => other.as_str().to_string(),
+            Target::Route(Route::BootStatus) => {
+                format!("status:{}", r.body["status"].as_str().unwrap_or("?"))
+            }
+            Target::Git => "git".to_string(),
+            other => other.name().to_string(),
         })
         .collect()
 }
@@ -229,7 +231,7 @@ async fn idle_start_posts_ready_then_runs_a_queued_turn() {
             .snapshot()
             .requests
             .iter()
-            .any(|r| r.route == Route::Git)
+            .any(|r| r.route == Target::Git)
     );
     let run_id = sb.coordinator.queue_turn(
         "Yes, use tabs.",
@@ -451,7 +453,7 @@ async fn a_reserved_connector_fails_the_boot_naming_the_variable() {
     );
     assert!(!reason.contains("evil-library"), "{reason}");
     assert!(
-        !snap.requests.iter().any(|r| r.route == Route::Git),
+        !snap.requests.iter().any(|r| r.route == Target::Git),
         "cloned anyway"
     );
 }
@@ -478,7 +480,7 @@ async fn an_invalid_pending_turn_fails_the_boot() {
         "{:?}",
         snap.statuses
     );
-    assert!(!snap.requests.iter().any(|r| r.route == Route::Git));
+    assert!(!snap.requests.iter().any(|r| r.route == Target::Git));
 }
 
 /// Issue 30: a coordinator that adds a member the runner does not know to
@@ -550,7 +552,7 @@ async fn a_branch_starting_with_a_dash_fails_the_boot_before_the_clone() {
     let reason = snap.statuses[0].reason.as_deref().unwrap();
     assert!(reason.starts_with("invalid_value: "), "{reason}");
     assert!(reason.contains("-upload-pack=evil"), "{reason}");
-    assert!(!snap.requests.iter().any(|r| r.route == Route::Git));
+    assert!(!snap.requests.iter().any(|r| r.route == Target::Git));
 }
 
 #[tokio::test]
@@ -933,7 +935,12 @@ async fn compat_bodies_match_the_contract_literally() {
     assert_eq!(token.header("authorization"), Some("Bearer ***"));
     let bodies: Vec<(String, serde_json::Value)> = requests
         .iter()
-        .filter(|r| matches!(r.route, Route::BootStatus | Route::RunStarted))
+        .filter(|r| {
+            matches!(
+                r.route,
+                Target::Route(Route::BootStatus) | Target::Route(Route::RunStarted)
+            )
+        })
         .map(|r| (format!("{} {}", r.method, r.path), r.body.clone()))
         .collect();
     let status =
@@ -960,7 +967,7 @@ async fn compat_bodies_match_the_contract_literally() {
     assert!(
         requests
             .iter()
-            .filter(|r| r.route != Route::Dev)
+            .filter(|r| r.route != Target::Dev)
             .all(|r| r.header("authorization").is_some())
     );
 }
@@ -1158,7 +1165,7 @@ async fn a_session_over_its_cap_at_boot_fails_the_boot_with_its_code() {
         .filter(|r| r.route == Route::Session)
         .count();
     assert_eq!(reads, 1, "an answer over the cap is a verdict, not retried");
-    assert!(!snap.requests.iter().any(|r| r.route == Route::Git));
+    assert!(!snap.requests.iter().any(|r| r.route == Target::Git));
 }
 
 #[tokio::test]
@@ -1237,7 +1244,7 @@ fn tail(output: &str) -> String {
 fn git_requests(snap: &Snapshot) -> Vec<(String, String, Option<u16>)> {
     snap.requests
         .iter()
-        .filter(|r| r.route == Route::Git)
+        .filter(|r| r.route == Target::Git)
         .map(|r| (r.method.clone(), r.path.clone(), r.response_status))
         .collect()
 }
@@ -1256,9 +1263,9 @@ fn kind(method: &str, path: &str) -> &'static str {
 async fn the_clone_is_retried_after_a_503_and_a_reset() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     sb.coordinator
-        .add_fault(Fault::status(Route::Git, 503))
+        .add_fault(Fault::status(Target::Git, 503))
         .unwrap();
-    sb.coordinator.add_fault(Fault::reset(Route::Git)).unwrap();
+    sb.coordinator.add_fault(Fault::reset(Target::Git)).unwrap();
     let child = sb.spawn(&sb.script(OBSERVER));
     let snap = sb.wait_sealed("run-1").await;
     assert_eq!(snap.run("run-1").unwrap().status, "succeeded");
@@ -1289,7 +1296,7 @@ async fn the_clone_is_retried_after_a_503_and_a_reset() {
 async fn a_clone_failing_on_every_attempt_fails_the_boot_after_exactly_four() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     sb.coordinator
-        .add_fault(Fault::status(Route::Git, 503).times(50))
+        .add_fault(Fault::status(Target::Git, 503).times(50))
         .unwrap();
     let (status, output) = finish(sb.spawn(&sb.script(OBSERVER))).await;
     assert_eq!(status.code(), Some(1), "{}", tail(&output));
@@ -1311,7 +1318,7 @@ async fn a_clone_failing_on_every_attempt_fails_the_boot_after_exactly_four() {
 async fn a_refused_clone_is_a_verdict_not_retried() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
     sb.coordinator
-        .add_fault(Fault::status(Route::Git, 403).times(10))
+        .add_fault(Fault::status(Target::Git, 403).times(10))
         .unwrap();
     let (status, output) = finish(sb.spawn(&sb.script(OBSERVER))).await;
     assert_eq!(status.code(), Some(1), "{}", tail(&output));
@@ -1350,7 +1357,7 @@ async fn a_stalled_clone_transfer_is_aborted_and_retried() {
     // The runner's stall bound is 30 s, scaled, never below 2 s (PROTOCOL.md
     // section 7); this stall outlasts it.
     sb.coordinator
-        .add_fault(Fault::stall(Route::Git, Duration::from_secs(5)))
+        .add_fault(Fault::stall(Target::Git, Duration::from_secs(5)))
         .unwrap();
     let child = sb.spawn(&sb.script(OBSERVER));
     let snap = sb.wait_sealed("run-1").await;
@@ -1367,7 +1374,7 @@ async fn a_stalled_clone_transfer_is_aborted_and_retried() {
     let git: Vec<(&str, bool)> = snap
         .requests
         .iter()
-        .filter(|r| r.route == Route::Git)
+        .filter(|r| r.route == Target::Git)
         .map(|r| (kind(&r.method, &r.path), r.fault.is_some()))
         .collect();
     assert_eq!(

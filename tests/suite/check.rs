@@ -2,7 +2,7 @@
 //! environment, and each kind of failure, each with a hint and no secret;
 //! it reads only (no repo token, no status).
 
-use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route, Target};
 
 use super::support::{Sandbox, assert_no_secret, finish};
 
@@ -47,9 +47,9 @@ async fn a_good_environment_passes_and_only_reads() {
         out.contains("first turn: run-1 (the initial task, runs at once)"),
         "{out}"
     );
-    let routes: Vec<Route> = sb.coordinator.requests().iter().map(|r| r.route).collect();
+    let routes: Vec<Target> = sb.coordinator.requests().iter().map(|r| r.route).collect();
     let mut sorted = routes.clone();
-    sorted.sort_by_key(|r| r.as_str());
+    sorted.sort_by_key(|r| r.name());
     assert_eq!(
         sorted,
         vec![Route::AgentToken, Route::EnvBundle, Route::Session],
@@ -191,12 +191,10 @@ async fn each_kind_of_failure_is_named_with_a_hint() {
         out.contains("FAIL  environment") && out.contains("ORIZU_AGENT_TOKEN_URL"),
         "{out}"
     );
-    assert!(
-        !sb.coordinator
-            .requests()
-            .iter()
-            .any(|r| matches!(r.route, Route::RepoToken | Route::BootStatus))
-    );
+    assert!(!sb.coordinator.requests().iter().any(|r| matches!(
+        r.route,
+        Target::Route(Route::RepoToken) | Target::Route(Route::BootStatus)
+    )));
 }
 
 #[tokio::test]

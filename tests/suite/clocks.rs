@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use hosted_boot::wire::RunOutcome;
-use hosted_boot_coordinator::{CoordinatorOptions, Route, Snapshot};
+use hosted_boot_coordinator::{CoordinatorOptions, Route, Snapshot, Target};
 
 use super::reliability_log::record;
 use super::support::{Runner, Sandbox, WAIT};
@@ -62,7 +62,10 @@ fn refused_after(s: &Snapshot, at_ms: u64) -> usize {
                 && r.response_status == Some(401)
                 && !matches!(
                     r.route,
-                    Route::AgentToken | Route::BootStatus | Route::Git | Route::Dev
+                    Target::Route(Route::AgentToken)
+                        | Target::Route(Route::BootStatus)
+                        | Target::Git
+                        | Target::Dev
                 )
         })
         .count()

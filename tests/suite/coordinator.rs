@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use hosted_boot::wire::AnswerToQuestion;
-use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, DevError, Fault, Route};
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, DevError, Fault, Route, Target};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -485,7 +485,7 @@ async fn boot_statuses_and_requests_are_recorded_in_order() {
         ]
     );
     let reqs = c.requests();
-    let routes: Vec<&str> = reqs.iter().map(|r| r.route.as_str()).collect();
+    let routes: Vec<&str> = reqs.iter().map(|r| r.route.name()).collect();
     assert_eq!(
         routes,
         vec![
@@ -653,7 +653,7 @@ async fn a_pad_fault_streams_the_normal_answer_then_spaces() {
     // Still the session, as JSON.
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["session"]["repoBranch"], "orizu/session-1");
-    assert!(c.add_fault(Fault::pad(Route::Git, 1)).is_err());
+    assert!(c.add_fault(Fault::pad(Target::Git, 1)).is_err());
 }
 
 #[tokio::test]
@@ -1049,7 +1049,7 @@ async fn git_clone_and_push_through_smart_http() {
     assert_ne!(bare_rev(&c, "refs/heads/main"), Some(head));
 
     let reqs = c.requests();
-    let git_reqs: Vec<_> = reqs.iter().filter(|r| r.route == Route::Git).collect();
+    let git_reqs: Vec<_> = reqs.iter().filter(|r| r.route == Target::Git).collect();
     assert!(git_reqs.len() >= 4);
     assert!(git_reqs.iter().all(|r| r.body.is_null()));
     assert!(

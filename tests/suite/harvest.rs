@@ -11,7 +11,7 @@ use hosted_boot::wire::{HarvestResult, PushErrorCode};
 use hosted_boot::workspace::{
     HarvestJob, Harvester, HttpContext, RepoSpec, credential_helper_command, prepare_repo_async,
 };
-use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, Fault, Route, Snapshot};
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, Fault, Route, Snapshot, Target};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -669,7 +669,7 @@ fi
 fn git_requests_since(sb: &Sandbox, from: usize) -> Vec<(String, Option<u16>)> {
     sb.coordinator.requests()[from..]
         .iter()
-        .filter(|r| r.route == Route::Git)
+        .filter(|r| r.route == Target::Git)
         .map(|r| (r.method.clone(), r.response_status))
         .collect()
 }
@@ -680,7 +680,7 @@ async fn a_push_that_keeps_failing_is_reported_retried_three_times_and_never_dro
     let child = sb.spawn(&waits_then_leaves_a_file(&sb));
     wait_for_file(&sb.out().join("ready-run-1")).await;
     sb.coordinator
-        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .add_fault(Fault::status(Target::Git, 503).times(1000))
         .unwrap();
     let from = sb.coordinator.requests().len();
     std::fs::write(sb.out().join("go"), "").unwrap();
@@ -721,7 +721,7 @@ async fn a_push_refused_by_the_server_is_a_verdict_and_not_retried() {
     let child = sb.spawn(&waits_then_leaves_a_file(&sb));
     wait_for_file(&sb.out().join("ready-run-1")).await;
     sb.coordinator
-        .add_fault(Fault::status(Route::Git, 403).times(1000))
+        .add_fault(Fault::status(Target::Git, 403).times(1000))
         .unwrap();
     let from = sb.coordinator.requests().len();
     std::fs::write(sb.out().join("go"), "").unwrap();
@@ -812,7 +812,7 @@ async fn a_harvest_that_outlives_its_bound_reports_a_timeout_with_what_it_did() 
     .unwrap();
     std::fs::write(prepared.path.join("SLOW.md"), "slow\n").unwrap();
     coord
-        .add_fault(Fault::delay(Route::Git, Duration::from_secs(20)).times(10))
+        .add_fault(Fault::delay(Target::Git, Duration::from_secs(20)).times(10))
         .unwrap();
     let harvester = Harvester {
         repo_dir: prepared.path.clone(),
@@ -1133,7 +1133,7 @@ async fn the_fatal_path_harvests_what_an_earlier_failed_push_left() {
     let child = sb.spawn(&waits_then_leaves_a_file(&sb));
     wait_for_file(&sb.out().join("ready-run-1")).await;
     sb.coordinator
-        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .add_fault(Fault::status(Target::Git, 503).times(1000))
         .unwrap();
     std::fs::write(sb.out().join("go"), "").unwrap();
     let snap = sb.wait_sealed("run-1").await;
@@ -1345,7 +1345,7 @@ fi
     let branch = sb.coordinator.branch();
     let first = tip(&sb, &branch);
     sb.coordinator
-        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .add_fault(Fault::status(Target::Git, 503).times(1000))
         .unwrap();
     let next = sb.coordinator.queue_turn("next", None);
     // The agent starts although the fetch failed; the git server heals
@@ -1400,7 +1400,7 @@ fi
     // run-1's push fails: its commit stays in repo/ only.
     wait_for_file(&sb.out().join("ready-run-1")).await;
     sb.coordinator
-        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .add_fault(Fault::status(Target::Git, 503).times(1000))
         .unwrap();
     std::fs::write(sb.out().join("go"), "").unwrap();
     let snap = sb.wait_sealed("run-1").await;

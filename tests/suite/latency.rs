@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use hosted_boot_coordinator::{CoordinatorOptions, RecordedRequest, Route, Snapshot};
+use hosted_boot_coordinator::{CoordinatorOptions, RecordedRequest, Route, Snapshot, Target};
 use pretty_assertions::assert_eq;
 
 use super::support::Sandbox;
@@ -14,8 +14,10 @@ use super::support::Sandbox;
 /// A route name for the record, with the boot status it posts.
 fn name(r: &RecordedRequest) -> String {
     match r.route {
-        Route::BootStatus => format!("status:{}", r.body["status"].as_str().unwrap_or("?")),
-        other => other.as_str().to_string(),
+        Target::Route(Route::BootStatus) => {
+            format!("status:{}", r.body["status"].as_str().unwrap_or("?"))
+        }
+        other => other.name().to_string(),
     }
 }
 
@@ -32,7 +34,7 @@ fn status_at(snap: &Snapshot, status: &str, run_id: &str) -> usize {
 fn names(requests: &[RecordedRequest]) -> Vec<String> {
     requests
         .iter()
-        .filter(|r| r.route != Route::Dev)
+        .filter(|r| r.route != Target::Dev)
         .map(name)
         .collect()
 }
@@ -53,11 +55,11 @@ async fn before_the_first_turn_each_thing_is_asked_once_and_step_3_goes_out_toge
     let started = status_at(&snap, "turn_started", "run-1");
     let before: Vec<&RecordedRequest> = snap.requests[..started]
         .iter()
-        .filter(|r| r.route != Route::Dev)
+        .filter(|r| r.route != Target::Dev)
         .collect();
     let mut api: Vec<String> = before
         .iter()
-        .filter(|r| r.route != Route::Git)
+        .filter(|r| r.route != Target::Git)
         .map(|r| name(r))
         .collect();
     api.sort();
@@ -75,7 +77,9 @@ async fn before_the_first_turn_each_thing_is_asked_once_and_step_3_goes_out_toge
         .filter(|r| {
             matches!(
                 r.route,
-                Route::EnvBundle | Route::Session | Route::RepoToken
+                Target::Route(Route::EnvBundle)
+                    | Target::Route(Route::Session)
+                    | Target::Route(Route::RepoToken)
             )
         })
         .collect();
@@ -90,7 +94,7 @@ async fn before_the_first_turn_each_thing_is_asked_once_and_step_3_goes_out_toge
         "step 3 went out one at a time: {step3:?}"
     );
     // The clone comes after them and before the turn.
-    let git: Vec<&&RecordedRequest> = before.iter().filter(|r| r.route == Route::Git).collect();
+    let git: Vec<&&RecordedRequest> = before.iter().filter(|r| r.route == Target::Git).collect();
     assert!(!git.is_empty(), "{:?}", names(&snap.requests));
 }
 

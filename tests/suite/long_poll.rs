@@ -142,7 +142,7 @@ async fn with_long_poll_a_queued_turn_is_carried_by_the_held_idle_read() {
     let until_started: Vec<&str> = snap.requests[before..]
         .iter()
         .take_while(|r| r.route != Route::BootStatus)
-        .map(|r| r.route.as_str())
+        .map(|r| r.route.name())
         .collect();
     assert!(!until_started.contains(&"session"), "{until_started:?}");
     let first_status = snap.requests[before..]

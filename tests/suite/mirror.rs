@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hosted_boot_coordinator::{CoordinatorOptions, Route, Snapshot};
+use hosted_boot_coordinator::{CoordinatorOptions, Route, Snapshot, Target};
 use pretty_assertions::assert_eq;
 
 use super::support::{Sandbox, finish, git};
@@ -112,7 +112,7 @@ fn clone_bytes(snap: &Snapshot) -> u64 {
         .unwrap();
     snap.requests[..turn]
         .iter()
-        .filter(|r| r.route == Route::Git)
+        .filter(|r| r.route == Target::Git)
         .map(|r| r.response_len)
         .sum()
 }

@@ -11,7 +11,7 @@ use hosted_boot::wire::{
     RepoTokenRequest, RunOutcome, SkipReason, SkippedFile, UnpublishedGitlink, Usage,
 };
 use hosted_boot_conformance::openapi::Document;
-use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route as FaultRoute};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -605,7 +605,7 @@ async fn broken(fault: Fault) -> String {
 #[tokio::test]
 async fn conformance_names_a_missing_field() {
     let out = broken(Fault::body(
-        FaultRoute::Session,
+        Route::Session,
         r#"{"session": {"repoBranch": "orizu/session-1", "status": "active", "clientInfo": {"task": "t"}, "runs": [{"id": "run-1", "status": "pending"}]}}"#,
     ))
     .await;
@@ -619,7 +619,7 @@ async fn conformance_names_a_missing_field() {
 
 #[tokio::test]
 async fn conformance_names_a_wrong_status_code() {
-    let out = broken(Fault::status(FaultRoute::RunStarted, 404)).await;
+    let out = broken(Fault::status(Route::RunStarted, 404)).await;
     let (result, detail) = row(&out, "POST run-started: answers 2xx");
     assert_eq!(result, "FAIL", "{out}");
     assert!(detail.contains("expected 2xx, got 404"), "{out}");
@@ -627,7 +627,7 @@ async fn conformance_names_a_wrong_status_code() {
 
 #[tokio::test]
 async fn conformance_names_a_cursor_that_goes_backwards() {
-    let out = broken(Fault::body(FaultRoute::Cursor, r#"{"acceptedThrough": 0}"#)).await;
+    let out = broken(Fault::body(Route::Cursor, r#"{"acceptedThrough": 0}"#)).await;
     let (result, detail) = row(&out, "events: acceptedThrough never goes backwards");
     assert_eq!(result, "FAIL", "{out}");
     assert!(detail.contains(", got 0"), "{out}");
@@ -640,7 +640,7 @@ async fn conformance_names_a_cursor_that_goes_backwards() {
 #[tokio::test]
 async fn conformance_names_a_redirect() {
     let out = broken(Fault::redirect(
-        FaultRoute::EnvBundle,
+        Route::EnvBundle,
         307,
         "http://127.0.0.1:9/elsewhere",
     ))

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route, Target};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
@@ -515,11 +515,11 @@ async fn a_second_runner_is_refused(sb: &Sandbox, script: &Path, holder_pid: u32
     assert!(
         after[requests..]
             .iter()
-            .all(|r| r.route == Route::Session || r.route == Route::Dev),
+            .all(|r| r.route == Route::Session || r.route == Target::Dev),
         "the second runner made requests: {:?}",
         after[requests..]
             .iter()
-            .map(|r| r.route.as_str())
+            .map(|r| r.route.name())
             .collect::<Vec<_>>()
     );
     assert_eq!(

@@ -11,7 +11,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use hosted_boot::wire::routes::caps;
-use hosted_boot_coordinator::{CoordinatorOptions, Fault, RecordedRequest, Route, Snapshot};
+use hosted_boot_coordinator::{
+    CoordinatorOptions, Fault, RecordedRequest, Route, Snapshot, Target,
+};
 use serde_json::json;
 
 use super::reliability_log::record;
@@ -137,7 +139,6 @@ fn row(route: Route) -> (Option<u64>, u64) {
         Route::EnvBundle | Route::Session | Route::RepoToken => (Some(5), 200),
         Route::BootStatus | Route::RunStarted | Route::Finish | Route::Cursor => (Some(5), 200),
         Route::Events => (None, 250),
-        _ => unreachable!(),
     }
 }
 
@@ -222,14 +223,18 @@ async fn drive(sb: &Sandbox, mut runner: Runner) -> Outcome {
 /// What names one call among a route's requests: its attempts share it.
 fn call_key(r: &RecordedRequest) -> String {
     match r.route {
-        Route::BootStatus => format!("status:{}", r.body["status"]),
-        Route::Events => format!("events:{}", r.body["events"][0]["seq"]),
-        Route::Session => format!("session:{}", r.header("x-orizu-hosted-poll").is_some()),
-        Route::RepoToken => format!("repo-token:{}", r.body["access"]),
+        Target::Route(Route::BootStatus) => format!("status:{}", r.body["status"]),
+        Target::Route(Route::Events) => format!("events:{}", r.body["events"][0]["seq"]),
+        Target::Route(Route::Session) => {
+            format!("session:{}", r.header("x-orizu-hosted-poll").is_some())
+        }
+        Target::Route(Route::RepoToken) => format!("repo-token:{}", r.body["access"]),
         // The fatal path's seal (4 step 7) is a call of its own when its
         // body differs; the same body again is the same call.
-        Route::Finish => format!("finish:{}:{}", r.body["status"], r.body["error"]["code"]),
-        other => other.as_str().to_string(),
+        Target::Route(Route::Finish) => {
+            format!("finish:{}:{}", r.body["status"], r.body["error"]["code"])
+        }
+        other => other.name().to_string(),
     }
 }
 
@@ -343,7 +348,6 @@ fn expected_outcome(route: Route, class: Class) -> &'static str {
         (Finish, Class::OverCap) => "exit 1, run-1 succeeded",
         // A verdict: never repeated; the fatal path seals the run failed.
         (Finish, _) => "exit 1, run-1 failed runner_error",
-        _ => unreachable!(),
     }
 }
 
@@ -371,7 +375,7 @@ async fn case(route: Route, class: Class, test: &str) -> Option<String> {
     let lost = events_lost(&o.snap);
     let want_n = expected_attempts(route, class);
     let want = expected_outcome(route, class);
-    let row_name = format!("coordinator faults: {}, {}", route.as_str(), class.name());
+    let row_name = format!("coordinator faults: {}, {}", route.name(), class.name());
     let must = format!(
         "{} attempt{}, then: {want}",
         want_n,
@@ -413,7 +417,7 @@ async fn case(route: Route, class: Class, test: &str) -> Option<String> {
     (!wrong.is_empty()).then(|| {
         format!(
             "{} / {}: {}\n--- runner output (tail) ---\n{}",
-            route.as_str(),
+            route.name(),
             class.name(),
             wrong.join("; "),
             tail(&o.output)
@@ -464,7 +468,7 @@ async fn retryable_everywhere(class: Class, test: &str) {
     for route in ROUTES {
         let (n, injected, at) = attempts(&o.snap, route);
         record(
-            &format!("coordinator faults: {}, {}", route.as_str(), class.name()),
+            &format!("coordinator faults: {}, {}", route.name(), class.name()),
             "2 attempts (the retry table's wait between), then: exit 0, run-1 succeeded",
             test,
             &[
@@ -477,12 +481,12 @@ async fn retryable_everywhere(class: Class, test: &str) {
             ],
         );
         if n != 2 {
-            wrong.push(format!("{}: {n} attempts at {at:?} ms", route.as_str()));
+            wrong.push(format!("{}: {n} attempts at {at:?} ms", route.name()));
         }
         if class == Class::RetryAfter && at.len() == 2 && at[1] - at[0] + 10 < row(route).1 {
             wrong.push(format!(
                 "{}: Retry-After not honoured ({at:?})",
-                route.as_str()
+                route.name()
             ));
         }
     }
@@ -569,13 +573,9 @@ async fn every_route_gives_up_after_exactly_its_rows_attempts() {
             // 5 attempts, the outcome unknown: the fatal path sends the same
             // body once more (4 step 7), which the coordinator, back, takes.
             Route::Finish => "exit 1, run-1 succeeded",
-            _ => unreachable!(),
         };
         record(
-            &format!(
-                "coordinator faults: {}, 503 on every attempt",
-                route.as_str()
-            ),
+            &format!("coordinator faults: {}, 503 on every attempt", route.name()),
             &format!(
                 "{} attempts, then: {want}",
                 attempts_allowed.map_or("until the flush deadline".into(), |n| n.to_string())
@@ -599,7 +599,7 @@ async fn every_route_gives_up_after_exactly_its_rows_attempts() {
         (!attempts_ok || outcome != want || found > 0 || o.orphans > 0).then(|| {
             format!(
                 "{}: {n} attempts, {outcome:?} (want {want:?}), {found} leaks\n{}",
-                route.as_str(),
+                route.name(),
                 tail(&o.output)
             )
         })
@@ -745,7 +745,12 @@ async fn the_counters_move_on_a_planted_leak_and_a_planted_lost_event() {
 /// The coordinator "gone": every API route and git reset without an
 /// answer, until [`back`].
 fn gone(sb: &Sandbox) {
-    for route in ROUTES.iter().copied().chain([Route::Git]) {
+    for route in ROUTES
+        .iter()
+        .copied()
+        .map(Target::from)
+        .chain([Target::Git])
+    {
         sb.coordinator
             .add_fault(Fault::reset(route).times(1_000_000))
             .unwrap();

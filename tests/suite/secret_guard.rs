@@ -5,7 +5,7 @@
 //! reachable or not, searched for each secret and its encoded forms.
 
 use base64::Engine;
-use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route, Snapshot};
+use hosted_boot_coordinator::{CoordinatorOptions, Fault, Route, Snapshot, Target};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -333,7 +333,7 @@ async fn leave_an_unpushed_secret(sb: &Sandbox) -> tokio::process::Child {
     let child = sb.spawn(&sb.script(WAITS_THEN_LEAVES_A_SECRET));
     wait_for_file(&sb.out().join("ready-run-1")).await;
     sb.coordinator
-        .add_fault(Fault::status(Route::Git, 503).times(1000))
+        .add_fault(Fault::status(Target::Git, 503).times(1000))
         .unwrap();
     std::fs::write(sb.out().join("go"), "").unwrap();
     let snap = sb.wait_sealed("run-1").await;

@@ -12,7 +12,7 @@ use hosted_boot::workspace::{
     HttpContext, PreparedRepo, RepoSpec, WorkspaceError, credential_helper_command,
     credential_helper_with_io, prepare_repo, read_cache_entry,
 };
-use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, Fault, Route};
+use hosted_boot_coordinator::{Coordinator, CoordinatorOptions, Fault, Route, Target};
 use pretty_assertions::assert_eq;
 
 const EXE: &str = env!("CARGO_BIN_EXE_hosted-boot");
@@ -83,7 +83,7 @@ impl Env {
         self.coord
             .requests()
             .into_iter()
-            .filter(|r| r.route == Route::Git)
+            .filter(|r| r.route == Target::Git)
             .map(|r| (r.method, r.path, r.response_status))
             .collect()
     }
@@ -320,7 +320,7 @@ fn missing_session_branch() {
 fn a_failed_fresh_clone_leaves_no_partial_clone() {
     let env = env();
     env.coord
-        .add_fault(Fault::status(Route::Git, 503).times(2))
+        .add_fault(Fault::status(Target::Git, 503).times(2))
         .unwrap();
     let err = prepare_repo(&env.spec(env.real_helper())).unwrap_err();
     assert!(err.to_string().contains("503"), "{err}");
@@ -340,7 +340,7 @@ fn a_failed_fetch_of_a_reused_clone_keeps_it() {
     let env = env();
     let prepared = prepare_repo(&env.spec(env.real_helper())).unwrap();
     std::fs::write(prepared.path.join("WORK.md"), "the agent's work\n").unwrap();
-    env.coord.add_fault(Fault::reset(Route::Git)).unwrap();
+    env.coord.add_fault(Fault::reset(Target::Git)).unwrap();
     prepare_repo(&env.spec(env.real_helper())).unwrap_err();
     assert_eq!(
         std::fs::read_to_string(prepared.path.join("WORK.md")).unwrap(),
@@ -674,7 +674,7 @@ fn git2_push_goes_through_the_transport() {
         .coord
         .requests()
         .into_iter()
-        .filter(|r| r.route == Route::Git && r.path.contains("receive-pack"))
+        .filter(|r| r.route == Target::Git && r.path.contains("receive-pack"))
         .map(|r| (r.method, r.response_status))
         .collect();
     assert_eq!(

@@ -236,7 +236,7 @@ async fn request_log(c: &Coordinator) {
         seen = requests.len();
         // A request is printed once answered (or dropped by a fault).
         for r in ready.into_iter().filter_map(|i| requests.get(i)) {
-            let who = if r.route == super::Route::Dev {
+            let who = if r.route == super::Target::Dev {
                 "dev   "
             } else {
                 "runner"
@@ -249,7 +249,7 @@ async fn request_log(c: &Coordinator) {
                 "{:>9.3}s  {who}  {:<4} {path}  {answer}  ({})",
                 r.at_ms as f64 / 1000.0,
                 r.method,
-                r.route.as_str()
+                r.route.name()
             );
         }
         c.changed(Duration::from_millis(250)).await;

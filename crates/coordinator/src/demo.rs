@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 
 use clap::Args;
 
-use crate::{Coordinator, CoordinatorOptions, RecordedRequest, Route, Snapshot};
+use crate::{Coordinator, CoordinatorOptions, RecordedRequest, Route, Snapshot, Target};
 
 /// The demo shrinks the contract's polls (5 s) so that it runs in seconds.
 const DEMO_TIME_SCALE: &str = "0.2";
@@ -425,8 +425,8 @@ impl<'a> Timeline<'a> {
 
     fn print_one(&mut self, r: &RecordedRequest, actions: &Actions) {
         match r.route {
-            Route::AgentToken => self.token_pulls += 1,
-            Route::RunStarted => {
+            Target::Route(Route::AgentToken) => self.token_pulls += 1,
+            Target::Route(Route::RunStarted) => {
                 self.run_started.insert(run_of(&r.path), r.at_ms);
             }
             _ => {}
@@ -529,7 +529,7 @@ fn describe(r: &RecordedRequest, style: &Style) -> Option<String> {
     let body = &r.body;
     let run = |path: &str| path.split('/').nth(4).unwrap_or("?").to_string();
     match r.route {
-        Route::BootStatus => {
+        Target::Route(Route::BootStatus) => {
             let status = body["status"].as_str().unwrap_or("?");
             let run_id = body["runId"]
                 .as_str()
@@ -541,8 +541,8 @@ fn describe(r: &RecordedRequest, style: &Style) -> Option<String> {
                 .unwrap_or_default();
             Some(format!("status      {status}{run_id}{reason}"))
         }
-        Route::RunStarted => Some(format!("run_started {}", run(&r.path))),
-        Route::Finish => {
+        Target::Route(Route::RunStarted) => Some(format!("run_started {}", run(&r.path))),
+        Target::Route(Route::Finish) => {
             let error = body["error"]["code"]
                 .as_str()
                 .map(|c| format!(" [{c}]"))
@@ -553,13 +553,13 @@ fn describe(r: &RecordedRequest, style: &Style) -> Option<String> {
                 style.outcome(body["status"].as_str().unwrap_or("?"))
             ))
         }
-        Route::Git if r.method == "POST" && r.path.contains("git-receive-pack") => {
+        Target::Git if r.method == "POST" && r.path.contains("git-receive-pack") => {
             Some("git push    received by the coordinator's repository".to_string())
         }
-        Route::Git if r.method == "GET" && r.path.contains("service=git-upload-pack") => {
+        Target::Git if r.method == "GET" && r.path.contains("service=git-upload-pack") => {
             Some("git fetch   through the credential helper".to_string())
         }
-        Route::Dev if r.path.contains("/turns") => Some(style.cyan("user        queued a turn")),
+        Target::Dev if r.path.contains("/turns") => Some(style.cyan("user        queued a turn")),
         _ => None,
     }
 }

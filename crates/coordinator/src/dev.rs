@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::Route;
+use super::Target;
 use super::server::{Reply, Shared, auth_value, ok, parse, unauthorized};
 use super::state::{ApiError, DevError, Fault, RecordedRequest};
 use crate::wire::AnswerToQuestion;
@@ -323,7 +323,7 @@ fn text(body: String) -> Response {
 /// record masks them, and the table shows no header).
 pub(super) fn request_table(requests: &[RecordedRequest]) -> String {
     let (dev, runner): (Vec<&RecordedRequest>, Vec<&RecordedRequest>) =
-        requests.iter().partition(|r| r.route == Route::Dev);
+        requests.iter().partition(|r| r.route == Target::Dev);
     let mut out = String::new();
     for (title, rows) in [("runner calls", runner), ("dev calls", dev)] {
         if !out.is_empty() {
@@ -374,7 +374,7 @@ fn row(r: &RecordedRequest) -> [String; 6] {
         format!("{:.3}s", r.at_ms as f64 / 1000.0),
         r.method.clone(),
         r.path.split('?').next().unwrap_or("").to_string(),
-        r.route.as_str().to_string(),
+        r.route.name().to_string(),
         status,
         took,
     ]

@@ -20,9 +20,9 @@ use serde_json::{Value, json};
 use url::Url;
 
 use super::server::{Config, Reply, Shared, auth_value, ok, parse, unauthorized};
-use super::state::{ApiError, Route, State};
+use super::state::{ApiError, State, Target};
 use crate::secret::Secret;
-use crate::wire::routes::{Param, Route as ApiRoute};
+use crate::wire::routes::{Param, Route};
 
 /// The sessions a coordinator serves, the first one first.
 pub(crate) struct Fleet {
@@ -142,16 +142,16 @@ impl Fleet {
     /// Holds the session's boot secret.
     pub(crate) fn sandbox_env(&self, sh: &Shared) -> Vec<(String, String)> {
         let sid = &sh.cfg.session_id;
-        let url = |r: ApiRoute| format!("{}{}", self.base_url, r.path(sid));
+        let url = |r: Route| format!("{}{}", self.base_url, r.path(sid));
         vec![
             (
                 "ORIZU_BOOT_SECRET".into(),
                 sh.cfg.boot_secret.expose().to_string(),
             ),
-            ("ORIZU_AGENT_TOKEN_URL".into(), url(ApiRoute::AgentToken)),
+            ("ORIZU_AGENT_TOKEN_URL".into(), url(Route::AgentToken)),
             ("ORIZU_API_BASE_URL".into(), self.base_url.to_string()),
             ("ORIZU_SESSION_ID".into(), sid.clone()),
-            ("ORIZU_BOOT_STATUS_URL".into(), url(ApiRoute::BootStatus)),
+            ("ORIZU_BOOT_STATUS_URL".into(), url(Route::BootStatus)),
             (
                 "HOSTED_BOOT_GIT_BASE_URL".into(),
                 format!("{}git", self.base_url),
@@ -169,7 +169,7 @@ impl Fleet {
             "sessionId": sh.cfg.session_id,
             "branch": sh.cfg.branch,
             "env": env,
-            "requests": sh.lock().requests.iter().filter(|r| r.route != Route::Dev).count(),
+            "requests": sh.lock().requests.iter().filter(|r| r.route != Target::Dev).count(),
         })
     }
 }

@@ -9,17 +9,17 @@
 
 use std::time::Duration;
 
-use super::state::Route;
+use super::state::Target;
 
 /// Whether requests to `route` wait out the latency (every route but the
 /// dev API and unknown paths).
-pub(super) fn applies_to(route: Route) -> bool {
-    !matches!(route, Route::Dev | Route::Unknown)
+pub(super) fn applies_to(route: Target) -> bool {
+    !matches!(route, Target::Dev | Target::Unknown)
 }
 
 /// Waits `latency` before a request to `route` is answered (nothing for a
 /// zero latency or a route it does not apply to).
-pub(super) async fn answer_after(latency: Duration, route: Route) {
+pub(super) async fn answer_after(latency: Duration, route: Target) {
     if !latency.is_zero() && applies_to(route) {
         tokio::time::sleep(latency).await;
     }
@@ -31,10 +31,10 @@ mod tests {
 
     #[test]
     fn every_contract_route_and_git_is_delayed_but_not_the_dev_api() {
-        assert!(applies_to(Route::AgentToken));
-        assert!(applies_to(Route::Session));
-        assert!(applies_to(Route::Git));
-        assert!(!applies_to(Route::Dev));
-        assert!(!applies_to(Route::Unknown));
+        assert!(applies_to(Target::Route(crate::Route::AgentToken)));
+        assert!(applies_to(Target::Route(crate::Route::Session)));
+        assert!(applies_to(Target::Git));
+        assert!(!applies_to(Target::Dev));
+        assert!(!applies_to(Target::Unknown));
     }
 }

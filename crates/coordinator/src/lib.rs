@@ -65,9 +65,10 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use url::Url;
 
+pub use crate::wire::routes::Route;
 pub use cli::{CoordinatorArgs, run_cli};
 pub use git::{SAMPLE_LFS_CONTENT, create_complete_sample_repos, create_sample_repo};
-pub use state::{DevError, Fault, RecordedRequest, Route, RunRecord, Snapshot};
+pub use state::{DevError, Fault, RecordedRequest, RunRecord, Snapshot, Target};
 
 // The contract's modules under the names the runner gives them, so that
 // `crate::wire::…` reads alike in both crates.
@@ -77,7 +78,6 @@ pub(crate) use hosted_boot_wire::{secret, text, timings, validate, wire};
 pub use hosted_boot_wire::runner_binary;
 
 use crate::secret::Secret;
-use crate::wire::routes::Route as ApiRoute;
 use crate::wire::{AnswerToQuestion, BootStatusBody, ClientInfo};
 
 /// How a [`Coordinator`] is set up. `CoordinatorOptions::default()` is a
@@ -356,16 +356,16 @@ impl Coordinator {
     /// route (`{base}api/cli/sessions/{sid}/agent-token`, its row of the
     /// route table).
     pub fn agent_token_url(&self) -> String {
-        self.route_url(ApiRoute::AgentToken)
+        self.route_url(Route::AgentToken)
     }
 
     /// `ORIZU_BOOT_STATUS_URL`: where this coordinator serves the boot-status
     /// route (`{base}api/cli/sessions/{sid}/boot-status`).
     pub fn boot_status_url(&self) -> String {
-        self.route_url(ApiRoute::BootStatus)
+        self.route_url(Route::BootStatus)
     }
 
-    fn route_url(&self, route: ApiRoute) -> String {
+    fn route_url(&self, route: Route) -> String {
         format!(
             "{}{}",
             self.base_url,

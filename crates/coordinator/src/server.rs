@@ -23,9 +23,9 @@ use super::conn::ConnHandle;
 use super::dev;
 use super::fleet::Fleet;
 use super::git::{self, BareRepo};
-use super::state::{ApiError, DevError, Fault, RecordedRequest, Route, Snapshot, State};
+use super::state::{ApiError, DevError, Fault, RecordedRequest, Snapshot, State, Target};
 use crate::secret::Secret;
-use crate::wire::routes::{self, Ack, Auth, Endpoint, Param, Route as ApiRoute};
+use crate::wire::routes::{self, Ack, Auth, Endpoint, Param, Route};
 use crate::wire::{
     AcceptedThrough, AgentTokenResponse, ClientInfo, Connector, EnvBundle, ExpiresAt,
     RepoTokenResponse, SessionEnvelope,
@@ -114,10 +114,11 @@ pub(crate) fn router(fleet: Arc<Fleet>) -> Router {
     Router::new().fallback(handle).with_state(fleet)
 }
 
-/// A request's target, from the shape of its path alone.
-enum Target {
+/// A request's path, parsed: its [`Target`] and what the target needs of
+/// the path (a route's parameter, the path below `git/` or `dev/`).
+enum ParsedPath {
     /// A route of the table, with the value of its path parameter.
-    Api(ApiRoute, String),
+    Api(Route, String),
     /// The path below `/git`, starting with `/`.
     Git(String),
     /// The path below `/dev/`.
@@ -125,27 +126,27 @@ enum Target {
     Unknown,
 }
 
-impl Target {
-    fn route(&self) -> Route {
+impl ParsedPath {
+    fn target(&self) -> Target {
         match self {
-            Target::Api(route, _) => Route::from(*route),
-            Target::Git(_) => Route::Git,
-            Target::Dev(_) => Route::Dev,
-            Target::Unknown => Route::Unknown,
+            ParsedPath::Api(route, _) => Target::Route(*route),
+            ParsedPath::Git(_) => Target::Git,
+            ParsedPath::Dev(_) => Target::Dev,
+            ParsedPath::Unknown => Target::Unknown,
         }
     }
 }
 
-fn classify(path: &str) -> Target {
+fn classify(path: &str) -> ParsedPath {
     if let Some(rest) = path.strip_prefix("/git/") {
-        return Target::Git(format!("/{rest}"));
+        return ParsedPath::Git(format!("/{rest}"));
     }
     if let Some(rest) = path.strip_prefix("/dev/") {
-        return Target::Dev(rest.to_string());
+        return ParsedPath::Dev(rest.to_string());
     }
     match routes::match_path(path) {
-        Some((route, value)) => Target::Api(route, value),
-        None => Target::Unknown,
+        Some((route, value)) => ParsedPath::Api(route, value),
+        None => ParsedPath::Unknown,
     }
 }
 
@@ -453,26 +454,26 @@ async fn handle(
     req: Request,
 ) -> Response {
     let (sh, dev_below) = fleet.pick(req.uri().path(), req.headers());
-    let target = match dev_below {
-        Some(below) => Target::Dev(below),
+    let parsed = match dev_below {
+        Some(below) => ParsedPath::Dev(below),
         None => classify(req.uri().path()),
     };
-    let route = target.route();
+    let target = parsed.target();
     let (parts, body) = req.into_parts();
-    let body = read_body(route, &parts.headers, body).await;
+    let body = read_body(target, &parts.headers, body).await;
 
-    if matches!(&target, Target::Dev(rest) if rest == "sessions") && !body.too_large {
+    if matches!(&parsed, ParsedPath::Dev(rest) if rest == "sessions") && !body.too_large {
         return super::fleet::dev_sessions(&fleet, &parts.method, &parts.headers, &body.bytes)
             .await
             .unwrap_or_else(IntoResponse::into_response);
     }
 
-    let (index, fault) = record(&sh, &parts, route, &body);
-    super::latency::answer_after(sh.cfg.latency, route).await;
+    let (index, fault) = record(&sh, &parts, target, &body);
+    super::latency::answer_after(sh.cfg.latency, target).await;
     if let Some(ms) = fault.as_ref().and_then(|f| f.delay_ms) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
-    let answer = respond(&sh, target, &parts, body, fault.as_ref()).await;
+    let answer = respond(&sh, parsed, &parts, body, fault.as_ref()).await;
 
     let status = answer.as_ref().map(|r| r.status().as_u16());
     sh.update(|st| {
@@ -485,11 +486,11 @@ async fn handle(
     tracing::debug!(
         method = %parts.method,
         path = %parts.uri.path(),
-        route = route.as_str(),
+        route = target.name(),
         status = status.map_or_else(|| "none".to_string(), |s| s.to_string()),
         "coordinator request"
     );
-    deliver(answer, route, fault.as_ref(), &sh, index, conn).await
+    deliver(answer, target, fault.as_ref(), &sh, index, conn).await
 }
 
 /// A request's body: an API body read whole (up to [`MAX_API_BODY`]), a git
@@ -501,8 +502,8 @@ struct ReadBody {
     too_large: bool,
 }
 
-async fn read_body(route: Route, headers: &HeaderMap, body: Body) -> ReadBody {
-    if route == Route::Git {
+async fn read_body(route: Target, headers: &HeaderMap, body: Body) -> ReadBody {
+    if route == Target::Git {
         let len = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -537,7 +538,7 @@ async fn read_body(route: Route, headers: &HeaderMap, body: Body) -> ReadBody {
 fn record(
     sh: &Shared,
     parts: &axum::http::request::Parts,
-    route: Route,
+    route: Target,
     body: &ReadBody,
 ) -> (usize, Option<Fault>) {
     let path = parts
@@ -556,7 +557,7 @@ fn record(
             path,
             route,
             headers: recorded_headers(&parts.headers),
-            body: if route == Route::Git || sh.cfg.counts_only {
+            body: if route == Target::Git || sh.cfg.counts_only {
                 Value::Null
             } else {
                 recorded_body(&body.bytes)
@@ -575,7 +576,7 @@ fn record(
 /// fault replaces it before or after (a reset fault: `None`, nothing sent).
 async fn respond(
     sh: &Arc<Shared>,
-    target: Target,
+    parsed: ParsedPath,
     parts: &axum::http::request::Parts,
     body: ReadBody,
     fault: Option<&Fault>,
@@ -591,7 +592,7 @@ async fn respond(
         _ => {
             let normal = dispatch(
                 sh,
-                target,
+                parsed,
                 &parts.method,
                 &parts.uri,
                 &parts.headers,
@@ -612,14 +613,14 @@ async fn respond(
 /// delayed or cut mid-body by the fault; no answer: the connection dropped.
 async fn deliver(
     answer: Option<Response>,
-    route: Route,
+    route: Target,
     fault: Option<&Fault>,
     sh: &Arc<Shared>,
     index: usize,
     conn: ConnHandle,
 ) -> Response {
     match answer {
-        Some(resp) if route == Route::Git => {
+        Some(resp) if route == Target::Git => {
             let resp = match fault {
                 Some(f) => shaped(resp, f),
                 None => resp,
@@ -730,15 +731,15 @@ impl Shared {
 
 async fn dispatch(
     sh: &Shared,
-    target: Target,
+    parsed: ParsedPath,
     method: &Method,
     uri: &axum::http::Uri,
     headers: &HeaderMap,
     body: Bytes,
     git_body: Option<Body>,
 ) -> Response {
-    let reply = match target {
-        Target::Git(path_info) => {
+    let reply = match parsed {
+        ParsedPath::Git(path_info) => {
             let body = git_body.unwrap_or_else(Body::empty);
             return git_route(
                 sh,
@@ -750,10 +751,10 @@ async fn dispatch(
             )
             .await;
         }
-        Target::Dev(rest) => {
+        ParsedPath::Dev(rest) => {
             dev::route(sh, method, &rest, uri.query().unwrap_or(""), headers, &body)
         }
-        Target::Unknown => Err(ApiError::new(
+        ParsedPath::Unknown => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!(
                 "no such route: {method} {} (the routes are listed in PROTOCOL.md section 2; \
@@ -761,9 +762,9 @@ async fn dispatch(
                 uri.path()
             ),
         )),
-        Target::Api(route, value) => {
+        ParsedPath::Api(route, value) => {
             let reply = api_route(sh, route, &value, method, headers, &body);
-            if route == ApiRoute::Session && sh.cfg.long_poll && reply.is_ok() {
+            if route == Route::Session && sh.cfg.long_poll && reply.is_ok() {
                 return super::long_poll::session_answer(sh, headers).await;
             }
             reply
@@ -778,7 +779,7 @@ async fn dispatch(
 /// types.
 fn api_route(
     sh: &Shared,
-    route: ApiRoute,
+    route: Route,
     value: &str,
     method: &Method,
     headers: &HeaderMap,
@@ -796,18 +797,18 @@ fn api_route(
     }
     // One handler per row: each decodes and answers its row's body types.
     match route {
-        ApiRoute::AgentToken => agent_token(sh),
-        ApiRoute::BootStatus => boot_status(sh, body),
-        ApiRoute::EnvBundle => env_bundle(sh),
-        ApiRoute::Session => answer(routes::SESSION, &sh.session_envelope()),
-        ApiRoute::RepoToken => repo_token(sh, body),
-        ApiRoute::RunStarted => {
+        Route::AgentToken => agent_token(sh),
+        Route::BootStatus => boot_status(sh, body),
+        Route::EnvBundle => env_bundle(sh),
+        Route::Session => answer(routes::SESSION, &sh.session_envelope()),
+        Route::RepoToken => repo_token(sh, body),
+        Route::RunStarted => {
             // The body (`{}`) is not read: nothing in it to check.
             sh.update(|st| st.run_started(value))?;
             answer(routes::RUN_STARTED, &Ack::OK)
         }
-        ApiRoute::Events => events(sh, value, body),
-        ApiRoute::Cursor => {
+        Route::Events => events(sh, value, body),
+        Route::Cursor => {
             let n = sh.lock().run(value).map_or(0, |r| r.accepted_through());
             answer(
                 routes::CURSOR,
@@ -816,7 +817,7 @@ fn api_route(
                 },
             )
         }
-        ApiRoute::Finish => {
+        Route::Finish => {
             let fin = request_body(routes::FINISH, body)?;
             sh.update(|st| st.finish(value, fin))?;
             answer(routes::FINISH, &Ack::OK)
@@ -1026,7 +1027,7 @@ mod tests {
 
     #[test]
     fn paths_map_to_routes() {
-        let r = |p: &str| classify(p).route();
+        let r = |p: &str| classify(p).target();
         assert_eq!(r("/api/cli/sessions/s1"), Route::Session);
         assert_eq!(r("/api/cli/sessions/s1/agent-token"), Route::AgentToken);
         assert_eq!(r("/api/cli/sessions/s1/boot-status"), Route::BootStatus);
@@ -1039,10 +1040,10 @@ mod tests {
             Route::Cursor
         );
         assert_eq!(r("/api/cli/workbench-runs/run-1/finish"), Route::Finish);
-        assert_eq!(r("/git/acme/app.git/info/refs"), Route::Git);
-        assert_eq!(r("/dev/state"), Route::Dev);
-        assert_eq!(r("/api/cli/sessions"), Route::Unknown);
-        assert_eq!(r("/"), Route::Unknown);
+        assert_eq!(r("/git/acme/app.git/info/refs"), Target::Git);
+        assert_eq!(r("/dev/state"), Target::Dev);
+        assert_eq!(r("/api/cli/sessions"), Target::Unknown);
+        assert_eq!(r("/"), Target::Unknown);
     }
 
     fn http() -> reqwest::Client {
@@ -1111,7 +1112,7 @@ mod tests {
             .await
             .unwrap();
         let http = http();
-        for route in ApiRoute::all() {
+        for route in Route::all() {
             let spec = route.spec();
             let value = match spec.param {
                 Param::SessionId => c.session_id(),
@@ -1124,8 +1125,8 @@ mod tests {
             let body: Value = resp.json().await.unwrap();
             assert_eq!(status, StatusCode::UNAUTHORIZED, "{}: {body}", spec.name);
             let recorded = c.requests().pop().unwrap();
-            assert_eq!(recorded.route, Route::from(route), "{}", spec.name);
-            assert_eq!(recorded.route.as_str(), spec.name);
+            assert_eq!(recorded.route, Target::Route(route), "{}", spec.name);
+            assert_eq!(recorded.route.name(), spec.name);
         }
         for dev in dev::DEV_TABLE {
             for method in dev.methods {

@@ -8,36 +8,21 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::wire::routes::Route as ApiRoute;
+use crate::wire::routes::Route;
 use crate::wire::{
     Access, AnswerToQuestion, BootStatusBody, ClientInfo, Event, FinishBody, PendingTurn, RunRef,
     Session,
 };
 
-/// The route a request was addressed to, by the shape of its path: a route
-/// of the table ([`crate::wire::routes`], PROTOCOL.md section 2), `git`,
-/// `dev` or none. The serialized names are those of `POST dev/faults` and
-/// `GET dev/requests` (PROTOCOL.md section 6): the table's for its routes.
+/// What a request was addressed to, by the shape of its path: a route of
+/// the table ([`crate::wire::routes`], PROTOCOL.md section 2), `git`,
+/// `dev` or none. Serialized by name, as `POST dev/faults` and
+/// `GET dev/requests` name it in their `route` member (PROTOCOL.md section
+/// 6): the table's name for its routes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Route {
-    /// [`ApiRoute::AgentToken`] (2.1).
-    AgentToken,
-    /// [`ApiRoute::BootStatus`] (2.2).
-    BootStatus,
-    /// [`ApiRoute::EnvBundle`] (2.3).
-    EnvBundle,
-    /// [`ApiRoute::Session`] (2.4).
-    Session,
-    /// [`ApiRoute::RepoToken`] (2.5).
-    RepoToken,
-    /// [`ApiRoute::RunStarted`] (2.6).
-    RunStarted,
-    /// [`ApiRoute::Events`] (2.6).
-    Events,
-    /// [`ApiRoute::Cursor`] (2.6).
-    Cursor,
-    /// [`ApiRoute::Finish`] (2.6).
-    Finish,
+pub enum Target {
+    /// A route of the table (section 2).
+    Route(Route),
     /// Anything under `git/` (smart HTTP).
     Git,
     /// Anything under `dev/` (the dev API; no faults).
@@ -46,73 +31,62 @@ pub enum Route {
     Unknown,
 }
 
-impl From<ApiRoute> for Route {
-    fn from(route: ApiRoute) -> Route {
-        match route {
-            ApiRoute::AgentToken => Route::AgentToken,
-            ApiRoute::BootStatus => Route::BootStatus,
-            ApiRoute::EnvBundle => Route::EnvBundle,
-            ApiRoute::Session => Route::Session,
-            ApiRoute::RepoToken => Route::RepoToken,
-            ApiRoute::RunStarted => Route::RunStarted,
-            ApiRoute::Events => Route::Events,
-            ApiRoute::Cursor => Route::Cursor,
-            ApiRoute::Finish => Route::Finish,
-        }
+impl From<Route> for Target {
+    fn from(route: Route) -> Target {
+        Target::Route(route)
     }
 }
 
-impl Route {
+/// `recorded.route == Route::Session`, as tests and the demo ask.
+impl PartialEq<Route> for Target {
+    fn eq(&self, route: &Route) -> bool {
+        *self == Target::Route(*route)
+    }
+}
+
+impl Target {
     /// The route of the table, for the routes of PROTOCOL.md section 2.
-    pub fn api(self) -> Option<ApiRoute> {
-        Some(match self {
-            Route::AgentToken => ApiRoute::AgentToken,
-            Route::BootStatus => ApiRoute::BootStatus,
-            Route::EnvBundle => ApiRoute::EnvBundle,
-            Route::Session => ApiRoute::Session,
-            Route::RepoToken => ApiRoute::RepoToken,
-            Route::RunStarted => ApiRoute::RunStarted,
-            Route::Events => ApiRoute::Events,
-            Route::Cursor => ApiRoute::Cursor,
-            Route::Finish => ApiRoute::Finish,
-            Route::Git | Route::Dev | Route::Unknown => return None,
-        })
+    pub fn api(self) -> Option<Route> {
+        match self {
+            Target::Route(route) => Some(route),
+            Target::Git | Target::Dev | Target::Unknown => None,
+        }
     }
 
     /// The wire name (`agent-token`, `run-started`, …, `git`, `dev`,
     /// `unknown`).
-    pub fn as_str(self) -> &'static str {
-        match (self, self.api()) {
-            (_, Some(api)) => api.name(),
-            (Route::Git, None) => "git",
-            (Route::Dev, None) => "dev",
-            (_, None) => "unknown",
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Route(route) => route.name(),
+            Target::Git => "git",
+            Target::Dev => "dev",
+            Target::Unknown => "unknown",
         }
     }
 
-    /// The route named `name`, if any.
-    pub fn from_name(name: &str) -> Option<Route> {
+    /// The target named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Target> {
         match name {
-            "git" => Some(Route::Git),
-            "dev" => Some(Route::Dev),
-            "unknown" => Some(Route::Unknown),
-            _ => ApiRoute::from_name(name).map(Route::from),
+            "git" => Some(Target::Git),
+            "dev" => Some(Target::Dev),
+            "unknown" => Some(Target::Unknown),
+            _ => Route::from_name(name).map(Target::Route),
         }
     }
 }
 
-impl Serialize for Route {
+impl Serialize for Target {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
+        s.serialize_str(self.name())
     }
 }
 
-impl<'de> Deserialize<'de> for Route {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Route, D::Error> {
+impl<'de> Deserialize<'de> for Target {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Target, D::Error> {
         let name = String::deserialize(d)?;
-        Route::from_name(&name).ok_or_else(|| {
-            let known: Vec<&str> = ApiRoute::all()
-                .map(ApiRoute::name)
+        Target::from_name(&name).ok_or_else(|| {
+            let known: Vec<&str> = Route::all()
+                .map(Route::name)
                 .chain(["git", "dev", "unknown"])
                 .collect();
             serde::de::Error::custom(format!(
@@ -157,7 +131,7 @@ fn is_false(b: &bool) -> bool {
 #[serde(rename_all = "camelCase")]
 pub struct Fault {
     /// The route; `dev` and `unknown` are refused.
-    pub route: Route,
+    pub route: Target,
     /// HTTP status of the replacing answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
@@ -212,7 +186,7 @@ pub struct Fault {
 }
 
 impl Fault {
-    fn new(route: Route) -> Self {
+    fn new(route: Target) -> Self {
         Fault {
             route,
             status: None,
@@ -233,80 +207,80 @@ impl Fault {
 
     /// The normal answer cut after the first half of its body by a reset,
     /// once (see [`Fault::reset_mid_body`]).
-    pub fn reset_mid_body(route: Route) -> Self {
+    pub fn reset_mid_body(route: impl Into<Target>) -> Self {
         Fault {
             reset_mid_body: true,
-            ..Fault::new(route)
+            ..Fault::new(route.into())
         }
     }
 
     /// The normal answer with `fields` merged into its JSON object, once
     /// (see [`Fault::merge_fields`]).
-    pub fn merge_fields(route: Route, fields: serde_json::Map<String, Value>) -> Self {
+    pub fn merge_fields(route: impl Into<Target>, fields: serde_json::Map<String, Value>) -> Self {
         Fault {
             merge_fields: Some(fields),
-            ..Fault::new(route)
+            ..Fault::new(route.into())
         }
     }
 
     /// Answer `status` (with the default error body) instead of the normal
     /// answer, once.
-    pub fn status(route: Route, status: u16) -> Self {
+    pub fn status(route: impl Into<Target>, status: u16) -> Self {
         Fault {
             status: Some(status),
-            ..Fault::new(route)
+            ..Fault::new(route.into())
         }
     }
 
     /// Drop the connection without a response, once.
-    pub fn reset(route: Route) -> Self {
+    pub fn reset(route: impl Into<Target>) -> Self {
         Fault {
             reset: true,
-            ..Fault::new(route)
+            ..Fault::new(route.into())
         }
     }
 
     /// Wait `delay` before the normal answer, once.
-    pub fn delay(route: Route, delay: Duration) -> Self {
+    pub fn delay(route: impl Into<Target>, delay: Duration) -> Self {
         Fault {
             delay_ms: Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
-            ..Fault::new(route)
+            ..Fault::new(route.into())
         }
     }
 
     /// Answer `200` with `body` (verbatim, e.g. malformed JSON or a session
     /// whose `pendingTurn` has the wrong shape) instead of the normal answer.
-    pub fn body(route: Route, body: impl Into<String>) -> Self {
+    pub fn body(route: impl Into<Target>, body: impl Into<String>) -> Self {
         Fault {
             body: Some(body.into()),
-            ..Fault::new(route)
+            ..Fault::new(route.into())
         }
     }
 
     /// The normal answer followed by `bytes` spaces, once (a body over a size
     /// cap that still parses).
-    pub fn pad(route: Route, bytes: u64) -> Self {
+    pub fn pad(route: impl Into<Target>, bytes: u64) -> Self {
         Fault {
             pad_bytes: Some(bytes),
-            ..Fault::new(route)
+            ..Fault::new(route.into())
         }
     }
 
     /// The normal answer, its body pausing for `stall` after its first
     /// chunk, once.
-    pub fn stall(route: Route, stall: Duration) -> Self {
+    pub fn stall(route: impl Into<Target>, stall: Duration) -> Self {
         Fault {
             stall_ms: Some(u64::try_from(stall.as_millis()).unwrap_or(u64::MAX)),
-            ..Fault::new(route)
+            ..Fault::new(route.into())
         }
     }
 
     /// The normal answer with `fields` added to each of its JSON objects at
     /// any depth, once (see [`Fault::add_fields`]).
-    pub fn add_fields(route: Route, fields: serde_json::Map<String, Value>) -> Self {
+    pub fn add_fields(route: impl Into<Target>, fields: serde_json::Map<String, Value>) -> Self {
         Fault {
             add_fields: Some(fields),
-            ..Fault::new(route)
+            ..Fault::new(route.into())
         }
     }
 
@@ -330,11 +304,11 @@ impl Fault {
 
     /// Answers `status` with a `Location: <location>` header instead of the
     /// normal answer, once (with a `3xx`, a redirect).
-    pub fn redirect(route: Route, status: u16, location: impl Into<String>) -> Self {
+    pub fn redirect(route: impl Into<Target>, status: u16, location: impl Into<String>) -> Self {
         Fault {
             status: Some(status),
             location: Some(location.into()),
-            ..Fault::new(route)
+            ..Fault::new(route.into())
         }
     }
 
@@ -351,8 +325,8 @@ impl Fault {
 
     /// Checks that the fault does something and that its route takes faults.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if matches!(self.route, Route::Dev | Route::Unknown) {
-            return Err(format!("route {:?} takes no faults", self.route.as_str()));
+        if matches!(self.route, Target::Dev | Target::Unknown) {
+            return Err(format!("route {:?} takes no faults", self.route.name()));
         }
         if self.count == 0 {
             return Err("count must be at least 1".into());
@@ -366,7 +340,7 @@ impl Fault {
             return Err("reset drops the connection: it takes no status or body".into());
         }
         if (self.reset_mid_body || self.merge_fields.is_some() || self.add_fields.is_some())
-            && self.route == Route::Git
+            && self.route == Target::Git
         {
             return Err(
                 "resetMidBody, mergeFields and addFields are not supported on the git route".into(),
@@ -391,10 +365,10 @@ impl Fault {
         if self.reset && (self.pad_bytes.is_some() || self.stall_ms.is_some()) {
             return Err("reset drops the connection: it takes no padBytes or stallMs".into());
         }
-        if self.pad_bytes.is_some() && self.route == Route::Git {
+        if self.pad_bytes.is_some() && self.route == Target::Git {
             return Err("padBytes is not supported on the git route".into());
         }
-        if self.after && self.route == Route::Git {
+        if self.after && self.route == Target::Git {
             return Err("after is not supported on the git route".into());
         }
         if self.location.is_some() && self.status.is_none() {
@@ -419,7 +393,7 @@ pub struct RecordedRequest {
     /// The path with its query, e.g. `/api/cli/sessions/s1`.
     pub path: String,
     /// The route the path matched.
-    pub route: Route,
+    pub route: Target,
     /// Header names (lower case) and values, several values joined by `, `.
     /// The value of `authorization` is masked to its scheme (`Bearer ***`,
     /// `Basic ***`), so no secret is recorded.
@@ -906,7 +880,7 @@ impl State {
     }
 
     /// Takes one use of the first fault queued for `route`.
-    pub(crate) fn take_fault(&mut self, route: Route) -> Option<Fault> {
+    pub(crate) fn take_fault(&mut self, route: Target) -> Option<Fault> {
         let i = self.faults.iter().position(|f| f.route == route)?;
         let f = &mut self.faults[i];
         f.count -= 1;
@@ -1018,11 +992,17 @@ mod tests {
         let mut s = State::new(None);
         s.faults.push(Fault::status(Route::Session, 503).times(2));
         s.faults.push(Fault::reset(Route::Session));
-        assert_eq!(s.take_fault(Route::Session).unwrap().status, Some(503));
-        assert_eq!(s.take_fault(Route::Events), None);
-        assert_eq!(s.take_fault(Route::Session).unwrap().status, Some(503));
-        assert!(s.take_fault(Route::Session).unwrap().reset);
-        assert_eq!(s.take_fault(Route::Session), None);
+        assert_eq!(
+            s.take_fault(Target::Route(Route::Session)).unwrap().status,
+            Some(503)
+        );
+        assert_eq!(s.take_fault(Target::Route(Route::Events)), None);
+        assert_eq!(
+            s.take_fault(Target::Route(Route::Session)).unwrap().status,
+            Some(503)
+        );
+        assert!(s.take_fault(Target::Route(Route::Session)).unwrap().reset);
+        assert_eq!(s.take_fault(Target::Route(Route::Session)), None);
     }
 
     /// The names of `POST dev/faults` and `GET dev/requests`, as PROTOCOL.md
@@ -1030,26 +1010,29 @@ mod tests {
     #[test]
     fn route_names_are_those_of_the_dev_api() {
         let all = [
-            (Route::AgentToken, "agent-token"),
-            (Route::BootStatus, "boot-status"),
-            (Route::EnvBundle, "env-bundle"),
-            (Route::Session, "session"),
-            (Route::RepoToken, "repo-token"),
-            (Route::RunStarted, "run-started"),
-            (Route::Events, "events"),
-            (Route::Cursor, "cursor"),
-            (Route::Finish, "finish"),
-            (Route::Git, "git"),
-            (Route::Dev, "dev"),
-            (Route::Unknown, "unknown"),
+            (Target::Route(Route::AgentToken), "agent-token"),
+            (Target::Route(Route::BootStatus), "boot-status"),
+            (Target::Route(Route::EnvBundle), "env-bundle"),
+            (Target::Route(Route::Session), "session"),
+            (Target::Route(Route::RepoToken), "repo-token"),
+            (Target::Route(Route::RunStarted), "run-started"),
+            (Target::Route(Route::Events), "events"),
+            (Target::Route(Route::Cursor), "cursor"),
+            (Target::Route(Route::Finish), "finish"),
+            (Target::Git, "git"),
+            (Target::Dev, "dev"),
+            (Target::Unknown, "unknown"),
         ];
-        for (route, name) in all {
-            assert_eq!(serde_json::to_value(route).unwrap(), json!(name));
-            assert_eq!(serde_json::from_value::<Route>(json!(name)).unwrap(), route);
-            assert_eq!(route.api().map(Route::from), route.api().map(|_| route));
+        for (target, name) in all {
+            assert_eq!(serde_json::to_value(target).unwrap(), json!(name));
+            assert_eq!(
+                serde_json::from_value::<Target>(json!(name)).unwrap(),
+                target
+            );
+            assert_eq!(target.api().map(Target::from), target.api().map(|_| target));
         }
-        assert_eq!(ApiRoute::all().count(), 9);
-        let err = serde_json::from_value::<Route>(json!("sessions")).unwrap_err();
+        assert_eq!(Route::all().count(), 9);
+        let err = serde_json::from_value::<Target>(json!("sessions")).unwrap_err();
         assert!(
             err.to_string().contains("unknown route \"sessions\""),
             "{err}"
@@ -1058,7 +1041,7 @@ mod tests {
 
     #[test]
     fn faults_are_validated() {
-        assert!(Fault::status(Route::Dev, 503).validate().is_err());
+        assert!(Fault::status(Target::Dev, 503).validate().is_err());
         assert!(
             Fault::status(Route::Session, 503)
                 .times(0)
@@ -1080,15 +1063,15 @@ mod tests {
             serde_json::from_value(json!({"route": "run-started", "status": 503})).unwrap();
         assert_eq!(f, Fault::status(Route::RunStarted, 503));
         assert!(Fault::pad(Route::Session, 10).validate().is_ok());
-        assert!(Fault::pad(Route::Git, 10).validate().is_err());
+        assert!(Fault::pad(Target::Git, 10).validate().is_err());
         assert!(
-            Fault::stall(Route::Git, Duration::from_millis(5))
+            Fault::stall(Target::Git, Duration::from_millis(5))
                 .validate()
                 .is_ok()
         );
         let reset_and_stall = Fault {
             stall_ms: Some(5),
-            ..Fault::reset(Route::Git)
+            ..Fault::reset(Target::Git)
         };
         assert!(reset_and_stall.validate().is_err());
         let f: Fault =
