@@ -7,7 +7,7 @@
 //!
 //! The check starts at boot as soon as the session is read
 //! ([`Pending::start`]), concurrently with the clone and the rest of the
-//! boot, and the first turn waits for its verdict ([`Pending::take`]) just
+//! boot, and the first turn waits for its report ([`Pending::take`]) just
 //! before its agent would start, so a canary that times out costs the boot
 //! no wall time of its own.
 
@@ -147,9 +147,9 @@ impl CheckOptions {
     }
 }
 
-/// The canary's verdict.
+/// The canary's report.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
+pub struct CanaryReport {
     /// The canary that was checked.
     pub canary: String,
     /// Whether it was reached: the egress policy is missing.
@@ -161,7 +161,7 @@ pub struct Verdict {
     pub via_proxy: bool,
 }
 
-impl Verdict {
+impl CanaryReport {
     /// The data of the `hosted_boot.egress_canary` event (PROTOCOL.md 4.6).
     pub fn event_data(&self) -> Value {
         json!({
@@ -173,7 +173,7 @@ impl Verdict {
     }
 
     /// The `finish.error.message` of a first turn that fails on this
-    /// verdict (`egress_policy_missing`).
+    /// report (`egress_policy_missing`).
     pub fn failure_message(&self) -> String {
         format!(
             "the egress canary {} was reachable ({}): the sandbox's egress policy is not enforced, so no agent was started; block it in the sandbox's network policy",
@@ -182,8 +182,8 @@ impl Verdict {
     }
 }
 
-/// Checks `canary` once, bounded by `opts.timeout`; logs the verdict.
-pub async fn check(canary: &Canary, opts: &CheckOptions) -> Verdict {
+/// Checks `canary` once, bounded by `opts.timeout`; logs the report.
+pub async fn check(canary: &Canary, opts: &CheckOptions) -> CanaryReport {
     let via_proxy = canary.is_https() && proxy_for(canary, opts).is_some();
     let bounded = tokio::time::timeout(opts.timeout, async {
         match canary {
@@ -201,18 +201,18 @@ pub async fn check(canary: &Canary, opts: &CheckOptions) -> Verdict {
             ),
         ),
     };
-    let verdict = Verdict {
+    let report = CanaryReport {
         canary: canary.to_string(),
         reachable,
         detail,
         via_proxy,
     };
-    if verdict.reachable {
-        tracing::error!(canary = %verdict.canary, detail = %verdict.detail, via_proxy, "egress canary reachable: the sandbox's egress policy is missing; the first turn fails egress_policy_missing");
+    if report.reachable {
+        tracing::error!(canary = %report.canary, detail = %report.detail, via_proxy, "egress canary reachable: the sandbox's egress policy is missing; the first turn fails egress_policy_missing");
     } else {
-        tracing::info!(canary = %verdict.canary, detail = %verdict.detail, via_proxy, "egress canary not reachable: the egress policy holds");
+        tracing::info!(canary = %report.canary, detail = %report.detail, via_proxy, "egress canary not reachable: the egress policy holds");
     }
-    verdict
+    report
 }
 
 /// A TCP connection to any address of `host`.
@@ -381,7 +381,7 @@ fn tls_reason(e: &rustls::Error) -> String {
 /// after it).
 #[derive(Debug, Default)]
 pub struct Pending {
-    task: std::sync::Mutex<Option<tokio::task::JoinHandle<Verdict>>>,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<CanaryReport>>>,
     deferred: std::sync::Mutex<Option<(Canary, CheckOptions)>>,
 }
 
@@ -416,9 +416,9 @@ impl Pending {
         crate::concurrency::lock(&self.deferred).is_some()
     }
 
-    /// The verdict, once: the first caller waits for it, later ones get
+    /// The report, once: the first caller waits for it, later ones get
     /// `None` (only the first agent of a boot waits for the canary).
-    pub async fn take(&self) -> Option<Verdict> {
+    pub async fn take(&self) -> Option<CanaryReport> {
         let deferred = crate::concurrency::lock(&self.deferred).take();
         if let Some((canary, opts)) = deferred {
             return Some(check(&canary, &opts).await);
@@ -426,8 +426,8 @@ impl Pending {
         let task = crate::concurrency::lock(&self.task).take()?;
         match task.await {
             Ok(v) => Some(v),
-            // The check panicked: its verdict is unknown, so fail closed.
-            Err(e) => Some(Verdict {
+            // The check panicked: its report is unknown, so fail closed.
+            Err(e) => Some(CanaryReport {
                 canary: String::new(),
                 reachable: true,
                 detail: format!("the check did not finish ({e})"),
@@ -504,12 +504,12 @@ mod tests {
     #[tokio::test]
     async fn a_name_that_does_not_resolve_is_said_so() {
         let canary = Canary::parse("c", "https://no-such-host.invalid").unwrap();
-        let verdict = check(&canary, &opts()).await;
-        assert!(!verdict.reachable, "{}", verdict.detail);
+        let report = check(&canary, &opts()).await;
+        assert!(!report.reachable, "{}", report.detail);
         assert!(
-            verdict.detail.starts_with("the name does not resolve ("),
+            report.detail.starts_with("the name does not resolve ("),
             "{}",
-            verdict.detail
+            report.detail
         );
     }
 
@@ -534,12 +534,12 @@ mod tests {
             https_proxy: Some(proxy),
             ..opts()
         };
-        let verdict = check(&canary, &opts).await;
-        assert!(verdict.via_proxy && !verdict.reachable, "{verdict:?}");
+        let report = check(&canary, &opts).await;
+        assert!(report.via_proxy && !report.reachable, "{report:?}");
         assert!(
-            verdict.detail.starts_with("the proxy refused the tunnel ("),
+            report.detail.starts_with("the proxy refused the tunnel ("),
             "{}",
-            verdict.detail
+            report.detail
         );
     }
 }

@@ -23,7 +23,7 @@
 //! same steps: start the adapter on its channels, start the process under
 //! the supervisor, relay requests, stops, notes and alarms (one handler per
 //! select arm) until it exits, collect the adapter's observation, and
-//! decide the outcome (`verdict`: the runner's own evidence first).
+//! decide the outcome (`outcome_of`: the runner's own evidence first).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -147,7 +147,7 @@ pub async fn run(
             }
         };
         usage.add(&once.observation.usage);
-        let outcome = verdict(&input.config, &once, &flags, resume.is_some());
+        let outcome = outcome_of(&input.config, &once, &flags, resume.is_some());
         let overloaded = outcome
             .error
             .as_ref()
@@ -733,7 +733,7 @@ pub fn guard_died_message(guard_pid: i32) -> String {
 /// The outcome of one agent process: the runner's own evidence first
 /// (interrupt, stop, watchdog, a give-up), then the terminal event, then
 /// what the adapter saw, then the stderr text, then the exit status.
-fn verdict(config: &AgentConfig, once: &Once, flags: &Flags, resuming: bool) -> TurnOutcome {
+fn outcome_of(config: &AgentConfig, once: &Once, flags: &Flags, resuming: bool) -> TurnOutcome {
     if let Some(guard) = once.exit.guard_died {
         return TurnOutcome::failed(ErrorCode::RunnerError, guard_died_message(guard));
     }
@@ -984,7 +984,7 @@ mod tests {
         };
         let o = once(Some(Terminal::Completed), 0, ExitRule::NeedsTerminal, "");
         assert_eq!(
-            verdict(&claude(), &o, &flags, false).status,
+            outcome_of(&claude(), &o, &flags, false).status,
             RunOutcome::Interrupted
         );
     }
@@ -993,7 +993,7 @@ mod tests {
     fn a_terminal_event_wins_over_the_exit_status() {
         let o = once(Some(Terminal::Completed), 143, ExitRule::NeedsTerminal, "");
         assert_eq!(
-            verdict(&claude(), &o, &Flags::default(), false).status,
+            outcome_of(&claude(), &o, &Flags::default(), false).status,
             RunOutcome::Succeeded
         );
     }
@@ -1001,7 +1001,7 @@ mod tests {
     #[test]
     fn no_terminal_event_is_a_crash_with_the_stderr_tail_or_its_class() {
         let o = once(None, 1, ExitRule::NeedsTerminal, "boom\n");
-        let v = verdict(&claude(), &o, &Flags::default(), false);
+        let v = outcome_of(&claude(), &o, &Flags::default(), false);
         let e = v.error.unwrap();
         assert_eq!(e.code, ErrorCode::AgentCrashed);
         assert!(e.message.contains("exited with status 1") && e.message.contains("boom"));
@@ -1012,7 +1012,7 @@ mod tests {
             "Error: No conversation found with session ID: x",
         );
         assert_eq!(
-            verdict(&claude(), &o, &Flags::default(), true)
+            outcome_of(&claude(), &o, &Flags::default(), true)
                 .error
                 .unwrap()
                 .code,
@@ -1021,12 +1021,12 @@ mod tests {
         // Exit 0 without a terminal event is no success for such a CLI.
         let o = once(None, 0, ExitRule::NeedsTerminal, "");
         assert_eq!(
-            verdict(&claude(), &o, &Flags::default(), false).status,
+            outcome_of(&claude(), &o, &Flags::default(), false).status,
             RunOutcome::Failed
         );
         let o = once(None, 0, ExitRule::ZeroSucceeds, "");
         assert_eq!(
-            verdict(&claude(), &o, &Flags::default(), false).status,
+            outcome_of(&claude(), &o, &Flags::default(), false).status,
             RunOutcome::Succeeded
         );
     }

@@ -260,7 +260,7 @@ pub enum RunnerEvent {
     /// `hosted_boot.setup_output`: a line of the setup script's output,
     /// redacted like the agent's.
     SetupOutput,
-    /// `hosted_boot.egress_canary`: the egress canary's verdict, before the
+    /// `hosted_boot.egress_canary`: the egress canary's result, before the
     /// first agent starts (4.1 step 3).
     EgressCanary,
     /// `hosted_boot.workspace`: a fresh clone's submodules and LFS files

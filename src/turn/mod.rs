@@ -71,7 +71,7 @@ pub struct TurnContext {
     /// (PROTOCOL.md 4.1, "Setup"); `None`: no setup script is set.
     pub setup: Option<setup::Setup>,
     /// The egress canary started at boot: the first turn waits for its
-    /// verdict before its agent starts (4.1 step 3).
+    /// result before its agent starts (4.1 step 3).
     pub egress_canary: crate::egress::Pending,
     /// The platform's instructions for the agent (the session's, or
     /// `--instructions-file`'s), written into each turn's run directory.
@@ -579,25 +579,25 @@ impl<'a> Turn<'a> {
         (driven.outcome, driven.stopped_by)
     }
 
-    /// The egress canary's verdict, for the boot's first agent only (later
+    /// The egress canary's report, for the boot's first agent only (later
     /// turns find it taken): reported as a `hosted_boot.egress_canary`
     /// event; reachable, the turn's failed outcome (`egress_policy_missing`),
-    /// and no agent starts. A stop while it is awaited leaves the verdict to
+    /// and no agent starts. A stop while it is awaited leaves the report to
     /// the caller's stop check.
     async fn egress_canary(&mut self, events: &EventSender) -> Option<TurnOutcome> {
-        let verdict = self
+        let report = self
             .budget
             .unless_stopped(self.ctx.egress_canary.take())
             .await??;
-        events.emit(RunnerEvent::EgressCanary, verdict.event_data());
-        if !verdict.reachable {
+        events.emit(RunnerEvent::EgressCanary, report.event_data());
+        if !report.reachable {
             return None;
         }
         Some(TurnOutcome {
             agent_session_id: self.ctx.agent_session.resume_id(),
             ..TurnOutcome::failed(
                 crate::wire::ErrorCode::EgressPolicyMissing,
-                verdict.failure_message(),
+                report.failure_message(),
             )
         })
     }

@@ -230,6 +230,96 @@ fn assert_group_gone(sb: &Sandbox, cli: &str) {
     }
 }
 
+/// What the skeleton tests of a turn's interrupt, linger and silence need
+/// to know of an adapter and its stand-in: one row per CLI, the same
+/// skeleton for each ([`interrupted_turn`], [`lingering_turn`],
+/// [`silent_turn_is_hung`]); each test adds what is its CLI's own.
+struct Cli {
+    /// `--agent`, and the stand-in whose log is read.
+    agent: &'static str,
+    /// An event the CLI sends while it works (the interrupt comes after).
+    working: &'static str,
+    /// The stand-in's record of the protocol interrupt it received.
+    interrupt: &'static str,
+}
+
+const CLAUDE: Cli = Cli {
+    agent: "claude",
+    working: "assistant",
+    interrupt: "interrupt_received",
+};
+
+const CODEX: Cli = Cli {
+    agent: "codex",
+    working: "item/completed",
+    interrupt: "interrupt_received",
+};
+
+const OPENCODE: Cli = Cli {
+    agent: "opencode",
+    working: "message.part.updated",
+    interrupt: "abort_received",
+};
+
+/// A first turn on `task`, the session ended at its seal: the runner exits
+/// 0 and the CLI's group is gone.
+struct Turn {
+    snap: Snapshot,
+    output: String,
+    log: Vec<Value>,
+}
+
+/// The first turn interrupted once the CLI works: sealed `interrupted`,
+/// exactly one protocol interrupt received.
+async fn interrupted_turn(cli: &Cli, task: &str) -> Turn {
+    let sb = Sandbox::start(opts(task)).await;
+    let child = Runner::spawn(&mut agent_runner(&sb, cli.agent));
+    wait_event(&sb, "run-1", cli.working).await;
+    sb.coordinator.interrupt(Some("run-1")).unwrap();
+    let turn = ended_turn(&sb, cli, child).await;
+    assert_eq!(sealed(&turn.snap, "run-1").status.as_str(), "interrupted");
+    assert_eq!(records(&turn.log, cli.interrupt).len(), 1, "{task}");
+    turn
+}
+
+/// The first turn of a CLI that lingers after its terminal event (`task`
+/// says how): stopped, the turn `succeeded`.
+async fn lingering_turn(cli: &Cli, task: &str) -> Turn {
+    let sb = Sandbox::start(opts(task)).await;
+    let child = Runner::spawn(&mut agent_runner(&sb, cli.agent));
+    let turn = ended_turn(&sb, cli, child).await;
+    assert_eq!(sealed(&turn.snap, "run-1").status.as_str(), "succeeded");
+    turn
+}
+
+/// `run-1` sealed, the session ended, the runner's exit 0, the group gone.
+async fn ended_turn(sb: &Sandbox, cli: &Cli, mut child: Runner) -> Turn {
+    let snap = sealed_or_log(sb, &mut child, "run-1").await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_group_gone(sb, cli.agent);
+    Turn {
+        snap,
+        output,
+        log: log(sb, cli.agent),
+    }
+}
+
+/// A CLI silent past the idle timeout (20 s scaled by the test time scale:
+/// 1 s): failed `agent_hung`, not retryable, its group gone.
+async fn silent_turn_is_hung(cli: &Cli) {
+    let sb = Sandbox::start(opts("scenario:silent Anything")).await;
+    let (body, _) = one_failed_turn(
+        &sb,
+        agent_runner(&sb, cli.agent).env("HOSTED_BOOT_AGENT_IDLE_TIMEOUT", "20s"),
+    )
+    .await;
+    assert_eq!(error_code(&body), "agent_hung");
+    assert!(!body.error.as_ref().unwrap().retryable);
+    assert_group_gone(&sb, cli.agent);
+}
+
 fn repo(sb: &Sandbox) -> PathBuf {
     std::fs::canonicalize(sb.root()).unwrap().join("repo")
 }
@@ -397,82 +487,44 @@ async fn claude_resumes_the_coordinators_session_and_carries_a_new_id_it_reports
 
 #[tokio::test]
 async fn claude_is_interrupted_through_its_protocol() {
-    let sb = Sandbox::start(opts("scenario:interrupt Long work")).await;
-    let mut child = Runner::spawn(&mut agent_runner(&sb, "claude"));
-    wait_event(&sb, "run-1", "assistant").await;
-    sb.coordinator.interrupt(Some("run-1")).unwrap();
-    let snap = sealed_or_log(&sb, &mut child, "run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
-
-    let body = sealed(&snap, "run-1");
-    assert_eq!(body.status.as_str(), "interrupted");
+    let turn = interrupted_turn(&CLAUDE, "scenario:interrupt Long work").await;
+    let body = sealed(&turn.snap, "run-1");
     assert_eq!(body.error, None);
-    let log = log(&sb, "claude");
-    assert_eq!(records(&log, "interrupt_received").len(), 1);
     // It ended through the protocol: the result, then EOF, a clean exit.
-    assert_eq!(records(&log, "exit")[0]["code"], 0);
-    let stdin = records(&log, "stdin");
+    assert_eq!(records(&turn.log, "exit")[0]["code"], 0);
+    let stdin = records(&turn.log, "stdin");
     assert_eq!(
         stdin.last().unwrap()["message"]["request"]["subtype"],
         "interrupt"
     );
     assert!(body.agent_session_id.is_some());
-    assert_group_gone(&sb, "claude");
 }
 
 #[tokio::test]
 async fn claude_ignoring_the_interrupt_is_stopped_by_signals() {
-    let sb = Sandbox::start(opts("scenario:ignore-interrupt Long work")).await;
-    let mut child = Runner::spawn(&mut agent_runner(&sb, "claude"));
-    wait_event(&sb, "run-1", "assistant").await;
-    sb.coordinator.interrupt(Some("run-1")).unwrap();
-    let snap = sealed_or_log(&sb, &mut child, "run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
-    assert_eq!(sealed(&snap, "run-1").status.as_str(), "interrupted");
-    let log = log(&sb, "claude");
-    assert_eq!(records(&log, "interrupt_received").len(), 1);
-    assert!(records(&log, "exit").is_empty());
-    assert!(output.contains("SIGKILL"), "{output}");
-    assert_group_gone(&sb, "claude");
+    let turn = interrupted_turn(&CLAUDE, "scenario:ignore-interrupt Long work").await;
+    assert!(records(&turn.log, "exit").is_empty());
+    assert!(turn.output.contains("SIGKILL"), "{}", turn.output);
 }
 
 #[tokio::test]
 async fn claude_lingering_after_its_result_is_stopped_and_the_outcome_kept() {
-    let sb = Sandbox::start(opts("scenario:hang-after-result Quick")).await;
     let started = Instant::now();
-    let mut child = Runner::spawn(&mut agent_runner(&sb, "claude"));
-    let snap = sealed_or_log(&sb, &mut child, "run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
-    let body = sealed(&snap, "run-1");
-    assert_eq!(body.status.as_str(), "succeeded");
+    let turn = lingering_turn(&CLAUDE, "scenario:hang-after-result Quick").await;
+    let body = sealed(&turn.snap, "run-1");
     assert!(usage(&body)["costUsd"].is_number());
-    assert_eq!(records(&log(&sb, "claude"), "hanging").len(), 1);
+    assert_eq!(records(&turn.log, "hanging").len(), 1);
     assert!(
-        output.contains("terminal event but is still running"),
-        "{output}"
+        turn.output.contains("terminal event but is still running"),
+        "{}",
+        turn.output
     );
     assert!(started.elapsed() < Duration::from_secs(20));
-    assert_group_gone(&sb, "claude");
 }
 
 #[tokio::test]
 async fn claude_silent_is_failed_agent_hung_by_the_idle_watchdog() {
-    let sb = Sandbox::start(opts("scenario:silent Anything")).await;
-    // 20 s scaled by the test time scale: 1 s.
-    let (body, _) = one_failed_turn(
-        &sb,
-        agent_runner(&sb, "claude").env("HOSTED_BOOT_AGENT_IDLE_TIMEOUT", "20s"),
-    )
-    .await;
-    assert_eq!(error_code(&body), "agent_hung");
-    assert!(!body.error.as_ref().unwrap().retryable);
-    assert_group_gone(&sb, "claude");
+    silent_turn_is_hung(&CLAUDE).await;
 }
 
 /// One failed first turn per scenario, all at once; returns the seals in
@@ -686,57 +738,21 @@ async fn codex_app_server_completes_and_resumes_with_per_turn_usage() {
 
 #[tokio::test]
 async fn codex_is_interrupted_with_turn_interrupt() {
-    let sb = Sandbox::start(opts("scenario:interrupt Long")).await;
-    let mut child = Runner::spawn(&mut agent_runner(&sb, "codex"));
-    wait_event(&sb, "run-1", "item/completed").await;
-    sb.coordinator.interrupt(Some("run-1")).unwrap();
-    let snap = sealed_or_log(&sb, &mut child, "run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
-    assert_eq!(sealed(&snap, "run-1").status.as_str(), "interrupted");
-    let log = log(&sb, "codex");
-    let got = records(&log, "interrupt_received");
-    assert_eq!(got.len(), 1);
+    let turn = interrupted_turn(&CODEX, "scenario:interrupt Long").await;
+    let got = records(&turn.log, "interrupt_received");
     assert_eq!(got[0]["params"]["turnId"], "turn-1");
-    assert_eq!(records(&log, "exit")[0]["code"], 0);
-    assert_group_gone(&sb, "codex");
+    assert_eq!(records(&turn.log, "exit")[0]["code"], 0);
 }
 
 #[tokio::test]
 async fn codex_ignoring_the_interrupt_is_stopped_by_signals() {
-    let sb = Sandbox::start(opts("scenario:ignore-interrupt Long")).await;
-    let mut child = Runner::spawn(&mut agent_runner(&sb, "codex"));
-    wait_event(&sb, "run-1", "item/completed").await;
-    sb.coordinator.interrupt(Some("run-1")).unwrap();
-    let snap = sealed_or_log(&sb, &mut child, "run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
-    assert_eq!(sealed(&snap, "run-1").status.as_str(), "interrupted");
-    assert_eq!(records(&log(&sb, "codex"), "interrupt_received").len(), 1);
-    assert_group_gone(&sb, "codex");
+    interrupted_turn(&CODEX, "scenario:ignore-interrupt Long").await;
 }
 
 #[tokio::test]
 async fn codex_lingering_after_turn_completed_is_stopped_and_silence_is_hung() {
-    let sb = Sandbox::start(opts("scenario:hang-after-completed Quick")).await;
-    let mut child = Runner::spawn(&mut agent_runner(&sb, "codex"));
-    let snap = sealed_or_log(&sb, &mut child, "run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
-    assert_eq!(sealed(&snap, "run-1").status.as_str(), "succeeded");
-    assert_group_gone(&sb, "codex");
-
-    let sb = Sandbox::start(opts("scenario:silent Anything")).await;
-    let (body, _) = one_failed_turn(
-        &sb,
-        agent_runner(&sb, "codex").env("HOSTED_BOOT_AGENT_IDLE_TIMEOUT", "20s"),
-    )
-    .await;
-    assert_eq!(error_code(&body), "agent_hung");
-    assert_group_gone(&sb, "codex");
+    lingering_turn(&CODEX, "scenario:hang-after-completed Quick").await;
+    silent_turn_is_hung(&CODEX).await;
 }
 
 #[tokio::test]
@@ -1017,43 +1033,17 @@ async fn opencode_event_types_are_redacted_and_cannot_claim_the_runners_namespac
 #[tokio::test]
 async fn opencode_is_interrupted_with_abort_then_signals() {
     for (scenario, aborted_cleanly) in [("interrupt", true), ("ignore-interrupt", false)] {
-        let sb = Sandbox::start(opts(&format!("scenario:{scenario} Long"))).await;
-        let mut child = Runner::spawn(&mut agent_runner(&sb, "opencode"));
-        wait_event(&sb, "run-1", "message.part.updated").await;
-        sb.coordinator.interrupt(Some("run-1")).unwrap();
-        let snap = sealed_or_log(&sb, &mut child, "run-1").await;
-        sb.coordinator.end_session();
-        let (status, output) = child.finish().await;
-        assert_eq!(status.code(), Some(0), "{output}");
-        assert_eq!(sealed(&snap, "run-1").status.as_str(), "interrupted");
-        let log = log(&sb, "opencode");
-        assert_eq!(records(&log, "abort_received").len(), 1, "{scenario}");
-        let errors = events(&snap, "run-1", "session.error");
+        let turn = interrupted_turn(&OPENCODE, &format!("scenario:{scenario} Long")).await;
+        let errors = events(&turn.snap, "run-1", "session.error");
         assert_eq!(errors.len(), usize::from(aborted_cleanly), "{scenario}");
-        assert_group_gone(&sb, "opencode");
     }
 }
 
 #[tokio::test]
 async fn opencode_server_is_stopped_after_idle_and_silence_is_hung() {
-    let sb = Sandbox::start(opts("scenario:stubborn Quick")).await;
-    let mut child = Runner::spawn(&mut agent_runner(&sb, "opencode"));
-    let snap = sealed_or_log(&sb, &mut child, "run-1").await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
-    assert_eq!(sealed(&snap, "run-1").status.as_str(), "succeeded");
-    assert!(!records(&log(&sb, "opencode"), "signal").is_empty());
-    assert_group_gone(&sb, "opencode");
-
-    let sb = Sandbox::start(opts("scenario:silent Anything")).await;
-    let (body, _) = one_failed_turn(
-        &sb,
-        agent_runner(&sb, "opencode").env("HOSTED_BOOT_AGENT_IDLE_TIMEOUT", "20s"),
-    )
-    .await;
-    assert_eq!(error_code(&body), "agent_hung");
-    assert_group_gone(&sb, "opencode");
+    let turn = lingering_turn(&OPENCODE, "scenario:stubborn Quick").await;
+    assert!(!records(&turn.log, "signal").is_empty());
+    silent_turn_is_hung(&OPENCODE).await;
 }
 
 #[tokio::test]
