@@ -84,7 +84,7 @@ pub async fn complete(
         let planned = match planned {
             Ok(Ok(planned)) => planned,
             Ok(Err(reason)) => {
-                tracing::warn!(dir = %level.dir.display(), reason, "the submodules could not be read");
+                tracing::warn!(dir = %level.dir.display(), %reason, "the submodules could not be read");
                 continue;
             }
             Err(_) => continue,

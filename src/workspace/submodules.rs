@@ -144,6 +144,12 @@ fn parse_as_git_reads(text: &str) -> Option<Url> {
     authority.eq_ignore_ascii_case(&expected).then_some(url)
 }
 
+/// A level's submodules could not be read (`git ls-files` failed; its
+/// redacted message).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unreadable(pub String);
+
 /// The entries of `level`'s `.gitmodules` and the gitlinks of its index
 /// (none without a `.gitmodules`), each checked on its own: one that is
 /// malformed or unsafe is refused with its reason ([`Planned::refused`])
@@ -151,11 +157,11 @@ fn parse_as_git_reads(text: &str) -> Option<Url> {
 /// stops the whole level at one entry it refuses (`update = !command`).
 ///
 /// Errors: `git ls-files` failing (its redacted message).
-pub fn plan(run: &GitRun<'_>, level: &Level) -> Result<Vec<Planned>, String> {
+pub fn plan(run: &GitRun<'_>, level: &Level) -> Result<Vec<Planned>, Unreadable> {
     if !level.dir.join(".gitmodules").is_file() {
         return Ok(Vec::new());
     }
-    let staged = git(run, &level.dir, &["ls-files", "--stage", "-z"])?;
+    let staged = git(run, &level.dir, &["ls-files", "--stage", "-z"]).map_err(Unreadable)?;
     let gitlinks: Vec<(String, String)> = staged
         .split('\0')
         .filter_map(|line| {

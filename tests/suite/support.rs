@@ -636,7 +636,7 @@ pub fn assert_no_secret(what: &str, output: &str, secrets: &[String]) {
 
 /// `Err` naming what is missing unless this process is root and has
 /// setpriv (util-linux), which `what` needs to drop to another uid.
-pub fn root_and_setpriv(what: &str) -> Result<(), String> {
+pub fn root_and_setpriv(what: &str) -> Result<(), hosted_boot_test_support::Missing> {
     hosted_boot_test_support::root(what)?;
     hosted_boot_test_support::program("/usr/bin/setpriv", "util-linux")
 }

@@ -60,20 +60,36 @@ pub struct Operation<'a> {
     pub op: &'a Value,
 }
 
+/// The embedded document does not parse or uses a keyword the validator
+/// does not know (the message says which).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidDocument(pub String);
+
+/// The first place where a value does not match its schema, by its JSON
+/// pointer (`/session/workspaceId: missing, required`); never the value.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Mismatch(pub String);
+
 impl Document {
     /// Parses [`TEXT`].
     ///
     /// Errors: the YAML does not parse, or the document uses a schema
     /// keyword the validator does not know (a bug of the shipped document,
     /// caught by its test).
-    pub fn load() -> Result<Document, String> {
+    pub fn load() -> Result<Document, InvalidDocument> {
         Document::parse(TEXT)
     }
 
     /// Parses `text` (YAML) as a document.
     ///
     /// Errors: as [`Document::load`].
-    pub fn parse(text: &str) -> Result<Document, String> {
+    pub fn parse(text: &str) -> Result<Document, InvalidDocument> {
+        Document::parsed(text).map_err(InvalidDocument)
+    }
+
+    fn parsed(text: &str) -> Result<Document, String> {
         let docs = yaml_rust2::YamlLoader::load_from_str(text)
             .map_err(|e| format!("docs/openapi.yaml does not parse: {e}"))?;
         let first = docs
@@ -179,8 +195,8 @@ impl Document {
     /// JSON pointer in `value` (`/session/workspaceId: missing, required`).
     /// Values are never quoted (an answer may carry a secret), only their
     /// type.
-    pub fn validate(&self, schema: &Value, value: &Value) -> Result<(), String> {
-        self.check(schema, value, "")
+    pub fn validate(&self, schema: &Value, value: &Value) -> Result<(), Mismatch> {
+        self.check(schema, value, "").map_err(Mismatch)
     }
 
     // long: one block per JSON Schema keyword the document uses, each a few
@@ -444,17 +460,18 @@ mod tests {
         doc.validate(tok, &json!({"token": "t", "expiresAt": null}))
             .unwrap();
         let e = doc.validate(tok, &json!({"expiresAt": 1})).unwrap_err();
-        assert_eq!(e, "/token: missing, required");
+        assert_eq!(e.0, "/token: missing, required");
         let s = doc.response_schema(Route::Session, 200).unwrap();
         let e = doc
             .validate(s, &json!({"session": {"workspaceId": 3, "repoBranch": "b", "clientInfo": {"task": "t"}}}))
             .unwrap_err();
-        assert_eq!(e, "/session/workspaceId: expected string, got number");
+        assert_eq!(e.0, "/session/workspaceId: expected string, got number");
         let bad_turn = json!({"session": {"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "t"},
             "pendingTurn": {"runId": "r"}}});
         assert!(
             doc.validate(s, &bad_turn)
                 .unwrap_err()
+                .0
                 .contains("none of its forms")
         );
         // A 503 falls to the documented error, a 204 of an ack to its range.
@@ -466,6 +483,6 @@ mod tests {
     fn an_unknown_keyword_is_refused() {
         let text = "openapi: 3.1.0\ncomponents:\n  schemas:\n    A:\n      type: object\n      patternProperties: {}\n";
         let e = Document::parse(text).unwrap_err();
-        assert!(e.contains("patternProperties"), "{e}");
+        assert!(e.0.contains("patternProperties"), "{e}");
     }
 }

@@ -367,7 +367,7 @@ fn check_answer(
         Ok(v) => v,
         Err(_) => return Some("a JSON body, got one that does not parse".into()),
     };
-    doc.validate(schema, &value).err()
+    doc.validate(schema, &value).err().map(|m| m.0)
 }
 
 /// What the answer means beyond its own route: milestones, the

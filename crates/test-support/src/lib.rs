@@ -79,19 +79,33 @@ pub fn skips_dir() -> PathBuf {
 
 /// `Err` naming what is missing unless this process is root (how to get
 /// it: run as root, as `.ci/run` does, e.g. in a container).
-pub fn root(why: &str) -> Result<(), String> {
+pub fn root(why: &str) -> Result<(), Missing> {
     if rustix::process::geteuid().is_root() {
         Ok(())
     } else {
-        Err(format!(
+        Err(Missing(format!(
             "{why} needs root (run the suite as root, as .ci/run does, e.g. in a container)"
-        ))
+        )))
+    }
+}
+
+/// What a test needs and this machine lacks, and how to get it: the
+/// reason [`skip`] records (or the test's failure, when skipping is not
+/// allowed).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Missing(pub String);
+
+/// For a test's own `Result<_, String>` of reasons.
+impl From<Missing> for String {
+    fn from(missing: Missing) -> String {
+        missing.0
     }
 }
 
 /// `Err` naming `program` and the package that has it unless it is on
 /// `PATH` (or, for an absolute path, exists).
-pub fn program(program: &str, package: &str) -> Result<(), String> {
+pub fn program(program: &str, package: &str) -> Result<(), Missing> {
     let found = if program.starts_with('/') {
         std::path::Path::new(program).exists()
     } else {
@@ -103,9 +117,9 @@ pub fn program(program: &str, package: &str) -> Result<(), String> {
     if found {
         Ok(())
     } else {
-        Err(format!(
+        Err(Missing(format!(
             "{program} is not installed (apt-get install {package})"
-        ))
+        )))
     }
 }
 
