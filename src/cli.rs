@@ -23,13 +23,33 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// A parsed command line, and for `check` the settings whose variable held
+/// a bad value, each as the runner's message: `check` reports them as its
+/// environment check, with the rest of its report, where `run` stops at
+/// the first.
+pub struct Parsed {
+    /// The command.
+    pub cli: Cli,
+    /// `check`'s variables that did not parse (their flags then take their
+    /// defaults).
+    pub rejected: Vec<String>,
+}
+
+/// A command line that did not parse, for [`report`].
+pub struct Rejected {
+    error: clap::Error,
+    /// The subcommand it named (`run` when none).
+    subcommand: Option<String>,
+}
+
 /// Parses the command line, `run` when it names no subcommand. `run`'s
 /// settings are parsed only for `run` and `check`: their variables (a bad
 /// `HOSTED_BOOT_INTERRUPT_GRACE`) are no concern of `status`, the image's
-/// health check, or of the credential helper.
+/// health check, or of the credential helper. An empty variable counts as
+/// unset, as a platform's template writes `VAR=` to turn a setting off.
 ///
 /// Errors: clap's, for [`report`].
-pub fn parse(argv: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
+pub fn parse(argv: impl IntoIterator<Item = OsString>) -> Result<Parsed, Rejected> {
     let mut argv: Vec<OsString> = argv.into_iter().collect();
     let first = argv.get(1).map(|a| a.to_string_lossy().into_owned());
     let names_no_subcommand = match first.as_deref() {
@@ -40,7 +60,94 @@ pub fn parse(argv: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Erro
     if names_no_subcommand {
         argv.insert(1.min(argv.len()), OsString::from("run"));
     }
-    Cli::try_parse_from(argv)
+    let subcommand = argv.get(1).map(|a| a.to_string_lossy().into_owned());
+    let mut command = unset_empty_variables(<Cli as clap::CommandFactory>::command());
+    let mut rejected = Vec::new();
+    loop {
+        let error = match command.try_get_matches_from_mut(argv.iter()) {
+            Ok(matches) => match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+                Ok(cli) => return Ok(Parsed { cli, rejected }),
+                Err(error) => error,
+            },
+            Err(error) => error,
+        };
+        let from_variable = (subcommand.as_deref() == Some("check"))
+            .then(|| bad_variable(&command, "check", &error, &argv))
+            .flatten();
+        match from_variable {
+            Some(id) => {
+                rejected.extend(explain(&error, &command, "check"));
+                command = command.mut_subcommand("check", |c| c.mut_arg(id, |a| a.env(None)));
+            }
+            None => return Err(Rejected { error, subcommand }),
+        }
+    }
+}
+
+/// `command` (and its subcommands) with the variable of every argument
+/// whose variable is set but empty dropped: clap would hand the empty value
+/// to the parser ("a value is required", "invalid duration \"\"").
+fn unset_empty_variables(mut command: clap::Command) -> clap::Command {
+    let empty: Vec<clap::Id> = command
+        .get_arguments()
+        .filter(|a| {
+            a.get_env()
+                .and_then(std::env::var_os)
+                .is_some_and(|v| v.is_empty())
+        })
+        .map(|a| a.get_id().clone())
+        .collect();
+    for id in empty {
+        command = command.mut_arg(id, |a| a.env(None));
+    }
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for name in names {
+        command = command.mut_subcommand(name, unset_empty_variables);
+    }
+    command
+}
+
+/// The argument of `subcommand` whose bad value came from its variable
+/// (not from the command line), if that is what `error` is about.
+fn bad_variable(
+    command: &clap::Command,
+    subcommand: &str,
+    error: &clap::Error,
+    argv: &[OsString],
+) -> Option<clap::Id> {
+    use clap::error::ErrorKind;
+    if !matches!(
+        error.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return None;
+    }
+    let arg = failed_arg(command, subcommand, error)?;
+    arg.get_env()?;
+    let long = format!("--{}", arg.get_long()?);
+    let on_command_line = argv.iter().any(|a| {
+        let a = a.to_string_lossy();
+        a == long || a.starts_with(&format!("{long}="))
+    });
+    (!on_command_line).then(|| arg.get_id().clone())
+}
+
+/// The argument of `subcommand` that `error` names.
+fn failed_arg<'a>(
+    command: &'a clap::Command,
+    subcommand: &str,
+    error: &clap::Error,
+) -> Option<&'a clap::Arg> {
+    use clap::error::{ContextKind, ContextValue};
+    let ContextValue::String(arg) = error.get(ContextKind::InvalidArg)? else {
+        return None;
+    };
+    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let scope = command.find_subcommand(subcommand).unwrap_or(command);
+    scope.get_arguments().find(|a| a.get_long() == Some(long))
 }
 
 /// Prints a parse error and gives the exit code: for a bad value, the
@@ -49,59 +156,65 @@ pub fn parse(argv: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Erro
 /// secret: a URL's user info is not shown) and says what to write; clap's
 /// rendering would quote the raw value, user info and all. Anything else
 /// (help, version, an unknown flag) as clap prints it.
-pub fn report(error: &clap::Error) -> i32 {
-    match explain(error) {
+pub fn report(rejected: &Rejected) -> i32 {
+    let command = <Cli as clap::CommandFactory>::command();
+    let subcommand = rejected.subcommand.as_deref().unwrap_or("run");
+    match explain(&rejected.error, &command, subcommand) {
         Some(message) => {
             eprintln!("hosted-boot: configuration error: {message}");
             2
         }
         None => {
-            let _ = error.print();
-            error.exit_code()
+            let _ = rejected.error.print();
+            rejected.error.exit_code()
         }
     }
 }
 
-/// The runner's message for a bad value, `None` for any other error.
-fn explain(error: &clap::Error) -> Option<String> {
+/// The runner's message for a bad value of `subcommand`'s, `None` for any
+/// other error.
+fn explain(error: &clap::Error, command: &clap::Command, subcommand: &str) -> Option<String> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     let ContextValue::String(arg) = error.get(ContextKind::InvalidArg)? else {
         return None;
     };
     let flag = arg.split_whitespace().next().unwrap_or(arg);
-    let named = match variable_of(flag) {
-        Some(var) => format!("{flag} ({var})"),
+    let variable = failed_arg(command, subcommand, error).and_then(|a| a.get_env());
+    let named = match variable {
+        Some(var) => format!("{flag} ({})", var.to_string_lossy()),
         None => flag.to_string(),
     };
-    let valid = match error.get(ContextKind::ValidValue) {
-        Some(ContextValue::Strings(values)) => values.join(", "),
+    let value = match error.get(ContextKind::InvalidValue) {
+        Some(ContextValue::String(v)) => crate::text::clip(v, 80),
         _ => String::new(),
     };
     match error.kind() {
         ErrorKind::ValueValidation => {
             let reason = std::error::Error::source(error)?;
-            Some(format!("{named}: {reason}"))
+            // The runner's parsers quote the value themselves (a URL
+            // without its user info); another's message may not name it.
+            if reason.is::<crate::boot::values::InvalidValue>()
+                || reason.is::<crate::timings::InvalidDuration>()
+            {
+                Some(format!("{named}: {reason}"))
+            } else {
+                Some(format!("{named}: {value:?} is not valid ({reason})"))
+            }
         }
-        ErrorKind::InvalidValue if !valid.is_empty() => {
-            let value = match error.get(ContextKind::InvalidValue) {
-                Some(ContextValue::String(v)) if !v.is_empty() => {
-                    format!("{:?} is not one of", crate::text::head(v, 80))
-                }
-                _ => "is empty; write one of".to_string(),
+        ErrorKind::InvalidValue => {
+            let valid = match error.get(ContextKind::ValidValue) {
+                Some(ContextValue::Strings(values)) => values.join(", "),
+                _ => return None,
             };
-            Some(format!("{named}: {value} {valid}"))
+            let said = if value.is_empty() {
+                "is empty; write one of".to_string()
+            } else {
+                format!("{value:?} is not one of")
+            };
+            Some(format!("{named}: {said} {valid}"))
         }
         _ => None,
     }
-}
-
-/// The variable behind `--flag`, from the command's own declarations.
-fn variable_of(flag: &str) -> Option<String> {
-    let long = flag.strip_prefix("--")?;
-    let command = <Cli as clap::CommandFactory>::command();
-    let run = command.find_subcommand("run")?;
-    let arg = run.get_arguments().find(|a| a.get_long() == Some(long))?;
-    arg.get_env().map(|v| v.to_string_lossy().into_owned())
 }
 
 /// The subcommands.

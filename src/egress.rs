@@ -55,9 +55,11 @@ impl Canary {
     /// user or password in the URL).
     pub fn parse(what: &str, text: &str) -> Result<Canary, CheckError> {
         let text = text.trim();
+        // Quoted as a contract URL is, without what may be user info
+        // (`https://user:pw@host`, `user:pw@host:port`).
         let fail = |reason: &str| CheckError {
             what: what.to_string(),
-            value: crate::text::clip(text, 160),
+            value: crate::text::clip(&crate::validate::shown_url(text), 160),
             reason: format!(
                 "{reason}; write HOST:PORT (a TCP connection) or https://HOST (a verified TLS handshake)"
             ),
@@ -324,8 +326,11 @@ fn io_reason(e: &std::io::Error) -> String {
 
 /// Why an `https://` canary was not reached (through a proxy when
 /// `proxied`): the first cause in the chain the log can name, told apart by
-/// type. A connection error with none of them, through a proxy, is the
-/// proxy's answer to the CONNECT (reqwest keeps that error's type private).
+/// type. Through a proxy, a connection error with no I/O error under it is
+/// the proxy's answer to the CONNECT (a status other than 200, or none):
+/// reqwest keeps that error's type private, and a tunnel the proxy opened
+/// and the far end closed fails with an I/O error (an EOF in the TLS
+/// handshake).
 fn reqwest_reason(e: &reqwest::Error, proxied: bool) -> String {
     if e.is_timeout() {
         return "timed out".to_string();
@@ -350,14 +355,10 @@ fn reqwest_reason(e: &reqwest::Error, proxied: bool) -> String {
             }
         }
     }
-    let text = causes
-        .iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(": ");
+    let text = crate::tls::texts(&causes).join(": ");
     if causes.iter().any(|c| c.is::<crate::tls::Unresolved>()) {
         format!("the name does not resolve ({text})")
-    } else if proxied && e.is_connect() {
+    } else if proxied && e.is_connect() && !causes.iter().any(|c| c.is::<std::io::Error>()) {
         format!("the proxy refused the tunnel ({text})")
     } else {
         format!("not reachable: {text}")
@@ -465,9 +466,11 @@ mod tests {
             ":443",
             "http://example.com",
             "https://user:pw@example.com",
+            "user:pw@example.com:0",
         ] {
             let e = Canary::parse("--egress-canary", bad).unwrap_err();
             assert!(e.to_string().contains("HOST:PORT"), "{bad}: {e}");
+            assert!(!e.to_string().contains("pw"), "{bad}: {e}");
         }
     }
 
@@ -513,10 +516,9 @@ mod tests {
         );
     }
 
-    /// A proxy that answers CONNECT with 403: the proxy's refusal, not an
-    /// unreachable host.
-    #[tokio::test]
-    async fn a_proxy_that_refuses_the_tunnel_is_said_so() {
+    /// The canary `https://blocked.example` through a proxy on loopback
+    /// that answers every CONNECT with `answer` and closes.
+    async fn through_proxy(answer: &'static [u8]) -> CanaryReport {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy = format!("http://{}", listener.local_addr().unwrap());
@@ -524,9 +526,7 @@ mod tests {
             while let Ok((mut conn, _)) = listener.accept().await {
                 let mut buf = [0u8; 1024];
                 let _ = conn.read(&mut buf).await;
-                let _ = conn
-                    .write_all(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
-                    .await;
+                let _ = conn.write_all(answer).await;
             }
         });
         let canary = Canary::parse("c", "https://blocked.example").unwrap();
@@ -536,10 +536,33 @@ mod tests {
         };
         let report = check(&canary, &opts).await;
         assert!(report.via_proxy && !report.reachable, "{report:?}");
+        report
+    }
+
+    /// A proxy that answers CONNECT with 403: the proxy's refusal, not an
+    /// unreachable host.
+    #[tokio::test]
+    async fn a_proxy_that_refuses_the_tunnel_is_said_so() {
+        let report = through_proxy(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n").await;
         assert!(
             report.detail.starts_with("the proxy refused the tunnel ("),
             "{}",
             report.detail
         );
+    }
+
+    /// A tunnel the proxy opened and the far end closed is not the proxy's
+    /// refusal (a fresh reviewer found it said so), and no cause's text
+    /// is repeated.
+    #[tokio::test]
+    async fn a_tunnel_closed_after_it_opened_is_not_the_proxys_refusal() {
+        let report = through_proxy(b"HTTP/1.1 200 Connection established\r\n\r\n").await;
+        assert!(
+            report.detail.starts_with("not reachable: "),
+            "{}",
+            report.detail
+        );
+        let parts: Vec<&str> = report.detail.split(": ").collect();
+        assert!(parts.windows(2).all(|w| w[0] != w[1]), "{}", report.detail);
     }
 }

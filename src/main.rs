@@ -83,8 +83,8 @@ fn main() -> ExitCode {
     }
     tls::install_crypto_provider();
 
-    let cli = match cli::parse(std::env::args_os()) {
-        Ok(cli) => cli,
+    let cli::Parsed { cli, rejected } = match cli::parse(std::env::args_os()) {
+        Ok(parsed) => parsed,
         Err(e) => return exit_code(cli::report(&e)),
     };
     let code = match cli.command {
@@ -92,7 +92,7 @@ fn main() -> ExitCode {
         Command::Credential(args) => {
             workspace::credential::run_credential_helper(&args.action, &args.context)
         }
-        Command::Check(args) => with_runtime(|| check::run(env, args, boot_secret)),
+        Command::Check(args) => with_runtime(|| check::run(env, args, boot_secret, rejected)),
         Command::Status(args) => match args.root.map_or_else(config::working_dir, Ok) {
             Ok(root) => status::command(&root, args.check),
             Err(e) => {

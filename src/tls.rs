@@ -17,7 +17,7 @@
 mod pem;
 mod resolve;
 
-pub use resolve::{SystemResolver, Unresolved, causes};
+pub use resolve::{SystemResolver, Unresolved, causes, texts};
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

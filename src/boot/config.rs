@@ -19,7 +19,7 @@ use crate::session_dir::CredentialMode;
 use crate::timings::{Timings, parse_duration};
 use crate::validate;
 
-use super::values::{self, AgentChoice, Optional};
+use super::values::{self, AgentChoice};
 
 /// The boot secret's variable (PROTOCOL.md section 1).
 pub const BOOT_SECRET_VAR: &str = "ORIZU_BOOT_SECRET";
@@ -186,7 +186,7 @@ pub fn load(
     let setup = setup_config(args, time_scale);
     let agent_api_allow =
         Allowlist::with_names(&args.agent_api_allow).map_err(|e| ConfigError(e.to_string()))?;
-    let egress_canary = args.egress_canary.get().cloned();
+    let egress_canary = args.egress_canary.clone();
     let instructions_file = instructions_file(args, &cwd)?;
     let base_env = env
         .iter()
@@ -381,7 +381,7 @@ fn default_boot_status_url(token_url: &Url) -> Result<Url, ConfigError> {
 }
 
 fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentConfig, ConfigError> {
-    let kind = match args.agent.get() {
+    let kind = match &args.agent {
         Some(AgentChoice::Demo) => return demo_agent(args, get),
         Some(AgentChoice::Kind(kind)) => *kind,
         None => {
@@ -478,7 +478,7 @@ fn demo_agent(
         ))
     })?;
     let command = RunArgs {
-        agent: Optional(Some(AgentChoice::Kind(AgentKind::Command))),
+        agent: Some(AgentChoice::Kind(AgentKind::Command)),
         agent_command: Some(format!(
             "{} demo-agent",
             crate::text::shell_word(&exe.to_string_lossy())
@@ -528,11 +528,9 @@ pub struct RunArgs {
         long,
         env = "HOSTED_BOOT_AGENT",
         hide_env_values = true,
-        default_value = "",
-        hide_default_value = true,
         value_parser = values::agent
     )]
-    pub agent: Optional<AgentChoice>,
+    pub agent: Option<AgentChoice>,
     /// A program and its arguments, split as a POSIX shell splits words (no
     /// shell is run). Required for `--agent command`; for a CLI agent it
     /// replaces the CLI's name (a path, or a launcher and its arguments).
@@ -699,11 +697,9 @@ pub struct RunArgs {
         long,
         env = "HOSTED_BOOT_EGRESS_CANARY",
         hide_env_values = true,
-        default_value = "",
-        hide_default_value = true,
         value_parser = values::egress_canary
     )]
-    pub egress_canary: Optional<crate::egress::Canary>,
+    pub egress_canary: Option<crate::egress::Canary>,
     /// A file of the platform's instructions for the agent, given to each
     /// CLI its own way (README, "Instructions for the agent"); the
     /// session's `instructions` win.
@@ -804,7 +800,7 @@ mod tests {
     #[test]
     fn the_demo_agent_is_this_binarys_demo_agent() {
         let demo = RunArgs {
-            agent: Optional(Some(AgentChoice::Demo)),
+            agent: Some(AgentChoice::Demo),
             agent_command: None,
             agent_arg: Vec::new(),
             ..args()
@@ -834,7 +830,7 @@ mod tests {
         let err = load(
             &env(&base()),
             &RunArgs {
-                agent: Optional(Some(AgentChoice::Demo)),
+                agent: Some(AgentChoice::Demo),
                 ..args()
             },
             secret(),
@@ -903,7 +899,7 @@ mod tests {
         );
 
         let no_agent = RunArgs {
-            agent: Optional(None),
+            agent: None,
             ..args()
         };
         let err = load(&env(&base()), &no_agent, secret(), "/".into())
@@ -923,7 +919,7 @@ mod tests {
     #[test]
     fn cli_agents_default_their_program_and_take_args_and_env() {
         let a = RunArgs {
-            agent: Optional(Some(AgentChoice::Kind(AgentKind::Claude))),
+            agent: Some(AgentChoice::Kind(AgentKind::Claude)),
             agent_command: None,
             agent_arg: vec!["--max-turns=3".into()],
             agent_env: vec!["FOO=bar=baz".into()],

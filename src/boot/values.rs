@@ -1,8 +1,10 @@
 //! The value parsers of the runner's flags (`RunArgs`): each duration, size,
 //! URL and name is checked where clap reads it, so a bad value stops the
-//! parse with a message that quotes the value (never a secret) and says what
-//! to write; `cli::explain` puts the flag and its variable in front.
-//! Rules that depend on another flag (plain `http` and
+//! parse with a message that quotes the value (cut at [`QUOTED_CHARS`], a
+//! URL without its user info) and says what to write; `cli::report` puts
+//! the flag and its variable in front. An empty variable never reaches
+//! these (`cli::parse` treats it as unset); an empty value given on the
+//! command line does. Rules that depend on another flag (plain `http` and
 //! `HOSTED_BOOT_INSECURE_HTTP`) stay in `config::load`.
 
 use std::time::Duration;
@@ -13,30 +15,11 @@ use crate::agent::AgentKind;
 use crate::egress::Canary;
 use crate::timings::parse_duration;
 
-/// A setting that an empty value leaves unset, as an unset variable does (a
-/// platform's template writes `VAR=` to turn it off). clap hands an empty
-/// environment value to the parser, so an `Option` field cannot say this;
-/// the field takes `default_value = ""` and this type.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Optional<T>(pub Option<T>);
+/// The longest value quoted in a message, in characters.
+const QUOTED_CHARS: usize = 80;
 
-impl<T> Optional<T> {
-    /// The value, when one was given.
-    pub fn get(&self) -> Option<&T> {
-        self.0.as_ref()
-    }
-}
-
-/// `parse` for a non-empty value, nothing for an empty one.
-fn optional<T>(
-    text: &str,
-    parse: impl FnOnce(&str) -> Result<T, InvalidValue>,
-) -> Result<Optional<T>, InvalidValue> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Ok(Optional(None));
-    }
-    parse(text).map(|v| Optional(Some(v)))
+fn quoted(text: &str) -> String {
+    crate::text::clip(text, QUOTED_CHARS)
 }
 
 /// A flag's value that does not parse; the message quotes the value (a
@@ -90,16 +73,15 @@ pub fn agent_names() -> String {
     names.join(", ")
 }
 
-/// Parses `--agent`; empty is unset.
-pub fn agent(text: &str) -> Result<Optional<AgentChoice>, InvalidValue> {
-    optional(text, |name| {
-        if name == DEMO_AGENT {
-            return Ok(AgentChoice::Demo);
-        }
-        AgentKind::from_name(name)
-            .map(AgentChoice::Kind)
-            .ok_or_else(|| InvalidValue::UnknownAgent(name.to_string()))
-    })
+/// Parses `--agent`.
+pub fn agent(text: &str) -> Result<AgentChoice, InvalidValue> {
+    let name = text.trim();
+    if name == DEMO_AGENT {
+        return Ok(AgentChoice::Demo);
+    }
+    AgentKind::from_name(name)
+        .map(AgentChoice::Kind)
+        .ok_or_else(|| InvalidValue::UnknownAgent(quoted(name)))
 }
 
 /// `--agent-idle-timeout`'s value when empty: the default (10 min).
@@ -119,7 +101,7 @@ pub fn setup_timeout(text: &str) -> Result<Duration, InvalidValue> {
         text => parse_duration(text)?,
     };
     if timeout.is_zero() {
-        return Err(InvalidValue::NotPositive(text.to_string()));
+        return Err(InvalidValue::NotPositive(quoted(text)));
     }
     Ok(timeout)
 }
@@ -138,7 +120,7 @@ pub fn file_size(text: &str) -> Result<u64, InvalidValue> {
     text.parse::<bytesize::ByteSize>()
         .map(|b| b.as_u64())
         .map_err(|error| InvalidValue::Size {
-            text: text.to_string(),
+            text: quoted(text),
             error,
         })
 }
@@ -152,16 +134,16 @@ pub fn git_base_url(text: &str) -> Result<Url, InvalidValue> {
     )?)
 }
 
-/// Parses `--egress-canary`; empty is unset.
-pub fn egress_canary(text: &str) -> Result<Optional<Canary>, InvalidValue> {
-    optional(text, |text| Ok(Canary::parse("value", text)?))
+/// Parses `--egress-canary`.
+pub fn egress_canary(text: &str) -> Result<Canary, InvalidValue> {
+    Ok(Canary::parse("value", text)?)
 }
 
 /// Parses `HOSTED_BOOT_TEST_TIME_SCALE`: a number in (0, 1].
 pub fn time_scale(text: &str) -> Result<f64, InvalidValue> {
     match text.trim().parse::<f64>() {
         Ok(f) if f.is_finite() && f > 0.0 && f <= 1.0 => Ok(f),
-        _ => Err(InvalidValue::TimeScale(text.to_string())),
+        _ => Err(InvalidValue::TimeScale(quoted(text))),
     }
 }
 
@@ -183,12 +165,13 @@ mod tests {
     }
 
     #[test]
-    fn empty_values_are_unset_or_the_default() {
-        assert_eq!(agent("").unwrap(), Optional(None));
-        assert_eq!(agent(" demo ").unwrap(), Optional(Some(AgentChoice::Demo)));
+    fn values_are_quoted_cut_and_empty_ones_are_defaults() {
+        assert_eq!(agent(" demo ").unwrap(), AgentChoice::Demo);
         let e = agent("nope").unwrap_err().to_string();
         assert!(e.contains("\"nope\"") && e.contains("command, demo"), "{e}");
-        assert!(egress_canary("  ").unwrap().get().is_none());
+        let e = agent(&"x".repeat(10_000)).unwrap_err().to_string();
+        assert!(e.len() < 400 && e.contains('…'), "{e}");
+        assert!(egress_canary("  ").is_err());
         assert_eq!(idle_timeout("").unwrap(), Duration::from_secs(600));
         assert_eq!(idle_timeout("0").unwrap(), Duration::ZERO);
         assert_eq!(setup_timeout("").unwrap(), Duration::from_secs(600));

@@ -754,13 +754,10 @@ pub fn describe(error: reqwest::Error) -> String {
             return format!("{what} {at}{hint}");
         }
     }
-    let mut words: Vec<String> = chain
-        .iter()
-        .map(|e| e.to_string())
+    let words: Vec<String> = crate::tls::texts(&chain)
+        .into_iter()
         .filter(|t| !internal_text(t))
         .collect();
-    // An io::Error shows the error it wraps, which the chain holds next.
-    words.dedup();
     if chain.iter().any(|e| e.is::<crate::tls::Unresolved>()) {
         return format!("cannot resolve {at}: {}", words.join(": "));
     }

@@ -70,6 +70,7 @@ pub async fn run(
     env: BTreeMap<OsString, OsString>,
     args: RunArgs,
     boot_secret: Option<Secret>,
+    rejected: Vec<String>,
 ) -> i32 {
     let redactor = Redactor::new();
     // A secret below the floor is refused by the environment check; added
@@ -81,7 +82,7 @@ pub async fn run(
     {
         redactor.add(s, crate::redact::SecretKind::Credential);
     }
-    let lines = checks(&env, &args, boot_secret, &redactor).await;
+    let lines = checks(&env, &args, boot_secret, &rejected, &redactor).await;
     let width = lines.iter().map(|l| l.name.len()).max().unwrap_or(0);
     for line in &lines {
         let mark = match (&line.failure, &line.warning) {
@@ -125,11 +126,17 @@ async fn checks(
     env: &BTreeMap<OsString, OsString>,
     args: &RunArgs,
     boot_secret: Option<Secret>,
+    rejected: &[String],
     redactor: &Redactor,
 ) -> Vec<CheckLine> {
-    let config = match config::root_base(args.root.as_deref())
-        .and_then(|cwd| config::load(env, args, boot_secret, cwd))
-    {
+    // A variable clap could not parse (`cli::Parsed::rejected`) fails the
+    // environment check as a bad contract variable does.
+    let loaded = match rejected.is_empty() {
+        false => Err(config::ConfigError(rejected.join("; "))),
+        true => config::root_base(args.root.as_deref())
+            .and_then(|cwd| config::load(env, args, boot_secret, cwd)),
+    };
+    let config = match loaded {
         Ok(c) => c,
         Err(e) => {
             return vec![

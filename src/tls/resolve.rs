@@ -58,6 +58,14 @@ pub fn causes<'a>(error: &'a (dyn StdError + 'static)) -> Vec<&'a (dyn StdError 
     all
 }
 
+/// Each cause's text, outermost first, without the repeats: an
+/// `io::Error` shows the error it wraps, which [`causes`] holds next.
+pub fn texts(causes: &[&(dyn StdError + 'static)]) -> Vec<String> {
+    let mut texts: Vec<String> = causes.iter().map(|c| c.to_string()).collect();
+    texts.dedup();
+    texts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

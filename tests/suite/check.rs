@@ -285,3 +285,36 @@ async fn an_agent_script_whose_interpreter_is_missing_is_not_runnable() {
         "{out}"
     );
 }
+
+/// A runner setting whose variable clap cannot parse fails the
+/// environment check, with the rest of the report and exit 1, as a bad
+/// contract variable does (a fresh reviewer found it cut to clap's one
+/// line and exit 2); an empty variable is unset.
+#[tokio::test]
+async fn a_setting_that_does_not_parse_fails_the_environment_check() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let (code, out) = check(&sb, |c| {
+        c.env("HOSTED_BOOT_STOP_BUDGET", "soon")
+            .env("HOSTED_BOOT_TURN_CGROUP", "always")
+            .env("HOSTED_BOOT_SETUP_TIMEOUT", "");
+    })
+    .await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL  environment  configuration error: --stop-budget (HOSTED_BOOT_STOP_BUDGET): invalid duration \"soon\"")
+            && out.contains("--turn-cgroup (HOSTED_BOOT_TURN_CGROUP): \"always\" is not one of auto, off"),
+        "{out}"
+    );
+    assert!(out.contains("ok    git"), "{out}");
+    assert!(out.contains("checks failed"), "{out}");
+    // On the command line, the value is the caller's typo: refused at once.
+    let (code, out) = check(&sb, |c| {
+        c.arg("--stop-budget=soon");
+    })
+    .await;
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("--stop-budget (HOSTED_BOOT_STOP_BUDGET)"),
+        "{out}"
+    );
+}

@@ -424,14 +424,15 @@ async fn the_demo_serves_a_submodule_and_an_lfs_file_with_complete_workspace() {
 
 /// A stand-in `git-lfs` in `bin` whose `pull` hangs with a child of its
 /// own, after writing its process group's id to the returned marker; and
-/// a PATH with it first.
+/// a PATH with it first. The group's id comes from `/proc`: `ps` (procps)
+/// is not on a minimal Debian machine, where this test once failed.
 fn lfs_pull_stand_in(bin: &Path) -> (PathBuf, String) {
     let marker = bin.join("pulling");
     let fake = bin.join("git-lfs");
     std::fs::write(
         &fake,
         format!(
-            "#!/bin/sh\ncase \"$1\" in\n  version) echo 'git-lfs/3.3.0 (a test stand-in)'; exit 0;;\n  pull) sleep 600 & echo \"$(ps -o pgid= $$)\" > '{m}.tmp'; mv '{m}.tmp' '{m}'; wait; exit 0;;\nesac\nexit 0\n",
+            "#!/bin/sh\ncase \"$1\" in\n  version) echo 'git-lfs/3.3.0 (a test stand-in)'; exit 0;;\n  pull) sleep 600 & cut -d' ' -f5 /proc/$$/stat > '{m}.tmp'; mv '{m}.tmp' '{m}'; wait; exit 0;;\nesac\nexit 0\n",
             m = marker.display()
         ),
     )

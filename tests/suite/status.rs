@@ -125,4 +125,15 @@ fn a_bad_run_variable_does_not_break_the_health_check() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(stdout.starts_with("unhealthy: cannot read "), "{stdout}");
+    // An empty HOSTED_BOOT_ROOT is unset (the working directory), not
+    // clap's "a value is required" and exit 2.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hosted-boot"))
+        .args(["status", "--check"])
+        .current_dir(dir.path())
+        .env("HOSTED_BOOT_ROOT", "")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.starts_with("unhealthy: cannot read "), "{stdout}");
 }

@@ -167,7 +167,7 @@ pub fn scale_timeout(d: Duration, factor: f64) -> Duration {
 /// Errors: the value and humantime's reason.
 pub fn parse_duration(text: &str) -> Result<Duration, InvalidDuration> {
     humantime::parse_duration(text.trim()).map_err(|error| InvalidDuration {
-        text: text.to_string(),
+        text: crate::text::clip(text, 80),
         error,
     })
 }
@@ -177,7 +177,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, InvalidDuration> {
 #[derive(Debug, thiserror::Error)]
 #[error("invalid duration {text:?} ({error}); write it like 500ms, 10s or 2m")]
 pub struct InvalidDuration {
-    /// The value.
+    /// The value (cut at 80 characters).
     pub text: String,
     /// humantime's reason.
     pub error: humantime::DurationError,
