@@ -393,6 +393,20 @@ async fn prepare_workspace(
     cleanup: &mut Cleanup,
 ) -> Step<Workspace> {
     b.status.phase(Phase::Cloning, None, None);
+    // The runner's git work reads no user's global configuration, only the
+    // system's and the repository's own: acting as the agent user, libgit2
+    // cannot stat the runner's $HOME when it is 0700 (/root in the image:
+    // "failed to stat '/root/.gitconfig'" failed every sync and harvest
+    // there, issue 36), and a home the agent can write (its own, the
+    // non-root variant's) could redirect the harvest's push with a
+    // `url.<base>.insteadOf` or hide files from it with an excludes file.
+    for level in [git2::ConfigLevel::Global, git2::ConfigLevel::XDG] {
+        // SAFETY: set before any git work of this boot, while no other
+        // thread uses libgit2.
+        if let Err(e) = unsafe { git2::opts::set_search_path(level, "") } {
+            tracing::warn!(error = %e.message(), ?level, "cannot keep libgit2 from reading the user's global git configuration");
+        }
+    }
     if b.config.agent_user.is_some() {
         // repo/ belongs to the agent user; libgit2 would refuse the runner
         // (root) a repository another user owns. The runner opens no other

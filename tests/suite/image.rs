@@ -62,9 +62,16 @@ echo "commit=$?" >> "$AGENT_OUT/commit"
     )
     .unwrap();
     std::fs::set_permissions(&gitconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // The runner's HOME as the image's /root: 0700, which the agent user
+    // cannot enter (libgit2 acting as that user once failed every harvest
+    // on `failed to stat '/root/.gitconfig'`).
+    let home = sb.dir.path().join("root-home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
     let child = sb
         .wrapped_command(&["env"], "run", &script)
         .current_dir(sb.root())
+        .env("HOME", &home)
         .env("HOSTED_BOOT_AGENT_USER", &user.name)
         .env("GIT_CONFIG_SYSTEM", &gitconfig)
         .spawn()
@@ -294,4 +301,28 @@ fn the_image_default_as_a_non_root_uid_is_refused_with_what_to_do() {
     );
     assert!(!text.contains("boot-secret-value"), "{text}");
     assert!(!dir.path().join(".orizu-session").exists());
+}
+
+/// image/agent-cli.Dockerfile installs the Claude Code the suite tests
+/// (tools/agent-clis/package.json), which the image tests run in it.
+#[test]
+fn the_agent_cli_image_pins_the_tested_claude_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("image/agent-cli.Dockerfile")).unwrap();
+    let pinned = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("ARG CLAUDE_CODE_VERSION="))
+        .expect("an ARG CLAUDE_CODE_VERSION= line");
+    let package: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("tools/agent-clis/package.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        package["dependencies"]["@anthropic-ai/claude-code"],
+        serde_json::json!(pinned)
+    );
+    assert!(
+        dockerfile.contains("\"@anthropic-ai/claude-code@${CLAUDE_CODE_VERSION}\""),
+        "{dockerfile}"
+    );
 }
