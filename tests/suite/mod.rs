@@ -9,6 +9,7 @@ mod broker;
 mod check;
 mod clocks;
 mod complete_workspace;
+mod container;
 mod coordinator;
 mod disk;
 mod egress;

@@ -58,14 +58,14 @@ fn installed(cli: &str) -> Option<PathBuf> {
 }
 
 /// The fake model provider, a child process on a loopback port.
-struct Provider {
+pub(super) struct Provider {
     child: std::process::Child,
     port: u16,
     log: PathBuf,
 }
 
 impl Provider {
-    fn start(dir: &Path) -> Provider {
+    pub(super) fn start(dir: &Path) -> Provider {
         let port_file = dir.join("provider.port");
         let log = dir.join("provider.log");
         let child = std::process::Command::new("python3")
@@ -89,7 +89,7 @@ impl Provider {
         Provider { child, port, log }
     }
 
-    fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
@@ -104,7 +104,7 @@ impl Provider {
     }
 
     /// The requests of the agent's main loop (with tools), from `from` on.
-    fn turn_requests(&self, from: usize) -> Vec<Value> {
+    pub(super) fn turn_requests(&self, from: usize) -> Vec<Value> {
         self.requests()
             .into_iter()
             .skip(from)
@@ -182,7 +182,7 @@ fn cli_of(agent: &str) -> &'static str {
 }
 
 /// The model the coordinator names for `agent` (opencode: provider/model).
-fn model_of(agent: &str) -> &'static str {
+pub(super) fn model_of(agent: &str) -> &'static str {
     match cli_of(agent) {
         "claude" => "claude-sonnet-4-5",
         "codex" => "gpt-fake",
