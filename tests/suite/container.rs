@@ -184,7 +184,9 @@ impl<'e> Container<'e> {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         let mut cmd = tokio::process::Command::from(engine.command());
-        cmd.args(["run", "--name", &name, "--network", "host"]);
+        // --rm too: a test process killed before its Drop leaves no
+        // container behind once the container ends.
+        cmd.args(["run", "--rm", "--name", &name, "--network", "host"]);
         for (k, v) in env {
             cmd.arg("-e").arg(k).env(k, v);
         }
@@ -455,6 +457,18 @@ while :; do sleep 0.1; done
         p.sb.read_out("pid1")
     );
     assert_eq!(p.sb.read_out("zombies"), "", "zombies left unreaped");
+    // The agent's orphans go to the worker (a subreaper); those of a
+    // process `exec` started in the container go to PID 1 itself.
+    for _ in 0..5 {
+        ct.exec("sh -c 'sleep 0.2 &'").await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let zombies = ct
+        .exec(
+            "for s in /proc/[0-9]*/stat; do [ \"$(sed 's/.*) //' \"$s\" 2>/dev/null | cut -c1)\" = Z ] && echo \"$s\"; done; true",
+        )
+        .await;
+    assert_eq!(zombies, "", "zombies left unreaped by PID 1");
     let grace = POD_GRACE_SECONDS.to_string();
     let started = Instant::now();
     let (code, out) = engine.run(&["stop", "-t", &grace, &ct.name]).await;
@@ -507,8 +521,10 @@ for f in {names}; do
   [ -e "{ROOT}/.orizu-session/{SESSION}/$f" ] && echo "$f" >> "$AGENT_OUT/tried" && take "{ROOT}/.orizu-session/{SESSION}/$f"
 done
 for p in /proc/[0-9]*; do
+  # The runner (PID 1 and its worker) and the turn's guard
+  # (`/proc/self/exe turn-guard …`).
   case "$(tr '\0' ' ' < "$p/cmdline" 2> /dev/null)" in
-    /usr/local/bin/hosted-boot*) ;;
+    /usr/local/bin/hosted-boot* | *" turn-guard "*) ;;
     *) continue ;;
   esac
   echo "$p" >> "$AGENT_OUT/runner-processes"
@@ -540,9 +556,11 @@ async fn probe_turn(engine: &Engine, options: &[&str], volume: Option<&Path>) ->
     assert!(p.sb.out().join("committed").exists(), "{output}");
     assert_eq!(p.sb.remote_file("PROBE.md").as_deref(), Some("probe\n"));
     assert_eq!(p.sb.read_out("uid").trim(), AGENT_UID);
+    // PID 1, the worker and the turn's guard.
+    let runners = p.sb.read_out("runner-processes");
     assert!(
-        !p.sb.read_out("runner-processes").is_empty(),
-        "the probe saw no runner process"
+        runners.lines().count() >= 3,
+        "the probe saw {runners:?}, not the runner's three processes"
     );
     assert_eq!(
         p.sb.read_out("opened"),
@@ -626,6 +644,11 @@ async fn the_image_default_runs_on_a_read_only_root_file_system() {
         // takes no uid= for a tmpfs (Docker does: uid=1000,gid=1000,mode=0700).
         "/home/agent:exec,mode=1777",
     ]);
+    if engine.program == "podman" {
+        // Podman's --read-only otherwise adds writable tmpfs mounts (/run,
+        // /var/tmp, /dev/shm) that Docker's does not.
+        options.push("--read-only-tmpfs=false");
+    }
     let p = probe_turn(&engine, &options, None).await;
     assert_loot_clean(&p);
 }
@@ -687,7 +710,8 @@ async fn healthy(engine: &Engine, name: &str) -> (bool, String) {
 /// operator's git, as root, also works in the agent's clone), and
 /// unhealthy once the worker (not PID 1, the reaper) is stopped and its
 /// status file has aged past the stale bound (aged by the test: the bound
-/// is 2 min).
+/// is 2 min); healthy again once the worker resumes and its heartbeat
+/// rewrites the file.
 #[tokio::test]
 async fn the_image_healthcheck_tells_a_stuck_runner() {
     let Some(engine) = Engine::with_images(&[IMAGE]) else {
@@ -724,7 +748,23 @@ while [ ! -e "$AGENT_OUT/go" ]; do sleep 0.05; done
     .await;
     let (ok, out) = healthy(&engine, &ct.name).await;
     assert!(!ok, "healthy with the worker stopped: {out}");
+    // Resumed, the worker rewrites the aged file (within a second of a
+    // change such as a coordinator poll, at the latest at its 30 s
+    // heartbeat): healthy again, which the file's age alone would not
+    // make it.
     ct.exec(&format!("kill -CONT {worker}")).await;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (ok, out) = healthy(&engine, &ct.name).await;
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still unhealthy 40 s after the worker resumed: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     p.sb.coordinator.end_session();
     let (code, output) = ct.exit(WAIT).await;
     assert_eq!(code, Some(0), "{output}");
