@@ -23,6 +23,7 @@ use super::values::{self, AgentChoice};
 
 /// The boot secret's variable (PROTOCOL.md section 1).
 pub const BOOT_SECRET_VAR: &str = "ORIZU_BOOT_SECRET";
+pub use super::secret_file::BOOT_SECRET_FILE_VAR;
 
 /// The shortest boot secret the runner accepts, in bytes (PROTOCOL.md
 /// section 1): a shorter one is redacted wherever its bytes occur and
@@ -155,11 +156,19 @@ pub fn load(
             .map(|v| v.to_string_lossy().into_owned())
             .filter(|v| !v.is_empty())
     };
+    // The agent user first: whether the boot secret may come from a file
+    // depends on it.
+    let agent_user = agent_user(args)?;
+    let boot_secret = super::secret_file::boot_secret(
+        boot_secret,
+        get(BOOT_SECRET_FILE_VAR).map(PathBuf::from).as_deref(),
+        agent_user.as_ref(),
+    )
+    .map_err(|e| ConfigError(e.to_string()))?;
     let api = api_config(&get, checked_boot_secret(boot_secret)?, args.insecure_http)?;
     let workspace_id = get("ORIZU_WORKSPACE_ID");
     let opencode_port = opencode_port(&get)?;
     let time_scale = args.test_time_scale.unwrap_or(1.0);
-    let agent_user = agent_user(args)?;
     let mut agent = agent(args, &get)?;
     agent.opencode_port = opencode_port;
     agent.user = agent_user.clone();
@@ -190,7 +199,7 @@ pub fn load(
     let instructions_file = instructions_file(args, &cwd)?;
     let base_env = env
         .iter()
-        .filter(|(k, _)| k.as_os_str() != BOOT_SECRET_VAR)
+        .filter(|(k, _)| k.as_os_str() != BOOT_SECRET_VAR && k.as_os_str() != BOOT_SECRET_FILE_VAR)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
 
@@ -225,7 +234,7 @@ fn checked_boot_secret(boot_secret: Option<Secret>) -> Result<Secret, ConfigErro
         .filter(|s| !s.expose().is_empty())
         .ok_or_else(|| {
             ConfigError(format!(
-                "{BOOT_SECRET_VAR} is not set; the coordinator must inject it"
+                "{BOOT_SECRET_VAR} is not set (nor {BOOT_SECRET_FILE_VAR}); the coordinator must inject it"
             ))
         })?;
     if boot_secret.expose().len() < BOOT_SECRET_MIN_LEN {

@@ -8,6 +8,7 @@ pub mod environment;
 mod error;
 pub mod idle;
 pub mod secret_env;
+pub mod secret_file;
 pub mod values;
 
 use std::collections::HashSet;

@@ -276,3 +276,89 @@ async fn an_agent_user_that_does_not_exist_is_a_configuration_error() {
         "a request was made"
     );
 }
+
+/// The boot secret from `ORIZU_BOOT_SECRET_FILE` (issue 37): a file root's
+/// alone (0400), as a Secret volume with `defaultMode: 0400` gives it. The
+/// runner boots from it with no `ORIZU_BOOT_SECRET`; the agent sees neither
+/// variable and cannot read the file.
+#[tokio::test]
+async fn the_boot_secret_from_a_file_the_agent_cannot_read() {
+    let user = match TestUser::create() {
+        Ok(u) => u,
+        Err(reason) => {
+            hosted_boot_test_support::skip(reason);
+            return;
+        }
+    };
+    let sb = sandbox_for(&user).await;
+    let secret_dir = sb.dir.path().join("secret");
+    std::fs::create_dir(&secret_dir).unwrap();
+    std::fs::set_permissions(&secret_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = secret_dir.join("boot-secret");
+    std::fs::write(&file, format!("{}\n", sb.coordinator.boot_secret())).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).unwrap();
+    let script = sb.script(&format!(
+        r#"
+env > "$AGENT_OUT/env"
+cat {} > /dev/null 2>&1; echo "read=$?" > "$AGENT_OUT/read"
+"#,
+        file.display()
+    ));
+    let child = runner_as_with(&sb, &script, &user.name, |cmd| {
+        cmd.env_remove("ORIZU_BOOT_SECRET")
+            .env("ORIZU_BOOT_SECRET_FILE", &file);
+    });
+    let (snap, output) = sb.end_after_seal("run-1", child).await;
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded", "{output}");
+    let env = sb.read_out("env");
+    assert!(!env.contains("ORIZU_BOOT_SECRET"), "{env}");
+    assert!(!env.contains(&sb.coordinator.boot_secret()), "{env}");
+    assert_eq!(sb.read_out("read").trim(), "read=1");
+}
+
+/// A secret file the agent user could read (a Secret volume's default
+/// mode, 0644) is refused before any request, naming its owner and mode.
+#[tokio::test]
+async fn a_boot_secret_file_the_agent_could_read_is_refused() {
+    let user = match TestUser::create() {
+        Ok(u) => u,
+        Err(reason) => {
+            hosted_boot_test_support::skip(reason);
+            return;
+        }
+    };
+    let sb = sandbox_for(&user).await;
+    let file = sb.dir.path().join("boot-secret");
+    std::fs::write(&file, sb.coordinator.boot_secret()).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let script = sb.script("true");
+    let child = runner_as_with(&sb, &script, &user.name, |cmd| {
+        cmd.env_remove("ORIZU_BOOT_SECRET")
+            .env("ORIZU_BOOT_SECRET_FILE", &file);
+    });
+    let (status, output) = finish(child).await;
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert!(
+        output.contains("owner 0:0, mode 0644")
+            && output.contains(&format!("agent user {}", user.name)),
+        "{output}"
+    );
+    assert!(!output.contains(&sb.coordinator.boot_secret()), "{output}");
+    assert!(
+        sb.coordinator.snapshot().requests.is_empty(),
+        "a request was made"
+    );
+}
+
+/// [`runner_as`] with `edit` applied to the command before it starts.
+fn runner_as_with(
+    sb: &Sandbox,
+    script: &Path,
+    user: &str,
+    edit: impl FnOnce(&mut tokio::process::Command),
+) -> Child {
+    let mut cmd = sb.wrapped_command(&["env"], "run", script);
+    cmd.env("HOSTED_BOOT_AGENT_USER", user);
+    edit(&mut cmd);
+    cmd.spawn().unwrap()
+}
