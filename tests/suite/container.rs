@@ -824,3 +824,159 @@ async fn the_agent_cli_image_runs_claude_code_through_a_turn() {
         "Claude Code sent the provider no request"
     );
 }
+
+/// `docs/kubernetes/session-job.yaml`'s Pod template as a Pod, made from
+/// the template's text with the edits a test on this machine needs, each
+/// asserted to apply (a template that drifts fails here): the image and
+/// the built-in demo agent, the coordinator's URLs, the host's network, no
+/// egress proxy (a closed loopback port as the canary), and the boot
+/// secret's file by `hostPath`, root's and 0400: podman 4.3's `secret`
+/// volume ignores `defaultMode` (0644, which the runner refuses) and keeps
+/// its content in a named volume across plays.
+fn session_pod(sb: &Sandbox, secret_file: &Path) -> String {
+    let text =
+        std::fs::read_to_string(checkout().join("docs/kubernetes/session-job.yaml")).unwrap();
+    let job = text.split("\n---\n").next().unwrap();
+    let (_, template) = job
+        .split_once("\n  template:\n")
+        .expect("the Job's template");
+    let mut pod = String::from("apiVersion: v1\nkind: Pod\n");
+    for line in template.lines() {
+        pod.push_str(line.strip_prefix("    ").unwrap_or(line));
+        pod.push('\n');
+    }
+    let env = sb.coordinator.sandbox_env();
+    let var = |name: &str| env.iter().find(|(k, _)| k == name).unwrap().1.clone();
+    let missing: Vec<(String, String)> = env
+        .iter()
+        .filter(|(k, _)| k != "ORIZU_BOOT_SECRET" && !pod.contains(&format!("- name: {k}\n")))
+        .cloned()
+        .collect();
+    let mut edit = |from: &str, to: &str| {
+        assert!(pod.contains(from), "the template has no {from:?}:\n{pod}");
+        pod = pod.replacen(from, to, 1);
+    };
+    edit(
+        "metadata:\n  labels:",
+        "metadata:\n  name: hosted-boot-session-s1\n  labels:",
+    );
+    edit(
+        "spec:\n  restartPolicy: Never",
+        "spec:\n  hostNetwork: true\n  restartPolicy: Never",
+    );
+    edit(
+        "image: hosted-boot-claude:0.1.0",
+        "image: localhost/hosted-boot:latest",
+    );
+    edit("value: claude", "value: demo");
+    edit(
+        "value: https://plane.example/api/cli/sessions/s1/agent-token",
+        &format!("value: {}", var("ORIZU_AGENT_TOKEN_URL")),
+    );
+    edit(
+        "value: https://plane.example",
+        &format!("value: {}", var("ORIZU_API_BASE_URL")),
+    );
+    edit("value: https://example.com", "value: 127.0.0.1:9");
+    for proxy in ["HTTPS_PROXY", "HTTP_PROXY"] {
+        edit(
+            &format!(
+                "        - name: {proxy}\n          value: http://egress-proxy.egress-proxy.svc.cluster.local:3128\n"
+            ),
+            "",
+        );
+    }
+    edit(
+        "        - name: NO_PROXY\n          value: localhost,127.0.0.1\n",
+        "",
+    );
+    // What the reference coordinator serves besides the template's: its
+    // boot-status URL and its git server (the template's git host is the
+    // runner's default).
+    for (k, v) in &missing {
+        let value = serde_json::to_string(v).unwrap();
+        edit(
+            "      env:\n",
+            &format!("      env:\n        - name: {k}\n          value: {value}\n"),
+        );
+    }
+    let key = "        - name: ANTHROPIC_API_KEY\n";
+    let (before, after) = pod.split_once(key).expect("the provider key");
+    let (_, rest) = after.split_once("optional: true\n").unwrap();
+    pod = format!("{before}{rest}");
+    let volume = pod
+        .find("    - name: boot-secret\n      secret:")
+        .expect("the secret volume");
+    let end = pod[volume..].find("    - name: workspace").unwrap() + volume;
+    pod.replace_range(
+        volume..end,
+        &format!(
+            "    - name: boot-secret\n      hostPath:\n        path: {}\n        type: Directory\n",
+            secret_file.parent().unwrap().display()
+        ),
+    );
+    pod
+}
+
+/// The session template of docs/kubernetes/ runs one session under
+/// `podman kube play` (a Pod: podman runs no Job) against the reference
+/// coordinator: the boot secret from its 0400 file, the demo's commit
+/// pushed, the container's exit 0 when the session ends.
+#[tokio::test]
+async fn the_kubernetes_session_template_runs_a_session_under_kube_play() {
+    let Some(engine) = Engine::with_images(&[IMAGE]) else {
+        return;
+    };
+    if engine.program != "podman" {
+        hosted_boot_test_support::skip(format!(
+            "{} has no `kube play`: the Kubernetes template runs under podman",
+            engine.program
+        ));
+        return;
+    }
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    assert_eq!(sb.coordinator.session_id(), SESSION);
+    use std::os::unix::fs::PermissionsExt;
+    let secret_dir = sb.dir.path().join("secret");
+    std::fs::create_dir(&secret_dir).unwrap();
+    let secret_file = secret_dir.join("boot-secret");
+    std::fs::write(&secret_file, sb.coordinator.boot_secret()).unwrap();
+    std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o400)).unwrap();
+    let yaml = sb.dir.path().join("session-pod.yaml");
+    std::fs::write(&yaml, session_pod(&sb, &secret_file)).unwrap();
+    let yaml = yaml.to_string_lossy().into_owned();
+    let pod = "hosted-boot-session-s1";
+    // A pod left by a test process killed before its cleanup.
+    let _ = engine.run(&["pod", "rm", "--force", pod]).await;
+    struct Down<'e>(&'e Engine, String);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.command().args(["kube", "down", &self.1]).output();
+        }
+    }
+    let (code, out) = engine.run(&["kube", "play", &yaml]).await;
+    let _down = Down(&engine, yaml.clone());
+    assert_eq!(code, Some(0), "{out}");
+    let container = format!("{pod}-sandbox");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let snap = sb.coordinator.snapshot();
+        if snap.run("run-1").is_some_and(|r| r.finish.is_some()) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let logs = engine.run(&["logs", &container]).await.1;
+            panic!("run-1 was not sealed under kube play:\n{logs}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    sb.coordinator.end_session();
+    let (code, out) = engine.run(&["wait", &container]).await;
+    let logs = engine.run(&["logs", &container]).await.1;
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(out.trim(), "0", "the runner's exit code:\n{logs}");
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded", "{logs}");
+    assert!(sb.remote_file("CONTRIBUTING.md").is_some(), "{logs}");
+    assert!(!logs.contains(&sb.coordinator.boot_secret()), "{logs}");
+}
