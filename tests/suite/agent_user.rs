@@ -283,20 +283,10 @@ async fn an_agent_user_that_does_not_exist_is_a_configuration_error() {
 /// variable and cannot read the file.
 #[tokio::test]
 async fn the_boot_secret_from_a_file_the_agent_cannot_read() {
-    let user = match TestUser::create() {
-        Ok(u) => u,
-        Err(reason) => {
-            hosted_boot_test_support::skip(reason);
-            return;
-        }
+    let Some((user, sb)) = user_and_sandbox().await else {
+        return;
     };
-    let sb = sandbox_for(&user).await;
-    let secret_dir = sb.dir.path().join("secret");
-    std::fs::create_dir(&secret_dir).unwrap();
-    std::fs::set_permissions(&secret_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let file = secret_dir.join("boot-secret");
-    std::fs::write(&file, format!("{}\n", sb.coordinator.boot_secret())).unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).unwrap();
+    let file = secret_file(&sb, 0o400);
     let script = sb.script(&format!(
         r#"
 env > "$AGENT_OUT/env"
@@ -320,17 +310,10 @@ cat {} > /dev/null 2>&1; echo "read=$?" > "$AGENT_OUT/read"
 /// mode, 0644) is refused before any request, naming its owner and mode.
 #[tokio::test]
 async fn a_boot_secret_file_the_agent_could_read_is_refused() {
-    let user = match TestUser::create() {
-        Ok(u) => u,
-        Err(reason) => {
-            hosted_boot_test_support::skip(reason);
-            return;
-        }
+    let Some((user, sb)) = user_and_sandbox().await else {
+        return;
     };
-    let sb = sandbox_for(&user).await;
-    let file = sb.dir.path().join("boot-secret");
-    std::fs::write(&file, sb.coordinator.boot_secret()).unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let file = secret_file(&sb, 0o644);
     let script = sb.script("true");
     let child = runner_as_with(&sb, &script, &user.name, |cmd| {
         cmd.env_remove("ORIZU_BOOT_SECRET")
@@ -361,4 +344,31 @@ fn runner_as_with(
     cmd.env("HOSTED_BOOT_AGENT_USER", user);
     edit(&mut cmd);
     cmd.spawn().unwrap()
+}
+
+/// A throwaway agent user and a sandbox it can work in; `None` when the
+/// test skips (it fails unless the run allows skipping).
+async fn user_and_sandbox() -> Option<(TestUser, Sandbox)> {
+    match TestUser::create() {
+        Ok(user) => {
+            let sb = sandbox_for(&user).await;
+            Some((user, sb))
+        }
+        Err(reason) => {
+            hosted_boot_test_support::skip(reason);
+            None
+        }
+    }
+}
+
+/// The boot secret, with a line break as `echo` leaves it, in a file of
+/// `mode` (root's) in a directory everyone may enter.
+fn secret_file(sb: &Sandbox, mode: u32) -> PathBuf {
+    let dir = sb.dir.path().join("secret");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = dir.join("boot-secret");
+    std::fs::write(&file, format!("{}\n", sb.coordinator.boot_secret())).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+    file
 }
