@@ -161,7 +161,10 @@ pub fn load(
     let agent_user = agent_user(args)?;
     let boot_secret = super::secret_file::boot_secret(
         boot_secret,
-        get(BOOT_SECRET_FILE_VAR).map(PathBuf::from).as_deref(),
+        env.get(&OsString::from(BOOT_SECRET_FILE_VAR))
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .as_deref(),
         agent_user.as_ref(),
     )
     .map_err(|e| ConfigError(e.to_string()))?;
@@ -241,6 +244,11 @@ fn checked_boot_secret(boot_secret: Option<Secret>) -> Result<Secret, ConfigErro
         return Err(ConfigError(format!(
             "{BOOT_SECRET_VAR} is {} bytes long, shorter than the {BOOT_SECRET_MIN_LEN} bytes a boot secret must have (a shorter value would be redacted throughout the agent's output); give the runner the secret the coordinator issued (64 hex characters in production)",
             boot_secret.expose().len()
+        )));
+    }
+    if let Some(at) = super::secret_file::unsendable_at(boot_secret.expose().as_bytes()) {
+        return Err(ConfigError(format!(
+            "{BOOT_SECRET_VAR} holds a byte at offset {at} that an HTTP header cannot carry (a control character or non-ASCII); give the runner the secret the coordinator issued (64 hex characters in production)"
         )));
     }
     Ok(boot_secret)

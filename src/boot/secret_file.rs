@@ -31,14 +31,14 @@ pub enum SecretFileError {
     Both,
     /// The agent runs as the runner's uid.
     #[error(
-        "{BOOT_SECRET_FILE_VAR} ({path}) needs the agent to run as another user than the runner (--agent-user, HOSTED_BOOT_AGENT_USER, with the runner as root): the agent runs as the runner's uid and could read the file all session. Give the secret as {BOOT_SECRET_VAR} in this mode (SECURITY.md, \"How the boot secret arrives\"), or run the runner as root with an agent user"
+        "{BOOT_SECRET_FILE_VAR} ({path:?}) needs the agent to run as another user than the runner (--agent-user, HOSTED_BOOT_AGENT_USER, with the runner as root): the agent runs as the runner's uid and could read the file all session. Give the secret as {BOOT_SECRET_VAR} in this mode (SECURITY.md, \"How the boot secret arrives\"), or run the runner as root with an agent user"
     )]
     SameUser {
         /// The file.
         path: PathBuf,
     },
     /// The file cannot be opened or read.
-    #[error("{BOOT_SECRET_FILE_VAR} {path}: cannot read it: {error}")]
+    #[error("{BOOT_SECRET_FILE_VAR} {path:?}: cannot read it: {error}")]
     Unreadable {
         /// The file.
         path: PathBuf,
@@ -46,14 +46,14 @@ pub enum SecretFileError {
         error: std::io::Error,
     },
     /// Not a regular file.
-    #[error("{BOOT_SECRET_FILE_VAR} {path} is not a regular file")]
+    #[error("{BOOT_SECRET_FILE_VAR} {path:?} is not a regular file")]
     NotAFile {
         /// The file.
         path: PathBuf,
     },
     /// The agent user could read it.
     #[error(
-        "{BOOT_SECRET_FILE_VAR} {path} (owner {uid}:{gid}, mode {mode:04o}) can be read by the agent user {user} (uid {agent_uid}): the agent would read the boot secret. Make it the runner's alone: owned by root, mode 0400 (a Secret volume's defaultMode: 0400, without an fsGroup that is the agent's)"
+        "{BOOT_SECRET_FILE_VAR} {path:?} (owner {uid}:{gid}, mode {mode:04o}) {how} the agent user {user} (uid {agent_uid}): the agent would read the boot secret. Make it the runner's alone: owned by root, mode 0400, no ACL (a Secret volume's defaultMode: 0400, without an fsGroup that is the agent's)"
     )]
     AgentCanRead {
         /// The file.
@@ -68,17 +68,42 @@ pub enum SecretFileError {
         user: String,
         /// The agent user's uid.
         agent_uid: u32,
+        /// How: "can be read by" (its mode), "is owned by" (whose owner
+        /// may change the mode), "has an ACL or a group that lets in".
+        how: &'static str,
     },
     /// Too large to be a boot secret.
     #[error(
-        "{BOOT_SECRET_FILE_VAR} {path} is larger than {MAX_BYTES} bytes: not a boot secret (the coordinator issues 64 hex characters)"
+        "{BOOT_SECRET_FILE_VAR} {path:?} is larger than {MAX_BYTES} bytes: not a boot secret (the coordinator issues 64 hex characters)"
     )]
     TooLarge {
         /// The file.
         path: PathBuf,
     },
+    /// Empty, or too short to be redacted safely, or not sendable.
+    #[error(
+        "{BOOT_SECRET_FILE_VAR} {path:?} {what}; give the runner the secret the coordinator issued (64 hex characters in production)"
+    )]
+    NotASecret {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with its content (never the content).
+        what: String,
+    },
+    /// The check as the agent user could not be made.
+    #[error(
+        "{BOOT_SECRET_FILE_VAR} {path:?}: cannot check whether the agent user {user} can read it ({error}); the runner must be root to run the agent as another user"
+    )]
+    Unchecked {
+        /// The file.
+        path: PathBuf,
+        /// The agent user's name.
+        user: String,
+        /// Why.
+        error: std::io::Error,
+    },
     /// Not UTF-8.
-    #[error("{BOOT_SECRET_FILE_VAR} {path} is not UTF-8 text: not a boot secret")]
+    #[error("{BOOT_SECRET_FILE_VAR} {path:?} is not UTF-8 text: not a boot secret")]
     NotUtf8 {
         /// The file.
         path: PathBuf,
@@ -100,7 +125,8 @@ pub fn boot_secret(
     let Some(path) = file else {
         return Ok(from_env);
     };
-    if from_env.is_some() {
+    // An empty variable is an unset one (as every variable of the runner).
+    if from_env.is_some_and(|s| !s.expose().is_empty()) {
         return Err(SecretFileError::Both);
     }
     let Some(user) = agent_user else {
@@ -124,7 +150,24 @@ pub fn boot_secret(
         return Err(SecretFileError::NotAFile { path: path.into() });
     }
     let mode = meta.mode() & 0o7777;
-    if readable_by(user, meta.uid(), meta.gid(), mode) {
+    // The owner may change the mode at any time; the mode bits are the
+    // message a person can act on; the kernel's own check, as the agent
+    // user, counts what the bits do not show (an ACL, a group the user
+    // database gives).
+    let how = if meta.uid() == user.uid {
+        Some("is owned by")
+    } else if readable_by(user, meta.uid(), meta.gid(), mode) {
+        Some("can be read by")
+    } else if kernel_lets_read(user, path).map_err(|error| SecretFileError::Unchecked {
+        path: path.into(),
+        user: user.name.clone(),
+        error,
+    })? {
+        Some("has an ACL or a group that lets in")
+    } else {
+        None
+    };
+    if let Some(how) = how {
         return Err(SecretFileError::AgentCanRead {
             path: path.into(),
             uid: meta.uid(),
@@ -132,6 +175,7 @@ pub fn boot_secret(
             mode,
             user: user.name.clone(),
             agent_uid: user.uid,
+            how,
         });
     }
     let mut bytes = Vec::new();
@@ -149,6 +193,28 @@ pub fn boot_secret(
     while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         bytes.pop();
     }
+    let not_a_secret = |what: String| SecretFileError::NotASecret {
+        path: path.into(),
+        what,
+    };
+    if bytes.is_empty() {
+        return Err(not_a_secret("is empty".into()));
+    }
+    if bytes.len() < super::config::BOOT_SECRET_MIN_LEN {
+        let what = format!(
+            "holds {} bytes, fewer than the {} a boot secret must have (a shorter value would be redacted throughout the agent's output)",
+            bytes.len(),
+            super::config::BOOT_SECRET_MIN_LEN
+        );
+        zeroize::Zeroize::zeroize(&mut bytes);
+        return Err(not_a_secret(what));
+    }
+    if let Some(at) = unsendable_at(&bytes) {
+        zeroize::Zeroize::zeroize(&mut bytes);
+        return Err(not_a_secret(format!(
+            "holds a byte at offset {at} that an HTTP header cannot carry (a control character or non-ASCII)"
+        )));
+    }
     match String::from_utf8(bytes) {
         Ok(text) => Ok(Some(Secret::new(text))),
         Err(e) => {
@@ -156,6 +222,30 @@ pub fn boot_secret(
             Err(SecretFileError::NotUtf8 { path: path.into() })
         }
     }
+}
+
+/// The offset of the first byte of `secret` an HTTP header value cannot
+/// carry (the secret is sent as `Authorization: Bearer …`): anything but
+/// visible ASCII, space and tab. `None` when every byte can be sent.
+pub fn unsendable_at(secret: &[u8]) -> Option<usize> {
+    secret
+        .iter()
+        .position(|b| !(*b == b'\t' || (0x20..0x7f).contains(b)))
+}
+
+/// Whether the kernel lets `user` read `path`, asked as that user on this
+/// thread (`faccessat` with the effective ids: mode, ACL, groups, and the
+/// directories on the way). Before any agent runs, so nothing changes the
+/// file between this and the read.
+fn kernel_lets_read(user: &AgentUser, path: &Path) -> std::io::Result<bool> {
+    let _acting = user.act_as()?;
+    Ok(rustix::fs::accessat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::Access::READ_OK,
+        rustix::fs::AtFlags::EACCESS,
+    )
+    .is_ok())
 }
 
 /// Whether `user` may read a file of `uid`:`gid` with permission bits
@@ -201,7 +291,14 @@ mod tests {
     #[test]
     fn the_file_gives_the_secret_without_its_line_break_and_refuses_what_is_unsafe() {
         use std::os::unix::fs::PermissionsExt;
+        // The check as the agent user needs a root runner, as the runner
+        // with an agent user is.
+        if let Err(reason) = hosted_boot_test_support::root("acting as another user") {
+            hosted_boot_test_support::skip(reason);
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let path = dir.path().join("boot-secret");
         std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
@@ -239,5 +336,85 @@ mod tests {
             Err(SecretFileError::NotAFile { .. })
         ));
         assert!(boot_secret(None, None, None).unwrap().is_none());
+        // An empty variable is unset: the file is the one way given.
+        let empty = Some(Secret::new(String::new()));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+        assert!(boot_secret(empty, Some(&path), Some(&other)).is_ok());
+
+        // The agent owns it: it could change the mode, whatever it is.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o000)).unwrap();
+        std::os::unix::fs::chown(&path, Some(other.uid), None).unwrap();
+        let owned = boot_secret(None, Some(&path), Some(&other))
+            .unwrap_err()
+            .to_string();
+        assert!(owned.contains("is owned by the agent user"), "{owned}");
+        std::os::unix::fs::chown(&path, Some(me), None).unwrap();
+
+        // What the content must be, named without it.
+        for (content, expected) in [
+            (&b""[..], "is empty"),
+            (b"abc\n", "holds 3 bytes"),
+            (b"0123456789abcdef\x000123", "offset 16"),
+            ("0123456789abcdef\u{e9}".as_bytes(), "offset 16"),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            std::fs::write(&path, content).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+            let e = boot_secret(None, Some(&path), Some(&other))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(expected), "{content:?}: {e}");
+            assert!(!e.contains("0123456789abcdef"), "{e}");
+        }
+    }
+
+    /// An access ACL that lets the agent user in, on a 0400 root file: the
+    /// mode bits alone would pass it; the kernel's check as that user does
+    /// not.
+    #[test]
+    fn a_file_whose_acl_lets_the_agent_in_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(reason) = hosted_boot_test_support::root("acting as another user") {
+            hosted_boot_test_support::skip(reason);
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("boot-secret");
+        std::fs::write(&path, "0123456789abcdef0123").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+        let mut other = user();
+        other.uid = 4242;
+        other.gid = 4242;
+        other.groups = vec![4242];
+        // The kernel's posix_acl_xattr: version 2, then (tag, perm, id)
+        // entries: user::r, user:4242:r, group::-, mask::r, other::-.
+        let mut acl = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in [
+            (0x01u16, 4u16, u32::MAX),
+            (0x02, 4, 4242),
+            (0x04, 0, u32::MAX),
+            (0x10, 4, u32::MAX),
+            (0x20, 0, u32::MAX),
+        ] {
+            acl.extend(tag.to_le_bytes());
+            acl.extend(perm.to_le_bytes());
+            acl.extend(id.to_le_bytes());
+        }
+        if let Err(e) = rustix::fs::setxattr(
+            &path,
+            "system.posix_acl_access",
+            &acl,
+            rustix::fs::XattrFlags::empty(),
+        ) {
+            hosted_boot_test_support::skip(format!(
+                "the temporary directory's file system takes no ACL ({e})"
+            ));
+            return;
+        }
+        let e = boot_secret(None, Some(&path), Some(&other))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has an ACL or a group that lets in"), "{e}");
     }
 }
