@@ -877,7 +877,7 @@ fn session_pod(sb: &Sandbox, secret_file: &Path) -> String {
         "value: https://plane.example",
         &format!("value: {}", var("ORIZU_API_BASE_URL")),
     );
-    edit("value: https://example.com", "value: 127.0.0.1:9");
+    edit("value: example.com:443", "value: 127.0.0.1:9");
     for proxy in ["HTTPS_PROXY", "HTTP_PROXY"] {
         edit(
             &format!(
