@@ -456,6 +456,17 @@ pub enum CallError {
         /// `": <start of body>"` or empty.
         detail: String,
     },
+    /// An `https://` URL whose server answered the TLS handshake with
+    /// plain HTTP: a configuration error, never retried (PROTOCOL.md 2).
+    #[error(
+        "{call}: {at} answered the TLS handshake in plain HTTP: the URL says https:// but the server there speaks http; use an http:// URL (HOSTED_BOOT_INSECURE_HTTP=1 off loopback), or serve TLS there"
+    )]
+    PlainHttp {
+        /// What was called.
+        call: String,
+        /// `HOST:PORT`.
+        at: String,
+    },
     /// Every attempt failed with a retryable error.
     #[error("{call} failed after {attempts} attempt{}: {last}", if *attempts == 1 { "" } else { "s" })]
     Exhausted {
@@ -524,6 +535,7 @@ impl CallError {
             CallError::Exhausted { .. }
             | CallError::BadResponse { .. }
             | CallError::Invalid { .. }
+            | CallError::PlainHttp { .. }
             | CallError::TooLarge { .. } => None,
         }
     }
@@ -543,7 +555,13 @@ impl CallError {
 enum Outcome {
     Done(Reply),
     Verdict(u16, String),
-    TooLarge { size: u64, size_exact: bool },
+    /// An `https://` URL whose server answered the TLS handshake in plain
+    /// HTTP: the same on every attempt.
+    PlainHttp(String),
+    TooLarge {
+        size: u64,
+        size_exact: bool,
+    },
     Retry(String, Option<Duration>),
 }
 
@@ -592,6 +610,10 @@ pub async fn send<T>(
                 size_exact,
                 cap,
             })),
+            Outcome::PlainHttp(at) => Attempt::Done(Err(CallError::PlainHttp {
+                call: call.to_string(),
+                at,
+            })),
             Outcome::Retry(error, retry_after) => Attempt::Retry { error, retry_after },
         }
     })
@@ -622,7 +644,12 @@ async fn attempt(request: RequestBuilder, cap: usize) -> Outcome {
         .contains_key(reqwest::header::IF_NONE_MATCH);
     let response = match client.execute(request).await {
         Ok(r) => r,
-        Err(e) => return Outcome::Retry(describe(e), None),
+        Err(e) => {
+            return match plain_http_answer(&e) {
+                Some(at) => Outcome::PlainHttp(at),
+                None => Outcome::Retry(describe(e), None),
+            };
+        }
     };
     let status = response.status();
     let headers = response.headers().clone();
@@ -773,6 +800,27 @@ pub fn describe(error: reqwest::Error) -> String {
     } else {
         format!("{kind}: {}", words.join(": "))
     }
+}
+
+/// `HOST:PORT` when `error` is a TLS handshake the server answered in
+/// plain HTTP (rustls reads an HTTP status line as a record of an invalid
+/// content type).
+fn plain_http_answer(error: &reqwest::Error) -> Option<String> {
+    let chain = crate::tls::causes(error);
+    let plain = chain.iter().any(|e| {
+        matches!(
+            e.downcast_ref::<rustls::Error>(),
+            Some(rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::InvalidContentType
+            ))
+        )
+    });
+    plain.then(|| {
+        error
+            .url()
+            .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
+            .unwrap_or_else(|| "the server".to_string())
+    })
 }
 
 /// Whether `text` is one of the HTTP stack's own layers' messages, which
@@ -945,6 +993,50 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(written < 64 * 1024 * 1024, "the whole body was read");
+    }
+
+    /// An https:// URL answered in plain HTTP (issue 45): a configuration
+    /// error at the first attempt, named with the host and what to do,
+    /// never retried, though the policy allows ten attempts.
+    #[tokio::test]
+    async fn a_tls_handshake_answered_in_plain_http_is_not_retried() {
+        crate::tls::install_crypto_provider();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut hello = [0u8; 1024];
+                let _ = conn.read(&mut hello).await;
+                let _ = conn
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let client = crate::tls::http_client(None).unwrap();
+        let url = format!("https://127.0.0.1:{port}/api/x?token=t");
+        let e = send(
+            "agent-token pull",
+            Policy::AGENT_TOKEN_BOOT.scaled(0.01),
+            &REAL,
+            1000,
+            || client.get(&url),
+            Ok,
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, CallError::PlainHttp { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!(
+                "127.0.0.1:{port} answered the TLS handshake in plain HTTP"
+            )) && text.contains("use an http:// URL"),
+            "{text}"
+        );
+        assert!(!text.contains("token=t"), "{text}");
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     /// A name that does not resolve, told by the resolver's error type.
