@@ -149,35 +149,7 @@ pub fn boot_secret(
     if !meta.is_file() {
         return Err(SecretFileError::NotAFile { path: path.into() });
     }
-    let mode = meta.mode() & 0o7777;
-    // The owner may change the mode at any time; the mode bits are the
-    // message a person can act on; the kernel's own check, as the agent
-    // user, counts what the bits do not show (an ACL, a group the user
-    // database gives).
-    let how = if meta.uid() == user.uid {
-        Some("is owned by")
-    } else if readable_by(user, meta.uid(), meta.gid(), mode) {
-        Some("can be read by")
-    } else if kernel_lets_read(user, path).map_err(|error| SecretFileError::Unchecked {
-        path: path.into(),
-        user: user.name.clone(),
-        error,
-    })? {
-        Some("has an ACL or a group that lets in")
-    } else {
-        None
-    };
-    if let Some(how) = how {
-        return Err(SecretFileError::AgentCanRead {
-            path: path.into(),
-            uid: meta.uid(),
-            gid: meta.gid(),
-            mode,
-            user: user.name.clone(),
-            agent_uid: user.uid,
-            how,
-        });
-    }
+    refuse_readers(user, path, &meta)?;
     let mut bytes = Vec::new();
     let read = (&mut file).take(MAX_BYTES + 1).read_to_end(&mut bytes);
     if let Err(error) = read {
@@ -188,6 +160,14 @@ pub fn boot_secret(
         zeroize::Zeroize::zeroize(&mut bytes);
         return Err(SecretFileError::TooLarge { path: path.into() });
     }
+    secret_of(path, bytes).map(Some)
+}
+
+/// The file's content as the boot secret, without its trailing line break.
+///
+/// Errors: empty, shorter than a boot secret, a byte a header cannot carry,
+/// not UTF-8; the bytes are zeroized on every error.
+fn secret_of(path: &Path, mut bytes: Vec<u8>) -> Result<Secret, SecretFileError> {
     // `echo secret > file` and editors end the file with a line break,
     // which is not the secret's.
     while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
@@ -216,11 +196,48 @@ pub fn boot_secret(
         )));
     }
     match String::from_utf8(bytes) {
-        Ok(text) => Ok(Some(Secret::new(text))),
+        Ok(text) => Ok(Secret::new(text)),
         Err(e) => {
             zeroize::Zeroize::zeroize(&mut e.into_bytes());
             Err(SecretFileError::NotUtf8 { path: path.into() })
         }
+    }
+}
+
+/// Refuses a file the agent user owns (it could change the mode) or could
+/// read: by the mode bits, the message a person can act on, then by the
+/// kernel's own check as that user, which counts what the bits do not show
+/// (an ACL, a group the user database gives).
+fn refuse_readers(
+    user: &AgentUser,
+    path: &Path,
+    meta: &std::fs::Metadata,
+) -> Result<(), SecretFileError> {
+    let mode = meta.mode() & 0o7777;
+    let how = if meta.uid() == user.uid {
+        Some("is owned by")
+    } else if readable_by(user, meta.uid(), meta.gid(), mode) {
+        Some("can be read by")
+    } else if kernel_lets_read(user, path).map_err(|error| SecretFileError::Unchecked {
+        path: path.into(),
+        user: user.name.clone(),
+        error,
+    })? {
+        Some("has an ACL or a group that lets in")
+    } else {
+        None
+    };
+    match how {
+        Some(how) => Err(SecretFileError::AgentCanRead {
+            path: path.into(),
+            uid: meta.uid(),
+            gid: meta.gid(),
+            mode,
+            user: user.name.clone(),
+            agent_uid: user.uid,
+            how,
+        }),
+        None => Ok(()),
     }
 }
 
