@@ -318,16 +318,37 @@ fn write(path: &Path, status: &Status) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The status file of the runner of `root`, or why it cannot be read.
+///
+/// Errors: the file is missing, unreadable, or not a status.
+pub fn read(root: &Path) -> Result<Status, String> {
+    std::fs::read(path(root))
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+}
+
+/// Whether process `pid` exists (`kill(pid, 0)`: allowed, or refused
+/// because another user owns it). A pid over `i32::MAX` is no process: as
+/// an i32 it would be negative, and kill(-1, 0) reaches every process.
+pub fn process_exists(pid: u32) -> bool {
+    i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .is_some_and(|p| {
+            !matches!(
+                rustix::process::test_kill_process(p),
+                Err(rustix::io::Errno::SRCH)
+            )
+        })
+}
+
 /// `hosted-boot status [--check]`: prints the status of the runner whose
 /// root is `root`; returns the exit code. With `check`: 0 when the runner
 /// is alive and the file was rewritten within [`STALE_AFTER`], else 1
 /// (never 2, which Docker reserves).
 pub fn command(root: &Path, check: bool) -> i32 {
     let path = path(root);
-    let status: Status = match std::fs::read(&path)
-        .map_err(|e| e.to_string())
-        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-    {
+    let status: Status = match read(root) {
         Ok(s) => s,
         Err(e) => {
             println!(

@@ -259,8 +259,21 @@ fn socket_line(root: &Path, session_id: &str) -> CheckLine {
 
 /// The root's lock (PROTOCOL.md 3, one runner per root): `run` refuses a
 /// root another runner holds. Taken and released at once, writing nothing.
+/// Held by the live runner the root's status file names, it is information
+/// (`check` beside a running sandbox), not a failure.
 fn lock_line(root: &Path) -> CheckLine {
-    match crate::workspace::lock::probe(root) {
+    let probe = crate::workspace::lock::probe(root);
+    if let Err(crate::workspace::lock::LockError::Held { pid: Some(pid), .. }) = &probe {
+        if let Some(runner) = live_runner(root, *pid) {
+            return CheckLine::pass(
+                "root lock",
+                format!(
+                    "held by this root's live runner (pid {pid}, {runner}): a second `run` here would be refused; this check only reads"
+                ),
+            );
+        }
+    }
+    match probe {
         Ok(()) => CheckLine::pass("root lock", "no other runner holds the root"),
         Err(e @ crate::workspace::lock::LockError::Held { .. }) => CheckLine::fail(
             "root lock",
@@ -273,6 +286,26 @@ fn lock_line(root: &Path) -> CheckLine {
             "set HOSTED_BOOT_ROOT (--root) to a directory this user can write",
         ),
     }
+}
+
+/// `phase P, session S` when the lock's holder `pid` is the runner the
+/// root's status file names, alive and not exited: `check` run in another
+/// shell beside it (README, "The first hour").
+fn live_runner(root: &Path, pid: u32) -> Option<String> {
+    let status = crate::status::read(root).ok()?;
+    (status.pid == pid
+        && status.phase != crate::status::Phase::Exited
+        && crate::status::process_exists(pid))
+    .then(|| {
+        format!(
+            "phase {}, session {}",
+            serde_json::to_value(&status.phase)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            status.session_id
+        )
+    })
 }
 
 /// The coordinator's routes, reading only; also the names of the env

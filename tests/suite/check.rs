@@ -88,6 +88,34 @@ async fn a_root_another_runner_holds_fails_the_check_naming_its_pid() {
     assert!(out.contains("ok    root lock"), "{out}");
 }
 
+/// Issue 45: `check` in another shell beside the live runner of the root
+/// (README, "The first hour") said FAIL on the root lock. Held by the
+/// runner the status file names, alive, it is information; exit 0.
+#[tokio::test]
+async fn the_live_runner_of_the_root_is_information_not_a_failure() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+touch "$AGENT_OUT/working"
+while [ ! -e "$AGENT_OUT/go" ]; do sleep 0.05; done
+"#,
+    );
+    let runner = sb.spawn(&script);
+    super::support::wait_for_file(&sb.out().join("working")).await;
+    let (code, out) = check(&sb, |_| {}).await;
+    std::fs::write(sb.out().join("go"), "").unwrap();
+    let (_, output) = sb.end_after_seal("run-1", runner).await;
+    assert_eq!(code, 0, "{out}\nrunner:\n{output}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("ok    root lock"))
+        .unwrap_or_else(|| panic!("no passed root lock line: {out}"));
+    assert!(
+        line.contains("held by this root's live runner (pid ") && line.contains("phase turn"),
+        "{line}"
+    );
+}
+
 /// Issue 15: with `--agent claude` and no provider key (nor a login file)
 /// `check` said nothing of it; `run` then gives the CLI a placeholder key
 /// that only an egress proxy injecting the real one makes work (README,
