@@ -1252,6 +1252,143 @@ async fn the_printed_env_line_runs_as_pasted() {
     );
 }
 
+/// Issue 45: the debugging path as printed. The coordinator's lines, pasted
+/// into a shell in order: the sandbox's `env` line, the slow turn's `curl`,
+/// the interrupt's, the end's. The slow turn is still at work when the
+/// interrupt comes (the demo agent finishes an ordinary turn in
+/// milliseconds, which left the printed interrupt nothing to interrupt),
+/// and the text names where the runner is.
+#[tokio::test]
+async fn the_printed_debugging_path_runs_as_pasted_and_interrupts_a_slow_turn() {
+    if let Err(reason) = hosted_boot_test_support::program("curl", "curl") {
+        hosted_boot_test_support::skip(reason);
+        return;
+    }
+    use tokio::io::AsyncBufReadExt;
+    let work = tempfile::tempdir().unwrap();
+    let mut coord = tokio::process::Command::new(coordinator_bin())
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .current_dir(work.path())
+        .env("TMPDIR", work.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(coord.stdout.take().unwrap()).lines();
+    let mut text = Vec::new();
+    while !text
+        .last()
+        .is_some_and(|l: &String| l.starts_with("Ctrl-C"))
+    {
+        let line = tokio::time::timeout(WAIT, stdout.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the coordinator ended");
+        text.push(line);
+    }
+    let all = text.join("\n");
+    let pasted = |starts: &str, has: &str| -> String {
+        text.iter()
+            .map(|l| l.trim())
+            .find(|l| l.starts_with(starts) && l.contains(has))
+            .unwrap_or_else(|| panic!("no line {starts}…{has} in:\n{all}"))
+            .to_string()
+    };
+    assert!(
+        all.contains(&format!(
+            "(The runner above is {}",
+            env!("CARGO_BIN_EXE_hosted-boot")
+        )),
+        "{all}"
+    );
+    let base = pasted("hosted-boot-coordinator: session", "")
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let sh = |line: &str| {
+        let mut c = tokio::process::Command::new("sh");
+        c.arg("-c")
+            .arg(line)
+            .current_dir(work.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        c
+    };
+    let mut runner = sh(&pasted("mkdir -p ", "")).spawn().unwrap();
+    let http = client();
+    let state = || async {
+        http.get(format!("{base}dev/state"))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    let run = |state: &Value, id: &str| -> Value {
+        state["runs"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["id"] == id).cloned())
+            .unwrap_or(Value::Null)
+    };
+    let wait_until = |what: &'static str, id: &'static str, cond: fn(&Value) -> bool| {
+        let state = &state;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let s = state().await;
+                if cond(&run(&s, id)) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "{id}: {what}: {s}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    wait_until("sealed", "run-1", |r| r["status"] == "succeeded").await;
+    let status = sh(&pasted("curl", "full test suite"))
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    wait_until("at work", "run-2", |r| {
+        r["status"] == "running"
+            && r["events"].as_array().is_some_and(|e| {
+                e.iter().any(|e| {
+                    e["data"]["text"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with("running test"))
+                })
+            })
+    })
+    .await;
+    assert!(
+        sh(&pasted("curl", "/dev/interrupt"))
+            .status()
+            .await
+            .unwrap()
+            .success()
+    );
+    wait_until("interrupted", "run-2", |r| r["status"] == "interrupted").await;
+    assert!(
+        sh(&pasted("curl", "/dev/end"))
+            .status()
+            .await
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(60), runner.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
 /// The subcommands that left the runner (issue 34) say where they went,
 /// exit 2, and never start anything.
 #[test]

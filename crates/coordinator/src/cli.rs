@@ -343,9 +343,16 @@ pub(crate) fn startup_text(c: &Coordinator, runner: &Path) -> String {
         "  docker run --rm {network}{} -e HOSTED_BOOT_AGENT=demo \"$IMAGE\"\n",
         docker_env.join(" ")
     ));
-    out.push_str("\nDev API:\n\n");
+    out.push_str(&format!(
+        "\n(The runner above is {exe}: `cargo build` leaves hosted-boot and\nhosted-boot-coordinator in target/debug/ or target/release/, not on PATH.)\n"
+    ));
+    out.push_str("\nDev API: a turn (the demo agent finishes it at once), a slow turn (a prompt\nthat mentions the full test suite makes it work until interrupted), the\ninterrupt, the end of the session, what the coordinator saw:\n\n");
     out.push_str(&format!(
         "  curl -sS -X POST {}{auth}{json} -d '{{\"body\": \"Now add a test\"}}'\n",
+        dev("turns")
+    ));
+    out.push_str(&format!(
+        "  curl -sS -X POST {}{auth}{json} -d '{{\"body\": \"Run the full test suite\"}}'\n",
         dev("turns")
     ));
     out.push_str(&format!(
