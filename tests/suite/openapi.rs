@@ -552,6 +552,28 @@ async fn conformance_passes_against_the_reference_coordinator() {
     drop(snap);
 }
 
+/// Issue 45: against a coordinator that answers the event posts slowly,
+/// the agent's last line went out with the rest of its burst and no small
+/// batch was ever sent: "events: a small batch" failed a coordinator that
+/// conforms. The agent now waits until the proxy saw its burst accepted
+/// whole, so its last line goes in a batch of its own whatever the pace.
+#[tokio::test]
+async fn conformance_sends_its_small_batch_against_a_slow_coordinator() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    sb.coordinator
+        .add_fault(Fault::delay(Route::Events, std::time::Duration::from_millis(1500)).times(3))
+        .unwrap();
+    // The contract's own durations: the events' flush deadline at the
+    // test's scale would give up on answers this slow.
+    let mut cmd = sb.program_command(&[], &conformance_bin(), &sb.script("true"));
+    cmd.env("HOSTED_BOOT_TEST_TIME_SCALE", "1");
+    let (status, out) = finish(cmd.spawn().unwrap()).await;
+    assert_no_secret("conformance output", &out, &sb.secrets(&[]));
+    let code = status.code().unwrap_or(-1);
+    assert_eq!(row(&out, "events: a small batch").0, "PASS", "{out}");
+    assert_eq!(code, 0, "{out}");
+}
+
 /// Ctrl-C or SIGTERM during conformance's turn stops the runner as a
 /// sandbox's stop does, through the proxy, which still serves it: the run
 /// is sealed, not left running; nothing of conformance is left running or

@@ -9,8 +9,9 @@
 //! [`agent_main`]) and points the runner's URLs at a recording proxy on
 //! loopback ([`proxy`]) that forwards to the coordinator and validates every
 //! answer against the document. The agent sends events in a large and a
-//! small batch and pushes a commit to the session branch through the
-//! credential helper; the proxy resends the first accepted batch and reads
+//! small batch (its last line waits until the proxy saw the large one
+//! accepted whole, so it goes alone whatever the coordinator's pace) and
+//! pushes a commit to the session branch through the credential helper; the proxy resends the first accepted batch and reads
 //! the cursor; once `turn_completed` is acknowledged, the runner gets
 //! SIGTERM and stops as a graceful stop does between turns (4.4: nothing
 //! posted, files removed), so the session stays usable. Then a table: each
@@ -50,6 +51,15 @@ const LARGE_BATCH: usize = 100;
 const SMALL_BATCH: usize = 10;
 /// The line the agent prints once its push of the session branch succeeded.
 pub const PUSH_MARKER: &str = "conformance-push-ok";
+/// The variable naming the file the proxy creates once the coordinator has
+/// accepted the agent's burst whole: the agent waits for it before its last
+/// line, which then goes out in a batch of its own, whatever the
+/// coordinator's pace (a slow one had the line join the burst's last
+/// batch, and "a small batch" failed a coordinator that conforms).
+pub const BURST_ACCEPTED_VAR: &str = "HOSTED_BOOT_CONFORMANCE_BURST_ACCEPTED";
+/// How long the agent waits for it: past this the line goes out anyway
+/// (and the check says what came).
+const BURST_WAIT: Duration = Duration::from_secs(120);
 
 /// Flags of `hosted-boot-conformance`. The coordinator and the session come
 /// from the sandbox environment (`ORIZU_*`, PROTOCOL.md section 1).
@@ -198,10 +208,11 @@ async fn exercise(
         .get(&OsString::from("HOSTED_BOOT_CA_FILE"))
         .map(PathBuf::from);
     let http = hosted_boot::tls::http_client(ca.as_deref())?;
-    let proxy = Proxy::start(upstream, http, doc).await?;
     let temp = tempfile::Builder::new()
         .prefix("hosted-boot-conformance-")
         .tempdir()?;
+    let burst_accepted = temp.path().join("burst-accepted");
+    let proxy = Proxy::start(upstream, http, doc, burst_accepted.clone()).await?;
     let root = match &args.root {
         Some(r) => r.clone(),
         None => temp.path().join("sandbox"),
@@ -210,6 +221,7 @@ async fn exercise(
     let log_path = temp.path().join("runner.log");
     let log = std::fs::File::create(&log_path)?;
     let mut child = runner_command(env, runner_bin, &boot_secret, &proxy, &root, log)?
+        .env(BURST_ACCEPTED_VAR, &burst_accepted)
         .spawn()
         .context("cannot start the runner")?;
     drop(boot_secret);
@@ -688,8 +700,14 @@ pub fn agent_main() -> i32 {
             }
         }
     }
-    // After the push (which takes longer than the runner's 250 ms batching),
-    // so it goes in a batch of its own.
+    // Once the burst is accepted whole, so that this line goes in a batch
+    // of its own.
+    if let Some(path) = std::env::var_os(BURST_ACCEPTED_VAR) {
+        let deadline = std::time::Instant::now() + BURST_WAIT;
+        while !Path::new(&path).exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     println!(
         "{}",
         json!({"type": "conformance.push", "text": PUSH_MARKER})

@@ -8,6 +8,7 @@
 //! Credentials pass through in headers only; nothing is recorded of them.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -100,6 +101,9 @@ struct Shared {
     doc: Document,
     record: Mutex<Record>,
     milestone: watch::Sender<Milestone>,
+    /// Created once an accepted batch holds the agent's last burst event
+    /// (`crate::BURST_ACCEPTED_VAR`).
+    burst_accepted: PathBuf,
 }
 
 /// A running proxy.
@@ -119,6 +123,7 @@ impl Proxy {
         upstream: Upstream,
         http: reqwest::Client,
         doc: Document,
+        burst_accepted: PathBuf,
     ) -> anyhow::Result<Proxy> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
@@ -129,6 +134,7 @@ impl Proxy {
             doc,
             record: Mutex::new(Record::default()),
             milestone: tx,
+            burst_accepted,
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let task = tokio::spawn(async move {
@@ -410,6 +416,15 @@ async fn after_answer(sh: &Shared, ex: &Exchange, headers: &HeaderMap, body: &By
         .and_then(|e| e.last())
         .and_then(|e| e.get("seq"))
         .and_then(Value::as_u64);
+    // The agent's burst accepted whole: its last event in a batch accepted
+    // through its last seq.
+    let last_of_burst = format!("\"n\":{}", crate::LARGE_BURST);
+    if ex.route == Route::Events
+        && last_seq.is_some_and(|s| s <= n)
+        && ex.request.to_string().contains(&last_of_burst)
+    {
+        let _ = std::fs::write(&sh.burst_accepted, b"");
+    }
     let first_resend = ex.route == Route::Events
         && last_seq.is_some_and(|s| s <= n)
         && crate::locks::lock(&sh.record).resend.is_none();
