@@ -291,6 +291,23 @@ mod tests {
         }
     }
 
+    /// `content` in a root file of mode 0400, in a directory everyone may
+    /// enter; `None` when the test skips: the check as the agent user needs
+    /// a root runner, as the runner with an agent user is.
+    fn secret_file(content: &str) -> Option<(tempfile::TempDir, std::path::PathBuf)> {
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(reason) = hosted_boot_test_support::root("acting as another user") {
+            hosted_boot_test_support::skip(reason);
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("boot-secret");
+        std::fs::write(&path, content).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+        Some((dir, path))
+    }
+
     #[test]
     fn the_agent_reads_by_owner_group_or_others_as_the_kernel_decides() {
         let u = user();
@@ -308,17 +325,9 @@ mod tests {
     #[test]
     fn the_file_gives_the_secret_without_its_line_break_and_refuses_what_is_unsafe() {
         use std::os::unix::fs::PermissionsExt;
-        // The check as the agent user needs a root runner, as the runner
-        // with an agent user is.
-        if let Err(reason) = hosted_boot_test_support::root("acting as another user") {
-            hosted_boot_test_support::skip(reason);
+        let Some((dir, path)) = secret_file("0123456789abcdef0123\n") else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let path = dir.path().join("boot-secret");
-        std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+        };
         let me = rustix::process::geteuid().as_raw();
         // An agent user that is not the file's owner (the test's uid).
         let mut other = user();
@@ -390,16 +399,9 @@ mod tests {
     /// not.
     #[test]
     fn a_file_whose_acl_lets_the_agent_in_is_refused() {
-        use std::os::unix::fs::PermissionsExt;
-        if let Err(reason) = hosted_boot_test_support::root("acting as another user") {
-            hosted_boot_test_support::skip(reason);
+        let Some((_dir, path)) = secret_file("0123456789abcdef0123") else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let path = dir.path().join("boot-secret");
-        std::fs::write(&path, "0123456789abcdef0123").unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+        };
         let mut other = user();
         other.uid = 4242;
         other.gid = 4242;

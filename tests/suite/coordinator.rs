@@ -1161,20 +1161,32 @@ async fn a_source_repository_is_served() {
 /// `sh` exactly as printed, it boots, runs the initial task as run-1 and
 /// exits 0 when the session ends. Each request is logged as a line, the
 /// runner's apart from the dev API's.
-#[tokio::test]
-async fn the_printed_env_line_runs_as_pasted() {
+/// `hosted-boot-coordinator serve` on an ephemeral loopback port, started
+/// in `work`; its stdout as lines (its startup text first).
+fn serve(
+    work: &Path,
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
     use tokio::io::AsyncBufReadExt;
-    let work = tempfile::tempdir().unwrap();
     let mut coord = tokio::process::Command::new(coordinator_bin())
         .args(["serve", "--listen", "127.0.0.1:0"])
-        .current_dir(work.path())
-        .env("TMPDIR", work.path())
+        .current_dir(work)
+        .env("TMPDIR", work)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut stdout = tokio::io::BufReader::new(coord.stdout.take().unwrap()).lines();
+    let stdout = tokio::io::BufReader::new(coord.stdout.take().unwrap()).lines();
+    (coord, stdout)
+}
+
+#[tokio::test]
+async fn the_printed_env_line_runs_as_pasted() {
+    let work = tempfile::tempdir().unwrap();
+    let (mut coord, mut stdout) = serve(work.path());
     let (mut base, mut env_line) = (None, None);
     while env_line.is_none() {
         let line = tokio::time::timeout(WAIT, stdout.next_line())
@@ -1264,18 +1276,8 @@ async fn the_printed_debugging_path_runs_as_pasted_and_interrupts_a_slow_turn() 
         hosted_boot_test_support::skip(reason);
         return;
     }
-    use tokio::io::AsyncBufReadExt;
     let work = tempfile::tempdir().unwrap();
-    let mut coord = tokio::process::Command::new(coordinator_bin())
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .current_dir(work.path())
-        .env("TMPDIR", work.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdout = tokio::io::BufReader::new(coord.stdout.take().unwrap()).lines();
+    let (_coord, mut stdout) = serve(work.path());
     let mut text = Vec::new();
     while !text
         .last()
