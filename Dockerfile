@@ -11,9 +11,10 @@ ARG DEBIAN_RELEASE=bookworm
 FROM rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS build
 WORKDIR /src
 # Unset, the release profile of Cargo.toml (fat LTO, one codegen unit). CI
-# passes `false` (scripts/image --no-lto): a release build without LTO takes
-# less than half the time on a 2-core machine. Cargo reads it from the
-# environment, where a build argument is for the RUN steps below.
+# passes `false` (scripts/image --no-lto): the binary's step took 83 s
+# instead of 138 s on a 2-core machine (BENCHMARKS.md, "The image"). Cargo
+# reads it from the environment, where a build argument is for the RUN
+# steps below.
 ARG CARGO_PROFILE_RELEASE_LTO
 # Dependencies first, in a layer of their own that survives source edits:
 # every target the manifests declare (the lib, the bin, the benches, each
