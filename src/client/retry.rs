@@ -746,10 +746,7 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// failed: …`, `no answer from HOST:PORT in time`, `cannot resolve HOST`.
 /// Never the HTTP stack's internal names (`client error (SendRequest)`).
 pub fn describe(error: reqwest::Error) -> String {
-    let at = error
-        .url()
-        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
-        .unwrap_or_else(|| "the server".to_string());
+    let at = host_port(&error);
     let error = error.without_url();
     let chain = crate::tls::causes(&error);
     let io = chain
@@ -815,12 +812,16 @@ fn plain_http_answer(error: &reqwest::Error) -> Option<String> {
             ))
         )
     });
-    plain.then(|| {
-        error
-            .url()
-            .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
-            .unwrap_or_else(|| "the server".to_string())
-    })
+    plain.then(|| host_port(error))
+}
+
+/// `HOST:PORT` of the request that failed, never the rest of its URL (a
+/// query may carry a token); "the server" when the error has no URL.
+fn host_port(error: &reqwest::Error) -> String {
+    error
+        .url()
+        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
+        .unwrap_or_else(|| "the server".to_string())
 }
 
 /// Whether `text` is one of the HTTP stack's own layers' messages, which

@@ -299,10 +299,7 @@ fn live_runner(root: &Path, pid: u32) -> Option<String> {
     .then(|| {
         format!(
             "phase {}, session {}",
-            serde_json::to_value(&status.phase)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            status.phase.as_str(),
             status.session_id
         )
     })

@@ -35,6 +35,13 @@ fn checkout() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The podman settings the engine reads: the caller's `CONTAINERS_CONF`,
+/// else the project's (as scripts/image does).
+fn containers_conf() -> std::ffi::OsString {
+    std::env::var_os("CONTAINERS_CONF")
+        .unwrap_or_else(|| checkout().join("image/containers.conf").into_os_string())
+}
+
 /// The container engine `scripts/image` builds with: `HOSTED_BOOT_ENGINE`,
 /// else the first of docker and podman whose `info` succeeds.
 struct Engine {
@@ -131,9 +138,7 @@ impl Engine {
     /// the caller set `CONTAINERS_CONF` (as scripts/image does).
     fn command(&self) -> std::process::Command {
         let mut cmd = std::process::Command::new(&self.program);
-        if std::env::var_os("CONTAINERS_CONF").is_none() {
-            cmd.env("CONTAINERS_CONF", checkout().join("image/containers.conf"));
-        }
+        cmd.env("CONTAINERS_CONF", containers_conf());
         cmd
     }
 
@@ -376,9 +381,7 @@ async fn the_printed_docker_run_line_runs_the_image_through_three_turns() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    if std::env::var_os("CONTAINERS_CONF").is_none() {
-        shell.env("CONTAINERS_CONF", checkout().join("image/containers.conf"));
-    }
+    shell.env("CONTAINERS_CONF", containers_conf());
     let mut container = Container {
         engine: &engine,
         name,
