@@ -12,13 +12,20 @@
 
 use std::io::{self, IsTerminal, Write};
 
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
 
 use crate::redact::Redactor;
 
 /// The log filter's variable (tracing's filter syntax, default `info`).
 pub const LOG_FILTER_VAR: &str = "HOSTED_BOOT_LOG";
+
+/// The target of a turn's summary line: on a terminal its sentence alone is
+/// printed (its fields say the same again); JSON lines carry both.
+pub const TURN_SUMMARY_TARGET: &str = "hosted_boot::turn_summary";
 
 /// Flushes the log's writer thread when dropped: keep it until exit.
 pub type LogGuard = Option<tracing_appender::non_blocking::WorkerGuard>;
@@ -75,9 +82,13 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
     let installed = match format {
         // Colour only on a terminal, and never with `NO_COLOR` set
         // (no-color.org), as the demo's own output.
-        LogFormat::Text => builder
-            .with_ansi(io::stderr().is_terminal() && !no_color())
-            .try_init(),
+        LogFormat::Text => {
+            let ansi = io::stderr().is_terminal() && !no_color();
+            builder
+                .with_ansi(ansi)
+                .event_format(PeopleFormat { ansi })
+                .try_init()
+        }
         // The spans (boot: session id; turn: run id, ordinal; step) ride on
         // every line, so a log pipeline can index them.
         LogFormat::Json => builder
@@ -88,6 +99,76 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
             .try_init(),
     };
     installed.ok().map(|()| guard)
+}
+
+/// Lines for people (issue 45): `17:18:13  message  key=value …`, the time
+/// of day in UTC, a level word only for what is not `info`, no target and
+/// no spans (the JSON lines carry those for a log pipeline; on a terminal
+/// they made every line's first 100 columns the same).
+struct PeopleFormat {
+    ansi: bool,
+}
+
+impl<S, N> FormatEvent<S, N> for PeopleFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let (time, level) = people_prefix(std::time::SystemTime::now(), *event.metadata().level());
+        if self.ansi {
+            let colour = match *event.metadata().level() {
+                Level::ERROR => "31",
+                Level::WARN => "33",
+                _ => "2",
+            };
+            write!(writer, "\x1b[2m{time}\x1b[0m  \x1b[{colour}m{level}\x1b[0m")?;
+        } else {
+            write!(writer, "{time}  {level}")?;
+        }
+        if event.metadata().target() == TURN_SUMMARY_TARGET {
+            let mut message = MessageOnly(&mut writer, Ok(()));
+            event.record(&mut message);
+            message.1?;
+        } else {
+            ctx.field_format().format_fields(writer.by_ref(), event)?;
+        }
+        writeln!(writer)
+    }
+}
+
+/// A line's time of day (UTC, `HH:MM:SS`) and its level word (`warning: `,
+/// `error: `, nothing for `info`).
+fn people_prefix(now: std::time::SystemTime, level: Level) -> (String, &'static str) {
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+        % 86_400;
+    let time = format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60);
+    let word = match level {
+        Level::ERROR => "error: ",
+        Level::WARN => "warning: ",
+        Level::INFO => "",
+        Level::DEBUG => "debug: ",
+        Level::TRACE => "trace: ",
+    };
+    (time, word)
+}
+
+/// Writes an event's message and nothing else.
+struct MessageOnly<'w, 'b>(&'w mut Writer<'b>, std::fmt::Result);
+
+impl tracing::field::Visit for MessageOnly<'_, '_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.1 = write!(self.0, "{value:?}");
+        }
+    }
 }
 
 /// Gives each log event a buffer that is redacted and written to stderr in

@@ -154,7 +154,7 @@ pub async fn run(
 ) -> Result<TurnEnd, TurnFatal> {
     let run_id = input.run_id.as_str();
     tracing::info!(run_id, "turn starting");
-    let mut turn = Turn::open(ctx, run_id, stop)
+    let mut turn = Turn::open(ctx, run_id, input.ordinal, stop)
         .map_err(|e| fatal(run_id, e.to_string(), SealState::NotSent))?;
     let steps = turn.steps(&input).await;
     turn.end(steps).await
@@ -223,6 +223,9 @@ async fn leftovers_gone() -> Result<(), String> {
 struct Turn<'a> {
     ctx: &'a TurnContext,
     run_id: &'a str,
+    /// The turn's ordinal and start, for its summary line.
+    ordinal: Option<u64>,
+    started: std::time::Instant,
     timings: Timings,
     stop: &'a mut tokio_watch::Receiver<Stop>,
     budget: StopBudget,
@@ -251,6 +254,7 @@ impl<'a> Turn<'a> {
     fn open(
         ctx: &'a TurnContext,
         run_id: &'a str,
+        ordinal: Option<u64>,
         stop: &'a mut tokio_watch::Receiver<Stop>,
     ) -> Result<Turn<'a>, SessionDirError> {
         let timings = *ctx.api.timings();
@@ -259,6 +263,8 @@ impl<'a> Turn<'a> {
         Ok(Turn {
             ctx,
             run_id,
+            ordinal,
+            started: std::time::Instant::now(),
             timings,
             stop,
             budget,
@@ -740,11 +746,39 @@ impl<'a> Turn<'a> {
             }
             Some(Ok(())) => self.seal = SealState::Sealed,
         }
-        tracing::info!(run_id, status = outcome.status.as_str(), "run sealed");
+        self.log_summary(&body, report);
         if report.undelivered() == 0 {
             self.remove_run_dir();
         }
         Ok(())
+    }
+
+    /// The turn in one line for people (`wire::summary`), with the seal's
+    /// facts as fields for a log pipeline.
+    fn log_summary(&self, body: &FinishBody, report: &FlushReport) {
+        let facts = crate::wire::summary::TurnFacts {
+            ordinal: self.ordinal,
+            run_id: self.run_id,
+            events: report.last_seq,
+            undelivered: report.undelivered(),
+            took: Some(self.started.elapsed()),
+        };
+        let result = body.result.as_ref();
+        tracing::info!(
+            target: crate::logging::TURN_SUMMARY_TARGET,
+            run_id = self.run_id,
+            ordinal = self.ordinal,
+            status = body.status.as_str(),
+            error = body.error.as_ref().map(|e| e.code.as_str()),
+            took_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            events = report.last_seq,
+            undelivered = report.undelivered(),
+            head = result.and_then(|r| r.head_sha.as_deref()),
+            pushed = result.map(|r| r.pushed),
+            commits = result.map(|r| r.commits),
+            "{}",
+            crate::wire::summary::turn_line(&facts, body)
+        );
     }
 
     /// `turn_completed`; during a graceful stop a failure is only logged.

@@ -1155,12 +1155,6 @@ async fn a_source_repository_is_served() {
     assert_eq!(bare_rev(&c, "refs/heads/feature/x"), Some(head));
 }
 
-/// `hosted-boot-coordinator serve` prints an `env` line that runs as pasted
-/// (the runner binary's real path, found beside the coordinator's, a root of its own, the built-in demo agent by
-/// `HOSTED_BOOT_AGENT=demo`): run by
-/// `sh` exactly as printed, it boots, runs the initial task as run-1 and
-/// exits 0 when the session ends. Each request is logged as a line, the
-/// runner's apart from the dev API's.
 /// `hosted-boot-coordinator serve` on an ephemeral loopback port, started
 /// in `work`; its stdout as lines (its startup text first).
 fn serve(
@@ -1183,8 +1177,23 @@ fn serve(
     (coord, stdout)
 }
 
+/// `hosted-boot-coordinator serve` prints an `env` line that runs as pasted
+/// (the runner binary's real path, found beside the coordinator's, a root
+/// of its own, the built-in demo agent by `HOSTED_BOOT_AGENT=demo`): run by
+/// `sh` on a terminal (`script`'s) exactly as printed, it boots, runs the
+/// initial task as run-1 and exits 0 when the session ends.
+///
+/// Issue 45, logs for people: on that terminal the runner's lines are the
+/// time and what happened, without tracing's prefixes, and a turn ends with
+/// one summary line; the coordinator prints each request once answered,
+/// in the order of its stamps (the runner's apart from the dev API's), and
+/// a line per sealed turn.
 #[tokio::test]
 async fn the_printed_env_line_runs_as_pasted() {
+    if let Err(reason) = hosted_boot_test_support::program("script", "bsdutils (util-linux)") {
+        hosted_boot_test_support::skip(reason);
+        return;
+    }
     let work = tempfile::tempdir().unwrap();
     let (mut coord, mut stdout) = serve(work.path());
     let (mut base, mut env_line) = (None, None);
@@ -1213,16 +1222,25 @@ async fn the_printed_env_line_runs_as_pasted() {
         !env_line.contains("HOSTED_BOOT_AGENT_COMMAND"),
         "{env_line}"
     );
-    let mut runner = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(&env_line)
+    let mut runner = tokio::process::Command::new("script")
+        .args(["-qefc", &env_line, "/dev/null"])
         .current_dir(work.path())
+        .env("NO_COLOR", "1")
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
+    let terminal = tokio::spawn({
+        use tokio::io::AsyncReadExt;
+        let mut out = runner.stdout.take().unwrap();
+        async move {
+            let mut bytes = Vec::new();
+            let _ = out.read_to_end(&mut bytes).await;
+            bytes
+        }
+    });
     let http = client();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -1261,6 +1279,69 @@ async fn the_printed_env_line_runs_as_pasted() {
     assert!(
         log.lines().any(|l| l.contains("  dev     POST /dev/end  ")),
         "{log}"
+    );
+    let stamps: Vec<f64> = log
+        .lines()
+        .filter_map(|l| l.trim_start().split_once("s  ")?.0.parse().ok())
+        .collect();
+    assert!(stamps.len() > 5, "{log}");
+    assert!(
+        stamps.windows(2).all(|w| w[0] <= w[1]),
+        "the request lines are not in the order of their stamps:\n{log}"
+    );
+    let turns: Vec<&str> = log.lines().filter(|l| l.contains("  turn    ")).collect();
+    assert_eq!(turns.len(), 1, "one line per sealed turn:\n{log}");
+    assert!(
+        turns[0].contains("turn    turn 1 (run-1) succeeded in ")
+            && turns[0].contains(" events · pushed 1 commit to "),
+        "{log}"
+    );
+    assert_logs_for_people(&terminal.await.unwrap());
+}
+
+/// The runner's lines on a terminal (`script`'s output: each log line is
+/// written after the status line's erase, `\r\x1b[2K`).
+fn assert_logs_for_people(terminal: &[u8]) {
+    let text = String::from_utf8_lossy(terminal);
+    let lines: Vec<&str> = text
+        .split("\r\x1b[2K")
+        .filter_map(|chunk| {
+            chunk
+                .split_once('\n')
+                .map(|(line, _)| line.trim_end_matches('\r'))
+        })
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert!(lines.len() > 5, "{text:?}");
+    for line in &lines {
+        let (time, rest) = line
+            .split_at_checked(8)
+            .unwrap_or_else(|| panic!("{line:?}"));
+        assert!(
+            time.bytes().enumerate().all(|(i, b)| if i % 3 == 2 {
+                b == b':'
+            } else {
+                b.is_ascii_digit()
+            }) && rest.starts_with("  "),
+            "a line for people starts with the time of day: {line:?}\n{text:?}"
+        );
+        for prefix in [" INFO ", "hosted_boot::", "boot{", "turn{", "step{"] {
+            assert!(!line.contains(prefix), "tracing's {prefix:?} in {line:?}");
+        }
+    }
+    let summaries: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains("  turn 1 (run-1) "))
+        .collect();
+    assert_eq!(
+        summaries.len(),
+        1,
+        "one summary line for the turn: {lines:#?}"
+    );
+    assert!(
+        summaries[0].contains("  turn 1 (run-1) succeeded in ")
+            && summaries[0].contains(" events · pushed 1 commit to "),
+        "{lines:#?}"
     );
 }
 

@@ -206,51 +206,13 @@ pub async fn run_cli(args: CoordinatorArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints each request as one line on stderr as it arrives: when, who
-/// (`runner` for the sandbox's calls, `dev` for the dev API), method, path
-/// without its query, the answer.
+/// Prints each request as one line on stderr once answered, and a line per
+/// turn when it is sealed (`request_log`).
 async fn request_log(c: &Coordinator) {
-    let mut seen = 0;
-    // Requests not answered yet when last looked at: a held session read
-    // (the long-poll, PROTOCOL.md 2.4) must not hold back the lines after it.
-    let mut in_flight: Vec<usize> = Vec::new();
+    let mut log = crate::request_log::RequestLog::default();
     loop {
-        let requests = c.requests();
-        let mut ready = Vec::new();
-        in_flight.retain(|&i| {
-            let done = requests
-                .get(i)
-                .is_none_or(|r| r.response_status.is_some() || r.fault.is_some());
-            if done {
-                ready.push(i);
-            }
-            !done
-        });
-        for (i, r) in requests.iter().enumerate().skip(seen) {
-            if r.response_status.is_some() || r.fault.is_some() {
-                ready.push(i);
-            } else {
-                in_flight.push(i);
-            }
-        }
-        seen = requests.len();
-        // A request is printed once answered (or dropped by a fault).
-        for r in ready.into_iter().filter_map(|i| requests.get(i)) {
-            let who = if r.route == super::Target::Dev {
-                "dev   "
-            } else {
-                "runner"
-            };
-            let path = r.path.split('?').next().unwrap_or("");
-            let answer = r
-                .response_status
-                .map_or_else(|| "dropped".to_string(), |s| s.to_string());
-            eprintln!(
-                "{:>9.3}s  {who}  {:<4} {path}  {answer}  ({})",
-                r.at_ms as f64 / 1000.0,
-                r.method,
-                r.route.name()
-            );
+        for line in log.next_lines(&c.snapshot()) {
+            eprintln!("{line}");
         }
         c.changed(Duration::from_millis(250)).await;
     }

@@ -51,6 +51,7 @@ mod fleet;
 mod git;
 mod latency;
 mod long_poll;
+mod request_log;
 mod served;
 mod server;
 mod state;

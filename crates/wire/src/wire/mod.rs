@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::secret::Secret;
 
 pub mod routes;
+pub mod summary;
 
 /// The header the interrupt watch adds to its session reads (2.4).
 pub const DURING_TURN_HEADER: (&str, &str) = ("x-orizu-hosted-poll", "during-turn");
