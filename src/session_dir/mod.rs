@@ -15,6 +15,26 @@ pub use context::{BootContext, CredentialMode};
 
 use crate::secret::Secret;
 
+/// `turn.json` (PROTOCOL.md section 3): what only the turn knows, at a path
+/// fixed for the whole boot (`ORIZU_TURN_FILE`), so that an agent whose
+/// environment was fixed before its turn (a pre-started one) reads it when
+/// its prompt comes. No secret: the token stays in the bearer file.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnFile {
+    /// The run the turn seals (`ORIZU_RUN_ID`).
+    pub run_id: String,
+    /// 1 for the initial task, then +1 per turn; null when not known.
+    pub ordinal: Option<u64>,
+    /// The turn's prompt (`ORIZU_TASK_FILE`).
+    pub task_file: PathBuf,
+    /// The platform's instructions (`ORIZU_INSTRUCTIONS_FILE`), if any.
+    pub instructions_file: Option<PathBuf>,
+    /// When the turn's time cap (`clientInfo.durationMinutes`) stops the
+    /// agent, RFC 3339 UTC (`ORIZU_TURN_DEADLINE`); null without a cap.
+    pub deadline: Option<String>,
+}
+
 /// Why a file of the session or run directory could not be read or written.
 /// Messages name the path and what to do; never a file's contents.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +83,9 @@ pub const RUN_PARENT: &str = ".orizu-run";
 pub const BOOT_SECRET_FILE: &str = "boot-secret";
 /// The bearer file in the session directory (exists only during a turn).
 pub const BEARER_FILE: &str = "bearer";
+/// What only the turn knows, for the agent (exists only during a turn;
+/// PROTOCOL.md section 3): [`TurnFile`].
+pub const TURN_FILE: &str = "turn.json";
 /// The credential helper's context in the session directory.
 pub const CONTEXT_FILE: &str = "boot-context.json";
 /// The credential helper's repo-token cache in the session directory.
@@ -295,6 +318,7 @@ impl SessionDir {
             CREDENTIAL_LOCK_FILE,
         ];
         let shared = name == BEARER_FILE
+            || name == TURN_FILE
             || name == CONTEXT_FILE
             || (agent.credential_files && credential.contains(&name));
         shared.then_some((agent.uid, agent.gid))
@@ -312,6 +336,35 @@ impl SessionDir {
     /// `…/bearer`: the agent's `ORIZU_TOKEN_FILE`.
     pub fn bearer_path(&self) -> PathBuf {
         self.path.join(BEARER_FILE)
+    }
+
+    /// `…/turn.json`.
+    pub fn turn_path(&self) -> PathBuf {
+        self.path.join(TURN_FILE)
+    }
+
+    /// Writes `turn.json` (0600, the agent user's with `--agent-user`,
+    /// replaced whole: an agent never reads half of it).
+    ///
+    /// Errors: [`SessionDirError::Io`].
+    pub fn write_turn(&self, turn: &TurnFile) -> Result<(), SessionDirError> {
+        let mut bytes = serde_json::to_vec(turn).map_err(|e| SessionDirError::Context {
+            path: self.turn_path(),
+            reason: e.to_string(),
+        })?;
+        bytes.push(b'\n');
+        self.write(TURN_FILE, &bytes)
+    }
+
+    /// Removes `turn.json`; absent is fine (idempotent).
+    ///
+    /// Errors: [`SessionDirError::Io`] when it exists and cannot be removed.
+    pub fn remove_turn(&self) -> Result<(), SessionDirError> {
+        match fs::remove_file(self.turn_path()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(SessionDirError::io("remove", &self.turn_path(), e)),
+        }
     }
 
     /// `…/boot-context.json`.

@@ -28,7 +28,7 @@ use crate::client::{Api, LongPoll, Policy};
 use crate::events::event::RunnerEvent;
 use crate::events::{EventSender, EventSink, FlushReport};
 use crate::process::supervisor::Supervision;
-use crate::session_dir::{RunDir, SessionDir, SessionDirError};
+use crate::session_dir::{RunDir, SessionDir, SessionDirError, TurnFile};
 use crate::signals::{Stop, StopBudget};
 use crate::timings::Timings;
 use crate::wire::{BootStatus, ErrorCode, FinishBody, FinishError, HarvestResult, RunOutcome};
@@ -568,12 +568,17 @@ impl<'a> Turn<'a> {
         {
             return (failed, None);
         }
+        let turn_file = self.turn_file(input, task_path);
+        if let Err(e) = ctx.session_dir.write_turn(&turn_file) {
+            let message = format!("cannot write the turn file: {e}");
+            return (TurnOutcome::failed(ErrorCode::RunnerError, message), None);
+        }
         let input = DriveInput {
             config: ctx.agent.clone(),
             session: ctx.agent_session.clone(),
             prompt: input.prompt.clone(),
             cwd: ctx.repo_dir.clone(),
-            env: self.agent_env(task_path),
+            env: self.agent_env(&turn_file),
             events: events.clone(),
             redactor: ctx.api.redactor().clone(),
             timings: self.timings,
@@ -617,19 +622,43 @@ impl<'a> Turn<'a> {
         }
     }
 
-    /// The agent's environment with the turn's variables.
-    fn agent_env(&self, task_path: PathBuf) -> Vec<(OsString, OsString)> {
+    /// What only this turn knows (PROTOCOL.md section 3, `turn.json`); the
+    /// deadline is the time cap from now, just before the agent starts, so
+    /// it is never later than the cap that stops the agent.
+    fn turn_file(&self, input: &TurnInput, task_path: PathBuf) -> TurnFile {
+        let deadline = self.ctx.supervision.time_cap.map(|cap| {
+            humantime::format_rfc3339_seconds(std::time::SystemTime::now() + cap).to_string()
+        });
+        TurnFile {
+            run_id: self.run_id.to_string(),
+            ordinal: input.ordinal,
+            task_file: task_path,
+            instructions_file: self.instructions.as_ref().map(|i| i.file.clone()),
+            deadline,
+        }
+    }
+
+    /// The agent's environment with the turn's variables: the turn file's
+    /// path, and for a cold start its values too.
+    fn agent_env(&self, turn: &TurnFile) -> Vec<(OsString, OsString)> {
         let mut env = self.ctx.agent_env.clone();
         env.push((
             "ORIZU_TOKEN_FILE".into(),
             self.ctx.session_dir.bearer_path().into(),
         ));
-        env.push(("ORIZU_TASK_FILE".into(), task_path.into()));
+        env.push((
+            "ORIZU_TURN_FILE".into(),
+            self.ctx.session_dir.turn_path().into(),
+        ));
+        env.push(("ORIZU_TASK_FILE".into(), turn.task_file.clone().into()));
         env.push(("ORIZU_RUN_ID".into(), self.run_id.into()));
-        if let Some(i) = &self.instructions {
+        if let Some(deadline) = &turn.deadline {
+            env.push(("ORIZU_TURN_DEADLINE".into(), deadline.into()));
+        }
+        if let Some(file) = &turn.instructions_file {
             env.push((
                 crate::agent::INSTRUCTIONS_FILE_VAR.into(),
-                i.file.clone().into(),
+                file.clone().into(),
             ));
         }
         env
@@ -660,6 +689,9 @@ impl<'a> Turn<'a> {
             && let Err(e) = self.ctx.session_dir.remove_bearer()
         {
             tracing::error!(error = %e, "cannot remove the bearer file");
+        }
+        if let Err(e) = self.ctx.session_dir.remove_turn() {
+            tracing::error!(error = %e, "cannot remove the turn file");
         }
     }
 

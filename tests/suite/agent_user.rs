@@ -118,7 +118,7 @@ run=$(dirname "$ORIZU_TASK_FILE")
 { ls "$session" >/dev/null 2>&1; echo "ls-session=$?"
   ls "$run" >/dev/null 2>&1; echo "ls-run=$?"
   touch "$session/planted" 2>/dev/null; echo "write-session=$?"
-  for f in boot-secret bearer boot-context.json repo-credential-cache repo-tokens-issued repo-credential-lock; do
+  for f in boot-secret bearer turn.json boot-context.json repo-credential-cache repo-tokens-issued repo-credential-lock; do
     cat "$session/$f" >/dev/null 2>&1; echo "$f=$?"
   done
   cat "$ORIZU_TASK_FILE" >/dev/null 2>&1; echo "task.txt=$?"
@@ -190,7 +190,7 @@ async fn agent_user_turns(mode: &str, readable: &[&str]) {
     assert_eq!(status.code(), Some(0), "{output}");
 
     // Readable by the agent user (PROTOCOL.md 3): its bearer file, its
-    // task, the helper's context, and `readable`. Nothing else; no listing,
+    // turn file, its task, the helper's context, and `readable`. Nothing else; no listing,
     // no writing.
     let mut expected: BTreeMap<String, String> = [
         ("ls-session", "2"),
@@ -198,6 +198,7 @@ async fn agent_user_turns(mode: &str, readable: &[&str]) {
         ("write-session", "1"),
         ("boot-secret", "1"),
         ("bearer", "0"),
+        ("turn.json", "0"),
         ("boot-context.json", "0"),
         ("repo-credential-cache", "1"),
         ("repo-tokens-issued", "1"),

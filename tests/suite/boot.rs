@@ -1396,3 +1396,53 @@ async fn a_stalled_clone_transfer_is_aborted_and_retried() {
     );
     assert!(output.contains("stalled"), "{}", tail(&output));
 }
+
+/// Issue 38: `turn.json` at the fixed path `ORIZU_TURN_FILE` holds what only
+/// the turn knows (run id, ordinal, task and instructions files, the
+/// deadline of `durationMinutes`), the same values as the cold start's
+/// variables; it is replaced at each turn's start and absent between turns
+/// and after the boot.
+#[tokio::test]
+async fn the_turn_file_holds_what_only_the_turn_knows_and_only_during_it() {
+    let sb = Sandbox::start(CoordinatorOptions {
+        duration_minutes: Some(30.0),
+        ..CoordinatorOptions::default()
+    })
+    .await;
+    let script = sb.script(
+        r#"
+cp "$ORIZU_TURN_FILE" "$AGENT_OUT/turn-$ORIZU_RUN_ID"
+printf '%s\n%s\n%s\n' "$ORIZU_TURN_FILE" "$ORIZU_TURN_DEADLINE" "$ORIZU_TASK_FILE" > "$AGENT_OUT/vars-$ORIZU_RUN_ID"
+stat -c %a "$ORIZU_TURN_FILE" > "$AGENT_OUT/mode-$ORIZU_RUN_ID"
+echo done
+"#,
+    );
+    let child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    let path = sb.session_dir().join("turn.json");
+    assert!(!path.exists(), "the turn file outlived its turn");
+    let next = sb.coordinator.queue_turn("And now?", None);
+    sb.end_after_seal(&next, child).await;
+    assert!(!path.exists(), "the turn file outlived the boot");
+    for (run, ordinal) in [("run-1", 1), (next.as_str(), 2)] {
+        let turn: serde_json::Value = serde_json::from_str(&sb.read_out(&format!("turn-{run}")))
+            .unwrap_or_else(|e| panic!("{run}'s turn file: {e}"));
+        let vars = sb.read_out(&format!("vars-{run}"));
+        let vars: Vec<&str> = vars.lines().collect();
+        assert_eq!(vars[0], path.to_str().unwrap(), "the path is the boot's");
+        assert_eq!(turn["runId"], run);
+        assert_eq!(turn["ordinal"], ordinal);
+        assert_eq!(turn["taskFile"], vars[2]);
+        assert_eq!(turn["instructionsFile"], serde_json::Value::Null);
+        assert_eq!(turn["deadline"], vars[1], "{turn}");
+        let deadline = humantime::parse_rfc3339(vars[1])
+            .unwrap_or_else(|e| panic!("{run}'s deadline {:?}: {e}", vars[1]));
+        let left = deadline
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        // 30 minutes scaled by the suite's time scale, from the turn's
+        // start, in whole seconds.
+        assert!(left > Duration::ZERO, "{run}: {deadline:?}");
+        assert_eq!(sb.read_out(&format!("mode-{run}")).trim(), "600");
+    }
+}
