@@ -119,6 +119,7 @@ pub async fn run(
     let mut usage = Usage::default();
     let mut prompt = input.prompt.clone();
     let mut continuations = 0;
+    let mut reset = None;
     loop {
         let resume = input.session.resume_id();
         let once = match run_once(
@@ -138,16 +139,41 @@ pub async fn run(
                     RunnerEvent::SpawnFailed,
                     json!({"program": e.program, "error": e.reason}),
                 );
-                return finish(
-                    &input,
-                    TurnOutcome::failed(ErrorCode::AgentSpawnFailed, e.to_string()),
-                    &usage,
-                    &flags,
-                );
+                let outcome = TurnOutcome {
+                    session_reset: reset,
+                    ..TurnOutcome::failed(ErrorCode::AgentSpawnFailed, e.to_string())
+                };
+                return finish(&input, outcome, &usage, &flags);
             }
         };
         usage.add(&once.observation.usage);
-        let outcome = outcome_of(&input.config, &once, &flags, resume.is_some());
+        let mut outcome = outcome_of(&input.config, &once, &flags, resume.is_some());
+        outcome.session_reset.clone_from(&reset);
+        if reset.is_none()
+            && let Some(requested) = resume.as_deref()
+            && let Some(refused) = refused_resume(&outcome, &once, &flags)
+        {
+            // The CLI has no state for the session (a new sandbox, its
+            // state directories lost): the turn runs in a fresh agent
+            // session rather than failing (issue 39), once.
+            input.session.forget_resume_id();
+            let note = crate::wire::AgentSessionReset {
+                requested: requested.to_string(),
+                reason: refused,
+            };
+            input.events.emit(
+                RunnerEvent::AgentSessionReset,
+                serde_json::to_value(&note).unwrap_or_default(),
+            );
+            tracing::warn!(
+                requested,
+                reason = %note.reason,
+                "the agent CLI has no state for the session to resume; running the turn in a fresh agent session"
+            );
+            reset = Some(note);
+            prompt = input.prompt.clone();
+            continue;
+        }
         let overloaded = outcome
             .error
             .as_ref()
@@ -192,6 +218,17 @@ pub async fn run(
         }
         prompt = CONTINUE_PROMPT.to_string();
     }
+}
+
+/// The CLI's words when it refused to resume its session and did nothing
+/// else (no tool call, command or file change seen), unless the runner
+/// interrupted or stopped it.
+fn refused_resume(outcome: &TurnOutcome, once: &Once, flags: &Flags) -> Option<String> {
+    let error = outcome.error.as_ref()?;
+    (error.code == ErrorCode::ResumeFailed
+        && once.observation.effects != Effects::Some
+        && !flags.interrupted())
+    .then(|| error.message.clone())
 }
 
 /// What the runner itself did during the turn.

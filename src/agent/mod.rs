@@ -239,6 +239,11 @@ impl AgentSession {
         crate::concurrency::lock(&self.resume).replace(id)
     }
 
+    /// Forgets the session to resume (the CLI refused it); returns it.
+    pub fn forget_resume_id(&self) -> Option<String> {
+        crate::concurrency::lock(&self.resume).take()
+    }
+
     /// The last running total recorded for `thread`.
     pub fn cumulative_for(&self, thread: &str) -> Option<Usage> {
         crate::concurrency::lock(&self.cumulative)
@@ -285,6 +290,9 @@ pub struct TurnOutcome {
     pub error: Option<AgentError>,
     /// Token usage of the turn (`finish.usage`, PROTOCOL.md 2.6).
     pub usage: Option<crate::wire::Usage>,
+    /// The resume the CLI refused before the turn ran in a fresh agent
+    /// session (`finish.agentSessionReset`).
+    pub session_reset: Option<crate::wire::AgentSessionReset>,
 }
 
 /// A failure class of the turn; `code` maps one to one onto the wire codes
@@ -336,6 +344,7 @@ impl TurnOutcome {
             agent_session_id: None,
             error: None,
             usage: None,
+            session_reset: None,
         }
     }
 
@@ -351,6 +360,7 @@ impl TurnOutcome {
             agent_session_id: None,
             error: Some(error),
             usage: None,
+            session_reset: None,
         }
     }
 
@@ -361,6 +371,7 @@ impl TurnOutcome {
             agent_session_id: None,
             error: None,
             usage: None,
+            session_reset: None,
         }
     }
 }

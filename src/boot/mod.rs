@@ -1061,6 +1061,7 @@ async fn report_fatal_turn(api: &Api, root: &Path, fatal: FatalInDrain) -> bool 
             }),
             usage: refused.usage,
             result: refused.result,
+            agent_session_reset: refused.agent_session_reset,
         }),
         SealState::NotSent => Some(FinishBody {
             status: RunOutcome::Failed,
@@ -1074,6 +1075,7 @@ async fn report_fatal_turn(api: &Api, root: &Path, fatal: FatalInDrain) -> bool 
             }),
             usage: None,
             result: harvest,
+            agent_session_reset: None,
         }),
     };
     let sealed = match body {

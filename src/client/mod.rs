@@ -598,6 +598,10 @@ fn redacted_finish(redactor: &Redactor, body: &FinishBody) -> FinishBody {
             text(at);
         }
     }
+    if let Some(reset) = body.agent_session_reset.as_mut() {
+        text(&mut reset.requested);
+        reset.reason = wire::truncate_reason(&redactor.redact(&reset.reason));
+    }
     if let Some(result) = body.result.as_mut() {
         // Every string of the harvest report, whatever fields it grows
         // (paths of skipped files, recovery refs, …): by value, through its
@@ -825,6 +829,10 @@ mod tests {
                     commit: "c".repeat(40),
                     reason: wire::GitlinkReason::SubmoduleNotPushed,
                 }],
+            }),
+            agent_session_reset: Some(wire::AgentSessionReset {
+                requested: format!("ses-{secret}"),
+                reason: format!("no conversation {secret}"),
             }),
         };
         let sent = redacted_finish(&redactor, &body);

@@ -310,6 +310,7 @@ fn finish_body() -> FinishBody {
         error: None,
         usage: None,
         result: None,
+        agent_session_reset: None,
     }
 }
 

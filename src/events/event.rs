@@ -246,6 +246,9 @@ pub enum RunnerEvent {
     AgentSession,
     /// `hosted_boot.overload_continuation`: an overloaded turn continued.
     OverloadContinuation,
+    /// `hosted_boot.agent_session_reset`: the CLI refused the resume and
+    /// the turn runs in a fresh agent session.
+    AgentSessionReset,
     /// `hosted_boot.spawn_failed`: the agent could not be started.
     SpawnFailed,
     /// `hosted_boot.harvest`: the turn's work as harvested (4.5).
@@ -275,6 +278,7 @@ impl RunnerEvent {
             RunnerEvent::Runner => "hosted_boot.runner",
             RunnerEvent::AgentSession => "hosted_boot.agent_session",
             RunnerEvent::OverloadContinuation => "hosted_boot.overload_continuation",
+            RunnerEvent::AgentSessionReset => "hosted_boot.agent_session_reset",
             RunnerEvent::SpawnFailed => "hosted_boot.spawn_failed",
             RunnerEvent::Harvest => "hosted_boot.harvest",
             RunnerEvent::WorkspaceSync => "hosted_boot.workspace_sync",
@@ -393,6 +397,7 @@ mod tests {
             RunnerEvent::Runner,
             RunnerEvent::AgentSession,
             RunnerEvent::OverloadContinuation,
+            RunnerEvent::AgentSessionReset,
             RunnerEvent::SpawnFailed,
             RunnerEvent::Harvest,
             RunnerEvent::Setup,

@@ -90,6 +90,10 @@ pub struct TurnInput {
 }
 
 /// How a turn ended when it did not end the boot with an error.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one value per turn, returned once: boxing the outcome buys nothing"
+)]
 #[derive(Clone, Debug)]
 pub enum TurnEnd {
     /// Sealed and acknowledged; a `failed` outcome is fatal for the boot.
@@ -861,5 +865,6 @@ fn finish_body(outcome: &TurnOutcome, result: Option<HarvestResult>) -> FinishBo
         }),
         usage: outcome.usage.clone(),
         result,
+        agent_session_reset: outcome.session_reset.clone(),
     }
 }

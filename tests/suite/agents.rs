@@ -531,14 +531,7 @@ async fn claude_silent_is_failed_agent_hung_by_the_idle_watchdog() {
 /// the order of `scenarios`.
 async fn error_seals(agent: &str, scenarios: &[&str]) -> Vec<FinishBody> {
     let runs = scenarios.iter().map(|scenario| {
-        let opts = match *scenario {
-            // The coordinator names a session this disk does not hold.
-            "resume-failed" => CoordinatorOptions {
-                agent_session_id: Some("no-such-session".into()),
-                ..opts("scenario:complete Go on")
-            },
-            s => opts(&format!("scenario:{s} Do it")),
-        };
+        let opts = opts(&format!("scenario:{scenario} Do it"));
         async move {
             let sb = Sandbox::start(opts).await;
             let (body, _) = one_failed_turn(&sb, &mut agent_runner(&sb, agent)).await;
@@ -581,7 +574,6 @@ const CLASSES: &[(&str, &str, bool)] = &[
     ("auth", "provider_auth", false),
     ("context", "context_window_exceeded", false),
     ("invalid", "invalid_request", false),
-    ("resume-failed", "resume_failed", false),
     ("crash", "agent_crashed", false),
 ];
 
@@ -595,17 +587,68 @@ async fn claude_failures_are_classified() {
         seals[0].error.as_ref().unwrap().resets_at.as_deref(),
         Some("2030-03-17T17:46:40Z")
     );
-    // A refused resume is not carried on.
-    assert_eq!(seals[8].agent_session_id, None);
     // A crash carries the stderr tail.
     assert!(
-        seals[9]
+        seals[8]
             .error
             .as_ref()
             .unwrap()
             .message
             .contains("Cannot read properties")
     );
+}
+
+/// Issue 39, the interim fix: the coordinator names an agent session this
+/// sandbox's CLI has no state for (a new sandbox). The CLI refuses the
+/// resume; the turn then runs in a fresh agent session instead of failing
+/// `resume_failed`, says so in a `hosted_boot.agent_session_reset` event
+/// and in `finish.agentSessionReset`, and carries the new session on.
+#[tokio::test]
+async fn a_refused_resume_runs_the_turn_in_a_fresh_agent_session() {
+    let runs =
+        ["claude", "codex", "codex-exec", "opencode", "opencode-run"].map(|agent| async move {
+            let sb = Sandbox::start(CoordinatorOptions {
+                agent_session_id: Some("no-such-session".into()),
+                ..opts("scenario:complete Go on")
+            })
+            .await;
+            let mut child = Runner::spawn(&mut agent_runner(&sb, agent));
+            let snap = sealed_or_log(&sb, &mut child, "run-1").await;
+            sb.coordinator.end_session();
+            let (status, output) = child.finish().await;
+            (agent, snap, status, output)
+        });
+    for (agent, snap, status, output) in futures_util::future::join_all(runs).await {
+        assert_eq!(status.code(), Some(0), "{agent}: {output}");
+        let body = sealed(&snap, "run-1");
+        assert_eq!(body.status.as_str(), "succeeded", "{agent}: {body:?}");
+        assert_eq!(body.error, None, "{agent}");
+        let reset = body
+            .agent_session_reset
+            .as_ref()
+            .unwrap_or_else(|| panic!("{agent}: no agentSessionReset in {body:?}"));
+        assert_eq!(reset.requested, "no-such-session", "{agent}");
+        assert!(!reset.reason.is_empty(), "{agent}");
+        let fresh = body.agent_session_id.clone().unwrap_or_default();
+        assert!(
+            !fresh.is_empty() && fresh != "no-such-session",
+            "{agent}: {fresh:?}"
+        );
+        assert_eq!(
+            events(&snap, "run-1", "hosted_boot.agent_session_reset"),
+            vec![&json!({"requested": "no-such-session", "reason": reset.reason})],
+            "{agent}"
+        );
+        assert_eq!(
+            snap.session.agent_session_id.as_deref(),
+            Some(fresh.as_str()),
+            "{agent}: the coordinator carries the fresh session"
+        );
+        assert!(
+            output.contains("running the turn in a fresh agent session"),
+            "{agent}: {output}"
+        );
+    }
 }
 
 #[tokio::test]

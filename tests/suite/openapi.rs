@@ -201,6 +201,7 @@ fn openapi_validates_the_runners_wire_types() {
             }),
             usage: None,
             result: None,
+            agent_session_reset: None,
         };
         request(Route::Finish, serde_json::to_value(body).unwrap());
     }
@@ -271,6 +272,10 @@ fn openapi_validates_the_runners_wire_types() {
                 },
             ],
         }),
+        agent_session_reset: Some(wire::AgentSessionReset {
+            requested: "agent-old".into(),
+            reason: "No conversation found with session ID: agent-old".into(),
+        }),
     };
     request(Route::Finish, serde_json::to_value(full).unwrap());
     request(
@@ -281,6 +286,7 @@ fn openapi_validates_the_runners_wire_types() {
             error: None,
             usage: None,
             result: Some(HarvestResult::default()),
+            agent_session_reset: None,
         })
         .unwrap(),
     );
@@ -309,6 +315,7 @@ fn openapi_validates_the_runners_wire_types() {
         error: None,
         usage: None,
         result: None,
+        agent_session_reset: None,
     })
     .unwrap();
     bad["error"] = json!({"code": "not_a_code", "message": "m", "retryable": false});

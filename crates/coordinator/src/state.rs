@@ -919,6 +919,7 @@ mod tests {
             error: None,
             usage: None,
             result: None,
+            agent_session_reset: None,
         }
     }
 

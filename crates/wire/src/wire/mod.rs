@@ -577,6 +577,22 @@ pub struct FinishBody {
     /// The harvest of the turn's work (4.5); null only when the run is
     /// sealed by a fatal path on which no harvest ran.
     pub result: Option<HarvestResult>,
+    /// The agent CLI had no state for the session it was asked to resume,
+    /// and the turn ran in a fresh agent session (2.6, optional: absent
+    /// otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_session_reset: Option<AgentSessionReset>,
+}
+
+/// `finish.agentSessionReset` (2.6) and the `hosted_boot.agent_session_reset`
+/// event's data: the resume the CLI refused, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSessionReset {
+    /// The agent session id the turn was to resume.
+    pub requested: String,
+    /// What the CLI said (redacted, at most 800 characters).
+    pub reason: String,
 }
 
 /// `finish.usage` (PROTOCOL.md 2.6): the turn's token usage, `{"model",

@@ -41,6 +41,12 @@ pub fn turn_line(facts: &TurnFacts<'_>, finish: &FinishBody) -> String {
     if facts.undelivered > 0 {
         line.push_str(&format!(" ({} not delivered)", facts.undelivered));
     }
+    if let Some(reset) = &finish.agent_session_reset {
+        line.push_str(&format!(
+            " · a fresh agent session (no state for {})",
+            reset.requested
+        ));
+    }
     line.push_str(" · ");
     line.push_str(&match &finish.result {
         Some(result) => harvest_words(result),
@@ -135,6 +141,7 @@ mod tests {
             error: None,
             usage: None,
             result,
+            agent_session_reset: None,
         }
     }
 
@@ -200,6 +207,15 @@ mod tests {
         assert_eq!(
             turn_line(&f, &finish(RunOutcome::Failed, None)),
             "turn run-2 failed · 1 event · no harvest"
+        );
+        let mut fresh = finish(RunOutcome::Succeeded, None);
+        fresh.agent_session_reset = Some(crate::wire::AgentSessionReset {
+            requested: "ses-1".into(),
+            reason: "No conversation found".into(),
+        });
+        assert_eq!(
+            turn_line(&f, &fresh),
+            "turn run-2 succeeded · 1 event · a fresh agent session (no state for ses-1) · no harvest"
         );
     }
 
