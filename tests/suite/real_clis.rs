@@ -203,12 +203,22 @@ struct Case {
 
 impl Case {
     async fn start(agent: &'static str, task: &str) -> Option<Case> {
+        Case::start_with(agent, task, None).await
+    }
+
+    /// As [`Case::start`], the session naming `agent_session_id` to resume.
+    async fn start_with(
+        agent: &'static str,
+        task: &str,
+        agent_session_id: Option<&str>,
+    ) -> Option<Case> {
         let bin = installed(cli_of(agent))?;
         let sb = Sandbox::start(CoordinatorOptions {
             task: task.into(),
             model: Some(model_of(agent).into()),
             reasoning_effort: Some("high".into()),
             instructions: Some(INSTRUCTIONS.into()),
+            agent_session_id: agent_session_id.map(str::to_string),
             ..CoordinatorOptions::default()
         })
         .await;
@@ -678,6 +688,59 @@ async fn failed_turn(case: &Case) -> (FinishBody, Snapshot, String) {
     let (_, output) = runner.finish().await;
     assert_nothing_left(&case.sb.root()).await;
     (sealed(&snap, "run-1"), snap, output)
+}
+
+/// Issue 39, the interim fix, with the real CLI: the session names an agent
+/// session this sandbox's CLI state does not hold (a new sandbox). The CLI
+/// refuses the resume; the turn runs in a fresh agent session, its work
+/// pushed, `finish.agentSessionReset` naming the refused id.
+async fn refused_resume_runs_fresh(agent: &'static str) {
+    // Claude Code takes a UUID; the others take any id.
+    let unknown = "3f0c5b2e-8d4a-4c1e-9b7a-2a6f1e0d9c4b";
+    let Some(case) = Case::start_with(agent, "write:fresh.txt", Some(unknown)).await else {
+        return;
+    };
+    let mut runner = Runner::spawn(&mut case.command());
+    let snap = case.sealed(&mut runner, "run-1").await;
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    let body = sealed(&snap, "run-1");
+    assert_eq!(body.status.as_str(), "succeeded", "{body:?}\n{output}");
+    assert_eq!(status.code(), Some(0), "{output}");
+    let reset = body
+        .agent_session_reset
+        .as_ref()
+        .unwrap_or_else(|| panic!("no agentSessionReset: {body:?}\n{output}"));
+    assert_eq!(reset.requested, unknown);
+    let fresh = body.agent_session_id.clone().unwrap_or_default();
+    assert!(!fresh.is_empty() && fresh != unknown, "{fresh:?}");
+    assert_eq!(case.pushed("fresh.txt").as_deref(), Some("done"));
+    assert_nothing_left(&case.sb.root()).await;
+}
+
+#[tokio::test]
+async fn real_claude_refused_resume_runs_fresh() {
+    refused_resume_runs_fresh("claude").await;
+}
+
+#[tokio::test]
+async fn real_codex_refused_resume_runs_fresh() {
+    refused_resume_runs_fresh("codex").await;
+}
+
+#[tokio::test]
+async fn real_codex_exec_refused_resume_runs_fresh() {
+    refused_resume_runs_fresh("codex-exec").await;
+}
+
+#[tokio::test]
+async fn real_opencode_refused_resume_runs_fresh() {
+    refused_resume_runs_fresh("opencode").await;
+}
+
+#[tokio::test]
+async fn real_opencode_run_refused_resume_runs_fresh() {
+    refused_resume_runs_fresh("opencode-run").await;
 }
 
 /// A provider error of `kind` on every request: the turn fails with `code`.
