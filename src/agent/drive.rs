@@ -413,87 +413,58 @@ async fn run_once(
     stop: &mut watch::Receiver<Stop>,
     flags: &mut Flags,
 ) -> Result<Once, SpawnError> {
-    let config = &input.config;
     let spec = turn_spec(input, prompt, resume.clone());
-    let adapter = adapter_for(config, spec, &input.session, &input.redactor);
-    let launch = adapter.launch();
+    let adapter = adapter_for(&input.config, spec, &input.session, &input.redactor);
+    let prepared = prepare(input, adapter.launch(), resume).await?;
+    Ok(attach(input, prepared, adapter, requests, stop, flags).await)
+}
+
+/// An agent process started, its output flowing into channels that nothing
+/// reads yet: the adapter, the watchdog and the supervision of its exit
+/// come with [`attach`]. Today [`run_once`] attaches at once; it is the
+/// seam a process started ahead of its turn waits at.
+struct Prepared {
+    launch: Launch,
+    resume: Option<String>,
+    started: supervisor::Started,
+    supervision: supervisor::Supervision,
+    /// The adapter's ends of its channels.
+    adapter_io: Channels,
+    /// The watchdog's and the process's ends.
+    commands: mpsc::UnboundedSender<AdapterCommand>,
+    notes: mpsc::UnboundedReceiver<Note>,
+    control_tx: mpsc::UnboundedSender<supervisor::Control>,
+    control_rx: mpsc::UnboundedReceiver<supervisor::Control>,
+    /// Reset by every output line; the watchdog's idle clock.
+    last_output: Arc<Mutex<Instant>>,
+    tail: Arc<Mutex<Tail>>,
+}
+
+/// The adapter's ends of the channels [`prepare`] makes.
+struct Channels {
+    lines: crate::process::output::LineReceiver,
+    stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    commands: mpsc::UnboundedReceiver<AdapterCommand>,
+    notes: mpsc::UnboundedSender<Note>,
+}
+
+/// Starts the process `launch` describes under the supervisor, its output
+/// redacted into the adapter's line channel (bounded: until an adapter
+/// reads, the agent's writes wait).
+///
+/// Errors: the process could not be started.
+async fn prepare(
+    input: &DriveInput,
+    launch: Launch,
+    resume: Option<String>,
+) -> Result<Prepared, SpawnError> {
     let env = agent_env(
-        config,
+        &input.config,
         &input.env,
         &input.session,
         resume.as_deref(),
         &launch.env,
     );
-
-    let wired = start_adapter(adapter, &launch, &input.events);
-    let (control_tx, control_rx) = mpsc::unbounded_channel();
-    let watchdog = Watchdog::new(
-        &launch,
-        &config.timings,
-        &input.timings,
-        wired.commands,
-        control_tx,
-    );
-    let tail = Arc::new(Mutex::new(Tail::default()));
-    let observe = observer(watchdog.output_clock(), tail.clone());
-    let spawn = spawn_spec(input, &launch, env, wired.stdin);
-    // Bytes are redacted as a stream before lines are cut (a secret split
-    // across reads or across the 1 MiB cut is still found), then the lines
-    // go to the adapter, whose events are redacted again as values (unless
-    // the stream's redaction of the line is final, see
-    // `Redactor::stream_output_is_final`).
-    // The factory owns the callback: when the supervisor returns, every
-    // sender of the adapter's lines is gone and the adapter sees the end.
-    let redactor = input.redactor.clone();
-    let lines = wired.lines;
-    let output = move |stream| ChannelSink::new(stream, &redactor, observe.clone(), lines.clone());
-    let supervision = supervisor::Supervision {
-        stop_signal: launch.stop_signal,
-        ..input.supervision.clone()
-    };
-    let supervised = supervisor::run(spawn, control_rx, &supervision, output);
-
-    let mut process = Process {
-        input,
-        resume: resume.as_deref(),
-        watchdog,
-        notes: wired.notes,
-        abort: None,
-        flags,
-        interrupt_at: None,
-    };
-    let exit = match process.watch(supervised, requests, stop).await {
-        Ok(exit) => exit,
-        Err(e) => {
-            wired.task.abort();
-            return Err(e);
-        }
-    };
-    // The supervisor returned: its line callbacks are dropped, so the
-    // adapter sees the end of the output and returns.
-    let observation = collect(
-        wired.task,
-        input.timings.pipe_drain + Duration::from_secs(1),
-    )
-    .await;
-    let stderr_tail = std::mem::take(&mut crate::concurrency::lock(&tail).0);
-    Ok(process.finish(exit, observation, launch.exit_rule, stderr_tail))
-}
-
-/// The adapter's task and the runner's ends of its channels.
-struct Wired {
-    task: tokio::task::JoinHandle<Observation>,
-    /// For the output sinks.
-    lines: mpsc::Sender<(Stream, Vec<Line>)>,
-    /// For the supervisor, in [`StdinMode::Channel`].
-    stdin: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
-    /// For the watchdog.
-    commands: mpsc::UnboundedSender<AdapterCommand>,
-    notes: mpsc::UnboundedReceiver<Note>,
-}
-
-/// Starts `adapter` on its channels.
-fn start_adapter(adapter: Box<dyn Adapter>, launch: &Launch, events: &EventSender) -> Wired {
     // Bounded: an adapter that falls behind slows the reader, not memory.
     let (line_tx, line_rx) = mpsc::channel::<(Stream, Vec<Line>)>(LINE_QUEUE);
     let (stdin_tx, stdin_rx) = match launch.stdin {
@@ -505,20 +476,103 @@ fn start_adapter(adapter: Box<dyn Adapter>, launch: &Launch, events: &EventSende
     };
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (note_tx, note_rx) = mpsc::unbounded_channel();
-    let io = AdapterIo {
-        lines: crate::process::output::LineReceiver::new(line_rx),
-        stdin: stdin_tx,
-        commands: cmd_rx,
-        notes: note_tx,
-        events: events.clone(),
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let last_output = Arc::new(Mutex::new(Instant::now()));
+    let tail = Arc::new(Mutex::new(Tail::default()));
+    let observe = observer(last_output.clone(), tail.clone());
+    let spawn = spawn_spec(input, &launch, env, stdin_rx);
+    // Bytes are redacted as a stream before lines are cut (a secret split
+    // across reads or across the 1 MiB cut is still found), then the lines
+    // go to the adapter, whose events are redacted again as values (unless
+    // the stream's redaction of the line is final, see
+    // `Redactor::stream_output_is_final`).
+    // The factory owns the callback: when the supervisor returns, every
+    // sender of the adapter's lines is gone and the adapter sees the end.
+    let redactor = input.redactor.clone();
+    let output =
+        move |stream| ChannelSink::new(stream, &redactor, observe.clone(), line_tx.clone());
+    let supervision = supervisor::Supervision {
+        stop_signal: launch.stop_signal,
+        ..input.supervision.clone()
     };
-    Wired {
-        task: tokio::spawn(adapter.run(io)),
-        lines: line_tx,
-        stdin: stdin_rx,
+    let started = supervisor::start(spawn, &supervision, output).await?;
+    Ok(Prepared {
+        launch,
+        resume,
+        started,
+        supervision,
+        adapter_io: Channels {
+            lines: crate::process::output::LineReceiver::new(line_rx),
+            stdin: stdin_tx,
+            commands: cmd_rx,
+            notes: note_tx,
+        },
         commands: cmd_tx,
         notes: note_rx,
-    }
+        control_tx,
+        control_rx,
+        last_output,
+        tail,
+    })
+}
+
+/// Gives the prepared process its adapter (which sends the prompt) and its
+/// watchdog (the idle clock from now), supervises it (the time cap from
+/// now) and relays requests, stops, notes and alarms until it has exited
+/// and the adapter has returned what it saw.
+async fn attach(
+    input: &DriveInput,
+    prepared: Prepared,
+    adapter: Box<dyn Adapter>,
+    requests: &mut mpsc::UnboundedReceiver<RunRequest>,
+    stop: &mut watch::Receiver<Stop>,
+    flags: &mut Flags,
+) -> Once {
+    let Prepared {
+        launch,
+        resume,
+        started,
+        supervision,
+        adapter_io,
+        commands,
+        notes,
+        control_tx,
+        control_rx,
+        last_output,
+        tail,
+    } = prepared;
+    let io = AdapterIo {
+        lines: adapter_io.lines,
+        stdin: adapter_io.stdin,
+        commands: adapter_io.commands,
+        notes: adapter_io.notes,
+        events: input.events.clone(),
+    };
+    let task = tokio::spawn(adapter.run(io));
+    let watchdog = Watchdog::new(
+        &launch,
+        &input.config.timings,
+        &input.timings,
+        commands,
+        control_tx,
+    )
+    .with_output_clock(last_output);
+    let supervised = started.supervise(control_rx, &supervision);
+    let mut process = Process {
+        input,
+        resume: resume.as_deref(),
+        watchdog,
+        notes,
+        abort: None,
+        flags,
+        interrupt_at: None,
+    };
+    let exit = process.watch(supervised, requests, stop).await;
+    // The supervisor returned: its line callbacks are dropped, so the
+    // adapter sees the end of the output and returns.
+    let observation = collect(task, input.timings.pipe_drain + Duration::from_secs(1)).await;
+    let stderr_tail = std::mem::take(&mut crate::concurrency::lock(&tail).0);
+    process.finish(exit, observation, launch.exit_rule, stderr_tail)
 }
 
 /// What the adapter needs to know about this process's part of the turn.
@@ -618,10 +672,10 @@ impl Process<'_> {
     /// the watchdog's alarms to their handlers until the supervisor returns.
     async fn watch(
         &mut self,
-        supervised: impl Future<Output = Result<Exit, SpawnError>>,
+        supervised: impl Future<Output = Exit>,
         requests: &mut mpsc::UnboundedReceiver<RunRequest>,
         stop: &mut watch::Receiver<Stop>,
-    ) -> Result<Exit, SpawnError> {
+    ) -> Exit {
         tokio::pin!(supervised);
         let (mut requests_open, mut stop_open, mut notes_open) = (true, true, true);
         // An interrupt or stop that came before this process (a continuation).

@@ -96,7 +96,16 @@ impl Watchdog {
         }
     }
 
-    /// The idle clock, for the output callback to reset.
+    /// The same clocks, the idle one being `clock` (what the output
+    /// callback of an already started process resets), running from now.
+    pub(super) fn with_output_clock(mut self, clock: Arc<Mutex<Instant>>) -> Self {
+        *lock(&clock) = Instant::now();
+        self.last_output = clock;
+        self
+    }
+
+    /// The idle clock (tests set it back).
+    #[cfg(test)]
     pub(super) fn output_clock(&self) -> Arc<Mutex<Instant>> {
         self.last_output.clone()
     }

@@ -263,10 +263,29 @@ pub fn left_behind_text(left: &[LeftBehind]) -> String {
 /// bad working directory): nothing was started.
 pub async fn run<F, S>(
     spec: SpawnSpec,
-    mut control: mpsc::UnboundedReceiver<Control>,
+    control: mpsc::UnboundedReceiver<Control>,
     supervision: &Supervision,
     output: F,
 ) -> Result<Exit, SpawnError>
+where
+    F: Fn(Stream) -> S,
+    S: OutputSink,
+{
+    let started = start(spec, supervision, output).await?;
+    Ok(started.supervise(control, supervision).await)
+}
+
+/// Starts the agent as [`run`] does (session, group, guard, cgroup, pipes
+/// pumping into `output`'s sinks) and returns it before anything watches
+/// it: its time cap, its control and the wait for its exit start with
+/// [`Started::supervise`]. A pre-started agent waits here for its turn.
+///
+/// Errors: as [`run`].
+pub async fn start<F, S>(
+    spec: SpawnSpec,
+    supervision: &Supervision,
+    output: F,
+) -> Result<Started, SpawnError>
 where
     F: Fn(Stream) -> S,
     S: OutputSink,
@@ -275,10 +294,50 @@ where
     let runner = Runner::current();
     tree::become_subreaper();
     let turn = TurnProcesses::spawn(spec, supervision, output, runner).await?;
-    // `control` stays open until the turn is torn down: a request sent
-    // meanwhile is not refused.
-    let waited = turn.wait(&mut control, supervision).await;
-    Ok(turn.end(waited, supervision.drain).await)
+    Ok(Started { turn })
+}
+
+/// An agent process started and not yet supervised ([`start`]). Dropped,
+/// its leader is killed (`kill_on_drop`); [`Started::supervise`] or
+/// [`Started::discard`] also end the rest of its tree.
+pub struct Started {
+    turn: TurnProcesses,
+}
+
+impl Started {
+    /// The leader's pid: the process group and session of the agent.
+    pub fn pid(&self) -> i32 {
+        self.turn.pid
+    }
+
+    /// Whether the leader is still running (not exited, not a zombie).
+    pub fn running(&self) -> bool {
+        let Some(pid) = Pid::from_raw(self.turn.pid) else {
+            return false;
+        };
+        let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        matches!(rustix::process::waitid(WaitId::Pid(pid), options), Ok(None))
+    }
+
+    /// Obeys `control` and the time cap (from now) until the leader exits,
+    /// then tears the turn's processes down, as [`run`] does.
+    pub async fn supervise(
+        self,
+        mut control: mpsc::UnboundedReceiver<Control>,
+        supervision: &Supervision,
+    ) -> Exit {
+        // `control` stays open until the turn is torn down: a request sent
+        // meanwhile is not refused.
+        let waited = self.turn.wait(&mut control, supervision).await;
+        self.turn.end(waited, supervision.drain).await
+    }
+
+    /// Kills the agent and every process of its tree, as a turn's end does.
+    pub async fn discard(self, supervision: &Supervision) -> Exit {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(Control::Kill);
+        self.supervise(rx, supervision).await
+    }
 }
 
 /// A failed chdir in the child reports only "No such file or directory", as
