@@ -275,6 +275,7 @@ pub(super) fn commit_uncommitted(
         &tree,
         &parent.iter().collect::<Vec<_>>(),
     )?;
+    head_moved_to(repo, oid)?;
     if repo.state() != RepositoryState::Clean {
         // A merge or rebase the agent left half done: its commit is made,
         // the state files would only confuse the next turn.
@@ -282,6 +283,30 @@ pub(super) fn commit_uncommitted(
     }
     tracing::info!(commit = %oid, name = %job.name, "harvest: committed what the agent left uncommitted");
     Ok(Some(oid))
+}
+
+/// Whether `HEAD` is `oid` after the commit that was to move it there.
+/// libgit2 (1.9) can return a commit's id with `HEAD` not moved: on a full
+/// disk the ref's new value is not written and no error says so (found by
+/// `suite::disk` once the turn file freed one page). The harvest would then
+/// report the agent's work as pushed, with none of it on the remote.
+///
+/// Errors: `HEAD` is elsewhere; the message names the commit and says when
+/// the disk holding `repo/` is full.
+fn head_moved_to(repo: &Repository, oid: Oid) -> Result<(), git2::Error> {
+    let head = repo.head()?.target();
+    if head == Some(oid) {
+        return Ok(());
+    }
+    let full = rustix::fs::statvfs(repo.path()).is_ok_and(|s| s.f_bavail == 0);
+    Err(git2::Error::from_str(&format!(
+        "the harvest's commit {oid} was made but HEAD did not move to it{}",
+        if full {
+            " (No space left on device: the disk holding repo/ is full)"
+        } else {
+            " (the branch's ref could not be written)"
+        }
+    )))
 }
 
 /// Why the harvest leaves `path` (of the work tree `workdir`) out whatever
