@@ -116,7 +116,7 @@ where
 {
     fn format_event(
         &self,
-        ctx: &FmtContext<'_, S, N>,
+        _ctx: &FmtContext<'_, S, N>,
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> std::fmt::Result {
@@ -131,14 +131,58 @@ where
         } else {
             write!(writer, "{time}  {level}")?;
         }
-        if event.metadata().target() == TURN_SUMMARY_TARGET {
-            let mut message = MessageOnly(&mut writer, Ok(()));
-            event.record(&mut message);
-            message.1?;
-        } else {
-            ctx.field_format().format_fields(writer.by_ref(), event)?;
+        let mut fields = PeopleFields {
+            line: String::new(),
+            message_only: event.metadata().target() == TURN_SUMMARY_TARGET,
+        };
+        event.record(&mut fields);
+        writeln!(writer, "{}", fields.line)
+    }
+}
+
+/// An event's message, then its fields as `key=value`, every control
+/// character escaped (`text::printable`): values come from the agent (its
+/// session id, its result text), the repository (file and ref names) and
+/// the coordinator, and on a terminal an ESC among them would move the
+/// cursor, retitle the window or forge a line. Strings are quoted as Rust
+/// writes them (which escapes them too). A turn's summary is its message
+/// alone.
+struct PeopleFields {
+    line: String,
+    message_only: bool,
+}
+
+impl PeopleFields {
+    fn push(&mut self, name: &str, value: &str) {
+        if name == "message" {
+            let fields = std::mem::take(&mut self.line);
+            self.line = crate::text::printable(value).into_owned();
+            if !fields.is_empty() {
+                self.line.push(' ');
+                self.line.push_str(&fields);
+            }
+        } else if !self.message_only {
+            if !self.line.is_empty() {
+                self.line.push(' ');
+            }
+            self.line.push_str(name);
+            self.line.push('=');
+            self.line.push_str(&crate::text::printable(value));
         }
-        writeln!(writer)
+    }
+}
+
+impl tracing::field::Visit for PeopleFields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.push("message", value);
+        } else {
+            self.push(field.name(), &format!("{value:?}"));
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.push(field.name(), &format!("{value:?}"));
     }
 }
 
@@ -158,17 +202,6 @@ fn people_prefix(now: std::time::SystemTime, level: Level) -> (String, &'static 
         Level::TRACE => "trace: ",
     };
     (time, word)
-}
-
-/// Writes an event's message and nothing else.
-struct MessageOnly<'w, 'b>(&'w mut Writer<'b>, std::fmt::Result);
-
-impl tracing::field::Visit for MessageOnly<'_, '_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.1 = write!(self.0, "{value:?}");
-        }
-    }
 }
 
 /// Gives each log event a buffer that is redacted and written to stderr in
@@ -219,5 +252,64 @@ impl Drop for RedactingWriter {
         // The writer thread writes it through the status line's lock
         // (crate::status_line::LogWriter), never glued to the line.
         let _ = self.stderr.write_all(redacted.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// The lines `PeopleFormat` writes for what `log` logs.
+    fn people_lines(log: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl Write for Buffer {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                crate::concurrency::lock(&self.0).extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let out = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || out.clone())
+            .event_format(PeopleFormat { ansi: false })
+            .finish();
+        tracing::subscriber::with_default(subscriber, log);
+        let bytes = crate::concurrency::lock(&buffer.0).clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn a_line_for_people_is_the_time_the_message_and_its_fields_escaped() {
+        let id = "s\x1b]0;TITLE\x07\x1b[41mRED\rFAKE";
+        let text = people_lines(|| {
+            tracing::info!(agent_session_id = %id, count = 3, "agent session");
+            tracing::warn!(path = %"a\x1b[2Jb", "harvest: {}", "x\x1b[Hy");
+            tracing::info!(target: TURN_SUMMARY_TARGET, run_id = "r", "turn 1 (r) succeeded\x1b[2J");
+        });
+        assert!(
+            !text.contains('\x1b') && !text.contains('\x07') && !text.contains('\r'),
+            "{text:?}"
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text:?}");
+        for line in &lines {
+            assert_eq!(&line[2..3], ":", "{line:?}");
+            assert_eq!(&line[8..10], "  ", "{line:?}");
+        }
+        assert_eq!(
+            &lines[0][10..],
+            "agent session agent_session_id=s\\u{1b}]0;TITLE\\u{7}\\u{1b}[41mRED\\u{d}FAKE count=3"
+        );
+        assert_eq!(
+            &lines[1][10..],
+            "warning: harvest: x\\u{1b}[Hy path=a\\u{1b}[2Jb"
+        );
+        assert_eq!(&lines[2][10..], "turn 1 (r) succeeded\\u{1b}[2J");
     }
 }

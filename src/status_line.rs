@@ -112,17 +112,30 @@ impl<W: Write> Screen<W> {
     }
 }
 
-/// `text` cut to `width` characters (an ellipsis marks the cut), control
-/// characters replaced by spaces so that the line stays one line.
+/// `text` cut to `width` terminal columns (an ellipsis marks the cut),
+/// control characters replaced by spaces so that the line stays one line.
+/// Columns, not characters: a wide character (CJK, most emoji) takes two,
+/// and a line that wraps leaves a row the next erase does not clear.
 pub fn cut(text: &str, width: usize) -> String {
+    use unicode_width::UnicodeWidthChar;
     let clean: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    if clean.chars().count() <= width {
+    let columns = |c: char| c.width().unwrap_or(0);
+    if clean.chars().map(columns).sum::<usize>() <= width {
         return clean;
     }
-    let mut out: String = clean.chars().take(width.saturating_sub(1)).collect();
+    let room = width.saturating_sub(1);
+    let mut used = 0;
+    let mut out = String::new();
+    for c in clean.chars() {
+        used += columns(c);
+        if used > room {
+            break;
+        }
+        out.push(c);
+    }
     out.push('…');
     out
 }
@@ -369,5 +382,16 @@ mod tests {
             );
         }
         assert!(last.starts_with("turn run-1 running"), "{last:?}");
+    }
+
+    #[test]
+    fn a_cut_counts_columns_so_wide_text_never_wraps() {
+        use unicode_width::UnicodeWidthStr;
+        let wide = "测试运行中的代理输出".repeat(8);
+        let line = cut(&wide, 40);
+        assert!(line.width() <= 40, "{line:?} is {} columns", line.width());
+        assert!(line.ends_with('…'));
+        assert_eq!(cut("short", 40), "short");
+        assert_eq!(cut("ab\x1bc", 40), "ab c");
     }
 }

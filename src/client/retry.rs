@@ -802,7 +802,7 @@ pub fn describe(error: reqwest::Error) -> String {
 /// `HOST:PORT` when `error` is a TLS handshake the server answered in
 /// plain HTTP (rustls reads an HTTP status line as a record of an invalid
 /// content type).
-fn plain_http_answer(error: &reqwest::Error) -> Option<String> {
+pub(crate) fn plain_http_answer(error: &reqwest::Error) -> Option<String> {
     let chain = crate::tls::causes(error);
     let plain = chain.iter().any(|e| {
         matches!(

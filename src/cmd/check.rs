@@ -290,12 +290,16 @@ fn lock_line(root: &Path) -> CheckLine {
 
 /// `phase P, session S` when the lock's holder `pid` is the runner the
 /// root's status file names, alive and not exited: `check` run in another
-/// shell beside it (README, "The first hour").
+/// shell beside it (README, "The first hour"). The pid file and the status
+/// file are anyone's who can write the root: the kernel's lock owner
+/// (`/proc/locks`) must be that pid, and its program this one.
 fn live_runner(root: &Path, pid: u32) -> Option<String> {
     let status = crate::status::read(root).ok()?;
     (status.pid == pid
         && status.phase != crate::status::Phase::Exited
-        && crate::status::process_exists(pid))
+        && crate::status::process_exists(pid)
+        && crate::workspace::lock::owner(root) == Some(pid)
+        && same_program(pid))
     .then(|| {
         format!(
             "phase {}, session {}",
@@ -303,6 +307,17 @@ fn live_runner(root: &Path, pid: u32) -> Option<String> {
             status.session_id
         )
     })
+}
+
+/// Whether process `pid` runs this program (the same file: device and
+/// inode of `/proc/<pid>/exe` and `/proc/self/exe`).
+fn same_program(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |path: String| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    match (id(format!("/proc/{pid}/exe")), id("/proc/self/exe".into())) {
+        (Some(theirs), Some(ours)) => theirs == ours,
+        _ => false,
+    }
 }
 
 /// The coordinator's routes, reading only; also the names of the env

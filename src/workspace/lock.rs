@@ -202,6 +202,20 @@ fn write_pid_file(root: &OwnedFd, pid: u32) -> io::Result<File> {
     Ok(file)
 }
 
+/// The pid `/proc/locks` names for the `flock` on the root directory
+/// `root` (`None` when it is not locked, or either cannot be read): what
+/// `check` compares with the pid file, which anyone who can write the root
+/// can write.
+pub fn owner(root: &Path) -> Option<u32> {
+    let dir = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    lock_owner(&dir)
+}
+
 /// The pid `/proc/locks` names for the `flock` on the directory `dir`, as
 /// this process's PID namespace numbers it: the holder when its pid file is
 /// gone (the agent can remove it). `None` when it cannot be read.

@@ -328,6 +328,11 @@ enum TransportError {
     NotSmart { url: String, content_type: String },
     #[error("git request to {url} failed: {reason}")]
     Http { url: String, reason: String },
+    /// Not retried: a configuration error (PROTOCOL.md 2).
+    #[error(
+        "the git server at {at} answered the TLS handshake in plain HTTP ({url}): the URL says https:// but the server there speaks http; use an http:// git base URL (HOSTED_BOOT_GIT_BASE_URL, or the session's clone URL), or serve TLS there"
+    )]
+    PlainHttp { url: String, at: String },
     #[error("invalid git URL {url} ({reason})")]
     InvalidUrl { url: String, reason: String },
 }
@@ -359,6 +364,7 @@ impl TransportError {
             | TransportError::Status { .. }
             | TransportError::NotSmart { .. }
             | TransportError::Http { .. }
+            | TransportError::PlainHttp { .. }
             | TransportError::InvalidUrl { .. } => ErrorCode::GenericError,
         };
         git2::Error::new(code, ErrorClass::Http, self.to_string().replace('\0', ""))
@@ -758,6 +764,12 @@ impl HttpStream {
             let response = match sent {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
+                    if let Some(at) = crate::client::retry::plain_http_answer(&e) {
+                        return Err(TransportError::PlainHttp {
+                            url: self.remote.clone(),
+                            at,
+                        });
+                    }
                     return Err(TransportError::Http {
                         url: self.remote.clone(),
                         reason: crate::client::retry::describe(e),

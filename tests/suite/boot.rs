@@ -1446,3 +1446,30 @@ echo done
         assert_eq!(sb.read_out(&format!("mode-{run}")).trim(), "600");
     }
 }
+
+/// The review of issue 45: an https:// git base URL whose server speaks
+/// plain HTTP was retried as a transient failure (four attempts, seconds of
+/// backoff) and ended in rustls's words. It is a configuration error at the
+/// first attempt, saying what to change, as for the coordinator's URLs.
+#[tokio::test]
+async fn an_https_git_base_answered_in_plain_http_fails_the_clone_at_once() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let base = sb
+        .coordinator
+        .git_base_url()
+        .replacen("http://", "https://", 1);
+    let mut cmd = sb.runner(&sb.script(OBSERVER));
+    cmd.env("HOSTED_BOOT_GIT_BASE_URL", &base);
+    let (status, output) = finish(cmd.spawn().unwrap()).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.status_names(), vec!["failed"], "{output}");
+    let reason = snap.statuses[0].reason.clone().unwrap();
+    assert!(
+        reason.starts_with("clone_failed: ")
+            && reason.contains("answered the TLS handshake in plain HTTP")
+            && reason.contains("HOSTED_BOOT_GIT_BASE_URL"),
+        "{reason}"
+    );
+    assert!(!reason.contains("attempts"), "retried: {reason}");
+}

@@ -116,6 +116,40 @@ while [ ! -e "$AGENT_OUT/go" ]; do sleep 0.05; done
     );
 }
 
+/// The review of issue 45: the pid file and the status file are anyone's
+/// who can write the root. A lock held by another process, both files
+/// naming a live process that is no runner (`sleep`), is still a failure:
+/// the kernel's lock owner and the holder's program must be the runner's.
+#[tokio::test]
+async fn a_status_file_naming_another_live_process_does_not_pass_the_lock() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let held = hosted_boot::workspace::lock::RootLock::acquire(&sb.root()).unwrap();
+    let mut sleep = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let pid = sleep.id();
+    let dir = sb.root().join(".hosted-boot");
+    std::fs::write(dir.join("lock"), format!("{pid}\n")).unwrap();
+    let status = serde_json::json!({
+        "phase": "turn", "sessionId": "s1", "runId": "run-1", "turnOrdinal": 1,
+        "since": "2026-12-06T00:00:00Z", "lastCoordinatorAttempt": null,
+        "lastCoordinatorSuccess": null, "updatedAt": "2026-12-06T00:00:00Z",
+        "runnerVersion": "0.1.0", "pid": pid
+    });
+    std::fs::write(dir.join("status.json"), status.to_string()).unwrap();
+    assert!(
+        hosted_boot::status::read(&sb.root()).is_ok(),
+        "the forged status file must read as a runner's"
+    );
+    let (code, out) = check(&sb, |_| {}).await;
+    let _ = sleep.kill();
+    let _ = sleep.wait();
+    drop(held);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("FAIL  root lock"), "{out}");
+}
+
 /// Issue 15: with `--agent claude` and no provider key (nor a login file)
 /// `check` said nothing of it; `run` then gives the CLI a placeholder key
 /// that only an egress proxy injecting the real one makes work (README,

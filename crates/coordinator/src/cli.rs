@@ -211,7 +211,7 @@ pub async fn run_cli(args: CoordinatorArgs) -> anyhow::Result<()> {
 async fn request_log(c: &Coordinator) {
     let mut log = crate::request_log::RequestLog::default();
     loop {
-        for line in log.next_lines(&c.snapshot()) {
+        for line in log.next_lines(c) {
             eprintln!("{line}");
         }
         c.changed(Duration::from_millis(250)).await;

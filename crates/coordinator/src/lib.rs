@@ -572,6 +572,21 @@ impl Coordinator {
         self.shared.lock().requests.clone()
     }
 
+    /// The requests received from index `from` on (in order of arrival).
+    pub fn requests_since(&self, from: usize) -> Vec<RecordedRequest> {
+        self.shared
+            .lock()
+            .requests
+            .get(from..)
+            .map(<[RecordedRequest]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    /// The request at `index` (in order of arrival), as it is now.
+    pub fn request(&self, index: usize) -> Option<RecordedRequest> {
+        self.shared.lock().requests.get(index).cloned()
+    }
+
     /// The boot statuses posted, in order.
     pub fn statuses(&self) -> Vec<BootStatusBody> {
         self.shared.lock().statuses.clone()

@@ -9,9 +9,10 @@
 //! answers looked out of order; each line now carries the time it was
 //! answered and how long that took.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
-use crate::state::{RecordedRequest, RunRecord, Snapshot, Target};
+use crate::state::{RecordedRequest, RunRecord, Target};
+use crate::text::printable;
 use crate::wire::routes::Route;
 use crate::wire::summary::{TurnFacts, turn_line};
 
@@ -20,44 +21,64 @@ use crate::wire::summary::{TurnFacts, turn_line};
 pub(crate) struct RequestLog {
     /// Requests before this index were either printed or are in flight.
     seen: usize,
-    /// Requests not answered when last looked at.
+    /// Requests not answered when last looked at, by index.
     in_flight: Vec<usize>,
+    /// When each run's first accepted `run_started` arrived.
+    started: BTreeMap<String, u64>,
     /// Runs whose summary was printed (a repeated `finish` is idempotent).
     summarized: HashSet<String>,
 }
 
 impl RequestLog {
     /// The lines for the requests answered since the last call, in the
-    /// order of their answers.
-    pub(crate) fn next_lines(&mut self, snapshot: &Snapshot) -> Vec<String> {
-        self.lines(&snapshot.requests, &snapshot.runs)
+    /// order of their answers: `c`'s requests from the first not seen, the
+    /// ones in flight looked up again by index, a run only for its seal
+    /// (a copy of the whole state at every change cost a long session's
+    /// coordinator seconds of CPU).
+    pub(crate) fn next_lines(&mut self, c: &crate::Coordinator) -> Vec<String> {
+        let new = c.requests_since(self.seen);
+        let in_flight: Vec<(usize, RecordedRequest)> = self
+            .in_flight
+            .iter()
+            .filter_map(|&i| Some((i, c.request(i)?)))
+            .collect();
+        self.lines(new, in_flight, |id| c.run(id))
     }
 
-    fn lines(&mut self, requests: &[RecordedRequest], runs: &[RunRecord]) -> Vec<String> {
+    /// [`RequestLog::next_lines`] over `new` (from index `seen` on) and the
+    /// requests in flight as they are now.
+    fn lines(
+        &mut self,
+        new: Vec<RecordedRequest>,
+        in_flight: Vec<(usize, RecordedRequest)>,
+        run: impl Fn(&str) -> Option<RunRecord>,
+    ) -> Vec<String> {
         let mut ready = Vec::new();
-        self.in_flight.retain(|&i| {
-            let done = requests.get(i).is_none_or(answered);
-            if done {
-                ready.push(i);
-            }
-            !done
-        });
-        for (i, r) in requests.iter().enumerate().skip(self.seen) {
-            if answered(r) {
-                ready.push(i);
+        let mut still = Vec::new();
+        let first_new = self.seen;
+        self.seen += new.len();
+        let all = in_flight
+            .into_iter()
+            .chain(new.into_iter().enumerate().map(|(k, r)| (first_new + k, r)));
+        for (i, r) in all {
+            if answered(&r) {
+                ready.push(r);
             } else {
-                self.in_flight.push(i);
+                still.push(i);
             }
         }
-        self.seen = requests.len();
-        let mut ready: Vec<&RecordedRequest> =
-            ready.into_iter().filter_map(|i| requests.get(i)).collect();
+        self.in_flight = still;
         ready.sort_by_key(|r| r.answered_at_ms.unwrap_or(r.at_ms));
         let mut lines = Vec::new();
-        for r in ready {
-            lines.push(request_line(r));
-            if let Some(line) = self.turn_summary(r, requests, runs) {
-                lines.push(line);
+        for r in &ready {
+            if r.route == Route::RunStarted && accepted(r) {
+                if let Some(id) = run_id_of(&r.path, None) {
+                    self.started.entry(id.to_string()).or_insert(r.at_ms);
+                }
+            }
+            lines.push(printable(&request_line(r)).into_owned());
+            if let Some(line) = self.turn_summary(r, &run) {
+                lines.push(printable(&line).into_owned());
             }
         }
         lines
@@ -67,14 +88,12 @@ impl RequestLog {
     fn turn_summary(
         &mut self,
         r: &RecordedRequest,
-        requests: &[RecordedRequest],
-        runs: &[RunRecord],
+        run: &impl Fn(&str) -> Option<RunRecord>,
     ) -> Option<String> {
-        if r.route != Route::Finish || !r.response_status.is_some_and(|s| (200..300).contains(&s)) {
+        if r.route != Route::Finish || !accepted(r) {
             return None;
         }
-        let id = run_id_of(&r.path)?;
-        let run = runs.iter().find(|run| run.id == id)?;
+        let run = run(run_id_of(&r.path, Some("finish"))?)?;
         let finish = run.finish.as_ref()?;
         if !self.summarized.insert(run.id.clone()) {
             return None;
@@ -85,8 +104,10 @@ impl RequestLog {
             run_id: &run.id,
             events: run.events.len() as u64,
             undelivered: 0,
-            took: started_at(run, requests)
-                .map(|at| std::time::Duration::from_millis(answered.saturating_sub(at))),
+            took: self
+                .started
+                .get(&run.id)
+                .map(|&at| std::time::Duration::from_millis(answered.saturating_sub(at))),
         };
         Some(format!(
             "{}  turn    {}",
@@ -96,14 +117,20 @@ impl RequestLog {
     }
 }
 
+/// Answered, or dropped by a fault: the server stamps both when it is done
+/// with the request (a delayed or failing fault is answered later).
 fn answered(r: &RecordedRequest) -> bool {
-    r.response_status.is_some() || r.fault.is_some()
+    r.answered_at_ms.is_some()
+}
+
+fn accepted(r: &RecordedRequest) -> bool {
+    r.response_status.is_some_and(|s| (200..300).contains(&s))
 }
 
 /// `    4.213s  runner  POST /api/cli/workbench-runs/run-2/finish  200  (finish, 3 ms)`:
-/// when answered, who (`runner`, or `dev` for the dev API), method, path
-/// without its query, the answer (`dropped` by a fault), the route and the
-/// time it took.
+/// when answered, who (`dev` for the dev API, `runner` for every other
+/// route: the sandbox's), method, path without its query, the answer
+/// (`dropped` by a fault), the route and the time it took.
 fn request_line(r: &RecordedRequest) -> String {
     let who = if r.route == Target::Dev {
         "dev   "
@@ -128,25 +155,14 @@ fn seconds(ms: u64) -> String {
     format!("{:>9.3}s", ms as f64 / 1000.0)
 }
 
-/// The run id of `…/workbench-runs/{runId}/finish`.
-fn run_id_of(path: &str) -> Option<&str> {
+/// The run id of `…/workbench-runs/{runId}` followed by `tail`, if any.
+fn run_id_of<'a>(path: &'a str, tail: Option<&str>) -> Option<&'a str> {
     let path = path.split('?').next()?;
     let mut segments = path.rsplit('/');
-    (segments.next()? == "finish").then_some(())?;
+    if let Some(tail) = tail {
+        (segments.next()? == tail).then_some(())?;
+    }
     segments.next()
-}
-
-/// When the run's first accepted `run_started` arrived.
-fn started_at(run: &RunRecord, requests: &[RecordedRequest]) -> Option<u64> {
-    requests
-        .iter()
-        .find(|r| {
-            r.route == Route::RunStarted
-                && r.response_status.is_some_and(|s| (200..300).contains(&s))
-                && r.path.split('?').next().and_then(|p| p.rsplit('/').next())
-                    == Some(run.id.as_str())
-        })
-        .map(|r| r.at_ms)
 }
 
 #[cfg(test)]
@@ -198,7 +214,7 @@ mod tests {
             Route::Events,
             "/api/cli/workbench-runs/run-1/events",
         );
-        let lines = log.lines(&[held.clone(), quick.clone()], &[]);
+        let lines = log.lines(vec![held.clone(), quick], Vec::new(), |_| None);
         assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(
             lines[0].starts_with(
@@ -210,7 +226,7 @@ mod tests {
         held.response_status = Some(200);
         held.answered_at_ms = Some(900);
         let later = request(300, Some(400), Route::Events, "/x");
-        let lines = log.lines(&[held, quick, later], &[]);
+        let lines = log.lines(vec![later], vec![(0, held)], |_| None);
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(lines[0].starts_with("    0.400s"), "{lines:?}");
         assert!(
@@ -240,7 +256,8 @@ mod tests {
                 "headSha": "1a2b3c4d5e6f70819a2b3c4d5e6f70819a2b3c4d", "pushed": true,
                 "commits": 1, "filesChanged": 3, "insertions": 10, "deletions": 2}
         }))];
-        let lines = log.lines(&[started.clone(), finish.clone()], &runs);
+        let lookup = |id: &str| runs.iter().find(|r| r.id == id).cloned();
+        let lines = log.lines(vec![started, finish], Vec::new(), lookup);
         assert_eq!(lines.len(), 3, "{lines:?}");
         assert_eq!(
             lines[2],
@@ -252,11 +269,46 @@ mod tests {
             Route::Finish,
             "/api/cli/workbench-runs/run-2/finish",
         );
-        let lines = log.lines(&[started, finish, again], &runs);
+        let lines = log.lines(vec![again], Vec::new(), lookup);
         assert_eq!(
             lines.len(),
             1,
             "a repeated finish is not summed up again: {lines:?}"
+        );
+    }
+
+    #[test]
+    fn a_delayed_fault_is_printed_when_answered_and_control_characters_are_escaped() {
+        let mut log = RequestLog::default();
+        let mut delayed = request(
+            100,
+            None,
+            Route::RunStarted,
+            "/api/cli/workbench-runs/run-1",
+        );
+        delayed.fault = Some(
+            serde_json::from_value(serde_json::json!({"route": "run-started", "delayMs": 1500}))
+                .unwrap_or_else(|e| panic!("fault: {e}")),
+        );
+        let lines = log.lines(vec![delayed.clone()], Vec::new(), |_| None);
+        assert!(lines.is_empty(), "printed at arrival: {lines:?}");
+        delayed.response_status = Some(200);
+        delayed.answered_at_ms = Some(1_602);
+        let evil = request(
+            1_700,
+            Some(1_701),
+            Route::Events,
+            "/api/\x1b]0;T\x07\u{9b}41m\nFAKE  9.9s",
+        );
+        let lines = log.lines(vec![evil], vec![(0, delayed)], |_| None);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0].contains("  200  (run-started, 1502 ms)"),
+            "{lines:?}"
+        );
+        assert!(
+            lines[1].contains("/api/\\u{1b}]0;T\\u{7}\\u{9b}41m\\u{a}FAKE"),
+            "{lines:?}"
         );
     }
 }

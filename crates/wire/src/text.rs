@@ -52,6 +52,25 @@ pub fn last_bytes(text: &str, max_bytes: usize) -> &str {
     text.get(start..).unwrap_or("")
 }
 
+/// `text` safe to print on a terminal: every control character (C0, DEL
+/// and C1, which include ESC and the 8-bit CSI) written as its `\u{..}`
+/// escape, so that text from the agent, the repository or a request can
+/// neither move the cursor, retitle the window nor forge a line.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Quotes `value` for a POSIX shell: in single quotes, an embedded single
 /// quote written `'\''` (the shell gives back exactly `value`).
 pub fn shell_quote(value: &str) -> String {
@@ -136,5 +155,14 @@ mod tests {
         assert_eq!(shell_word("A=http://x:1/y"), "A=http://x:1/y");
         assert_eq!(shell_word("it's here"), "'it'\\''s here'");
         assert_eq!(shell_word(""), "''");
+    }
+
+    #[test]
+    fn printable_escapes_every_control_character() {
+        assert_eq!(printable("plain text é 中"), "plain text é 中");
+        assert_eq!(
+            printable("a\x1b]0;T\x07b\rc\nd\u{9b}e\x7f"),
+            "a\\u{1b}]0;T\\u{7}b\\u{d}c\\u{a}d\\u{9b}e\\u{7f}"
+        );
     }
 }
