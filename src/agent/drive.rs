@@ -86,6 +86,38 @@ pub struct DriveInput {
     pub supervision: crate::process::supervisor::Supervision,
     /// The platform's instructions, written for this turn.
     pub instructions: Option<super::Instructions>,
+    /// The agent started ahead of this turn, if any: its first process when
+    /// compatible, else discarded.
+    pub prestarted: std::sync::Mutex<Option<Prestarted>>,
+}
+
+impl DriveInput {
+    /// What starting one of this turn's agent processes needs.
+    fn process(&self) -> AgentProcess<'_> {
+        AgentProcess {
+            config: &self.config,
+            session: &self.session,
+            cwd: &self.cwd,
+            redactor: &self.redactor,
+            supervision: &self.supervision,
+        }
+    }
+}
+
+/// What starting one agent process needs: the same for a turn's process
+/// and one started ahead of its turn ([`prestart`]).
+#[derive(Clone, Copy)]
+pub struct AgentProcess<'a> {
+    /// The agent.
+    pub config: &'a AgentConfig,
+    /// What the agent keeps across turns (the session to resume).
+    pub session: &'a Arc<AgentSession>,
+    /// `repo/`.
+    pub cwd: &'a std::path::Path,
+    /// Secrets the adapter makes are added here.
+    pub redactor: &'a Redactor,
+    /// How the agent's processes are supervised.
+    pub supervision: &'a crate::process::supervisor::Supervision,
 }
 
 /// A request about the run from the coordinator, relayed by the turn's
@@ -153,24 +185,7 @@ pub async fn run(
             && let Some(requested) = resume.as_deref()
             && let Some(refused) = refused_resume(&outcome, &once, &flags)
         {
-            // The CLI has no state for the session (a new sandbox, its
-            // state directories lost): the turn runs in a fresh agent
-            // session rather than failing (issue 39), once.
-            input.session.forget_resume_id();
-            let note = crate::wire::AgentSessionReset {
-                requested: requested.to_string(),
-                reason: refused,
-            };
-            input.events.emit(
-                RunnerEvent::AgentSessionReset,
-                serde_json::to_value(&note).unwrap_or_default(),
-            );
-            tracing::warn!(
-                requested,
-                reason = %note.reason,
-                "the agent CLI has no state for the session to resume; running the turn in a fresh agent session"
-            );
-            reset = Some(note);
+            reset = Some(reset_session(&input, requested, refused));
             prompt = input.prompt.clone();
             continue;
         }
@@ -218,6 +233,31 @@ pub async fn run(
         }
         prompt = CONTINUE_PROMPT.to_string();
     }
+}
+
+/// The CLI has no state for the session it was to resume (a new sandbox,
+/// its state directories lost): the turn runs once more in a fresh agent
+/// session rather than failing (issue 39). Forgets the id, says so.
+fn reset_session(
+    input: &DriveInput,
+    requested: &str,
+    refused: String,
+) -> crate::wire::AgentSessionReset {
+    input.session.forget_resume_id();
+    let note = crate::wire::AgentSessionReset {
+        requested: requested.to_string(),
+        reason: refused,
+    };
+    input.events.emit(
+        RunnerEvent::AgentSessionReset,
+        serde_json::to_value(&note).unwrap_or_default(),
+    );
+    tracing::warn!(
+        requested,
+        reason = %note.reason,
+        "the agent CLI has no state for the session to resume; running the turn in a fresh agent session"
+    );
+    note
 }
 
 /// The CLI's words when it refused to resume its session and did nothing
@@ -413,9 +453,15 @@ async fn run_once(
     stop: &mut watch::Receiver<Stop>,
     flags: &mut Flags,
 ) -> Result<Once, SpawnError> {
-    let spec = turn_spec(input, prompt, resume.clone());
+    let process = input.process();
+    let spec = turn_spec(process, input.instructions.clone(), prompt, resume.clone());
     let adapter = adapter_for(&input.config, spec, &input.session, &input.redactor);
-    let prepared = prepare(input, adapter.launch(), resume).await?;
+    let launch = adapter.launch();
+    let prestarted = crate::concurrency::lock(&input.prestarted).take();
+    let prepared = match take_prestarted(input, prestarted, &launch, resume.as_deref()).await {
+        Some(prepared) => prepared,
+        None => prepare(process, &input.env, launch, resume).await?,
+    };
     Ok(attach(input, prepared, adapter, requests, stop, flags).await)
 }
 
@@ -454,14 +500,15 @@ struct Channels {
 ///
 /// Errors: the process could not be started.
 async fn prepare(
-    input: &DriveInput,
+    process: AgentProcess<'_>,
+    base_env: &[(OsString, OsString)],
     launch: Launch,
     resume: Option<String>,
 ) -> Result<Prepared, SpawnError> {
     let env = agent_env(
-        &input.config,
-        &input.env,
-        &input.session,
+        process.config,
+        base_env,
+        process.session,
         resume.as_deref(),
         &launch.env,
     );
@@ -480,7 +527,7 @@ async fn prepare(
     let last_output = Arc::new(Mutex::new(Instant::now()));
     let tail = Arc::new(Mutex::new(Tail::default()));
     let observe = observer(last_output.clone(), tail.clone());
-    let spawn = spawn_spec(input, &launch, env, stdin_rx);
+    let spawn = spawn_spec(process, &launch, env, stdin_rx);
     // Bytes are redacted as a stream before lines are cut (a secret split
     // across reads or across the 1 MiB cut is still found), then the lines
     // go to the adapter, whose events are redacted again as values (unless
@@ -488,12 +535,12 @@ async fn prepare(
     // `Redactor::stream_output_is_final`).
     // The factory owns the callback: when the supervisor returns, every
     // sender of the adapter's lines is gone and the adapter sees the end.
-    let redactor = input.redactor.clone();
+    let redactor = process.redactor.clone();
     let output =
         move |stream| ChannelSink::new(stream, &redactor, observe.clone(), line_tx.clone());
     let supervision = supervisor::Supervision {
         stop_signal: launch.stop_signal,
-        ..input.supervision.clone()
+        ..process.supervision.clone()
     };
     let started = supervisor::start(spawn, &supervision, output).await?;
     Ok(Prepared {
@@ -575,22 +622,153 @@ async fn attach(
     process.finish(exit, observation, launch.exit_rule, stderr_tail)
 }
 
+/// The variables only a turn knows (PROTOCOL.md 3): absent from a
+/// pre-started agent's environment (it reads them from the turn file), so
+/// left out when its launch is compared with the turn's.
+const PER_TURN_VARS: &[&str] = &[
+    "ORIZU_TASK_FILE",
+    "ORIZU_RUN_ID",
+    "ORIZU_TURN_DEADLINE",
+    super::INSTRUCTIONS_FILE_VAR,
+];
+
+/// An agent CLI started before its turn (issue 38): the process is up, its
+/// output waits in its channel, and nothing has been sent to it. The turn
+/// that finds it compatible attaches to it ([`DriveInput::prestarted`]);
+/// anything else discards it.
+pub struct Prestarted {
+    prepared: Prepared,
+    /// What it was started with: program arguments, its environment without
+    /// [`PER_TURN_VARS`], the session it resumes.
+    key: (Vec<String>, Vec<(OsString, OsString)>, Option<String>),
+}
+
+impl Prestarted {
+    /// The leader's pid (its process group and session).
+    pub fn pid(&self) -> i32 {
+        self.prepared.started.pid()
+    }
+
+    /// Kills it and every process of its tree.
+    pub async fn discard(self, why: &str) {
+        tracing::info!(pgid = self.pid(), why, "pre-started agent discarded");
+        let Prepared {
+            started,
+            supervision,
+            ..
+        } = self.prepared;
+        started.discard(&supervision).await;
+    }
+}
+
+/// Whether the adapter of `kind` can be started before its prompt: its CLI
+/// waits for the prompt on a channel the runner writes at the turn's start
+/// (Claude Code's stream-json input), and sends nothing before it.
+pub fn prestartable(kind: AgentKind) -> bool {
+    kind == AgentKind::Claude
+}
+
+/// Starts the next turn's agent now, with `env` (the agent's environment
+/// with the boot-wide per-turn paths: the bearer file's and the turn
+/// file's) and the session to resume as it stands. `None` when the spawn
+/// failed (the turn then starts cold and reports it).
+pub async fn prestart(
+    process: AgentProcess<'_>,
+    env: &[(OsString, OsString)],
+    instructions: Option<super::Instructions>,
+) -> Option<Prestarted> {
+    let resume = process.session.resume_id();
+    let spec = turn_spec(process, instructions, String::new(), resume.clone());
+    let adapter = adapter_for(process.config, spec, process.session, process.redactor);
+    let launch = adapter.launch();
+    let key = launch_key(process, env, &launch, resume.as_deref());
+    match prepare(process, env, launch, resume.clone()).await {
+        Ok(prepared) => {
+            tracing::info!(
+                pgid = prepared.started.pid(),
+                "agent pre-started for the next turn"
+            );
+            Some(Prestarted {
+                prepared,
+                key: (key.0, key.1, resume),
+            })
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot pre-start the agent; the next turn starts it");
+            None
+        }
+    }
+}
+
+/// The arguments and environment (without [`PER_TURN_VARS`]) a process of
+/// `launch` gets.
+fn launch_key(
+    process: AgentProcess<'_>,
+    base_env: &[(OsString, OsString)],
+    launch: &Launch,
+    resume: Option<&str>,
+) -> (Vec<String>, Vec<(OsString, OsString)>) {
+    let env = agent_env(
+        process.config,
+        base_env,
+        process.session,
+        resume,
+        &launch.env,
+    )
+    .into_iter()
+    .filter(|(k, _)| !PER_TURN_VARS.iter().any(|v| k == *v))
+    .collect();
+    (launch.args.clone(), env)
+}
+
+/// The pre-started agent when this attempt can use it: still running,
+/// started as this attempt's process would be. Otherwise it is discarded,
+/// saying why.
+async fn take_prestarted(
+    input: &DriveInput,
+    prestarted: Option<Prestarted>,
+    launch: &Launch,
+    resume: Option<&str>,
+) -> Option<Prepared> {
+    let p = prestarted?;
+    let key = launch_key(input.process(), &input.env, launch, resume);
+    let why = if !p.prepared.started.running() {
+        "it exited before its turn"
+    } else if p.key.2.as_deref() != resume {
+        "the session to resume changed"
+    } else if p.key.0 != key.0 {
+        "the turn's arguments differ (model, effort, instructions)"
+    } else if p.key.1 != key.1 {
+        "the turn's environment differs"
+    } else {
+        tracing::info!(pgid = p.pid(), "the turn uses the pre-started agent");
+        return Some(p.prepared);
+    };
+    p.discard(why).await;
+    None
+}
+
 /// What the adapter needs to know about this process's part of the turn.
-fn turn_spec(input: &DriveInput, prompt: String, resume: Option<String>) -> TurnSpec {
-    let config = &input.config;
+fn turn_spec(
+    process: AgentProcess<'_>,
+    instructions: Option<super::Instructions>,
+    prompt: String,
+    resume: Option<String>,
+) -> TurnSpec {
+    let config = process.config;
     TurnSpec {
         prompt,
-        cwd: input.cwd.clone(),
+        cwd: process.cwd.to_path_buf(),
         resume,
-        model: input.session.model.clone(),
-        effort: input.session.effort.clone(),
+        model: process.session.model.clone(),
+        effort: process.session.effort.clone(),
         extra_args: match config.kind {
             AgentKind::Command => [config.args.clone(), config.extra_args.clone()].concat(),
             _ => config.extra_args.clone(),
         },
         opencode_port: config.opencode_port,
         timings: config.timings,
-        instructions: input.instructions.clone(),
+        instructions,
     }
 }
 
@@ -598,12 +776,12 @@ fn turn_spec(input: &DriveInput, prompt: String, resume: Option<String>) -> Turn
 /// launcher) before the adapter's arguments; `command`'s are in the
 /// adapter's already.
 fn spawn_spec(
-    input: &DriveInput,
+    process: AgentProcess<'_>,
     launch: &Launch,
     env: Vec<(OsString, OsString)>,
     stdin_feed: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
 ) -> SpawnSpec {
-    let config = &input.config;
+    let config = process.config;
     let args = match config.kind {
         AgentKind::Command => launch.args.clone(),
         _ => [config.args.clone(), launch.args.clone()].concat(),
@@ -611,7 +789,7 @@ fn spawn_spec(
     SpawnSpec {
         program: config.program.clone(),
         args,
-        cwd: input.cwd.clone(),
+        cwd: process.cwd.to_path_buf(),
         env,
         stdin: match &launch.stdin {
             StdinMode::Bytes(b) => b.clone(),

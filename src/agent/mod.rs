@@ -569,9 +569,11 @@ pub struct TurnSpec {
 pub struct Instructions {
     /// The text.
     pub text: String,
-    /// The same text in a file of the turn's run directory (outside
-    /// `repo/`, readable by the agent user, removed with the run
-    /// directory).
+    /// The same text in a file outside `repo/`, readable by the agent
+    /// user: for the agent's environment (`ORIZU_INSTRUCTIONS_FILE`), the
+    /// turn's run directory's; for the CLI's own arguments, the session
+    /// directory's, one path for the boot (so that a CLI started ahead of
+    /// its turn is started as the turn would start it).
     pub file: PathBuf,
 }
 

@@ -104,6 +104,8 @@ pub struct BootConfig {
     pub base_env: Vec<(OsString, OsString)>,
     /// `--turn-cgroup`: whether each turn gets a cgroup when possible.
     pub turn_cgroup: CgroupMode,
+    /// `--prestart-agent`: start the next turn's agent CLI ahead of it.
+    pub prestart_agent: bool,
     /// `--harvest-max-file-size` in bytes: files larger are left out of the
     /// harvest (PROTOCOL.md 4.5); `None`: no limit (`0`).
     pub harvest_max_file_size: Option<u64>,
@@ -219,6 +221,7 @@ pub fn load(
         ca_file: args.ca_file.clone(),
         base_env,
         turn_cgroup: args.turn_cgroup,
+        prestart_agent: args.prestart_agent == Toggle::On,
         harvest_max_file_size,
         agent_api: args.agent_api,
         agent_api_allow,
@@ -620,6 +623,18 @@ pub struct RunArgs {
         default_value = "auto"
     )]
     pub turn_cgroup: CgroupMode,
+    /// Start the next turn's agent CLI while the runner waits for the turn,
+    /// and hand it the prompt when the turn comes (PROTOCOL.md 4.1,
+    /// "Pre-started agents"): `off`, or `on` for the CLIs that can wait for
+    /// their prompt (today `claude`).
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_PRESTART_AGENT",
+        hide_env_values = true,
+        value_enum,
+        default_value = "off"
+    )]
+    pub prestart_agent: Toggle,
     /// Files larger than this are left out of the harvest (PROTOCOL.md 4.5):
     /// `100MiB` (GitHub's hard limit), `50MB`, `1048576` (bytes); `0` turns
     /// the guard off. Set it at or below the git host's own file size limit.
@@ -1031,4 +1046,13 @@ mod tests {
             .to_string();
         assert!(!err.contains("supersecretvalue"));
     }
+}
+
+/// An on/off setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Toggle {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
 }

@@ -288,9 +288,14 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     let workspace = prepare_workspace(b, &session_dir, &resolved, cleanup).await?;
     // Step 6: drain turns.
     let instructions = instructions(b.config, &resolved.session)?;
+    let instructions_file = match &instructions {
+        Some(text) => Some(session_dir.write_instructions(text)?),
+        None => None,
+    };
     let ctx = turn_context(b, session_dir, resolved, workspace, egress_canary)?;
     let ctx = TurnContext {
         instructions,
+        instructions_file,
         ..ctx
     };
     crate::agent::drive::start_version_probe(
@@ -559,6 +564,9 @@ fn turn_context(
         ),
         egress_canary,
         instructions: None,
+        instructions_file: None,
+        prestart_agent: config.prestart_agent,
+        prestarted: std::sync::Mutex::new(None),
     })
 }
 
@@ -723,7 +731,11 @@ async fn drain(
         status.phase(Phase::Turn, Some(&run_id), next.ordinal);
         let span =
             tracing::info_span!("turn", run_id = %run_id, ordinal = next.ordinal, step = "turn");
-        match turn::run(ctx, next, stop).instrument(span).await {
+        let ended = turn::run(ctx, next, stop).instrument(span).await;
+        // A pre-started agent the turn did not use (it never reached its
+        // agent) was started for it: it goes with it.
+        turn::discard_prestarted(ctx, "its turn ended without using it").await;
+        match ended {
             Err(fatal) => return fatal_turn(ctx, fatal).await,
             Ok(TurnEnd::Stopped(s)) => return Ending::Stopped(s),
             Ok(TurnEnd::Sealed(outcome)) if outcome.status == RunOutcome::Failed => {
@@ -737,10 +749,14 @@ async fn drain(
             Ok(TurnEnd::Sealed(_)) => {}
         }
         status.phase(Phase::Idle, None, None);
-        next = match idle::after_turn(&ctx.api, done, stop)
+        turn::prestart(ctx).await;
+        let waited = idle::after_turn(&ctx.api, done, stop)
             .instrument(tracing::info_span!("step", step = "idle"))
-            .await
-        {
+            .await;
+        if !matches!(waited, Ok(IdleEnd::Turn(_))) {
+            turn::discard_prestarted(ctx, "the session ended or the runner stops").await;
+        }
+        next = match waited {
             Ok(IdleEnd::Turn(t)) => t,
             Ok(IdleEnd::Ended) => return Ending::Clean,
             Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),

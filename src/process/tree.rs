@@ -383,15 +383,35 @@ pub async fn sweep<F>(runner: Runner, group: i32, seeds: F, bound: Duration) -> 
 where
     F: Fn() -> Vec<i32>,
 {
+    sweep_sparing(runner, group, seeds, None, bound).await
+}
+
+/// [`sweep`], leaving alone every process of session `spare`: an agent
+/// started ahead of its turn (issue 38), which belongs to the turn about
+/// to start. No process of an earlier turn can be in it: a session is
+/// joined only by being born in it, and that one was made after the
+/// earlier turn's own sweep proved it empty.
+pub async fn sweep_sparing<F>(
+    runner: Runner,
+    group: i32,
+    seeds: F,
+    spare: Option<i32>,
+    bound: Duration,
+) -> SweepReport
+where
+    F: Fn() -> Vec<i32>,
+{
     let deadline = Instant::now() + bound;
     let mut killed: Vec<Victim> = Vec::new();
     let mut seen = BTreeSet::new();
+    let spared = |p: &ProcInfo| spare.is_some_and(|sid| p.sid == sid);
     loop {
         let (procs, live, unsettled) = {
             let registry = spawned();
-            kill_orphans(&registry, runner);
+            kill_orphans(&registry, runner, spare);
             let procs = scan();
-            let members = turn_members(&procs, runner, &seeds());
+            let mut members = turn_members(&procs, runner, &seeds());
+            members.retain(|p| !spared(p));
             let unsettled: Vec<i32> = members
                 .iter()
                 .filter(|p| p.zombie && !registry.contains(&p.pid) && !threads_alive(p.pid))
@@ -475,13 +495,14 @@ const ORPHAN_PASSES: usize = 64;
 /// generation of a re-forking loop alive between its parent's exit and its
 /// own. `registry` is held: no pid read here can be reaped and reused
 /// before its signal.
-fn kill_orphans(registry: &BTreeSet<i32>, runner: Runner) {
+fn kill_orphans(registry: &BTreeSet<i32>, runner: Runner, spare: Option<i32>) {
     for _ in 0..ORPHAN_PASSES {
         let mut found = false;
         for p in children() {
             if (p.zombie && !threads_alive(p.pid))
                 || !runner.foreign_child(&p)
                 || registry.contains(&p.pid)
+                || spare.is_some_and(|sid| p.sid == sid)
             {
                 continue;
             }

@@ -319,6 +319,7 @@ impl SessionDir {
         ];
         let shared = name == BEARER_FILE
             || name == TURN_FILE
+            || name == INSTRUCTIONS_FILE
             || name == CONTEXT_FILE
             || (agent.credential_files && credential.contains(&name));
         shared.then_some((agent.uid, agent.gid))
@@ -354,6 +355,17 @@ impl SessionDir {
         })?;
         bytes.push(b'\n');
         self.write(TURN_FILE, &bytes)
+    }
+
+    /// Writes `instructions.md` (0600, the agent user's with
+    /// `--agent-user`): the boot's instructions at one path for the whole
+    /// boot, which the agent CLIs are started with (a CLI started ahead of
+    /// its turn reads them before that turn's run directory exists).
+    ///
+    /// Errors: [`SessionDirError::Io`].
+    pub fn write_instructions(&self, text: &str) -> Result<PathBuf, SessionDirError> {
+        self.write(INSTRUCTIONS_FILE, text.as_bytes())?;
+        Ok(self.path.join(INSTRUCTIONS_FILE))
     }
 
     /// Removes `turn.json`; absent is fine (idempotent).

@@ -76,6 +76,60 @@ pub struct TurnContext {
     /// The platform's instructions for the agent (the session's, or
     /// `--instructions-file`'s), written into each turn's run directory.
     pub instructions: Option<String>,
+    /// The instructions' copy in the session directory, written once at
+    /// boot: the path the CLIs are started with.
+    pub instructions_file: Option<PathBuf>,
+    /// `--prestart-agent`: the next turn's agent is started while the
+    /// runner waits for that turn ([`prestart`]).
+    pub prestart_agent: bool,
+    /// The agent started ahead of the next turn: taken by that turn's
+    /// agent, or discarded by the boot ([`discard_prestarted`]).
+    pub prestarted: std::sync::Mutex<Option<drive::Prestarted>>,
+}
+
+/// Starts the next turn's agent CLI now (the runner is about to wait for
+/// that turn), when `--prestart-agent` is on and the CLI can wait for its
+/// prompt.
+pub async fn prestart(ctx: &TurnContext) {
+    if !ctx.prestart_agent
+        || !drive::prestartable(ctx.agent.kind)
+        || crate::concurrency::lock(&ctx.prestarted).is_some()
+    {
+        return;
+    }
+    let mut env = ctx.agent_env.clone();
+    env.push((
+        "ORIZU_TOKEN_FILE".into(),
+        ctx.session_dir.bearer_path().into(),
+    ));
+    env.push(("ORIZU_TURN_FILE".into(), ctx.session_dir.turn_path().into()));
+    let process = drive::AgentProcess {
+        config: &ctx.agent,
+        session: &ctx.agent_session,
+        cwd: &ctx.repo_dir,
+        redactor: ctx.api.redactor(),
+        supervision: &ctx.supervision,
+    };
+    let started = drive::prestart(process, &env, cli_instructions(ctx)).await;
+    *crate::concurrency::lock(&ctx.prestarted) = started;
+}
+
+/// The instructions as the agent CLIs are started with them: the session
+/// directory's copy.
+fn cli_instructions(ctx: &TurnContext) -> Option<crate::agent::Instructions> {
+    Some(crate::agent::Instructions {
+        text: ctx.instructions.clone()?,
+        file: ctx.instructions_file.clone()?,
+    })
+}
+
+/// Kills the pre-started agent, if any (the session ended, the runner
+/// stops, or a turn did not use it).
+pub async fn discard_prestarted(ctx: &TurnContext, why: &str) {
+    let prestarted = crate::concurrency::lock(&ctx.prestarted).take();
+    if let Some(p) = prestarted {
+        p.discard(why).await;
+    }
 }
 
 /// The turn to run.
@@ -186,12 +240,13 @@ enum Early {
 ///
 /// Errors: processes still alive after the sweep's bound (uninterruptible,
 /// or outside the runner's reach): the turn does not start.
-async fn leftovers_gone() -> Result<(), String> {
+async fn leftovers_gone(spare: Option<i32>) -> Result<(), String> {
     use crate::process::tree;
-    let report = tree::sweep(
+    let report = tree::sweep_sparing(
         tree::Runner::current(),
         0,
         Vec::new,
+        spare,
         crate::process::supervisor::SWEEP_BOUND,
     )
     .await;
@@ -388,7 +443,11 @@ impl<'a> Turn<'a> {
         let bearer = fresh
             .ok_or(Early::StoppedBeforeAck)?
             .map_err(|e| Early::Failed(e.to_string()))?;
-        leftovers_gone().await.map_err(Early::Failed)?;
+        // The agent pre-started for this turn is this turn's.
+        let spare = crate::concurrency::lock(&self.ctx.prestarted)
+            .as_ref()
+            .map(drive::Prestarted::pid);
+        leftovers_gone(spare).await.map_err(Early::Failed)?;
         let token = match &self.ctx.agent_api {
             AgentApi::Bearer => bearer.token,
             AgentApi::Proxy(proxy) => proxy
@@ -470,7 +529,17 @@ impl<'a> Turn<'a> {
         let sync = workspace_steps::before_turn(&ctx.harvester, self.run_id, &self.timings, events);
         // On a stop the sync goes on in the background; the harvest waits
         // for it and counts from the remote's session branch.
-        self.budget.unless_stopped(sync).await?.start_sha
+        let report = self.budget.unless_stopped(sync).await?;
+        if report.local_sha != report.start_sha {
+            // The CLI started ahead of the turn read a work tree (its
+            // CLAUDE.md, settings, MCP configuration) that is no more.
+            discard_prestarted(
+                ctx,
+                "the workspace sync changed the work tree it was started in",
+            )
+            .await;
+        }
+        report.start_sha
     }
 
     /// Steps 3–4: the watch's first read; unless it (or a stop) asks to
@@ -587,7 +656,8 @@ impl<'a> Turn<'a> {
             redactor: ctx.api.redactor().clone(),
             timings: self.timings,
             supervision: ctx.supervision.clone(),
-            instructions: self.instructions.clone(),
+            instructions: cli_instructions(ctx).or_else(|| self.instructions.clone()),
+            prestarted: std::sync::Mutex::new(crate::concurrency::lock(&ctx.prestarted).take()),
         };
         let driven = drive::run(input, &mut request_rx, self.stop).await;
         drop(request_tx);

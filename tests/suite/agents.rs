@@ -651,6 +651,130 @@ async fn a_refused_resume_runs_the_turn_in_a_fresh_agent_session() {
     }
 }
 
+/// Waits until the stand-in `cli` has logged `n` starts.
+async fn wait_starts(sb: &Sandbox, cli: &str, n: usize) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while records(&log(sb, cli), "start").len() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{cli} started {} times, not {n}",
+            records(&log(sb, cli), "start").len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 38: with `--prestart-agent on`, Claude Code is started for the
+/// next turn while the runner waits for it: the turn hands the waiting
+/// process its prompt (no second start), which learns its run from the
+/// turn file, resumes the first turn's session, and is this turn's to
+/// supervise; the one started for a third turn that never comes is killed
+/// when the session ends.
+#[tokio::test]
+async fn claude_prestarted_for_the_next_turn_takes_its_prompt() {
+    let sb = Sandbox::start(opts("scenario:complete First")).await;
+    let mut cmd = agent_runner(&sb, "claude");
+    cmd.args(["--prestart-agent", "on"]);
+    let mut child = Runner::spawn(&mut cmd);
+    let first = sealed(&sealed_or_log(&sb, &mut child, "run-1").await, "run-1");
+    let sid = first.agent_session_id.clone().expect("a session");
+    // Started for turn 2 before the turn exists.
+    wait_starts(&sb, "claude", 2).await;
+    let starts = records(&log(&sb, "claude"), "start").len();
+    assert_eq!(starts, 2);
+    let run = sb.coordinator.queue_turn("scenario:complete Second", None);
+    let snap = sealed_or_log(&sb, &mut child, &run).await;
+    // Started for turn 3, which never comes: the session ends.
+    wait_starts(&sb, "claude", 3).await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let second = sealed(&snap, &run);
+    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
+    assert_eq!(second.agent_session_id.as_deref(), Some(sid.as_str()));
+
+    let log = log(&sb, "claude");
+    let starts = records(&log, "start");
+    assert_eq!(starts.len(), 3, "{log:?}");
+    let prestarted = starts[1];
+    assert!(
+        prestarted["argv"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(format!("--resume={sid}"))),
+        "{prestarted}"
+    );
+    assert!(
+        prestarted["env"].get("ORIZU_RUN_ID").is_none(),
+        "a pre-started agent has no per-turn variable: {prestarted}"
+    );
+    let turns = records(&log, "turn");
+    assert_eq!(turns.len(), 2, "{log:?}");
+    assert_eq!(
+        turns[1]["pid"], prestarted["pid"],
+        "turn 2 ran in another process"
+    );
+    assert_eq!(turns[1]["run"], json!(run));
+    let files = records(&log, "turn_file");
+    assert_eq!(files.len(), 1, "{log:?}");
+    assert_eq!(files[0]["turn"]["runId"], json!(run));
+    assert_eq!(files[0]["turn"]["ordinal"], 2);
+    assert!(
+        output.contains("the turn uses the pre-started agent"),
+        "{output}"
+    );
+    assert!(output.contains("pre-started agent discarded"), "{output}");
+    assert_group_gone(&sb, "claude");
+}
+
+/// Issue 38: a pre-started agent that died before its turn, and one whose
+/// work tree the turn's workspace sync changed (someone pushed a
+/// `CLAUDE.md` meanwhile), are not used: each turn starts its CLI cold,
+/// saying why, and succeeds.
+#[tokio::test]
+async fn a_prestarted_claude_that_died_or_whose_work_tree_changed_is_not_used() {
+    let sb = Sandbox::start(opts("scenario:complete First")).await;
+    let mut cmd = agent_runner(&sb, "claude");
+    cmd.args(["--prestart-agent", "on"]);
+    let mut child = Runner::spawn(&mut cmd);
+    sealed_or_log(&sb, &mut child, "run-1").await;
+    wait_starts(&sb, "claude", 2).await;
+    let waiting = records(&log(&sb, "claude"), "start")[1]["pid"]
+        .as_i64()
+        .unwrap();
+    super::support::signal(
+        u32::try_from(waiting).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+    let second = sb.coordinator.queue_turn("scenario:complete Second", None);
+    sealed_or_log(&sb, &mut child, &second).await;
+    wait_starts(&sb, "claude", 4).await;
+    super::harvest::advance_remote(&sb, "CLAUDE.md");
+    let third = sb.coordinator.queue_turn("scenario:complete Third", None);
+    let snap = sealed_or_log(&sb, &mut child, &third).await;
+    wait_starts(&sb, "claude", 6).await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    for run in [&second, &third] {
+        assert_eq!(sealed(&snap, run).status.as_str(), "succeeded", "{run}");
+    }
+    let log = log(&sb, "claude");
+    let starts = records(&log, "start");
+    let turns = records(&log, "turn");
+    assert_eq!(starts.len(), 6, "{log:?}");
+    assert_eq!(turns.len(), 3, "{log:?}");
+    assert_eq!(turns[1]["pid"], starts[2]["pid"], "turn 2 started cold");
+    assert_eq!(turns[2]["pid"], starts[4]["pid"], "turn 3 started cold");
+    assert!(records(&log, "turn_file").is_empty(), "{log:?}");
+    assert!(output.contains("it exited before its turn"), "{output}");
+    assert!(
+        output.contains("the workspace sync changed the work tree it was started in"),
+        "{output}"
+    );
+    assert_group_gone(&sb, "claude");
+}
+
 #[tokio::test]
 async fn a_missing_cli_is_agent_spawn_failed() {
     let sb = Sandbox::start(opts("scenario:complete x")).await;

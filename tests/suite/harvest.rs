@@ -58,7 +58,7 @@ fn subject(sb: &Sandbox, rev: &str) -> String {
 
 /// Adds a commit to the session branch of the bare repository (someone else
 /// pushed meanwhile) and returns it.
-fn advance_remote(sb: &Sandbox, file: &str) -> String {
+pub(super) fn advance_remote(sb: &Sandbox, file: &str) -> String {
     let bare = git2::Repository::open_bare(sb.coordinator.bare_repo()).unwrap();
     let refname = format!("refs/heads/{}", sb.coordinator.branch());
     let parent = bare
