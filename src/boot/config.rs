@@ -625,14 +625,14 @@ pub struct RunArgs {
     pub turn_cgroup: CgroupMode,
     /// Start the next turn's agent CLI while the runner waits for the turn,
     /// and hand it the prompt when the turn comes (PROTOCOL.md 4.1,
-    /// "Pre-started agents"): `off`, or `on` for the CLIs that can wait for
-    /// their prompt (today `claude`).
+    /// "Pre-started agents"): `on` for the CLIs that can wait for their
+    /// prompt (today `claude`), or `off`.
     #[arg(
         long,
         env = "HOSTED_BOOT_PRESTART_AGENT",
         hide_env_values = true,
         value_enum,
-        default_value = "off"
+        default_value = "on"
     )]
     pub prestart_agent: Toggle,
     /// Files larger than this are left out of the harvest (PROTOCOL.md 4.5):

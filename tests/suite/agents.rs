@@ -727,6 +727,24 @@ async fn claude_prestarted_for_the_next_turn_takes_its_prompt() {
     assert_group_gone(&sb, "claude");
 }
 
+/// Issue 38: a stop signal while a pre-started agent waits for its turn
+/// kills it with its tree; the runner exits as a stop between turns does.
+#[tokio::test]
+async fn a_stop_while_a_prestarted_claude_waits_leaves_nothing() {
+    let sb = Sandbox::start(opts("scenario:complete First")).await;
+    let mut cmd = agent_runner(&sb, "claude");
+    cmd.args(["--prestart-agent", "on"]);
+    let mut child = Runner::spawn(&mut cmd);
+    sealed_or_log(&sb, &mut child, "run-1").await;
+    wait_starts(&sb, "claude", 2).await;
+    super::support::signal(child.child.id().unwrap(), rustix::process::Signal::TERM);
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    assert!(output.contains("pre-started agent discarded"), "{output}");
+    assert_group_gone(&sb, "claude");
+    assert_eq!(sb.coordinator.snapshot().runs.len(), 1);
+}
+
 /// Issue 38: a pre-started agent that died before its turn, and one whose
 /// work tree the turn's workspace sync changed (someone pushed a
 /// `CLAUDE.md` meanwhile), are not used: each turn starts its CLI cold,
