@@ -101,7 +101,7 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
     installed.ok().map(|()| guard)
 }
 
-/// Lines for people (issue 45): `17:18:13  message  key=value …`, the time
+/// Lines for people (issue 45): `17:18:13.042  message key=value …`, the time
 /// of day in UTC, a level word only for what is not `info`, no target and
 /// no spans (the JSON lines carry those for a log pipeline; on a terminal
 /// they made every line's first 100 columns the same).
@@ -186,14 +186,22 @@ impl tracing::field::Visit for PeopleFields {
     }
 }
 
-/// A line's time of day (UTC, `HH:MM:SS`) and its level word (`warning: `,
-/// `error: `, nothing for `info`).
+/// A line's time of day (UTC, `HH:MM:SS.mmm`: the demo reads how long an
+/// interrupt took from it) and its level word (`warning: `, `error: `,
+/// nothing for `info`).
 fn people_prefix(now: std::time::SystemTime, level: Level) -> (String, &'static str) {
-    let secs = now
+    let ms = now
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-        % 86_400;
-    let time = format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60);
+        .map_or(0, |d| d.as_millis())
+        % 86_400_000;
+    let secs = ms / 1000;
+    let time = format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        ms % 1000
+    );
     let word = match level {
         Level::ERROR => "error: ",
         Level::WARN => "warning: ",
@@ -299,9 +307,14 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{text:?}");
         for line in &lines {
-            assert_eq!(&line[2..3], ":", "{line:?}");
-            assert_eq!(&line[8..10], "  ", "{line:?}");
+            assert_eq!(
+                (&line[2..3], &line[5..6], &line[8..9]),
+                (":", ":", "."),
+                "{line:?}"
+            );
+            assert_eq!(&line[12..14], "  ", "{line:?}");
         }
+        let lines: Vec<&str> = lines.iter().map(|l| &l[4..]).collect();
         assert_eq!(
             &lines[0][10..],
             "agent session agent_session_id=s\\u{1b}]0;TITLE\\u{7}\\u{1b}[41mRED\\u{d}FAKE count=3"

@@ -662,10 +662,11 @@ impl Prestarted {
 }
 
 /// Whether the adapter of `kind` can be started before its prompt: its CLI
-/// waits for the prompt on a channel the runner writes at the turn's start
-/// (Claude Code's stream-json input), and sends nothing before it.
+/// waits on stdin for what the runner writes at the turn's start (Claude
+/// Code's stream-json input, Codex app-server's JSON-RPC), and sends the
+/// model provider nothing before it (real-CLI tests).
 pub fn prestartable(kind: AgentKind) -> bool {
-    kind == AgentKind::Claude
+    matches!(kind, AgentKind::Claude | AgentKind::Codex)
 }
 
 /// Starts the next turn's agent now, with `env` (the agent's environment

@@ -727,6 +727,37 @@ async fn claude_prestarted_for_the_next_turn_takes_its_prompt() {
     assert_group_gone(&sb, "claude");
 }
 
+/// Issue 38, Codex app-server: the process started for turn 2 waits for
+/// the runner's JSON-RPC, then resumes turn 1's thread for turn 2.
+#[tokio::test]
+async fn codex_prestarted_for_the_next_turn_resumes_its_thread() {
+    let sb = Sandbox::start(opts("scenario:complete First")).await;
+    let mut child = Runner::spawn(&mut agent_runner(&sb, "codex"));
+    let first = sealed(&sealed_or_log(&sb, &mut child, "run-1").await, "run-1");
+    let thread = first.agent_session_id.clone().expect("a thread");
+    wait_starts(&sb, "codex", 2).await;
+    let run = sb.coordinator.queue_turn("scenario:complete Second", None);
+    let snap = sealed_or_log(&sb, &mut child, &run).await;
+    wait_starts(&sb, "codex", 3).await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let second = sealed(&snap, &run);
+    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
+    assert_eq!(second.agent_session_id.as_deref(), Some(thread.as_str()));
+    let log = log(&sb, "codex");
+    let starts = records(&log, "start");
+    let files = records(&log, "turn_file");
+    assert_eq!(files.len(), 1, "{log:?}");
+    assert_eq!(files[0]["pid"], starts[1]["pid"]);
+    assert_eq!(files[0]["turn"]["runId"], json!(run));
+    assert!(
+        output.contains("the turn uses the pre-started agent"),
+        "{output}"
+    );
+    assert_group_gone(&sb, "codex");
+}
+
 /// Issue 38: a stop signal while a pre-started agent waits for its turn
 /// kills it with its tree; the runner exits as a stop between turns does.
 #[tokio::test]

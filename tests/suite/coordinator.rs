@@ -1315,13 +1315,13 @@ fn assert_logs_for_people(terminal: &[u8]) {
     assert!(lines.len() > 5, "{text:?}");
     for line in &lines {
         let (time, rest) = line
-            .split_at_checked(8)
+            .split_at_checked(12)
             .unwrap_or_else(|| panic!("{line:?}"));
         assert!(
-            time.bytes().enumerate().all(|(i, b)| if i % 3 == 2 {
-                b == b':'
-            } else {
-                b.is_ascii_digit()
+            time.bytes().enumerate().all(|(i, b)| match i {
+                2 | 5 => b == b':',
+                8 => b == b'.',
+                _ => b.is_ascii_digit(),
             }) && rest.starts_with("  "),
             "a line for people starts with the time of day: {line:?}\n{text:?}"
         );

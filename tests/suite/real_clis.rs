@@ -743,14 +743,14 @@ async fn real_opencode_run_refused_resume_runs_fresh() {
     refused_resume_runs_fresh("opencode-run").await;
 }
 
-/// Issue 38 with the real Claude Code: with `--prestart-agent on` the CLI
-/// for turn 2 is started while the runner waits for that turn. It sends the
-/// provider nothing before its prompt (nothing, for a second after it was
-/// started); turn 2 then resumes turn 1's conversation in that process and
-/// pushes its work; the one started for turn 3 goes when the session ends.
-#[tokio::test]
-async fn real_claude_prestarted_sends_nothing_before_its_turn() {
-    let Some(case) = Case::start("claude", "write:one.txt").await else {
+/// Issue 38 with the real CLIs: with `--prestart-agent on` the CLI for
+/// turn 2 is started while the runner waits for that turn. It sends the
+/// provider nothing before its prompt (nothing, for two seconds after it
+/// was started); turn 2 then resumes turn 1's conversation in that process
+/// and pushes its work; the one started for turn 3 goes when the session
+/// ends.
+async fn prestarted_sends_nothing_before_its_turn(agent: &'static str) {
+    let Some(case) = Case::start(agent, "write:one.txt").await else {
         return;
     };
     let mut runner = Runner::spawn(case.command().args(["--prestart-agent", "on"]));
@@ -805,6 +805,16 @@ async fn real_claude_prestarted_sends_nothing_before_its_turn() {
     let (status, output) = runner.finish().await;
     assert_eq!(status.code(), Some(0), "{output}");
     assert_nothing_left(&case.sb.root()).await;
+}
+
+#[tokio::test]
+async fn real_claude_prestarted_sends_nothing_before_its_turn() {
+    prestarted_sends_nothing_before_its_turn("claude").await;
+}
+
+#[tokio::test]
+async fn real_codex_prestarted_sends_nothing_before_its_turn() {
+    prestarted_sends_nothing_before_its_turn("codex").await;
 }
 
 /// A provider error of `kind` on every request: the turn fails with `code`.

@@ -467,10 +467,7 @@ impl<'a> Timeline<'a> {
             .map(|(_, rest)| rest.split(" stopped_by=").next().unwrap_or(rest))
             .unwrap_or("");
         let stamp = line.split_whitespace().next().unwrap_or("");
-        match humantime::parse_rfc3339_weak(stamp)
-            .ok()
-            .and_then(|t| t.duration_since(flag).ok())
-        {
+        match stopped_after(stamp, flag) {
             Some(d) => format!(
                 "interrupt flag to agent stopped: {} ms, by {how}",
                 d.as_millis()
@@ -478,6 +475,24 @@ impl<'a> Timeline<'a> {
             None => format!("agent stopped by {how}"),
         }
     }
+}
+
+/// From `flag` to the runner's log line stamped `HH:MM:SS.mmm` (its time
+/// of day, UTC), within the day after the flag.
+fn stopped_after(stamp: &str, flag: SystemTime) -> Option<Duration> {
+    let (hms, ms) = stamp.split_once('.')?;
+    let mut parts = hms.split(':').map(str::parse::<u64>);
+    let (h, m, s) = (
+        parts.next()?.ok()?,
+        parts.next()?.ok()?,
+        parts.next()?.ok()?,
+    );
+    let line_ms = ((h * 60 + m) * 60 + s) * 1000 + ms.parse::<u64>().ok()?;
+    let flag_ms =
+        u64::try_from(flag.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() % 86_400_000)
+            .ok()?;
+    let day = 86_400_000;
+    Some(Duration::from_millis((line_ms + day - flag_ms) % day))
 }
 
 fn run_of(path: &str) -> String {
