@@ -389,6 +389,9 @@ struct Workspace {
     /// A fresh clone's submodules and LFS objects, for the first turn's
     /// `hosted_boot.workspace` event.
     completion: workspace::completion::Completion,
+    /// The broker the socket serves (broker mode), opened to the agent's
+    /// git during turns.
+    served_broker: Option<workspace::Broker>,
 }
 
 /// Step 5: session files, credential helper, clone (or reuse) of `repo/`.
@@ -432,15 +435,17 @@ async fn prepare_workspace(
     // agent's rewritten paths and URLs). Only broker mode serves it on the
     // socket, for the agent's git.
     let broker = new_broker(b, resolved);
-    match b.config.credential_mode {
+    let served_broker = match b.config.credential_mode {
         CredentialMode::File => {
             b.redactor
                 .add_source(issued_tokens_source(session_dir.issued_tokens_path()));
+            None
         }
         CredentialMode::Broker => {
             cleanup.broker = Some(serve_broker(b, session_dir, &broker)?);
+            Some(broker.clone())
         }
-    }
+    };
     let broker = Some(broker);
     let harvester = harvester(
         b.config,
@@ -471,6 +476,7 @@ async fn prepare_workspace(
         harvester,
         recovered_at_boot,
         completion,
+        served_broker,
     })
 }
 
@@ -525,6 +531,7 @@ fn turn_context(
     let timings = b.api.timings();
     let client_info = &resolved.session.client_info;
     let agent_api = agent_api(b)?;
+    let agent_api_mode = matches!(agent_api, AgentApi::Proxy(_));
     Ok(TurnContext {
         api: b.api.clone(),
         session_dir,
@@ -565,9 +572,31 @@ fn turn_context(
         egress_canary,
         instructions: None,
         instructions_file: None,
-        prestart_agent: config.prestart_agent,
+        prestart_agent: prestart_allowed(config, agent_api_mode),
+        broker: workspace.served_broker.clone(),
         prestarted: std::sync::Mutex::new(None),
     })
+}
+
+/// `--prestart-agent`, where a CLI waiting between turns can hold no
+/// credential: with the agent API proxy (the bearer file holds no bearer)
+/// and the credential broker (no boot secret the agent can read; the
+/// socket answers during turns only). Otherwise off, said once.
+fn prestart_allowed(config: &BootConfig, proxy: bool) -> bool {
+    if !config.prestart_agent {
+        return false;
+    }
+    let why = if !proxy {
+        "--agent-api bearer gives the agent a bearer"
+    } else if config.credential_mode == CredentialMode::File {
+        "--credential-mode file gives the agent the boot secret"
+    } else {
+        return true;
+    };
+    tracing::info!(
+        "--prestart-agent is off for this boot: {why}, which a CLI started between turns would hold"
+    );
+    false
 }
 
 /// The platform's instructions for the agent (PROTOCOL.md 3): the

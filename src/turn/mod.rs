@@ -79,6 +79,9 @@ pub struct TurnContext {
     /// The instructions' copy in the session directory, written once at
     /// boot: the path the CLIs are started with.
     pub instructions_file: Option<PathBuf>,
+    /// The credential broker (broker mode): its socket answers the agent's
+    /// git only while a turn's token is written.
+    pub broker: Option<crate::workspace::Broker>,
     /// `--prestart-agent`: the next turn's agent is started while the
     /// runner waits for that turn ([`prestart`]).
     pub prestart_agent: bool,
@@ -456,6 +459,9 @@ impl<'a> Turn<'a> {
         };
         // Set before the write: a failed write still revokes the token.
         self.bearer_written = true;
+        if let Some(broker) = &self.ctx.broker {
+            broker.turn_running(true);
+        }
         self.ctx
             .session_dir
             .write_bearer(&token)
@@ -754,6 +760,9 @@ impl<'a> Turn<'a> {
     /// Revokes the turn's proxy token (the agent's processes are gone, or
     /// the turn is being dropped), then removes the bearer file.
     fn remove_bearer(&mut self) {
+        if let Some(broker) = &self.ctx.broker {
+            broker.turn_running(false);
+        }
         if self.bearer_written
             && let Some(proxy) = self.ctx.agent_api.proxy()
         {

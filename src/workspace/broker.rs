@@ -121,6 +121,11 @@ struct Inner {
     /// Submodule remotes on the session's host the clone met
     /// ([`Broker::allow_submodule_remote`]): answered like the session's.
     submodule_remotes: std::sync::Mutex<Vec<Url>>,
+    /// Whether a turn runs ([`Broker::turn_running`]): the socket answers
+    /// the agent's git only then. Between turns nothing of the agent should
+    /// need a repo token, and a CLI started ahead of its turn (with the
+    /// MCP servers and hooks the repository configures) must get none.
+    turn: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Broker {
@@ -170,8 +175,18 @@ impl Broker {
                 write: tokio::sync::Mutex::new(None),
                 read: std::sync::Mutex::new(None),
                 submodule_remotes: std::sync::Mutex::new(Vec::new()),
+                turn: std::sync::atomic::AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Opens the socket to the agent's git for a turn (`true`, when its
+    /// token is written) or closes it (`false`, when the turn's token goes).
+    /// The runner's own git work asks the broker in process, whatever this.
+    pub fn turn_running(&self, running: bool) {
+        self.inner
+            .turn
+            .store(running, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The session's remote.
@@ -453,6 +468,15 @@ impl Broker {
         let answer = if !allowed.contains(&uid) {
             tracing::warn!(uid, pid, allowed_uids = ?allowed, "credential broker refused a peer whose uid is not allowed");
             quit(&format!("the credential broker does not admit uid {uid}"))
+        } else if !self.inner.turn.load(std::sync::atomic::Ordering::SeqCst) {
+            tracing::warn!(
+                uid,
+                pid,
+                "credential broker refused a request between turns"
+            );
+            quit(
+                "no turn is running: the credential broker answers the agent's git during a turn only",
+            )
         } else if let Some(request) = request {
             self.answer(&request, uid).await
         } else {

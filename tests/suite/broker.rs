@@ -234,6 +234,42 @@ async fn a_socket_path_over_a_socket_address_is_served_and_reached() {
     );
 }
 
+/// The review of issue 38: a CLI started ahead of its turn starts the
+/// MCP servers the repository configures, and one of them pushed to the
+/// session branch between turns through the broker. The socket answers the
+/// agent's git only while a turn runs; between turns it refuses, saying
+/// why, and the next turn gets its token again.
+#[tokio::test]
+async fn the_socket_answers_during_turns_only() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(&format!(
+        r#"{HELPER}
+printf 'protocol=%s\nhost=%s\npath=%s\n' "$proto" "$host" "$path" > "$AGENT_OUT/request"
+printf "protocol=$proto\nhost=$host\npath=$path\n\n" | sh -c "$helper get" > "$AGENT_OUT/during-$ORIZU_RUN_ID"
+"#
+    ));
+    let child = sb.spawn(&script);
+    sb.wait_sealed("run-1").await;
+    let socket = sb.session_dir().join("credential.sock");
+    let request = sb.read_out("request");
+    let between = ask_socket(&socket, &format!("get\n{request}\n"));
+    assert!(!between.contains("password="), "{between}");
+    assert!(
+        between.contains("quit=1") && between.contains("no turn is running"),
+        "{between}"
+    );
+    let next = sb.coordinator.queue_turn("again", None);
+    let (_, output) = sb.end_after_seal(&next, child).await;
+    for run in ["run-1", next.as_str()] {
+        let during = sb.read_out(&format!("during-{run}"));
+        assert!(during.contains("password="), "{run}: {during}");
+    }
+    assert!(
+        output.contains("credential broker refused a request between turns"),
+        "{output}"
+    );
+}
+
 #[tokio::test]
 async fn the_broker_gives_nothing_for_another_host_or_repository() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
