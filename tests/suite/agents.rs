@@ -664,6 +664,37 @@ async fn wait_starts(sb: &Sandbox, cli: &str, n: usize) {
     }
 }
 
+/// Turn 1 of `cli` sealed (`--prestart-agent on`) and its CLI pre-started
+/// for turn 2: the sandbox, the runner, turn 1's seal.
+async fn first_turn_prestarted(cli: &str) -> (Sandbox, Runner, FinishBody) {
+    let sb = Sandbox::start(opts("scenario:complete First")).await;
+    let mut child = Runner::spawn(agent_runner(&sb, cli).args(["--prestart-agent", "on"]));
+    let first = sealed(&sealed_or_log(&sb, &mut child, "run-1").await, "run-1");
+    wait_starts(&sb, cli, 2).await;
+    (sb, child, first)
+}
+
+/// Turn 1 of `cli`, its CLI pre-started for turn 2 (before that turn is
+/// queued), turn 2 run and resuming turn 1's session, the CLI for turn 3
+/// started, then the session's end: the sandbox, turn 2's run, the agent
+/// session, the runner's output.
+async fn second_turn_prestarted(cli: &str) -> (Sandbox, String, String, String) {
+    let (sb, mut child, first) = first_turn_prestarted(cli).await;
+    let session = first.agent_session_id.clone().expect("an agent session");
+    assert_eq!(records(&log(&sb, cli), "start").len(), 2);
+    let run = sb.coordinator.queue_turn("scenario:complete Second", None);
+    let snap = sealed_or_log(&sb, &mut child, &run).await;
+    // Started for turn 3, which never comes: the session ends.
+    wait_starts(&sb, cli, 3).await;
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let second = sealed(&snap, &run);
+    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
+    assert_eq!(second.agent_session_id.as_deref(), Some(session.as_str()));
+    (sb, run, session, output)
+}
+
 /// Issue 38: with `--prestart-agent on`, Claude Code is started for the
 /// next turn while the runner waits for it: the turn hands the waiting
 /// process its prompt (no second start), which learns its run from the
@@ -672,27 +703,7 @@ async fn wait_starts(sb: &Sandbox, cli: &str, n: usize) {
 /// when the session ends.
 #[tokio::test]
 async fn claude_prestarted_for_the_next_turn_takes_its_prompt() {
-    let sb = Sandbox::start(opts("scenario:complete First")).await;
-    let mut cmd = agent_runner(&sb, "claude");
-    cmd.args(["--prestart-agent", "on"]);
-    let mut child = Runner::spawn(&mut cmd);
-    let first = sealed(&sealed_or_log(&sb, &mut child, "run-1").await, "run-1");
-    let sid = first.agent_session_id.clone().expect("a session");
-    // Started for turn 2 before the turn exists.
-    wait_starts(&sb, "claude", 2).await;
-    let starts = records(&log(&sb, "claude"), "start").len();
-    assert_eq!(starts, 2);
-    let run = sb.coordinator.queue_turn("scenario:complete Second", None);
-    let snap = sealed_or_log(&sb, &mut child, &run).await;
-    // Started for turn 3, which never comes: the session ends.
-    wait_starts(&sb, "claude", 3).await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
-    let second = sealed(&snap, &run);
-    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
-    assert_eq!(second.agent_session_id.as_deref(), Some(sid.as_str()));
-
+    let (sb, run, sid, output) = second_turn_prestarted("claude").await;
     let log = log(&sb, "claude");
     let starts = records(&log, "start");
     assert_eq!(starts.len(), 3, "{log:?}");
@@ -731,20 +742,7 @@ async fn claude_prestarted_for_the_next_turn_takes_its_prompt() {
 /// the runner's JSON-RPC, then resumes turn 1's thread for turn 2.
 #[tokio::test]
 async fn codex_prestarted_for_the_next_turn_resumes_its_thread() {
-    let sb = Sandbox::start(opts("scenario:complete First")).await;
-    let mut child = Runner::spawn(&mut agent_runner(&sb, "codex"));
-    let first = sealed(&sealed_or_log(&sb, &mut child, "run-1").await, "run-1");
-    let thread = first.agent_session_id.clone().expect("a thread");
-    wait_starts(&sb, "codex", 2).await;
-    let run = sb.coordinator.queue_turn("scenario:complete Second", None);
-    let snap = sealed_or_log(&sb, &mut child, &run).await;
-    wait_starts(&sb, "codex", 3).await;
-    sb.coordinator.end_session();
-    let (status, output) = child.finish().await;
-    assert_eq!(status.code(), Some(0), "{output}");
-    let second = sealed(&snap, &run);
-    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
-    assert_eq!(second.agent_session_id.as_deref(), Some(thread.as_str()));
+    let (sb, run, _, output) = second_turn_prestarted("codex").await;
     let log = log(&sb, "codex");
     let starts = records(&log, "start");
     let files = records(&log, "turn_file");
@@ -762,12 +760,7 @@ async fn codex_prestarted_for_the_next_turn_resumes_its_thread() {
 /// kills it with its tree; the runner exits as a stop between turns does.
 #[tokio::test]
 async fn a_stop_while_a_prestarted_claude_waits_leaves_nothing() {
-    let sb = Sandbox::start(opts("scenario:complete First")).await;
-    let mut cmd = agent_runner(&sb, "claude");
-    cmd.args(["--prestart-agent", "on"]);
-    let mut child = Runner::spawn(&mut cmd);
-    sealed_or_log(&sb, &mut child, "run-1").await;
-    wait_starts(&sb, "claude", 2).await;
+    let (sb, child, _) = first_turn_prestarted("claude").await;
     super::support::signal(child.child.id().unwrap(), rustix::process::Signal::TERM);
     let (status, output) = child.finish().await;
     assert_eq!(status.code(), Some(143), "{output}");
@@ -782,12 +775,7 @@ async fn a_stop_while_a_prestarted_claude_waits_leaves_nothing() {
 /// saying why, and succeeds.
 #[tokio::test]
 async fn a_prestarted_claude_that_died_or_whose_work_tree_changed_is_not_used() {
-    let sb = Sandbox::start(opts("scenario:complete First")).await;
-    let mut cmd = agent_runner(&sb, "claude");
-    cmd.args(["--prestart-agent", "on"]);
-    let mut child = Runner::spawn(&mut cmd);
-    sealed_or_log(&sb, &mut child, "run-1").await;
-    wait_starts(&sb, "claude", 2).await;
+    let (sb, mut child, _) = first_turn_prestarted("claude").await;
     let waiting = records(&log(&sb, "claude"), "start")[1]["pid"]
         .as_i64()
         .unwrap();

@@ -500,6 +500,26 @@ fn users(request: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// Turn 2 (`write:two.txt`) queued and sealed `succeeded` in turn 1's
+/// agent session `sid`: its seal, and the provider's requests from `seen`
+/// on.
+async fn second_turn(
+    case: &Case,
+    runner: &mut Runner,
+    sid: &str,
+    seen: usize,
+) -> (FinishBody, Vec<Value>) {
+    assert_eq!(
+        case.sb.coordinator.queue_turn("write:two.txt", None),
+        "run-2"
+    );
+    let snap = case.sealed(runner, "run-2").await;
+    let second = sealed(&snap, "run-2");
+    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
+    assert_eq!(second.agent_session_id.as_deref(), Some(sid));
+    (second, case.provider.turn_requests(seen))
+}
+
 /// Four turns: write a file; a second that resumes the first's agent
 /// session; a third interrupted mid-tool; a fourth after the interrupt.
 async fn four_turns(agent: &'static str) {
@@ -537,15 +557,7 @@ async fn four_turns(agent: &'static str) {
 
     // Turn 2 resumes the session: the provider sees turn 1's prompt.
     let seen = case.provider.requests().len();
-    assert_eq!(
-        case.sb.coordinator.queue_turn("write:two.txt", None),
-        "run-2"
-    );
-    let snap = case.sealed(&mut runner, "run-2").await;
-    let second = sealed(&snap, "run-2");
-    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
-    assert_eq!(second.agent_session_id.as_deref(), Some(sid.as_str()));
-    let turn2 = case.provider.turn_requests(seen);
+    let (second, turn2) = second_turn(&case, &mut runner, &sid, seen).await;
     assert_eq!(turn2.len(), 2);
     assert!(
         users(&turn2[0]).contains("write:one.txt"),
@@ -779,15 +791,7 @@ async fn prestarted_sends_nothing_before_its_turn(agent: &'static str) {
         seen,
         "the pre-started CLI called the provider before its turn"
     );
-    assert_eq!(
-        case.sb.coordinator.queue_turn("write:two.txt", None),
-        "run-2"
-    );
-    let snap = case.sealed(&mut runner, "run-2").await;
-    let second = sealed(&snap, "run-2");
-    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
-    assert_eq!(second.agent_session_id.as_deref(), Some(sid.as_str()));
-    let turn2 = case.provider.turn_requests(seen);
+    let (_, turn2) = second_turn(&case, &mut runner, &sid, seen).await;
     assert!(
         users(&turn2[0]).contains("write:one.txt"),
         "turn 2 did not resume turn 1's conversation: {}",
