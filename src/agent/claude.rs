@@ -180,8 +180,30 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
     }
 }
 
+/// Whether `message` is Claude Code refusing the resume it was asked for
+/// (or one came after it said so on stderr): its error `result` carries the
+/// requested session id, which must not read as the session resumed (a
+/// `hosted_boot.agent_session` with `resumed: true` came before the reset,
+/// found by a review of issue 39).
+fn refused_resume(spec: &TurnSpec, state: &State, message: &Value) -> bool {
+    if spec.resume.is_none() {
+        return false;
+    }
+    if state
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.code == ErrorCode::ResumeFailed)
+    {
+        return true;
+    }
+    message["type"] == "result"
+        && message["is_error"] == true
+        && classify::from_text(&message.to_string(), true) == Some(ErrorCode::ResumeFailed)
+}
+
 fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, message: &Value) {
     if state.session_id.is_none()
+        && !refused_resume(spec, state, message)
         && let Some(id) = lenient::read::<SessionRef>(message)
             .session_id
             .filter(|s| !s.is_empty())

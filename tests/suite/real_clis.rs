@@ -726,6 +726,19 @@ async fn refused_resume_runs_fresh(agent: &'static str) {
     assert_eq!(reset.requested, unknown);
     let fresh = body.agent_session_id.clone().unwrap_or_default();
     assert!(!fresh.is_empty() && fresh != unknown, "{fresh:?}");
+    // The refused session is never reported as resumed.
+    let sessions: Vec<&Value> = snap
+        .run("run-1")
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e.kind == "hosted_boot.agent_session")
+        .map(|e| &e.data)
+        .collect();
+    assert!(
+        sessions.iter().all(|d| d["agentSessionId"] != unknown),
+        "{sessions:?}"
+    );
     assert_eq!(case.pushed("fresh.txt").as_deref(), Some("done"));
     assert_nothing_left(&case.sb.root()).await;
 }
