@@ -458,7 +458,16 @@ async fn prepare_workspace(
     )?;
     let clone = clone_repo(b.config, &harvester, session_dir)
         .instrument(tracing::info_span!("step", step = "clone"));
-    let (reused, completion) = step(&mut b.stop, clone).await?;
+    // The completion of a fresh clone runs `git` for its submodules and
+    // LFS objects, which asks through the socket.
+    if let Some(served) = &served_broker {
+        served.open_socket(true);
+    }
+    let cloned = step(&mut b.stop, clone).await;
+    if let Some(served) = &served_broker {
+        served.open_socket(false);
+    }
+    let (reused, completion) = cloned?;
     // A reused repo/ (section 3): its work is harvested first, which also
     // brings the local session branch to the remote's (4.5).
     let mut recovered_at_boot = None;

@@ -460,7 +460,7 @@ impl<'a> Turn<'a> {
         // Set before the write: a failed write still revokes the token.
         self.bearer_written = true;
         if let Some(broker) = &self.ctx.broker {
-            broker.turn_running(true);
+            broker.open_socket(true);
         }
         self.ctx
             .session_dir
@@ -761,7 +761,7 @@ impl<'a> Turn<'a> {
     /// the turn is being dropped), then removes the bearer file.
     fn remove_bearer(&mut self) {
         if let Some(broker) = &self.ctx.broker {
-            broker.turn_running(false);
+            broker.open_socket(false);
         }
         if self.bearer_written
             && let Some(proxy) = self.ctx.agent_api.proxy()

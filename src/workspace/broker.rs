@@ -121,8 +121,8 @@ struct Inner {
     /// Submodule remotes on the session's host the clone met
     /// ([`Broker::allow_submodule_remote`]): answered like the session's.
     submodule_remotes: std::sync::Mutex<Vec<Url>>,
-    /// Whether a turn runs ([`Broker::turn_running`]): the socket answers
-    /// the agent's git only then. Between turns nothing of the agent should
+    /// Whether the socket answers ([`Broker::open_socket`]): during a turn
+    /// and the clone's completion only. Between turns nothing of the agent should
     /// need a repo token, and a CLI started ahead of its turn (with the
     /// MCP servers and hooks the repository configures) must get none.
     turn: std::sync::atomic::AtomicBool,
@@ -180,13 +180,15 @@ impl Broker {
         }
     }
 
-    /// Opens the socket to the agent's git for a turn (`true`, when its
-    /// token is written) or closes it (`false`, when the turn's token goes).
-    /// The runner's own git work asks the broker in process, whatever this.
-    pub fn turn_running(&self, running: bool) {
+    /// Opens the socket (`true`) or closes it (`false`): open while a turn's
+    /// token is written (the agent's git) and while the boot completes a
+    /// fresh clone (the `git` commands that fetch its submodules and LFS
+    /// objects ask through it); closed otherwise. The runner's own git work
+    /// asks the broker in process, whatever this.
+    pub fn open_socket(&self, open: bool) {
         self.inner
             .turn
-            .store(running, std::sync::atomic::Ordering::SeqCst);
+            .store(open, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The session's remote.
@@ -637,6 +639,8 @@ mod tests {
             redactor.clone(),
         );
         let broker = Broker::new(Arc::new(api), Url::parse(REMOTE).unwrap(), redactor.clone());
+        // As during a turn: the socket answers the agent's git only then.
+        broker.open_socket(true);
         (broker, redactor)
     }
 
@@ -787,5 +791,30 @@ mod tests {
         .unwrap_err();
         assert!(err.contains("/nonexistent/credential.sock"), "{err}");
         assert!(err.contains("has the session ended"), "{err}");
+    }
+
+    /// Between turns the socket refuses, saying why.
+    #[tokio::test]
+    async fn between_turns_the_socket_refuses_saying_why() {
+        let (b, _) = broker();
+        b.open_socket(false);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("credential.sock");
+        let me = rustix::process::getuid().as_raw();
+        let _server = b.serve(&path, vec![me], Duration::from_secs(5)).unwrap();
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+            s.write_all(b"get\nprotocol=http\nhost=127.0.0.1:9\npath=git/o/r.git\n\n")
+                .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        })
+        .await
+        .unwrap();
+        assert!(
+            answer.starts_with("quit=1\n") && answer.contains("no turn is running"),
+            "{answer}"
+        );
     }
 }
