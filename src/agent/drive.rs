@@ -457,10 +457,17 @@ async fn run_once(
     let spec = turn_spec(process, input.instructions.clone(), prompt, resume.clone());
     let adapter = adapter_for(&input.config, spec, &input.session, &input.redactor);
     let launch = adapter.launch();
+    let env = agent_env(
+        &input.config,
+        &input.env,
+        &input.session,
+        resume.as_deref(),
+        &launch.env,
+    );
     let prestarted = crate::concurrency::lock(&input.prestarted).take();
-    let prepared = match take_prestarted(input, prestarted, &launch, resume.as_deref()).await {
+    let prepared = match take_prestarted(prestarted, &launch, &env, resume.as_deref()).await {
         Some(prepared) => prepared,
-        None => prepare(process, &input.env, launch, resume).await?,
+        None => prepare(process, env, launch, resume).await?,
     };
     Ok(attach(input, prepared, adapter, requests, stop, flags).await)
 }
@@ -494,24 +501,18 @@ struct Channels {
     notes: mpsc::UnboundedSender<Note>,
 }
 
-/// Starts the process `launch` describes under the supervisor, its output
-/// redacted into the adapter's line channel (bounded: until an adapter
-/// reads, the agent's writes wait).
+/// Starts the process `launch` describes with the environment `env` (the
+/// agent's, [`agent_env`]) under the supervisor, its output redacted into
+/// the adapter's line channel (bounded: until an adapter reads, the agent's
+/// writes wait).
 ///
 /// Errors: the process could not be started.
 async fn prepare(
     process: AgentProcess<'_>,
-    base_env: &[(OsString, OsString)],
+    env: Vec<(OsString, OsString)>,
     launch: Launch,
     resume: Option<String>,
 ) -> Result<Prepared, SpawnError> {
-    let env = agent_env(
-        process.config,
-        base_env,
-        process.session,
-        resume.as_deref(),
-        &launch.env,
-    );
     // Bounded: an adapter that falls behind slows the reader, not memory.
     let (line_tx, line_rx) = mpsc::channel::<(Stream, Vec<Line>)>(LINE_QUEUE);
     let (stdin_tx, stdin_rx) = match launch.stdin {
@@ -638,9 +639,9 @@ const PER_TURN_VARS: &[&str] = &[
 /// anything else discards it.
 pub struct Prestarted {
     prepared: Prepared,
-    /// What it was started with: program arguments, its environment without
-    /// [`PER_TURN_VARS`], the session it resumes.
-    key: (Vec<String>, Vec<(OsString, OsString)>, Option<String>),
+    /// Its environment without [`PER_TURN_VARS`] (its arguments and the
+    /// session it resumes are the prepared process's).
+    env: Vec<(OsString, OsString)>,
 }
 
 impl Prestarted {
@@ -682,8 +683,15 @@ pub async fn prestart(
     let spec = turn_spec(process, instructions, String::new(), resume.clone());
     let adapter = adapter_for(process.config, spec, process.session, process.redactor);
     let launch = adapter.launch();
-    let key = launch_key(process, env, &launch, resume.as_deref());
-    match prepare(process, env, launch, resume.clone()).await {
+    let env = agent_env(
+        process.config,
+        env,
+        process.session,
+        resume.as_deref(),
+        &launch.env,
+    );
+    let compared = without_per_turn_vars(&env);
+    match prepare(process, env, launch, resume).await {
         Ok(prepared) => {
             tracing::info!(
                 pgid = prepared.started.pid(),
@@ -691,7 +699,7 @@ pub async fn prestart(
             );
             Some(Prestarted {
                 prepared,
-                key: (key.0, key.1, resume),
+                env: compared,
             })
         }
         Err(e) => {
@@ -701,45 +709,31 @@ pub async fn prestart(
     }
 }
 
-/// The arguments and environment (without [`PER_TURN_VARS`]) a process of
-/// `launch` gets.
-fn launch_key(
-    process: AgentProcess<'_>,
-    base_env: &[(OsString, OsString)],
-    launch: &Launch,
-    resume: Option<&str>,
-) -> (Vec<String>, Vec<(OsString, OsString)>) {
-    let env = agent_env(
-        process.config,
-        base_env,
-        process.session,
-        resume,
-        &launch.env,
-    )
-    .into_iter()
-    .filter(|(k, _)| !PER_TURN_VARS.iter().any(|v| k == *v))
-    .collect();
-    (launch.args.clone(), env)
+/// `env` without [`PER_TURN_VARS`].
+fn without_per_turn_vars(env: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
+    env.iter()
+        .filter(|(k, _)| !PER_TURN_VARS.iter().any(|v| k == *v))
+        .cloned()
+        .collect()
 }
 
 /// The pre-started agent when this attempt can use it: still running,
-/// started as this attempt's process would be. Otherwise it is discarded,
-/// saying why.
+/// started as this attempt's process would be (`launch` with `env`,
+/// resuming `resume`). Otherwise it is discarded, saying why.
 async fn take_prestarted(
-    input: &DriveInput,
     prestarted: Option<Prestarted>,
     launch: &Launch,
+    env: &[(OsString, OsString)],
     resume: Option<&str>,
 ) -> Option<Prepared> {
     let p = prestarted?;
-    let key = launch_key(input.process(), &input.env, launch, resume);
     let why = if !p.prepared.started.running() {
         "it exited before its turn"
-    } else if p.key.2.as_deref() != resume {
+    } else if p.prepared.resume.as_deref() != resume {
         "the session to resume changed"
-    } else if p.key.0 != key.0 {
+    } else if p.prepared.launch.args != launch.args {
         "the turn's arguments differ (model, effort, instructions)"
-    } else if p.key.1 != key.1 {
+    } else if p.env != without_per_turn_vars(env) {
         "the turn's environment differs"
     } else {
         tracing::info!(pgid = p.pid(), "the turn uses the pre-started agent");

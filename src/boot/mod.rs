@@ -540,7 +540,7 @@ fn turn_context(
     let timings = b.api.timings();
     let client_info = &resolved.session.client_info;
     let agent_api = agent_api(b)?;
-    let agent_api_mode = matches!(agent_api, AgentApi::Proxy(_));
+    let proxy = matches!(agent_api, AgentApi::Proxy(_));
     Ok(TurnContext {
         api: b.api.clone(),
         session_dir,
@@ -581,8 +581,8 @@ fn turn_context(
         egress_canary,
         instructions: None,
         instructions_file: None,
-        prestart_agent: prestart_allowed(config, agent_api_mode),
-        broker: workspace.served_broker.clone(),
+        prestart_agent: prestart_allowed(config, proxy),
+        broker: workspace.served_broker,
         prestarted: std::sync::Mutex::new(None),
     })
 }

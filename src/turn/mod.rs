@@ -100,12 +100,7 @@ pub async fn prestart(ctx: &TurnContext) {
     {
         return;
     }
-    let mut env = ctx.agent_env.clone();
-    env.push((
-        "ORIZU_TOKEN_FILE".into(),
-        ctx.session_dir.bearer_path().into(),
-    ));
-    env.push(("ORIZU_TURN_FILE".into(), ctx.session_dir.turn_path().into()));
+    let env = boot_wide_env(ctx);
     let process = drive::AgentProcess {
         config: &ctx.agent,
         session: &ctx.agent_session,
@@ -115,6 +110,19 @@ pub async fn prestart(ctx: &TurnContext) {
     };
     let started = drive::prestart(process, &env, cli_instructions(ctx)).await;
     *crate::concurrency::lock(&ctx.prestarted) = started;
+}
+
+/// The agent's environment with the per-turn paths that are the same for
+/// the whole boot (the bearer file's, the turn file's): all a CLI started
+/// ahead of its turn gets; a turn adds its own variables.
+fn boot_wide_env(ctx: &TurnContext) -> Vec<(OsString, OsString)> {
+    let mut env = ctx.agent_env.clone();
+    env.push((
+        "ORIZU_TOKEN_FILE".into(),
+        ctx.session_dir.bearer_path().into(),
+    ));
+    env.push(("ORIZU_TURN_FILE".into(), ctx.session_dir.turn_path().into()));
+    env
 }
 
 /// The instructions as the agent CLIs are started with them: the session
@@ -721,15 +729,7 @@ impl<'a> Turn<'a> {
     /// The agent's environment with the turn's variables: the turn file's
     /// path, and for a cold start its values too.
     fn agent_env(&self, turn: &TurnFile) -> Vec<(OsString, OsString)> {
-        let mut env = self.ctx.agent_env.clone();
-        env.push((
-            "ORIZU_TOKEN_FILE".into(),
-            self.ctx.session_dir.bearer_path().into(),
-        ));
-        env.push((
-            "ORIZU_TURN_FILE".into(),
-            self.ctx.session_dir.turn_path().into(),
-        ));
+        let mut env = boot_wide_env(self.ctx);
         env.push(("ORIZU_TASK_FILE".into(), turn.task_file.clone().into()));
         env.push(("ORIZU_RUN_ID".into(), self.run_id.into()));
         if let Some(deadline) = &turn.deadline {
@@ -871,12 +871,13 @@ impl<'a> Turn<'a> {
     /// The turn in one line for people (`wire::summary`), with the seal's
     /// facts as fields for a log pipeline.
     fn log_summary(&self, body: &FinishBody, report: &FlushReport) {
+        let took = self.started.elapsed();
         let facts = crate::wire::summary::TurnFacts {
             ordinal: self.ordinal,
             run_id: self.run_id,
             events: report.last_seq,
             undelivered: report.undelivered(),
-            took: Some(self.started.elapsed()),
+            took: Some(took),
         };
         let result = body.result.as_ref();
         tracing::info!(
@@ -885,7 +886,7 @@ impl<'a> Turn<'a> {
             ordinal = self.ordinal,
             status = body.status.as_str(),
             error = body.error.as_ref().map(|e| e.code.as_str()),
-            took_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
             events = report.last_seq,
             undelivered = report.undelivered(),
             head = result.and_then(|r| r.head_sha.as_deref()),

@@ -644,6 +644,15 @@ mod tests {
         (broker, redactor)
     }
 
+    /// Sends `request` whole to the socket at `path`; its answer.
+    fn ask(path: &Path, request: &[u8]) -> String {
+        let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        s.write_all(request).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
     fn token(value: &str, ttl: Option<Duration>) -> RepoToken {
         RepoToken {
             token: Secret::new(value.into()),
@@ -766,12 +775,10 @@ mod tests {
         });
         // Served meanwhile.
         let other = tokio::task::spawn_blocking(move || {
-            let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
-            s.write_all(b"get\nprotocol=http\nhost=evil:9\npath=git/o/r.git\n\n")
-                .unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap();
-            out
+            ask(
+                &path,
+                b"get\nprotocol=http\nhost=evil:9\npath=git/o/r.git\n\n",
+            )
         });
         assert_eq!(other.await.unwrap(), "");
         let (waited, out) = stuck.await.unwrap();
@@ -803,12 +810,10 @@ mod tests {
         let me = rustix::process::getuid().as_raw();
         let _server = b.serve(&path, vec![me], Duration::from_secs(5)).unwrap();
         let answer = tokio::task::spawn_blocking(move || {
-            let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
-            s.write_all(b"get\nprotocol=http\nhost=127.0.0.1:9\npath=git/o/r.git\n\n")
-                .unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap();
-            out
+            ask(
+                &path,
+                b"get\nprotocol=http\nhost=127.0.0.1:9\npath=git/o/r.git\n\n",
+            )
         })
         .await
         .unwrap();

@@ -803,6 +803,18 @@ pub enum PushErrorCode {
     HarvestFailed,
 }
 
+impl PushErrorCode {
+    /// The wire name (`push_rejected`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PushErrorCode::PushRejected => "push_rejected",
+            PushErrorCode::PushFailed => "push_failed",
+            PushErrorCode::HarvestTimeout => "harvest_timeout",
+            PushErrorCode::HarvestFailed => "harvest_failed",
+        }
+    }
+}
+
 /// The `hosted_boot.workspace_sync` event's data (PROTOCOL.md 4.1 step 3,
 /// 4.5 "Before a turn"): where the turn's workspace was brought before the
 /// agent started.
@@ -961,6 +973,19 @@ mod tests {
         for &code in ErrorCode::ALL {
             assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));
             assert_eq!(code.retryable(), code == ErrorCode::ProviderRateLimited);
+        }
+    }
+
+    #[test]
+    fn push_error_codes_spell_as_on_the_wire() {
+        use PushErrorCode as C;
+        for code in [
+            C::PushRejected,
+            C::PushFailed,
+            C::HarvestTimeout,
+            C::HarvestFailed,
+        ] {
+            assert_eq!(serde_json::to_value(code).unwrap(), json!(code.as_str()));
         }
     }
 

@@ -61,7 +61,7 @@ pub fn harvest_words(result: &HarvestResult) -> String {
     let mut words = if let Some(error) = &result.push_error {
         format!(
             "NOT pushed ({}): {head} stays in repo/",
-            push_error_name(error.code)
+            error.code.as_str()
         )
     } else if result.commits == 0 && result.harvest_commit.is_none() {
         "nothing new to push".to_string()
@@ -86,16 +86,6 @@ pub fn harvest_words(result: &HarvestResult) -> String {
         words.push_str(&format!(", {} held back", plural(held as u64, "path")));
     }
     words
-}
-
-fn push_error_name(code: super::PushErrorCode) -> &'static str {
-    use super::PushErrorCode as C;
-    match code {
-        C::PushRejected => "push_rejected",
-        C::PushFailed => "push_failed",
-        C::HarvestTimeout => "harvest_timeout",
-        C::HarvestFailed => "harvest_failed",
-    }
 }
 
 /// `1.2 s`, `42 ms`, `3 min 5 s`.
