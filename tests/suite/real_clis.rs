@@ -639,19 +639,21 @@ async fn four_turns(agent: &'static str) {
     // The CLI stopped the way it stops: no turn waited out its grace. (Claude
     // Code 2.1.197 does not exit after an interrupt while its Bash tool
     // runs, until its tool is killed: the interrupted turn is exempt for it.)
-    // opencode exits 30–90 ms after SIGTERM here, but twice under the whole
-    // suite's load in CI (2026-12-06, scale 0.5 then 1) its first turn's
-    // server outlived the 5 s stop grace, never on this machine in 10 runs
-    // of four turns, alone or beside the other opencode tests: one slow stop
-    // of four is tolerated (and printed) for it; a wrong stop signal would
-    // make every turn wait.
+    // opencode exits 30–90 ms after SIGTERM here, but under the whole
+    // suite's load in CI its server sometimes outlives the 5 s stop grace
+    // idle in its event loop (2026-12-06: the first turn twice, then turns
+    // 1–3 of one run), never on this machine in 10 runs of four turns,
+    // alone, beside the other opencode tests or beside two busy loops. The
+    // runner's SIGKILL after the grace is the designed answer, so for
+    // opencode slow stops are printed and tolerated short of all four: a
+    // wrong stop signal makes every turn wait.
     let grace = "agent still running after the grace period";
     let waited: Vec<&str> = output
         .lines()
         .filter(|l| l.contains(grace))
         .filter(|l| cli_of(agent) != "claude" || !l.contains("\"run-3\""))
         .collect();
-    let tolerated = usize::from(cli_of(agent) == "opencode");
+    let tolerated = if cli_of(agent) == "opencode" { 3 } else { 0 };
     if !waited.is_empty() {
         eprintln!(
             "{agent}: turns that waited out their grace:\n{}",
