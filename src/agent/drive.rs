@@ -45,7 +45,7 @@ use super::{
 use crate::events::EventSender;
 use crate::events::event::RunnerEvent;
 use crate::process::lines::Line;
-use crate::process::output::ChannelSink;
+use crate::process::output::{ChannelSink, LineReceiver};
 use crate::process::supervisor::{self, Exit, SpawnError, SpawnSpec, Stream};
 use crate::redact::Redactor;
 use crate::signals::Stop;
@@ -455,7 +455,11 @@ async fn run_once(
 ) -> Result<Once, SpawnError> {
     let process = input.process();
     let spec = turn_spec(process, input.instructions.clone(), prompt, resume.clone());
-    let adapter = adapter_for(&input.config, spec, &input.session, &input.redactor);
+    let mut adapter = adapter_for(&input.config, spec, &input.session, &input.redactor);
+    let prestarted = crate::concurrency::lock(&input.prestarted).take();
+    if let Some(p) = &prestarted {
+        adapter.adopt(&p.prepared.launch);
+    }
     let launch = adapter.launch();
     let env = agent_env(
         &input.config,
@@ -464,7 +468,6 @@ async fn run_once(
         resume.as_deref(),
         &launch.env,
     );
-    let prestarted = crate::concurrency::lock(&input.prestarted).take();
     let prepared = match take_prestarted(prestarted, &launch, &env, resume.as_deref()).await {
         Some(prepared) => prepared,
         None => prepare(process, env, launch, resume).await?,
@@ -474,9 +477,12 @@ async fn run_once(
 
 /// An agent process started, its output flowing into channels that nothing
 /// reads yet: the adapter, the watchdog and the supervision of its exit
-/// come with [`attach`]. Today [`run_once`] attaches at once; it is the
-/// seam a process started ahead of its turn waits at.
-struct Prepared {
+/// come with [`attach`]. [`run_once`] attaches at once; a process started
+/// ahead of its turn waits here ([`Prestarted`]), its output's receiver
+/// `L` lent to the adapter's warm-up until the turn ([`Warming`]).
+struct Prepared<L = LineReceiver> {
+    /// The adapter's end of the process's output.
+    lines: L,
     launch: Launch,
     resume: Option<String>,
     started: supervisor::Started,
@@ -493,9 +499,8 @@ struct Prepared {
     tail: Arc<Mutex<Tail>>,
 }
 
-/// The adapter's ends of the channels [`prepare`] makes.
+/// The adapter's other ends of the channels [`prepare`] makes.
 struct Channels {
-    lines: crate::process::output::LineReceiver,
     stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
     commands: mpsc::UnboundedReceiver<AdapterCommand>,
     notes: mpsc::UnboundedSender<Note>,
@@ -545,12 +550,12 @@ async fn prepare(
     };
     let started = supervisor::start(spawn, &supervision, output).await?;
     Ok(Prepared {
+        lines: LineReceiver::new(line_rx),
         launch,
         resume,
         started,
         supervision,
         adapter_io: Channels {
-            lines: crate::process::output::LineReceiver::new(line_rx),
             stdin: stdin_tx,
             commands: cmd_rx,
             notes: note_tx,
@@ -577,6 +582,7 @@ async fn attach(
     flags: &mut Flags,
 ) -> Once {
     let Prepared {
+        lines,
         launch,
         resume,
         started,
@@ -590,7 +596,7 @@ async fn attach(
         tail,
     } = prepared;
     let io = AdapterIo {
-        lines: adapter_io.lines,
+        lines,
         stdin: adapter_io.stdin,
         commands: adapter_io.commands,
         notes: adapter_io.notes,
@@ -638,7 +644,7 @@ const PER_TURN_VARS: &[&str] = &[
 /// that finds it compatible attaches to it ([`DriveInput::prestarted`]);
 /// anything else discards it.
 pub struct Prestarted {
-    prepared: Prepared,
+    prepared: Prepared<Warming>,
     /// Its environment without [`PER_TURN_VARS`] (its arguments and the
     /// session it resumes are the prepared process's).
     env: Vec<(OsString, OsString)>,
@@ -654,20 +660,82 @@ impl Prestarted {
     pub async fn discard(self, why: &str) {
         tracing::info!(pgid = self.pid(), why, "pre-started agent discarded");
         let Prepared {
+            lines,
             started,
             supervision,
             ..
         } = self.prepared;
+        lines.task.abort();
         started.discard(&supervision).await;
     }
 }
 
+/// A pre-started process's output, lent to its adapter's warm-up
+/// ([`super::Adapter::warm_up`]) until its turn takes it back.
+struct Warming {
+    task: tokio::task::JoinHandle<LineReceiver>,
+    done: tokio::sync::oneshot::Sender<()>,
+}
+
+impl<L> Prepared<L> {
+    /// The same process with `lines` as its output's receiver, and the
+    /// receiver it had.
+    fn replace_lines<M>(self, lines: M) -> (L, Prepared<M>) {
+        let prepared = Prepared {
+            lines,
+            launch: self.launch,
+            resume: self.resume,
+            started: self.started,
+            supervision: self.supervision,
+            adapter_io: self.adapter_io,
+            commands: self.commands,
+            notes: self.notes,
+            control_tx: self.control_tx,
+            control_rx: self.control_rx,
+            last_output: self.last_output,
+            tail: self.tail,
+        };
+        (self.lines, prepared)
+    }
+}
+
+impl Prepared {
+    /// Lends the output to `adapter`'s warm-up while the process waits.
+    fn warm_up(self, adapter: &dyn super::Adapter) -> Prepared<Warming> {
+        let (lines, prepared) = self.replace_lines(());
+        let (done, done_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(adapter.warm_up(lines, done_rx));
+        prepared.replace_lines(Warming { task, done }).1
+    }
+}
+
+impl Prepared<Warming> {
+    /// The process with its output back from the warm-up (which stops now);
+    /// `None`, with the process killed, if the warm-up failed.
+    async fn ready(self) -> Option<Prepared> {
+        let (Warming { task, done }, prepared) = self.replace_lines(());
+        let _ = done.send(());
+        match task.await {
+            Ok(lines) => Some(prepared.replace_lines(lines).1),
+            Err(e) => {
+                tracing::warn!(error = %e, "the pre-started agent's warm-up failed; discarding it");
+                prepared.started.discard(&prepared.supervision).await;
+                None
+            }
+        }
+    }
+}
+
 /// Whether the adapter of `kind` can be started before its prompt: its CLI
-/// waits on stdin for what the runner writes at the turn's start (Claude
-/// Code's stream-json input, Codex app-server's JSON-RPC), and sends the
-/// model provider nothing before it (real-CLI tests).
+/// waits for what the runner sends at the turn's start (Claude Code's
+/// stream-json input and Codex app-server's JSON-RPC on stdin, opencode
+/// serve's HTTP API), and sends the model provider nothing before it
+/// (real-CLI tests).
 pub fn prestartable(kind: AgentKind) -> bool {
-    matches!(kind, AgentKind::Claude | AgentKind::Codex)
+    matches!(
+        kind,
+        AgentKind::Claude | AgentKind::Codex | AgentKind::OpenCode
+    )
 }
 
 /// Starts the next turn's agent now, with `env` (the agent's environment
@@ -698,7 +766,7 @@ pub async fn prestart(
                 "agent pre-started for the next turn"
             );
             Some(Prestarted {
-                prepared,
+                prepared: prepared.warm_up(adapter.as_ref()),
                 env: compared,
             })
         }
@@ -737,7 +805,7 @@ async fn take_prestarted(
         "the turn's environment differs"
     } else {
         tracing::info!(pgid = p.pid(), "the turn uses the pre-started agent");
-        return Some(p.prepared);
+        return p.prepared.ready().await;
     };
     p.discard(why).await;
     None

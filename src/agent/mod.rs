@@ -35,6 +35,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use crate::events::EventSender;
+use crate::process::output::LineReceiver;
 use crate::redact::Redactor;
 use crate::wire::{ClientInfo, ErrorCode, RunOutcome};
 pub use usage::Usage;
@@ -493,7 +494,7 @@ pub enum Note {
 pub struct AdapterIo {
     /// The agent's output lines, until the process has exited and its pipes
     /// are drained (then the channel closes and the adapter returns).
-    pub lines: crate::process::output::LineReceiver,
+    pub lines: LineReceiver,
     /// The agent's stdin in [`StdinMode::Channel`]; dropping it closes stdin.
     pub stdin: Option<mpsc::UnboundedSender<Vec<u8>>>,
     /// Requests from the runner.
@@ -530,6 +531,25 @@ impl AdapterIo {
 pub trait Adapter: Send {
     /// What to start.
     fn launch(&self) -> Launch;
+    /// Takes the values `started` (a process started ahead of its turn,
+    /// [`drive::Prestarted`]) was made with for itself alone (the opencode
+    /// server's password), so that this adapter's [`Adapter::launch`]
+    /// matches it and the adapter can speak to it. Adapters without such
+    /// values have nothing to take.
+    fn adopt(&mut self, _started: &Launch) {}
+    /// What a process started ahead of its turn does while it waits, with
+    /// no effect its turn could see: opencode serve loads its configuration
+    /// and provider package, which its first prompt would otherwise wait
+    /// for. It reads the process's output from `lines` and gives the
+    /// receiver back, with every line it read put back, once done or at
+    /// once when `done` fires (the turn has come). Default: nothing.
+    fn warm_up(
+        &self,
+        lines: LineReceiver,
+        _done: tokio::sync::oneshot::Receiver<()>,
+    ) -> BoxFuture<'static, LineReceiver> {
+        Box::pin(std::future::ready(lines))
+    }
     /// Speaks the CLI's protocol until the output ends.
     fn run(self: Box<Self>, io: AdapterIo) -> BoxFuture<'static, Observation>;
 }

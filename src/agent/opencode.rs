@@ -41,6 +41,7 @@ use super::{
     StdinMode, Terminal, TurnSpec, Usage,
 };
 use crate::events::event::AgentEvent;
+use crate::process::output::LineReceiver;
 use crate::process::supervisor::Stream;
 use crate::redact::{Redactor, SecretKind};
 use crate::secret::Secret;
@@ -48,6 +49,8 @@ use crate::wire::ErrorCode;
 
 /// The basic-auth user name of the server.
 pub const USERNAME: &str = "opencode";
+/// The variable that carries the server's basic-auth password.
+const PASSWORD_VAR: &str = "OPENCODE_SERVER_PASSWORD";
 /// Retry notices of one turn after which the runner gives up on it.
 pub const MAX_RETRIES: u32 = 8;
 
@@ -113,10 +116,7 @@ impl Adapter for OpenCodeAdapter {
                     "OPENCODE_SERVER_USERNAME".to_string(),
                     Secret::new(USERNAME.to_string()),
                 ),
-                (
-                    "OPENCODE_SERVER_PASSWORD".to_string(),
-                    self.password.clone(),
-                ),
+                (PASSWORD_VAR.to_string(), self.password.clone()),
             ],
             stdin: StdinMode::Bytes(Vec::new()),
             protocol_interrupt: true,
@@ -126,9 +126,80 @@ impl Adapter for OpenCodeAdapter {
         }
     }
 
+    fn adopt(&mut self, started: &Launch) {
+        // The pre-started server's password, made for it alone; a turn that
+        // does not use the server kills it and its tree before starting its
+        // own with this password, so the password stays one live server's.
+        if let Some((_, password)) = started.env.iter().find(|(k, _)| k == PASSWORD_VAR) {
+            self.password = password.clone();
+        }
+    }
+
+    fn warm_up(
+        &self,
+        lines: LineReceiver,
+        done: tokio::sync::oneshot::Receiver<()>,
+    ) -> BoxFuture<'static, LineReceiver> {
+        let server = (self.port, self.password.clone());
+        let session = self.spec.resume.clone();
+        warm_up(lines, server, session, self.spec.timings.server_ready, done).boxed()
+    }
+
     fn run(self: Box<Self>, io: AdapterIo) -> BoxFuture<'static, Observation> {
         run(*self, io).boxed()
     }
+}
+
+/// A pre-started server's wait (issue 38): once it listens and is healthy,
+/// `GET /config` and `GET /config/providers` load its configuration and
+/// provider package (about 1 s of a first prompt's latency, measured with
+/// 1.18.33), and `GET /session/:id` the session it will resume; the turn
+/// can see none of it. Stops when `done` fires,
+/// and gives up quietly after `bound` or when the output ends: the turn's
+/// adapter then finds the server as it is and reports what it sees.
+async fn warm_up(
+    mut lines: LineReceiver,
+    (port, password): (Option<u16>, Secret),
+    session: Option<String>,
+    bound: Duration,
+    done: tokio::sync::oneshot::Receiver<()>,
+) -> LineReceiver {
+    let mut read = Vec::new();
+    let warming = tokio::time::timeout(bound, async {
+        let port = match port {
+            Some(port) => port,
+            None => loop {
+                let (stream, line) = lines.recv().await?;
+                let port = (stream == Stream::Stdout)
+                    .then(|| listening_port(&line.text()))
+                    .flatten();
+                read.push((stream, line));
+                if let Some(port) = port {
+                    break port;
+                }
+            },
+        };
+        let http = Http::new(port, password).ok()?;
+        wait_healthy(&http, bound).await.ok()?;
+        let session = session.map(|id| format!("/session/{id}"));
+        for path in ["/config", "/config/providers"]
+            .into_iter()
+            .chain(session.as_deref())
+        {
+            let answer = http.request(reqwest::Method::GET, path).send().await;
+            if !answer.is_ok_and(|a| a.status().is_success()) {
+                return None;
+            }
+        }
+        Some(())
+    });
+    let warmed = tokio::select! {
+        warmed = warming => matches!(warmed, Ok(Some(()))),
+        _ = done => false,
+    };
+    tracing::debug!(warmed, "pre-started opencode server's warm-up over");
+    lines.unread(read);
+    lines
 }
 
 /// What the connection task reports.

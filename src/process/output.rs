@@ -198,6 +198,14 @@ impl LineReceiver {
         }
     }
 
+    /// Puts `lines` (read from this receiver) back before everything not
+    /// read yet, in their order: [`recv`](Self::recv) returns them again.
+    pub fn unread(&mut self, lines: Vec<(Stream, Line)>) {
+        for line in lines.into_iter().rev() {
+            self.current.push_front(line);
+        }
+    }
+
     /// The next line if one is already here.
     pub fn try_recv(&mut self) -> Option<(Stream, Line)> {
         if self.current.is_empty()
@@ -262,5 +270,42 @@ impl<F: FnMut(Stream, &Line) + Send + 'static> Drop for ChannelSink<F> {
             }
             let _ = self.tx.try_send((self.stream, lines));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(text: &str) -> Line {
+        Line {
+            bytes: text.as_bytes().to_vec(),
+            continued: false,
+            redacted_at: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_put_back_come_again_before_the_rest_in_their_order() {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut lines = LineReceiver::new(rx);
+        tx.send((Stream::Stdout, vec![line("a"), line("b"), line("c")]))
+            .await
+            .unwrap();
+        tx.send((Stream::Stderr, vec![line("d")])).await.unwrap();
+        drop(tx);
+        let read = vec![lines.recv().await.unwrap(), lines.recv().await.unwrap()];
+        lines.unread(read);
+        let mut seen = Vec::new();
+        while let Some((stream, l)) = lines.recv().await {
+            seen.push((stream, l.text()));
+        }
+        let expected = [
+            (Stream::Stdout, "a"),
+            (Stream::Stdout, "b"),
+            (Stream::Stdout, "c"),
+            (Stream::Stderr, "d"),
+        ];
+        assert_eq!(seen, expected.map(|(s, t)| (s, t.to_string())).to_vec());
     }
 }

@@ -798,9 +798,11 @@ async fn prestarted_sends_nothing_before_its_turn(agent: &'static str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let seen = case.provider.requests().len();
-    // Claude Code starts in well under a second; whatever it would send
-    // at start it has sent by now.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Claude Code and Codex start in well under a second, opencode serve
+    // listens after about 1.6 s on a quiet machine: whatever they would
+    // send at start they have sent by now.
+    let settle = if cli_of(agent) == "opencode" { 8 } else { 2 };
+    tokio::time::sleep(Duration::from_secs(settle)).await;
     assert_eq!(
         case.provider.requests().len(),
         seen,
@@ -834,6 +836,11 @@ async fn real_claude_prestarted_sends_nothing_before_its_turn() {
 #[tokio::test]
 async fn real_codex_prestarted_sends_nothing_before_its_turn() {
     prestarted_sends_nothing_before_its_turn("codex").await;
+}
+
+#[tokio::test]
+async fn real_opencode_prestarted_sends_nothing_before_its_turn() {
+    prestarted_sends_nothing_before_its_turn("opencode").await;
 }
 
 /// A provider error of `kind` on every request: the turn fails with `code`.
