@@ -843,6 +843,91 @@ async fn real_opencode_prestarted_sends_nothing_before_its_turn() {
     prestarted_sends_nothing_before_its_turn("opencode").await;
 }
 
+/// The process group of the `n`th agent pre-started so far, once the
+/// runner has logged it.
+async fn prestarted_pgid(runner: &Runner, n: usize) -> u32 {
+    const LINE: &str = "agent pre-started for the next turn";
+    let deadline = std::time::Instant::now() + TURN_WAIT;
+    loop {
+        let output = runner.output();
+        if let Some(line) = output.lines().filter(|l| l.contains(LINE)).nth(n - 1) {
+            let at = line.find("\"pgid\":").expect("a pgid") + "\"pgid\":".len();
+            let digits: String = line[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            return digits.parse().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no agent was pre-started ({n}):\n{output}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A pre-started CLI that died before its turn, and one whose work tree
+/// the turn's sync changed (the CLI read `AGENTS.md` and `CLAUDE.md` at its
+/// start), are not used: each turn starts its CLI cold, resumes the
+/// conversation and pushes its work; the one waiting when the session ends
+/// goes with nothing left.
+async fn prestarted_is_discarded(agent: &'static str) {
+    let Some(case) = Case::start(agent, "write:one.txt").await else {
+        return;
+    };
+    let mut runner = Runner::spawn(case.command().args(["--prestart-agent", "on"]));
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let sid = sealed(&snap, "run-1")
+        .agent_session_id
+        .expect("an agent session id");
+    let waiting = prestarted_pgid(&runner, 1).await;
+    super::support::signal(waiting, rustix::process::Signal::KILL);
+    let (_, turn2) = second_turn(&case, &mut runner, &sid, case.provider.requests().len()).await;
+    assert!(!turn2.is_empty(), "turn 2 called no provider");
+    prestarted_pgid(&runner, 2).await;
+    super::harvest::advance_remote(&case.sb, "AGENTS.md");
+    assert_eq!(
+        case.sb.coordinator.queue_turn("write:three.txt", None),
+        "run-3"
+    );
+    let snap = case.sealed(&mut runner, "run-3").await;
+    let third = sealed(&snap, "run-3");
+    assert_eq!(third.status.as_str(), "succeeded", "{third:?}");
+    assert_eq!(third.agent_session_id.as_deref(), Some(sid.as_str()));
+    assert_eq!(case.pushed("three.txt").as_deref(), Some("done"));
+    prestarted_pgid(&runner, 3).await;
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    for why in [
+        "it exited before its turn",
+        "the workspace sync changed the work tree it was started in",
+        "the session ended or the runner stops",
+    ] {
+        assert!(output.contains(why), "not discarded: {why}\n{output}");
+    }
+    assert!(
+        !output.contains("the turn uses the pre-started agent"),
+        "{output}"
+    );
+    assert_nothing_left(&case.sb.root()).await;
+}
+
+#[tokio::test]
+async fn real_claude_prestarted_is_discarded_when_it_died_or_the_tree_changed() {
+    prestarted_is_discarded("claude").await;
+}
+
+#[tokio::test]
+async fn real_codex_prestarted_is_discarded_when_it_died_or_the_tree_changed() {
+    prestarted_is_discarded("codex").await;
+}
+
+#[tokio::test]
+async fn real_opencode_prestarted_is_discarded_when_it_died_or_the_tree_changed() {
+    prestarted_is_discarded("opencode").await;
+}
+
 /// A provider error of `kind` on every request: the turn fails with `code`.
 async fn provider_error(agent: &'static str, kind: &str, code: &str) {
     let Some(case) = Case::start(agent, &format!("fail:{kind}")).await else {
