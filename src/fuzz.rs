@@ -305,6 +305,7 @@ fn spec() -> TurnSpec {
         opencode_port: None,
         timings: AgentTimings::default(),
         instructions: None,
+        wrap_up: None,
     }
 }
 

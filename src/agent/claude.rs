@@ -29,6 +29,7 @@ use serde_json::{Map, Value, json};
 use super::classify::{self, from_http_status};
 use super::command::{JsonLines, event_for_line};
 use super::lenient;
+use super::usage::Totals;
 use super::{
     Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
@@ -92,6 +93,7 @@ impl Adapter for ClaudeAdapter {
             server: false,
             exit_rule: ExitRule::NeedsTerminal,
             stop_signal: rustix::process::Signal::INT,
+            wrap_up: true,
         }
     }
 
@@ -117,6 +119,26 @@ struct State {
     usage: Usage,
     failure: Option<AgentError>,
     interrupts: u32,
+    wrap_up: WrapUpState,
+}
+
+/// Where the wrap-up message (issue 38 item 3) is. Claude Code 2.1.197 with
+/// stream-json input (a real-CLI experiment): a user message written while a
+/// tool runs is folded into that tool's result (a `<system-reminder>`), and
+/// the turn's one `result` answers both; one written while the model
+/// answers, or after the `result`, runs as a turn of its own in the same
+/// session, with a `result` of its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum WrapUpState {
+    #[default]
+    NotSent,
+    /// Sent, and no tool result came since.
+    Sent,
+    /// A tool result came after it: the CLI folded the message into it.
+    Folded,
+    /// The turn's `result` came before it was folded: the next `result`,
+    /// the answer to the wrap-up, ends the turn.
+    Answering,
 }
 
 async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
@@ -126,12 +148,7 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
         "request_id": "hosted-boot-init",
         "request": {"subtype": "initialize", "hooks": null},
     }));
-    io.send_json(&json!({
-        "type": "user",
-        "session_id": "",
-        "message": {"role": "user", "content": spec.prompt},
-        "parent_tool_use_id": null,
-    }));
+    io.send_json(&user_message(&spec.prompt));
     let mut json_lines = JsonLines::new();
     let mut commands_open = true;
     loop {
@@ -168,6 +185,15 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
                         }));
                     }
                 }
+                Some(AdapterCommand::WrapUp) => {
+                    if let Some(text) = &spec.wrap_up
+                        && state.terminal.is_none()
+                        && state.wrap_up == WrapUpState::NotSent
+                    {
+                        state.wrap_up = WrapUpState::Sent;
+                        io.send_json(&user_message(text));
+                    }
+                }
                 None => commands_open = false,
             },
         }
@@ -178,6 +204,16 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
         usage: state.usage,
         effects: state.effects,
     }
+}
+
+/// A stream-json user message of `text`.
+fn user_message(text: &str) -> Value {
+    json!({
+        "type": "user",
+        "session_id": "",
+        "message": {"role": "user", "content": text},
+        "parent_tool_use_id": null,
+    })
 }
 
 /// Whether `message` is Claude Code refusing the resume it was asked for
@@ -227,6 +263,9 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, message: &Valu
                 .any(|block| block.kind.as_deref() == Some("tool_result"))
             {
                 state.effects = Effects::Some;
+                if state.wrap_up == WrapUpState::Sent {
+                    state.wrap_up = WrapUpState::Folded;
+                }
             }
         }
         Event::RateLimitEvent(event) => {
@@ -252,7 +291,17 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, message: &Valu
             if state.terminal.is_some() {
                 return;
             }
-            state.usage = result_usage(&result, state.model.clone());
+            // Tokens are each result's own; the cost is the process's
+            // running total.
+            let usage = result_usage(&result, state.model.clone());
+            state.usage.add(&usage);
+            state.usage.cost_usd = usage.cost_usd.or(state.usage.cost_usd);
+            if state.wrap_up == WrapUpState::Sent && result.is_error != Some(true) {
+                // The wrap-up runs next as a turn of its own: its result
+                // ends this one, and stdin stays open for it.
+                state.wrap_up = WrapUpState::Answering;
+                return;
+            }
             state.terminal = Some(terminal(spec, state, &result));
             io.note(Note::Terminal);
             // The CLI exits once its stdin closes.
@@ -560,7 +609,6 @@ struct ResultUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::usage::Totals;
     use std::path::PathBuf;
 
     fn spec(resume: Option<&str>) -> TurnSpec {
@@ -574,6 +622,7 @@ mod tests {
             opencode_port: None,
             timings: super::super::AgentTimings::default(),
             instructions: None,
+            wrap_up: None,
         }
     }
 
@@ -833,5 +882,179 @@ mod tests {
             read(json!({"type": "system", "subtype": "compact_boundary"})),
             Event::System(System::Other)
         ));
+    }
+
+    /// What the CLI prints, or the runner asks, one step at a time.
+    enum Step {
+        Out(Value),
+        Cmd(AdapterCommand),
+    }
+
+    /// The adapter's run over `script` (each step is taken before the
+    /// next is given): what it wrote to stdin, whether stdin is still open,
+    /// and what it observed once the output ended.
+    async fn drive(spec: TurnSpec, script: Vec<Step>) -> (Vec<Value>, bool, Observation) {
+        use crate::events::EventSender;
+        use crate::events::spool::Spool;
+        use crate::process::lines::Line;
+        use crate::process::output::LineReceiver;
+
+        let dir = tempfile::tempdir().unwrap();
+        let (spool, _) = Spool::open(dir.path(), crate::redact::Redactor::new()).unwrap();
+        let (line_tx, line_rx) = tokio::sync::mpsc::channel(4);
+        let (stdin_tx, mut stdin_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (cmd_tx, cmd_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (note_tx, _notes) = tokio::sync::mpsc::unbounded_channel();
+        let io = AdapterIo {
+            lines: LineReceiver::new(line_rx),
+            stdin: Some(stdin_tx),
+            commands: cmd_rx,
+            notes: note_tx,
+            events: EventSender::detached(spool),
+        };
+        let task = tokio::spawn(run(spec, io));
+        for step in script {
+            match step {
+                Step::Out(v) => {
+                    let line = Line {
+                        bytes: v.to_string().into_bytes(),
+                        continued: false,
+                        redacted_at: None,
+                    };
+                    line_tx.send((Stream::Stdout, vec![line])).await.unwrap();
+                }
+                Step::Cmd(c) => cmd_tx.send(c).unwrap(),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let mut written = Vec::new();
+        let open = loop {
+            match stdin_rx.try_recv() {
+                Ok(bytes) => written.push(serde_json::from_slice(&bytes).unwrap()),
+                Err(e) => break e == tokio::sync::mpsc::error::TryRecvError::Empty,
+            }
+        };
+        drop(line_tx);
+        (written, open, task.await.unwrap())
+    }
+
+    fn wrap_up_spec() -> TurnSpec {
+        TurnSpec {
+            wrap_up: Some("WRAP UP".into()),
+            ..spec(None)
+        }
+    }
+
+    fn result(input: u64, cost: f64) -> Step {
+        Step::Out(
+            json!({"type": "result", "subtype": "success", "is_error": false,
+            "session_id": "s-1", "total_cost_usd": cost,
+            "usage": {"input_tokens": input, "output_tokens": input / 10}}),
+        )
+    }
+
+    fn tool_use() -> Step {
+        Step::Out(json!({"type": "assistant", "message": {"content": [
+            {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "sleep 4"}}]}}))
+    }
+
+    fn tool_result() -> Step {
+        Step::Out(json!({"type": "user", "message": {"content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": ""}]}}))
+    }
+
+    fn init() -> Step {
+        Step::Out(json!({"type": "system", "subtype": "init", "session_id": "s-1"}))
+    }
+
+    fn users(written: &[Value]) -> Vec<&str> {
+        written
+            .iter()
+            .filter(|v| v["type"] == "user")
+            .filter_map(|v| v["message"]["content"].as_str())
+            .collect()
+    }
+
+    /// Claude Code 2.1.197 folds a message written while a tool runs into
+    /// that tool's result: the turn's one `result` ends the turn.
+    #[tokio::test]
+    async fn a_wrap_up_folded_into_a_tool_result_ends_at_the_turns_result() {
+        let (written, open, seen) = drive(
+            wrap_up_spec(),
+            vec![
+                init(),
+                tool_use(),
+                Step::Cmd(AdapterCommand::WrapUp),
+                tool_result(),
+                result(200, 0.0009),
+            ],
+        )
+        .await;
+        assert_eq!(users(&written), ["p", "WRAP UP"]);
+        assert!(!open, "stdin is closed after the result");
+        assert_eq!(seen.terminal, Some(Terminal::Completed));
+        assert_eq!(seen.usage.input_tokens, Some(200));
+    }
+
+    /// A wrap-up written while the model answers runs as a turn of its own
+    /// after the first `result`: its `result` ends the turn, and the usage
+    /// covers both (tokens per result, the cost a running total).
+    #[tokio::test]
+    async fn a_wrap_up_answered_as_a_turn_of_its_own_ends_at_its_result() {
+        let (written, open, _) = drive(
+            wrap_up_spec(),
+            vec![
+                init(),
+                tool_use(),
+                tool_result(),
+                Step::Cmd(AdapterCommand::WrapUp),
+                result(200, 0.0009),
+            ],
+        )
+        .await;
+        assert_eq!(users(&written), ["p", "WRAP UP"]);
+        assert!(open, "stdin stays open for the wrap-up's answer");
+        let (_, open, seen) = drive(
+            wrap_up_spec(),
+            vec![
+                init(),
+                tool_use(),
+                tool_result(),
+                Step::Cmd(AdapterCommand::WrapUp),
+                result(200, 0.0009),
+                init(),
+                result(100, 0.00135),
+            ],
+        )
+        .await;
+        assert!(!open);
+        assert_eq!(seen.terminal, Some(Terminal::Completed));
+        assert_eq!(seen.usage.input_tokens, Some(300));
+        assert_eq!(seen.usage.output_tokens, Some(30));
+        assert_eq!(seen.usage.cost_usd, Some(0.00135));
+    }
+
+    /// No wrap-up after the turn's result, and none the boot has no
+    /// message for.
+    #[tokio::test]
+    async fn no_wrap_up_after_the_result_or_without_a_message() {
+        let (written, _, _) = drive(
+            wrap_up_spec(),
+            vec![init(), result(100, 0.1), Step::Cmd(AdapterCommand::WrapUp)],
+        )
+        .await;
+        assert_eq!(users(&written), ["p"]);
+        let (written, _, seen) = drive(
+            spec(None),
+            vec![
+                init(),
+                tool_use(),
+                Step::Cmd(AdapterCommand::WrapUp),
+                result(100, 0.1),
+            ],
+        )
+        .await;
+        assert_eq!(users(&written), ["p"]);
+        assert_eq!(seen.terminal, Some(Terminal::Completed));
     }
 }

@@ -65,6 +65,7 @@ impl Adapter for CodexAdapter {
             server: false,
             exit_rule: ExitRule::NeedsTerminal,
             stop_signal: rustix::process::Signal::INT,
+            wrap_up: false,
         }
     }
 
@@ -128,6 +129,8 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
             }
             cmd = io.commands.recv(), if commands_open => match cmd {
                 Some(AdapterCommand::ProtocolInterrupt) => interrupt(&mut state, &mut io),
+                // Not sent: its launch takes no wrap-up.
+                Some(AdapterCommand::WrapUp) => {}
                 None => commands_open = false,
             },
         }

@@ -109,6 +109,7 @@ impl Adapter for CodexExecAdapter {
             server: false,
             exit_rule: ExitRule::NeedsTerminal,
             stop_signal: rustix::process::Signal::INT,
+            wrap_up: false,
         }
     }
 
@@ -334,6 +335,7 @@ mod tests {
             opencode_port: None,
             timings: super::super::AgentTimings::default(),
             instructions: None,
+            wrap_up: None,
         };
         assert_eq!(
             args(&spec),

@@ -139,6 +139,7 @@ impl Adapter for CommandAdapter {
             server: false,
             exit_rule: ExitRule::Command,
             stop_signal: rustix::process::Signal::INT,
+            wrap_up: false,
         }
     }
 

@@ -36,7 +36,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::usage::Totals;
-use super::watchdog::Watchdog;
+use super::watchdog::{Alarm, Watchdog};
 use super::{
     Adapter, AdapterCommand, AdapterIo, AgentConfig, AgentError, AgentKind, AgentSession, Effects,
     ExitRule, Launch, Note, Observation, StdinMode, Terminal, TurnOutcome, TurnSpec, Usage,
@@ -610,7 +610,8 @@ async fn attach(
         commands,
         control_tx,
     )
-    .with_output_clock(last_output);
+    .with_output_clock(last_output)
+    .with_wrap_up(wrap_up_at(&input.config, &launch, &supervision));
     let supervised = started.supervise(control_rx, &supervision);
     let mut process = Process {
         input,
@@ -627,6 +628,20 @@ async fn attach(
     let observation = collect(task, input.timings.pipe_drain + Duration::from_secs(1)).await;
     let stderr_tail = std::mem::take(&mut crate::concurrency::lock(&tail).0);
     process.finish(exit, observation, launch.exit_rule, stderr_tail)
+}
+
+/// When this process gets the wrap-up ([`super::WrapUp`]): its `before`
+/// ahead of the time cap, which counts from now, when its CLI takes a
+/// message mid-turn; none without a time cap, or with one no longer than
+/// `before`.
+fn wrap_up_at(
+    config: &AgentConfig,
+    launch: &Launch,
+    supervision: &supervisor::Supervision,
+) -> Option<Instant> {
+    let wrap_up = config.wrap_up.as_ref().filter(|_| launch.wrap_up)?;
+    let lead = supervision.time_cap?.checked_sub(wrap_up.before)?;
+    (!lead.is_zero()).then(|| Instant::now() + lead)
 }
 
 /// The variables only a turn knows (PROTOCOL.md 3): absent from a
@@ -832,6 +847,7 @@ fn turn_spec(
         opencode_port: config.opencode_port,
         timings: config.timings,
         instructions,
+        wrap_up: config.wrap_up.as_ref().map(|w| w.message.clone()),
     }
 }
 
@@ -945,6 +961,11 @@ impl Process<'_> {
                 _ = crate::concurrency::sleep_until(alarm.map(|(at, _)| at)) => {
                     if let Some((_, alarm)) = alarm {
                         self.watchdog.ring(alarm);
+                        if alarm == Alarm::WrapUp && self.watchdog.wrap_up_sent() {
+                            let before = self.input.config.wrap_up.as_ref().map(|w| w.before);
+                            let before_ms = before.map(|b| u64::try_from(b.as_millis()).unwrap_or(u64::MAX));
+                            self.input.events.emit(RunnerEvent::WrapUp, json!({"beforeMs": before_ms}));
+                        }
                     }
                 }
             }

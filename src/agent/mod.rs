@@ -174,7 +174,26 @@ pub struct AgentConfig {
     /// `--agent-user`: the user every process of the agent runs as (the
     /// runner is root); `None`: the runner's own user.
     pub user: Option<crate::agent_user::AgentUser>,
+    /// The wrap-up before a turn's time cap; `None`: off.
+    pub wrap_up: Option<WrapUp>,
 }
+
+/// A message sent to the agent mid-turn, a while before the turn's time cap
+/// (`clientInfo.durationMinutes`), so that it can commit and summarise
+/// before it is interrupted (PROTOCOL.md 4.1 step 4): to adapters whose CLI
+/// takes a message mid-turn ([`Launch::wrap_up`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WrapUp {
+    /// How long before the time cap (`--wrap-up-before`).
+    pub before: Duration,
+    /// The message (`--wrap-up-message`).
+    pub message: String,
+}
+
+/// `--wrap-up-message`'s default.
+pub const DEFAULT_WRAP_UP_MESSAGE: &str = "This turn's time is nearly up and you will be \
+interrupted soon. Stop starting new work: commit what you have, then summarise what is done \
+and what is left.";
 
 impl AgentConfig {
     /// A `command` agent with default timings (unit tests).
@@ -189,6 +208,7 @@ impl AgentConfig {
             opencode_port: None,
             timings: AgentTimings::default(),
             user: None,
+            wrap_up: None,
         }
     }
 
@@ -457,6 +477,9 @@ pub struct Launch {
     /// SIGINT, but SIGTERM for opencode, whose `serve` does not exit on
     /// SIGINT and whose `run` ignores one while a tool runs (1.18.33).
     pub stop_signal: rustix::process::Signal,
+    /// Whether the CLI takes a message mid-turn, so that the wrap-up
+    /// ([`WrapUp`], [`AdapterCommand::WrapUp`]) can be sent to it.
+    pub wrap_up: bool,
 }
 
 /// A request from the runner ([`drive`]) to an adapter.
@@ -473,6 +496,10 @@ pub enum AdapterCommand {
     /// Interrupt the turn through the CLI's own protocol (Claude's control
     /// request, Codex's `turn/interrupt`, opencode's abort).
     ProtocolInterrupt,
+    /// Send the turn's wrap-up message ([`TurnSpec::wrap_up`]) to the CLI,
+    /// unless its turn already ended; only to an adapter whose
+    /// [`Launch::wrap_up`] says it can.
+    WrapUp,
 }
 
 /// What an adapter tells the runner while the agent runs.
@@ -576,6 +603,8 @@ pub struct TurnSpec {
     pub timings: AgentTimings,
     /// The platform's instructions, when the boot has any.
     pub instructions: Option<Instructions>,
+    /// The wrap-up message, when the boot sends one ([`WrapUp`]).
+    pub wrap_up: Option<String>,
 }
 
 /// The platform's instructions for the agent (the session's

@@ -123,6 +123,7 @@ impl Adapter for OpenCodeAdapter {
             server: true,
             exit_rule: ExitRule::NeedsTerminal,
             stop_signal: rustix::process::Signal::TERM,
+            wrap_up: false,
         }
     }
 
@@ -314,6 +315,8 @@ async fn run(adapter: OpenCodeAdapter, mut io: AdapterIo) -> Observation {
                     cancel.store(true, Ordering::SeqCst);
                     abort(&state, http.as_ref());
                 }
+                // Not sent: its launch takes no wrap-up.
+                Some(AdapterCommand::WrapUp) => {}
                 None => commands_open = false,
             },
         }

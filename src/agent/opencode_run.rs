@@ -114,6 +114,7 @@ impl Adapter for OpenCodeRunAdapter {
             server: false,
             exit_rule: ExitRule::ZeroSucceeds,
             stop_signal: rustix::process::Signal::TERM,
+            wrap_up: false,
         }
     }
 
@@ -259,6 +260,7 @@ mod tests {
             opencode_port: None,
             timings: super::super::AgentTimings::default(),
             instructions: None,
+            wrap_up: None,
         };
         assert_eq!(
             args(&spec),

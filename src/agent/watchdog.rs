@@ -37,6 +37,8 @@ pub(super) enum Alarm {
     Signal,
     /// The terminal grace is over and the process still runs.
     Terminal,
+    /// The wrap-up's time before the turn's time cap came.
+    WrapUp,
 }
 
 /// The clocks of one agent process and the two channels they act on (the
@@ -59,6 +61,9 @@ pub(super) struct Watchdog {
     signalled: bool,
     interrupt_grace: Duration,
     stop_grace: Duration,
+    /// When to send the wrap-up ([`AdapterCommand::WrapUp`]), until sent.
+    wrap_up_at: Option<Instant>,
+    wrap_up_sent: bool,
     commands: mpsc::UnboundedSender<AdapterCommand>,
     control: mpsc::UnboundedSender<Control>,
 }
@@ -91,9 +96,23 @@ impl Watchdog {
             signalled: false,
             interrupt_grace: timings.interrupt_grace,
             stop_grace: timings.stop_grace,
+            wrap_up_at: None,
+            wrap_up_sent: false,
             commands,
             control,
         }
+    }
+
+    /// The same clocks with the wrap-up sent at `at` (unless the turn has
+    /// ended or is being stopped by then).
+    pub(super) fn with_wrap_up(mut self, at: Option<Instant>) -> Self {
+        self.wrap_up_at = at;
+        self
+    }
+
+    /// Whether the wrap-up was sent.
+    pub(super) fn wrap_up_sent(&self) -> bool {
+        self.wrap_up_sent
     }
 
     /// The same clocks, the idle one being `clock` (what the output
@@ -189,7 +208,11 @@ impl Watchdog {
         };
         let signal = self.signal_at.map(|(t, _)| (t, Alarm::Signal));
         let terminal = self.terminal_at.map(|t| (t, Alarm::Terminal));
-        [idle, signal, terminal]
+        let wrap_up = self
+            .wrap_up_at
+            .filter(|_| !stopping && !self.terminal_seen)
+            .map(|t| (t, Alarm::WrapUp));
+        [idle, signal, terminal, wrap_up]
             .into_iter()
             .flatten()
             .min_by_key(|(t, _)| *t)
@@ -217,6 +240,16 @@ impl Watchdog {
                     );
                     self.signalled = true;
                     let _ = self.control.send(Control::Interrupt { grace });
+                }
+            }
+            Alarm::WrapUp => {
+                self.wrap_up_at = None;
+                if !(self.protocol_sent || self.signalled || self.terminal_seen) {
+                    tracing::info!(
+                        "the turn's time cap is near; sending the agent the wrap-up message"
+                    );
+                    self.wrap_up_sent = true;
+                    let _ = self.commands.send(AdapterCommand::WrapUp);
                 }
             }
             Alarm::Terminal => {
@@ -260,6 +293,7 @@ mod tests {
             server,
             exit_rule: ExitRule::NeedsTerminal,
             stop_signal: rustix::process::Signal::INT,
+            wrap_up: true,
         };
         let agent = AgentTimings {
             idle_timeout: Some(2 * SEC),
@@ -377,5 +411,28 @@ mod tests {
         r.dog.activity();
         r.dog.ring(Alarm::Idle);
         assert_eq!(r.dog.hung(), None);
+    }
+
+    #[tokio::test]
+    async fn the_wrap_up_goes_once_at_its_time_and_never_once_the_turn_ends_or_stops() {
+        let at = Instant::now() + SEC;
+        let mut r = rig(true, false);
+        r.dog = r.dog.with_wrap_up(Some(at));
+        assert_eq!(r.dog.next(), Some((at, Alarm::WrapUp)));
+        r.dog.ring(Alarm::WrapUp);
+        assert_eq!(r.commands.try_recv(), Ok(AdapterCommand::WrapUp));
+        assert!(r.dog.wrap_up_sent());
+        assert_eq!(r.dog.next().map(|(_, a)| a), Some(Alarm::Idle));
+        // Not after the terminal event, nor once the runner stops the agent.
+        for end in [Watchdog::terminal, Watchdog::interrupt] {
+            let mut r = rig(true, false);
+            r.dog = r.dog.with_wrap_up(Some(at));
+            end(&mut r.dog);
+            while r.commands.try_recv().is_ok() {}
+            assert_ne!(r.dog.next().map(|(_, a)| a), Some(Alarm::WrapUp));
+            r.dog.ring(Alarm::WrapUp);
+            assert!(r.commands.try_recv().is_err());
+            assert!(!r.dog.wrap_up_sent());
+        }
     }
 }

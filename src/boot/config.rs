@@ -458,6 +458,19 @@ fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentCo
             ..AgentTimings::default()
         },
         user: None,
+        wrap_up: wrap_up(args),
+    })
+}
+
+/// `--wrap-up-before` and `--wrap-up-message`.
+fn wrap_up(args: &RunArgs) -> Option<crate::agent::WrapUp> {
+    let message = match args.wrap_up_message.as_deref().map(str::trim) {
+        Some("") | None => crate::agent::DEFAULT_WRAP_UP_MESSAGE.to_string(),
+        Some(text) => text.to_string(),
+    };
+    (!args.wrap_up_before.is_zero()).then_some(crate::agent::WrapUp {
+        before: args.wrap_up_before,
+        message,
     })
 }
 
@@ -574,6 +587,21 @@ pub struct RunArgs {
         value_parser = values::idle_timeout
     )]
     pub agent_idle_timeout: Duration,
+    /// How long before a turn's time cap (`clientInfo.durationMinutes`) the
+    /// agent is sent the wrap-up message, where its CLI takes a message
+    /// mid-turn (Claude Code); `0`: never. No time cap, no wrap-up.
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_WRAP_UP_BEFORE",
+        hide_env_values = true,
+        default_value = "2m",
+        value_parser = values::wrap_up_before
+    )]
+    pub wrap_up_before: Duration,
+    /// The wrap-up message [default: asks the agent to stop starting new
+    /// work, commit, and summarise what is done and what is left].
+    #[arg(long, env = "HOSTED_BOOT_WRAP_UP_MESSAGE", hide_env_values = true)]
+    pub wrap_up_message: Option<String>,
     /// Directory holding `repo/`, the session files and the run files
     /// [default: the working directory].
     #[arg(long, env = "HOSTED_BOOT_ROOT", hide_env_values = true)]
@@ -812,6 +840,26 @@ mod tests {
 
     fn secret() -> Option<Secret> {
         Some(Secret::new("b".repeat(64)))
+    }
+
+    #[test]
+    fn the_wrap_up_defaults_to_two_minutes_and_zero_turns_it_off() {
+        let wrap_up = |argv: &[&str]| {
+            let a = parse(&[&["--agent", "claude"], argv].concat()).unwrap();
+            load(&env(&base()), &a, secret(), "/".into())
+                .unwrap()
+                .agent
+                .wrap_up
+        };
+        let default = wrap_up(&[]).unwrap();
+        assert_eq!(default.before, Duration::from_secs(120));
+        assert_eq!(default.message, crate::agent::DEFAULT_WRAP_UP_MESSAGE);
+        let set = wrap_up(&["--wrap-up-before", "30s", "--wrap-up-message", "Stop."]).unwrap();
+        assert_eq!(
+            (set.before, set.message.as_str()),
+            (Duration::from_secs(30), "Stop.")
+        );
+        assert_eq!(wrap_up(&["--wrap-up-before", "0"]), None);
     }
 
     #[test]

@@ -94,6 +94,18 @@ pub fn idle_timeout(text: &str) -> Result<Duration, InvalidValue> {
     }
 }
 
+/// `--wrap-up-before`: a duration (`0`: no wrap-up); empty is the default
+/// (2 min).
+pub fn wrap_up_before(text: &str) -> Result<Duration, InvalidValue> {
+    match text.trim() {
+        "" => Ok(DEFAULT_WRAP_UP_BEFORE),
+        text => Ok(parse_duration(text)?),
+    }
+}
+
+/// `--wrap-up-before`'s default.
+pub const DEFAULT_WRAP_UP_BEFORE: Duration = Duration::from_secs(120);
+
 /// `--setup-timeout`: a positive duration; empty is the default (10 min).
 pub fn setup_timeout(text: &str) -> Result<Duration, InvalidValue> {
     let timeout = match text.trim() {

@@ -251,6 +251,9 @@ pub enum RunnerEvent {
     AgentSessionReset,
     /// `hosted_boot.spawn_failed`: the agent could not be started.
     SpawnFailed,
+    /// `hosted_boot.wrap_up`: the wrap-up message was sent to the agent
+    /// before the turn's time cap (4.1 step 4).
+    WrapUp,
     /// `hosted_boot.harvest`: the turn's work as harvested (4.5).
     Harvest,
     /// `hosted_boot.workspace_sync`: the workspace brought to the remote's
@@ -280,6 +283,7 @@ impl RunnerEvent {
             RunnerEvent::OverloadContinuation => "hosted_boot.overload_continuation",
             RunnerEvent::AgentSessionReset => "hosted_boot.agent_session_reset",
             RunnerEvent::SpawnFailed => "hosted_boot.spawn_failed",
+            RunnerEvent::WrapUp => "hosted_boot.wrap_up",
             RunnerEvent::Harvest => "hosted_boot.harvest",
             RunnerEvent::WorkspaceSync => "hosted_boot.workspace_sync",
             RunnerEvent::Setup => "hosted_boot.setup",

@@ -212,14 +212,22 @@ impl Case {
         task: &str,
         agent_session_id: Option<&str>,
     ) -> Option<Case> {
+        let opts = CoordinatorOptions {
+            agent_session_id: agent_session_id.map(str::to_string),
+            ..CoordinatorOptions::default()
+        };
+        Case::start_from(agent, task, opts).await
+    }
+
+    /// As [`Case::start`], the coordinator's other options from `opts`.
+    async fn start_from(agent: &'static str, task: &str, opts: CoordinatorOptions) -> Option<Case> {
         let bin = installed(cli_of(agent))?;
         let sb = Sandbox::start(CoordinatorOptions {
             task: task.into(),
             model: Some(model_of(agent).into()),
             reasoning_effort: Some("high".into()),
             instructions: Some(INSTRUCTIONS.into()),
-            agent_session_id: agent_session_id.map(str::to_string),
-            ..CoordinatorOptions::default()
+            ..opts
         })
         .await;
         let provider = Provider::start(sb.dir.path());
@@ -926,6 +934,53 @@ async fn real_codex_prestarted_is_discarded_when_it_died_or_the_tree_changed() {
 #[tokio::test]
 async fn real_opencode_prestarted_is_discarded_when_it_died_or_the_tree_changed() {
     prestarted_is_discarded("opencode").await;
+}
+
+/// The wrap-up (issue 38 item 3): with a 30 s time cap and the wrap-up 26 s
+/// before it, Claude Code gets the message about 4 s into a turn whose tool
+/// runs 6 s. It reaches the model (folded into the tool's result when it
+/// came mid-tool, as its own turn when it came while the model answered),
+/// and the turn ends at the result that answers it, well before the cap.
+#[tokio::test]
+async fn real_claude_wrap_up_reaches_the_model_before_the_cap() {
+    const MARK: &str = "MARK:wrap-up-5c2e";
+    let opts = CoordinatorOptions {
+        duration_minutes: Some(0.5),
+        ..CoordinatorOptions::default()
+    };
+    let Some(case) = Case::start_from("claude", "nap:one.txt", opts).await else {
+        return;
+    };
+    let mut runner = Runner::spawn(case.command().args([
+        "--wrap-up-before",
+        "26s",
+        "--wrap-up-message",
+        &format!("{MARK} Time is nearly up: commit and summarise."),
+    ]));
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let body = sealed(&snap, "run-1");
+    assert_eq!(body.status.as_str(), "succeeded", "{body:?}");
+    let wrap_ups = events(&snap, "run-1", "hosted_boot.wrap_up");
+    assert_eq!(wrap_ups.len(), 1, "{wrap_ups:?}");
+    assert_eq!(wrap_ups[0]["beforeMs"], 26_000, "{wrap_ups:?}");
+    let requests = case.provider.turn_requests(0);
+    let reached = requests.iter().position(|r| {
+        r["bodyMarkers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m == MARK)
+    });
+    assert!(
+        reached.is_some(),
+        "the wrap-up never reached the model: {requests:?}"
+    );
+    assert_eq!(case.pushed("one.txt").as_deref(), Some("started\n"));
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert!(!output.contains("time cap is reached"), "{output}");
+    assert_nothing_left(&case.sb.root()).await;
 }
 
 /// A provider error of `kind` on every request: the turn fails with `code`.
