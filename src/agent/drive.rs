@@ -455,23 +455,36 @@ async fn run_once(
 ) -> Result<Once, SpawnError> {
     let process = input.process();
     let spec = turn_spec(process, input.instructions.clone(), prompt, resume.clone());
-    let mut adapter = adapter_for(&input.config, spec, &input.session, &input.redactor);
-    let prestarted = crate::concurrency::lock(&input.prestarted).take();
-    if let Some(p) = &prestarted {
-        adapter.adopt(&p.prepared.launch);
-    }
-    let launch = adapter.launch();
-    let env = agent_env(
-        &input.config,
-        &input.env,
-        &input.session,
-        resume.as_deref(),
-        &launch.env,
-    );
-    let prepared = match take_prestarted(prestarted, &launch, &env, resume.as_deref()).await {
-        Some(prepared) => prepared,
-        None => prepare(process, env, launch, resume).await?,
+    let fresh = || {
+        let adapter = adapter_for(&input.config, spec.clone(), &input.session, &input.redactor);
+        let launch = adapter.launch();
+        (adapter, launch)
     };
+    let env_of = |launch: &Launch| {
+        agent_env(
+            &input.config,
+            &input.env,
+            &input.session,
+            resume.as_deref(),
+            &launch.env,
+        )
+    };
+    let prestarted = crate::concurrency::lock(&input.prestarted).take();
+    if let Some(p) = prestarted {
+        // The adapter takes the process's own values (the opencode
+        // server's password) only to compare and to use that process: a
+        // cold start after a discard gets values of its own.
+        let (mut adapter, _) = fresh();
+        adapter.adopt(&p.prepared.launch);
+        let launch = adapter.launch();
+        let env = env_of(&launch);
+        if let Some(prepared) = take_prestarted(Some(p), &launch, &env, resume.as_deref()).await {
+            return Ok(attach(input, prepared, adapter, requests, stop, flags).await);
+        }
+    }
+    let (adapter, launch) = fresh();
+    let env = env_of(&launch);
+    let prepared = prepare(process, env, launch, resume).await?;
     Ok(attach(input, prepared, adapter, requests, stop, flags).await)
 }
 
@@ -671,6 +684,11 @@ impl Prestarted {
         self.prepared.started.pid()
     }
 
+    /// Whether its leader still runs.
+    pub fn running(&self) -> bool {
+        self.prepared.started.running()
+    }
+
     /// Kills it and every process of its tree.
     pub async fn discard(self, why: &str) {
         tracing::info!(pgid = self.pid(), why, "pre-started agent discarded");
@@ -680,7 +698,10 @@ impl Prestarted {
             supervision,
             ..
         } = self.prepared;
+        // Dropped, not only aborted: the receiver it holds must go now, or
+        // the output's readers wait out the drain bound.
         lines.task.abort();
+        drop(lines);
         started.discard(&supervision).await;
     }
 }
@@ -766,14 +787,17 @@ pub async fn prestart(
     let spec = turn_spec(process, instructions, String::new(), resume.clone());
     let adapter = adapter_for(process.config, spec, process.session, process.redactor);
     let launch = adapter.launch();
-    let env = agent_env(
+    // Without the per-turn variables, even those the runner's own
+    // environment gave (a compatible `ORIZU_RUN_ID`): the turn file has
+    // them.
+    let env = without_per_turn_vars(&agent_env(
         process.config,
         env,
         process.session,
         resume.as_deref(),
         &launch.env,
-    );
-    let compared = without_per_turn_vars(&env);
+    ));
+    let compared = env.clone();
     match prepare(process, env, launch, resume).await {
         Ok(prepared) => {
             tracing::info!(

@@ -151,6 +151,10 @@ impl Adapter for OpenCodeAdapter {
     }
 }
 
+/// Bytes of output the warm-up keeps for the turn while it looks for the
+/// port the server prints.
+const WARM_UP_KEEPS: usize = 1 << 20;
+
 /// A pre-started server's wait (issue 38): once it listens and is healthy,
 /// `GET /config` and `GET /config/providers` load its configuration and
 /// provider package (about 1 s of a first prompt's latency, measured with
@@ -166,6 +170,7 @@ async fn warm_up(
     done: tokio::sync::oneshot::Receiver<()>,
 ) -> LineReceiver {
     let mut read = Vec::new();
+    let mut kept = 0;
     let warming = tokio::time::timeout(bound, async {
         let port = match port {
             Some(port) => port,
@@ -174,9 +179,15 @@ async fn warm_up(
                 let port = (stream == Stream::Stdout)
                     .then(|| listening_port(&line.text()))
                     .flatten();
+                kept += line.bytes.len();
                 read.push((stream, line));
                 if let Some(port) = port {
                     break port;
+                }
+                // What it keeps for the turn is bounded, as the output's
+                // channel is: past that the turn's adapter reads the rest.
+                if kept > WARM_UP_KEEPS {
+                    return None;
                 }
             },
         };

@@ -326,6 +326,9 @@ impl Started {
         mut control: mpsc::UnboundedReceiver<Control>,
         supervision: &Supervision,
     ) -> Exit {
+        // The turn's agent from now (a process started ahead of its turn is
+        // not shown between turns).
+        crate::status::agent_pid(u32::try_from(self.turn.pid).ok());
         // `control` stays open until the turn is torn down: a request sent
         // meanwhile is not refused.
         let waited = self.turn.wait(&mut control, supervision).await;
@@ -573,7 +576,6 @@ impl TurnProcesses {
         };
         let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
         tracing::info!(pgid = pid, program = %spec.program, cgroup = cgroup.is_some(), "agent started in a session of its own (no controlling terminal)");
-        crate::status::agent_pid(u32::try_from(pid).ok());
         let guard_pid = match guard {
             Some(Ok(started)) => Some(started.pid),
             Some(Err(reason)) => {

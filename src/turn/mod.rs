@@ -269,7 +269,7 @@ async fn leftovers_gone(spare: Option<i32>) -> Result<(), String> {
             .collect();
         tracing::warn!(
             processes = %names.join(", "),
-            "processes of an earlier turn were still alive at this turn's start; killed before its token was written"
+            "processes started before this turn (by an earlier turn, or by the agent pre-started for it outside its session) were still alive at this turn's start; killed before its token was written"
         );
     }
     if report.left.is_empty() {
@@ -277,7 +277,7 @@ async fn leftovers_gone(spare: Option<i32>) -> Result<(), String> {
     }
     let pids: Vec<String> = report.left.iter().map(|p| p.to_string()).collect();
     Err(format!(
-        "processes of an earlier turn (pids {}) are still alive after {} of SIGKILL; the runner starts no turn whose token they could read (look for processes in uninterruptible sleep, state D in /proc/<pid>/stat)",
+        "processes started before this turn (pids {}) are still alive after {} of SIGKILL; the runner starts no turn whose token they could read (look for processes in uninterruptible sleep, state D in /proc/<pid>/stat)",
         pids.join(", "),
         humantime::format_duration(crate::process::supervisor::SWEEP_BOUND)
     ))
@@ -454,9 +454,12 @@ impl<'a> Turn<'a> {
         let bearer = fresh
             .ok_or(Early::StoppedBeforeAck)?
             .map_err(|e| Early::Failed(e.to_string()))?;
-        // The agent pre-started for this turn is this turn's.
+        // The agent pre-started for this turn is this turn's, while its
+        // leader runs (the turn then discards it): what is left in the
+        // session of one that died goes now.
         let spare = crate::concurrency::lock(&self.ctx.prestarted)
             .as_ref()
+            .filter(|p| p.running())
             .map(drive::Prestarted::pid);
         leftovers_gone(spare).await.map_err(Early::Failed)?;
         let token = match &self.ctx.agent_api {

@@ -6,6 +6,7 @@ what it saw in $AGENT_OUT/<cli>.log (one JSON object a line) for the tests.
 The scenario of a turn is named in its prompt: "scenario:<name>". A resumed
 session remembers its scenario (a continuation prompt names none)."""
 
+import hashlib
 import json
 import os
 import re
@@ -46,6 +47,8 @@ def record_start():
     env = {k: os.environ[k] for k in WATCHED_ENV if k in os.environ}
     record("start", argv=sys.argv[1:], env=env, cwd=os.getcwd(),
            has_password=bool(os.environ.get("OPENCODE_SERVER_PASSWORD")),
+           password_digest=hashlib.sha256(
+               os.environ.get("OPENCODE_SERVER_PASSWORD", "").encode()).hexdigest()[:12],
            start_time=start_time())
 
 

@@ -756,6 +756,70 @@ async fn codex_prestarted_for_the_next_turn_resumes_its_thread() {
     assert_group_gone(&sb, "codex");
 }
 
+/// A pre-started opencode server the turn does not use (it died) takes its
+/// password with it: the turn's cold server gets a password of its own
+/// (found by a review of issue 38: the adapter had adopted the discarded
+/// server's).
+#[tokio::test]
+async fn a_discarded_prestarted_opencode_server_leaves_its_password_behind() {
+    let (sb, mut child, _) = first_turn_prestarted("opencode").await;
+    let waiting = records(&log(&sb, "opencode"), "start")[1]["pid"]
+        .as_i64()
+        .unwrap();
+    super::support::signal(
+        u32::try_from(waiting).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+    let run = sb.coordinator.queue_turn("scenario:complete Second", None);
+    let snap = sealed_or_log(&sb, &mut child, &run).await;
+    assert_eq!(sealed(&snap, &run).status.as_str(), "succeeded");
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert!(output.contains("it exited before its turn"), "{output}");
+    let log = log(&sb, "opencode");
+    let starts = records(&log, "start");
+    let turns = records(&log, "turn");
+    assert_eq!(
+        turns[1]["pid"], starts[2]["pid"],
+        "turn 2 started cold: {log:?}"
+    );
+    assert_ne!(
+        starts[2]["password_digest"], starts[1]["password_digest"],
+        "{log:?}"
+    );
+}
+
+/// A pre-started agent has no run id in its environment, even when the
+/// runner's own environment gives one (`ORIZU_RUN_ID`, accepted for
+/// compatibility): it learns its run from the turn file (found by a review
+/// of issue 38: the process started for run-2 kept `run-1`).
+#[tokio::test]
+async fn a_prestarted_agent_has_no_run_id_even_when_the_runners_environment_has_one() {
+    let sb = Sandbox::start(opts("scenario:complete First")).await;
+    let mut cmd = agent_runner(&sb, "claude");
+    cmd.env("ORIZU_RUN_ID", "run-1")
+        .args(["--prestart-agent", "on"]);
+    let mut child = Runner::spawn(&mut cmd);
+    sealed_or_log(&sb, &mut child, "run-1").await;
+    wait_starts(&sb, "claude", 2).await;
+    let run = sb.coordinator.queue_turn("scenario:complete Second", None);
+    let snap = sealed_or_log(&sb, &mut child, &run).await;
+    assert_eq!(sealed(&snap, &run).status.as_str(), "succeeded");
+    sb.coordinator.end_session();
+    let (status, output) = child.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let log = log(&sb, "claude");
+    let starts = records(&log, "start");
+    assert_eq!(starts[1]["env"].get("ORIZU_RUN_ID"), None, "{log:?}");
+    let turns = records(&log, "turn");
+    assert_eq!(turns[1]["run"], run.as_str(), "{log:?}");
+    assert_eq!(
+        turns[1]["pid"], starts[1]["pid"],
+        "turn 2 used the pre-started CLI"
+    );
+}
+
 /// Issue 38: a stop signal while a pre-started agent waits for its turn
 /// kills it with its tree; the runner exits as a stop between turns does.
 #[tokio::test]
