@@ -674,6 +674,15 @@ async fn first_turn_prestarted(cli: &str) -> (Sandbox, Runner, FinishBody) {
     (sb, child, first)
 }
 
+/// Kills the CLI `cli` pre-started for turn 2 (its second start).
+fn kill_prestarted(sb: &Sandbox, cli: &str) {
+    let waiting = records(&log(sb, cli), "start")[1]["pid"].as_i64().unwrap();
+    super::support::signal(
+        u32::try_from(waiting).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+}
+
 /// Turn 1 of `cli`, its CLI pre-started for turn 2 (before that turn is
 /// queued), turn 2 run and resuming turn 1's session, the CLI for turn 3
 /// started, then the session's end: the sandbox, turn 2's run, the agent
@@ -763,13 +772,7 @@ async fn codex_prestarted_for_the_next_turn_resumes_its_thread() {
 #[tokio::test]
 async fn a_discarded_prestarted_opencode_server_leaves_its_password_behind() {
     let (sb, mut child, _) = first_turn_prestarted("opencode").await;
-    let waiting = records(&log(&sb, "opencode"), "start")[1]["pid"]
-        .as_i64()
-        .unwrap();
-    super::support::signal(
-        u32::try_from(waiting).unwrap(),
-        rustix::process::Signal::KILL,
-    );
+    kill_prestarted(&sb, "opencode");
     let run = sb.coordinator.queue_turn("scenario:complete Second", None);
     let snap = sealed_or_log(&sb, &mut child, &run).await;
     assert_eq!(sealed(&snap, &run).status.as_str(), "succeeded");
@@ -840,13 +843,7 @@ async fn a_stop_while_a_prestarted_claude_waits_leaves_nothing() {
 #[tokio::test]
 async fn a_prestarted_claude_that_died_or_whose_work_tree_changed_is_not_used() {
     let (sb, mut child, _) = first_turn_prestarted("claude").await;
-    let waiting = records(&log(&sb, "claude"), "start")[1]["pid"]
-        .as_i64()
-        .unwrap();
-    super::support::signal(
-        u32::try_from(waiting).unwrap(),
-        rustix::process::Signal::KILL,
-    );
+    kill_prestarted(&sb, "claude");
     let second = sb.coordinator.queue_turn("scenario:complete Second", None);
     sealed_or_log(&sb, &mut child, &second).await;
     wait_starts(&sb, "claude", 4).await;

@@ -788,23 +788,7 @@ async fn prestarted_sends_nothing_before_its_turn(agent: &'static str) {
     let Some(case) = Case::start(agent, "write:one.txt").await else {
         return;
     };
-    let mut runner = Runner::spawn(case.command().args(["--prestart-agent", "on"]));
-    let snap = case.sealed(&mut runner, "run-1").await;
-    let sid = sealed(&snap, "run-1")
-        .agent_session_id
-        .expect("an agent session id");
-    let deadline = std::time::Instant::now() + TURN_WAIT;
-    while !runner
-        .output()
-        .contains("agent pre-started for the next turn")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no agent was pre-started:\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (mut runner, sid) = first_turn_prestarted(&case).await;
     let seen = case.provider.requests().len();
     // Claude Code and Codex start in well under a second, opencode serve
     // listens after about 1.6 s on a quiet machine: whatever they would
@@ -851,6 +835,18 @@ async fn real_opencode_prestarted_sends_nothing_before_its_turn() {
     prestarted_sends_nothing_before_its_turn("opencode").await;
 }
 
+/// Turn 1 with `--prestart-agent on`, once the CLI for turn 2 is started:
+/// the runner and turn 1's agent session.
+async fn first_turn_prestarted(case: &Case) -> (Runner, String) {
+    let mut runner = Runner::spawn(case.command().args(["--prestart-agent", "on"]));
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let sid = sealed(&snap, "run-1")
+        .agent_session_id
+        .expect("an agent session id");
+    prestarted_pgid(&runner, 1).await;
+    (runner, sid)
+}
+
 /// The process group of the `n`th agent pre-started so far, once the
 /// runner has logged it.
 async fn prestarted_pgid(runner: &Runner, n: usize) -> u32 {
@@ -883,11 +879,7 @@ async fn prestarted_is_discarded(agent: &'static str) {
     let Some(case) = Case::start(agent, "write:one.txt").await else {
         return;
     };
-    let mut runner = Runner::spawn(case.command().args(["--prestart-agent", "on"]));
-    let snap = case.sealed(&mut runner, "run-1").await;
-    let sid = sealed(&snap, "run-1")
-        .agent_session_id
-        .expect("an agent session id");
+    let (mut runner, sid) = first_turn_prestarted(&case).await;
     let waiting = prestarted_pgid(&runner, 1).await;
     super::support::signal(waiting, rustix::process::Signal::KILL);
     let (_, turn2) = second_turn(&case, &mut runner, &sid, case.provider.requests().len()).await;
