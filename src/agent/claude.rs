@@ -29,7 +29,6 @@ use serde_json::{Map, Value, json};
 use super::classify::{self, from_http_status};
 use super::command::{JsonLines, event_for_line};
 use super::lenient;
-use super::usage::Totals;
 use super::{
     Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
     StdinMode, Terminal, TurnSpec, Usage,
@@ -119,26 +118,16 @@ struct State {
     usage: Usage,
     failure: Option<AgentError>,
     interrupts: u32,
-    wrap_up: WrapUpState,
-}
-
-/// Where the wrap-up message (issue 38 item 3) is. Claude Code 2.1.197 with
-/// stream-json input (a real-CLI experiment): a user message written while a
-/// tool runs is folded into that tool's result (a `<system-reminder>`), and
-/// the turn's one `result` answers both; one written while the model
-/// answers, or after the `result`, runs as a turn of its own in the same
-/// session, with a `result` of its own.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum WrapUpState {
-    #[default]
-    NotSent,
-    /// Sent, and no tool result came since.
-    Sent,
-    /// A tool result came after it: the CLI folded the message into it.
-    Folded,
-    /// The turn's `result` came before it was folded: the next `result`,
-    /// the answer to the wrap-up, ends the turn.
-    Answering,
+    /// The wrap-up message (issue 38 item 3) was written. Claude Code
+    /// 2.1.197 with stream-json input (real-CLI experiments) folds a user
+    /// message written while a tool runs into that tool's result (a
+    /// `<system-reminder>`), so the agent reads it within the turn; one
+    /// still queued when the turn's `result` comes (written while the model
+    /// gave its final answer, or after an interrupt or an error) would run
+    /// as a turn of its own after that result, even once stdin is closed.
+    /// So the turn ends at its `result` whatever happened to the message,
+    /// and the CLI is stopped then rather than left to exit on EOF.
+    wrap_up_sent: bool,
 }
 
 async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
@@ -188,10 +177,11 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
                 Some(AdapterCommand::WrapUp) => {
                     if let Some(text) = &spec.wrap_up
                         && state.terminal.is_none()
-                        && state.wrap_up == WrapUpState::NotSent
+                        && !state.wrap_up_sent
+                        && io.send_json(&user_message(text))
                     {
-                        state.wrap_up = WrapUpState::Sent;
-                        io.send_json(&user_message(text));
+                        state.wrap_up_sent = true;
+                        io.note(Note::WrapUpSent);
                     }
                 }
                 None => commands_open = false,
@@ -263,9 +253,6 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, message: &Valu
                 .any(|block| block.kind.as_deref() == Some("tool_result"))
             {
                 state.effects = Effects::Some;
-                if state.wrap_up == WrapUpState::Sent {
-                    state.wrap_up = WrapUpState::Folded;
-                }
             }
         }
         Event::RateLimitEvent(event) => {
@@ -291,20 +278,15 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, message: &Valu
             if state.terminal.is_some() {
                 return;
             }
-            // Tokens are each result's own; the cost is the process's
-            // running total.
-            let usage = result_usage(&result, state.model.clone());
-            state.usage.add(&usage);
-            state.usage.cost_usd = usage.cost_usd.or(state.usage.cost_usd);
-            if state.wrap_up == WrapUpState::Sent && result.is_error != Some(true) {
-                // The wrap-up runs next as a turn of its own: its result
-                // ends this one, and stdin stays open for it.
-                state.wrap_up = WrapUpState::Answering;
-                return;
-            }
+            state.usage = result_usage(&result, state.model.clone());
             state.terminal = Some(terminal(spec, state, &result));
-            io.note(Note::Terminal);
-            // The CLI exits once its stdin closes.
+            // The CLI exits once its stdin closes, unless a wrap-up it has
+            // not taken yet is queued: then it is stopped now.
+            io.note(if state.wrap_up_sent {
+                Note::TerminalStopNow
+            } else {
+                Note::Terminal
+            });
             io.stdin = None;
         }
         Event::System(System::Other) | Event::Other => {}
@@ -609,6 +591,7 @@ struct ResultUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::usage::Totals;
     use std::path::PathBuf;
 
     fn spec(resume: Option<&str>) -> TurnSpec {
@@ -890,10 +873,19 @@ mod tests {
         Cmd(AdapterCommand),
     }
 
+    /// What the adapter did over a script.
+    struct Driven {
+        /// The JSON lines it wrote to stdin.
+        written: Vec<Value>,
+        /// Whether stdin was still open after the script.
+        open: bool,
+        notes: Vec<Note>,
+        seen: Observation,
+    }
+
     /// The adapter's run over `script` (each step is taken before the
-    /// next is given): what it wrote to stdin, whether stdin is still open,
-    /// and what it observed once the output ended.
-    async fn drive(spec: TurnSpec, script: Vec<Step>) -> (Vec<Value>, bool, Observation) {
+    /// next is given), until the output ends.
+    async fn drive(spec: TurnSpec, script: Vec<Step>) -> Driven {
         use crate::events::EventSender;
         use crate::events::spool::Spool;
         use crate::process::lines::Line;
@@ -904,7 +896,7 @@ mod tests {
         let (line_tx, line_rx) = tokio::sync::mpsc::channel(4);
         let (stdin_tx, mut stdin_rx) = tokio::sync::mpsc::unbounded_channel();
         let (cmd_tx, cmd_rx) = tokio::sync::mpsc::unbounded_channel();
-        let (note_tx, _notes) = tokio::sync::mpsc::unbounded_channel();
+        let (note_tx, mut note_rx) = tokio::sync::mpsc::unbounded_channel();
         let io = AdapterIo {
             lines: LineReceiver::new(line_rx),
             stdin: Some(stdin_tx),
@@ -935,7 +927,17 @@ mod tests {
             }
         };
         drop(line_tx);
-        (written, open, task.await.unwrap())
+        let seen = task.await.unwrap();
+        let mut notes = Vec::new();
+        while let Ok(note) = note_rx.try_recv() {
+            notes.push(note);
+        }
+        Driven {
+            written,
+            open,
+            notes,
+            seen,
+        }
     }
 
     fn wrap_up_spec() -> TurnSpec {
@@ -945,10 +947,10 @@ mod tests {
         }
     }
 
-    fn result(input: u64, cost: f64) -> Step {
+    fn result(input: u64) -> Step {
         Step::Out(
             json!({"type": "result", "subtype": "success", "is_error": false,
-            "session_id": "s-1", "total_cost_usd": cost,
+            "session_id": "s-1", "total_cost_usd": 0.001,
             "usage": {"input_tokens": input, "output_tokens": input / 10}}),
         )
     }
@@ -976,85 +978,85 @@ mod tests {
     }
 
     /// Claude Code 2.1.197 folds a message written while a tool runs into
-    /// that tool's result: the turn's one `result` ends the turn.
+    /// that tool's result: the agent reads it within the turn, whose one
+    /// `result` ends it; the CLI is stopped then (a message it has not
+    /// taken would run as another turn after that result).
     #[tokio::test]
-    async fn a_wrap_up_folded_into_a_tool_result_ends_at_the_turns_result() {
-        let (written, open, seen) = drive(
+    async fn a_wrap_up_mid_tool_is_sent_and_the_turn_ends_at_its_result() {
+        let d = drive(
             wrap_up_spec(),
             vec![
                 init(),
                 tool_use(),
                 Step::Cmd(AdapterCommand::WrapUp),
                 tool_result(),
-                result(200, 0.0009),
+                result(200),
             ],
         )
         .await;
-        assert_eq!(users(&written), ["p", "WRAP UP"]);
-        assert!(!open, "stdin is closed after the result");
-        assert_eq!(seen.terminal, Some(Terminal::Completed));
-        assert_eq!(seen.usage.input_tokens, Some(200));
+        assert_eq!(users(&d.written), ["p", "WRAP UP"]);
+        assert!(!d.open, "stdin is closed after the result");
+        assert_eq!(d.seen.terminal, Some(Terminal::Completed));
+        assert_eq!(d.notes[1..], [Note::WrapUpSent, Note::TerminalStopNow]);
     }
 
-    /// A wrap-up written while the model answers runs as a turn of its own
-    /// after the first `result`: its `result` ends the turn, and the usage
-    /// covers both (tokens per result, the cost a running total).
+    /// A wrap-up still queued when the turn's result comes (written while
+    /// the model gave its final answer; found by a review: the CLI ran it as
+    /// another turn after the result, after an interrupt or an error too)
+    /// does not run: the first result ends the turn, its outcome and usage
+    /// are that result's, and the CLI is stopped.
     #[tokio::test]
-    async fn a_wrap_up_answered_as_a_turn_of_its_own_ends_at_its_result() {
-        let (written, open, _) = drive(
+    async fn a_wrap_up_still_queued_at_the_result_does_not_run_as_another_turn() {
+        let d = drive(
             wrap_up_spec(),
             vec![
                 init(),
                 tool_use(),
                 tool_result(),
                 Step::Cmd(AdapterCommand::WrapUp),
-                result(200, 0.0009),
+                result(200),
+                init(),
+                result(100),
             ],
         )
         .await;
-        assert_eq!(users(&written), ["p", "WRAP UP"]);
-        assert!(open, "stdin stays open for the wrap-up's answer");
-        let (_, open, seen) = drive(
-            wrap_up_spec(),
-            vec![
-                init(),
-                tool_use(),
-                tool_result(),
-                Step::Cmd(AdapterCommand::WrapUp),
-                result(200, 0.0009),
-                init(),
-                result(100, 0.00135),
-            ],
-        )
-        .await;
-        assert!(!open);
-        assert_eq!(seen.terminal, Some(Terminal::Completed));
-        assert_eq!(seen.usage.input_tokens, Some(300));
-        assert_eq!(seen.usage.output_tokens, Some(30));
-        assert_eq!(seen.usage.cost_usd, Some(0.00135));
+        assert!(!d.open);
+        assert_eq!(d.seen.terminal, Some(Terminal::Completed));
+        assert_eq!(d.seen.usage.input_tokens, Some(200));
+        assert_eq!(
+            d.notes
+                .iter()
+                .filter(|n| **n == Note::TerminalStopNow)
+                .count(),
+            1,
+            "{:?}",
+            d.notes
+        );
     }
 
     /// No wrap-up after the turn's result, and none the boot has no
-    /// message for.
+    /// message for: the CLI then exits on stdin's end as always.
     #[tokio::test]
     async fn no_wrap_up_after_the_result_or_without_a_message() {
-        let (written, _, _) = drive(
+        let d = drive(
             wrap_up_spec(),
-            vec![init(), result(100, 0.1), Step::Cmd(AdapterCommand::WrapUp)],
+            vec![init(), result(100), Step::Cmd(AdapterCommand::WrapUp)],
         )
         .await;
-        assert_eq!(users(&written), ["p"]);
-        let (written, _, seen) = drive(
+        assert_eq!(users(&d.written), ["p"]);
+        assert_eq!(d.notes[1..], [Note::Terminal]);
+        let d = drive(
             spec(None),
             vec![
                 init(),
                 tool_use(),
                 Step::Cmd(AdapterCommand::WrapUp),
-                result(100, 0.1),
+                result(100),
             ],
         )
         .await;
-        assert_eq!(users(&written), ["p"]);
-        assert_eq!(seen.terminal, Some(Terminal::Completed));
+        assert_eq!(users(&d.written), ["p"]);
+        assert_eq!(d.seen.terminal, Some(Terminal::Completed));
+        assert_eq!(d.notes[1..], [Note::Terminal]);
     }
 }

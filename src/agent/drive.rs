@@ -36,7 +36,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::usage::Totals;
-use super::watchdog::{Alarm, Watchdog};
+use super::watchdog::Watchdog;
 use super::{
     Adapter, AdapterCommand, AdapterIo, AgentConfig, AgentError, AgentKind, AgentSession, Effects,
     ExitRule, Launch, Note, Observation, StdinMode, Terminal, TurnOutcome, TurnSpec, Usage,
@@ -985,11 +985,6 @@ impl Process<'_> {
                 _ = crate::concurrency::sleep_until(alarm.map(|(at, _)| at)) => {
                     if let Some((_, alarm)) = alarm {
                         self.watchdog.ring(alarm);
-                        if alarm == Alarm::WrapUp && self.watchdog.wrap_up_sent() {
-                            let before = self.input.config.wrap_up.as_ref().map(|w| w.before);
-                            let before_ms = before.map(|b| u64::try_from(b.as_millis()).unwrap_or(u64::MAX));
-                            self.input.events.emit(RunnerEvent::WrapUp, json!({"beforeMs": before_ms}));
-                        }
                     }
                 }
             }
@@ -1028,6 +1023,17 @@ impl Process<'_> {
         match note {
             Note::SessionId(id) => record_session(self.input, self.resume, id),
             Note::Terminal => self.watchdog.terminal(),
+            Note::TerminalStopNow => {
+                self.watchdog.terminal();
+                self.watchdog.stop_tree();
+            }
+            Note::WrapUpSent => {
+                let before = self.input.config.wrap_up.as_ref().map(|w| w.before);
+                let before_ms = before.map(|b| u64::try_from(b.as_millis()).unwrap_or(u64::MAX));
+                self.input
+                    .events
+                    .emit(RunnerEvent::WrapUp, json!({"beforeMs": before_ms}));
+            }
             Note::Activity => self.watchdog.activity(),
             Note::Abort(e) => {
                 if self.abort.is_none() && !self.flags.interrupted() {

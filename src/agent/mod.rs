@@ -509,6 +509,12 @@ pub enum Note {
     SessionId(String),
     /// The terminal event came (the runner stops a process that lingers).
     Terminal,
+    /// The terminal event came and the process must not run on (a message
+    /// it has not taken yet would start another turn): its tree is stopped
+    /// now.
+    TerminalStopNow,
+    /// The wrap-up message was written to the CLI.
+    WrapUpSent,
     /// Output that does not come as a line (an event stream): counts for
     /// the idle watchdog.
     Activity,

@@ -63,7 +63,6 @@ pub(super) struct Watchdog {
     stop_grace: Duration,
     /// When to send the wrap-up ([`AdapterCommand::WrapUp`]), until sent.
     wrap_up_at: Option<Instant>,
-    wrap_up_sent: bool,
     commands: mpsc::UnboundedSender<AdapterCommand>,
     control: mpsc::UnboundedSender<Control>,
 }
@@ -97,7 +96,6 @@ impl Watchdog {
             interrupt_grace: timings.interrupt_grace,
             stop_grace: timings.stop_grace,
             wrap_up_at: None,
-            wrap_up_sent: false,
             commands,
             control,
         }
@@ -108,11 +106,6 @@ impl Watchdog {
     pub(super) fn with_wrap_up(mut self, at: Option<Instant>) -> Self {
         self.wrap_up_at = at;
         self
-    }
-
-    /// Whether the wrap-up was sent.
-    pub(super) fn wrap_up_sent(&self) -> bool {
-        self.wrap_up_sent
     }
 
     /// The same clocks, the idle one being `clock` (what the output
@@ -196,6 +189,19 @@ impl Watchdog {
         }
     }
 
+    /// The terminal event came and the process must go: its stop signal
+    /// now, SIGKILL after the stop grace (unless already signalled).
+    pub(super) fn stop_tree(&mut self) {
+        if !self.signalled {
+            self.signalled = true;
+            self.signal_at = None;
+            self.terminal_at = None;
+            let _ = self.control.send(Control::Interrupt {
+                grace: self.stop_grace,
+            });
+        }
+    }
+
     /// The earliest armed deadline, if any. The idle watchdog is off once
     /// the runner has begun to stop the agent or its terminal event came.
     pub(super) fn next(&self) -> Option<(Instant, Alarm)> {
@@ -245,10 +251,7 @@ impl Watchdog {
             Alarm::WrapUp => {
                 self.wrap_up_at = None;
                 if !(self.protocol_sent || self.signalled || self.terminal_seen) {
-                    tracing::info!(
-                        "the turn's time cap is near; sending the agent the wrap-up message"
-                    );
-                    self.wrap_up_sent = true;
+                    tracing::info!("the turn's time cap is near; the wrap-up message to the agent");
                     let _ = self.commands.send(AdapterCommand::WrapUp);
                 }
             }
@@ -260,11 +263,7 @@ impl Watchdog {
                             "the agent sent its terminal event but is still running; stopping its process tree"
                         );
                     }
-                    self.signalled = true;
-                    self.signal_at = None;
-                    let _ = self.control.send(Control::Interrupt {
-                        grace: self.stop_grace,
-                    });
+                    self.stop_tree();
                 }
             }
         }
@@ -421,7 +420,6 @@ mod tests {
         assert_eq!(r.dog.next(), Some((at, Alarm::WrapUp)));
         r.dog.ring(Alarm::WrapUp);
         assert_eq!(r.commands.try_recv(), Ok(AdapterCommand::WrapUp));
-        assert!(r.dog.wrap_up_sent());
         assert_eq!(r.dog.next().map(|(_, a)| a), Some(Alarm::Idle));
         // Not after the terminal event, nor once the runner stops the agent.
         for end in [Watchdog::terminal, Watchdog::interrupt] {
@@ -432,7 +430,6 @@ mod tests {
             assert_ne!(r.dog.next().map(|(_, a)| a), Some(Alarm::WrapUp));
             r.dog.ring(Alarm::WrapUp);
             assert!(r.commands.try_recv().is_err());
-            assert!(!r.dog.wrap_up_sent());
         }
     }
 }

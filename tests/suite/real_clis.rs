@@ -928,11 +928,11 @@ async fn real_opencode_prestarted_is_discarded_when_it_died_or_the_tree_changed(
     prestarted_is_discarded("opencode").await;
 }
 
-/// The wrap-up (issue 38 item 3): with a 30 s time cap and the wrap-up 26 s
-/// before it, Claude Code gets the message about 4 s into a turn whose tool
-/// runs 6 s. It reaches the model (folded into the tool's result when it
-/// came mid-tool, as its own turn when it came while the model answered),
-/// and the turn ends at the result that answers it, well before the cap.
+/// The wrap-up (issue 38 item 3): with a 30 s time cap and the wrap-up 24 s
+/// before it, Claude Code gets the message 6 s into a turn whose tool runs
+/// 10 s (started within about 2 s of the turn's start, 4 s under load).
+/// It is folded into the tool's result, so it reaches the model within the
+/// turn, and the turn ends at its result, well before the cap.
 #[tokio::test]
 async fn real_claude_wrap_up_reaches_the_model_before_the_cap() {
     const MARK: &str = "MARK:wrap-up-5c2e";
@@ -945,7 +945,7 @@ async fn real_claude_wrap_up_reaches_the_model_before_the_cap() {
     };
     let mut runner = Runner::spawn(case.command().args([
         "--wrap-up-before",
-        "26s",
+        "24s",
         "--wrap-up-message",
         &format!("{MARK} Time is nearly up: commit and summarise."),
     ]));
@@ -954,7 +954,7 @@ async fn real_claude_wrap_up_reaches_the_model_before_the_cap() {
     assert_eq!(body.status.as_str(), "succeeded", "{body:?}");
     let wrap_ups = events(&snap, "run-1", "hosted_boot.wrap_up");
     assert_eq!(wrap_ups.len(), 1, "{wrap_ups:?}");
-    assert_eq!(wrap_ups[0]["beforeMs"], 26_000, "{wrap_ups:?}");
+    assert_eq!(wrap_ups[0]["beforeMs"], 24_000, "{wrap_ups:?}");
     let requests = case.provider.turn_requests(0);
     let reached = requests.iter().position(|r| {
         r["bodyMarkers"]
