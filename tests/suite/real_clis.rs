@@ -975,6 +975,52 @@ async fn real_claude_wrap_up_reaches_the_model_before_the_cap() {
     assert_nothing_left(&case.sb.root()).await;
 }
 
+/// A wrap-up still queued when the turn is interrupted (written while the
+/// model answers) never runs: Claude Code 2.1.197 would run it as another
+/// turn after its aborted result even once stdin is closed, and the work it
+/// did was pushed (found by a review of issue 38); the runner stops the CLI
+/// at that result.
+#[tokio::test]
+async fn real_claude_wrap_up_queued_at_an_interrupt_never_runs() {
+    let opts = CoordinatorOptions {
+        duration_minutes: Some(0.5),
+        ..CoordinatorOptions::default()
+    };
+    let Some(case) = Case::start_from("claude", "think:8 say hi", opts).await else {
+        return;
+    };
+    // The contract's graces (the CLI's signal at 5 s after the protocol
+    // interrupt): time enough for a queued wrap-up to run, were it let.
+    let mut cmd = case.command();
+    cmd.env("HOSTED_BOOT_TEST_TIME_SCALE", "1");
+    let mut runner = Runner::spawn(cmd.args([
+        "--wrap-up-before",
+        "26s",
+        "--wrap-up-message",
+        "MARK:wrap-up-9d41 write:after-interrupt.txt",
+    ]));
+    case.sb
+        .coordinator
+        .wait_for(TURN_WAIT, |s| {
+            s.run("run-1")
+                .is_some_and(|r| r.events.iter().any(|e| e.kind == "hosted_boot.wrap_up"))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("no wrap-up: {e:?}\n{}", runner.output()));
+    case.sb.coordinator.interrupt(Some("run-1")).unwrap();
+    let snap = case.sealed(&mut runner, "run-1").await;
+    assert_eq!(sealed(&snap, "run-1").status.as_str(), "interrupted");
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert!(
+        !case.repo().join("after-interrupt.txt").exists(),
+        "{output}"
+    );
+    assert_eq!(case.pushed("after-interrupt.txt"), None);
+    assert_nothing_left(&case.sb.root()).await;
+}
+
 /// A provider error of `kind` on every request: the turn fails with `code`.
 async fn provider_error(agent: &'static str, kind: &str, code: &str) {
     let Some(case) = Case::start(agent, &format!("fail:{kind}")).await else {
