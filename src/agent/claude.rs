@@ -118,16 +118,31 @@ struct State {
     usage: Usage,
     failure: Option<AgentError>,
     interrupts: u32,
-    /// The wrap-up message (issue 38 item 3) was written. Claude Code
-    /// 2.1.197 with stream-json input (real-CLI experiments) folds a user
-    /// message written while a tool runs into that tool's result (a
-    /// `<system-reminder>`), so the agent reads it within the turn; one
-    /// still queued when the turn's `result` comes (written while the model
-    /// gave its final answer, or after an interrupt or an error) would run
-    /// as a turn of its own after that result, even once stdin is closed.
-    /// So the turn ends at its `result` whatever happened to the message,
-    /// and the CLI is stopped then rather than left to exit on EOF.
-    wrap_up_sent: bool,
+    /// Tool calls of the CLI's own (`tool_use`) without their result yet.
+    tools_running: usize,
+    /// The wrap-up message (issue 38 item 3): asked for and waiting for a
+    /// tool call to run, or written. Claude Code 2.1.197 with stream-json
+    /// input (real-CLI experiments) folds a user message written while a
+    /// tool runs into that tool's result (a `<system-reminder>`), so the
+    /// agent reads it within the turn. One it has not taken when the
+    /// turn's `result` comes (written while the model answers) would run as
+    /// a turn of its own after that result, even once stdin is closed, or
+    /// if stopped, stay in the session as an unanswered message that the
+    /// next turn resumes. So it is written only while a tool runs (the
+    /// model still at work), held until the next tool call otherwise, and
+    /// never once the turn's result came; after one was written the turn
+    /// still ends at its `result`, and the CLI is stopped then rather than
+    /// left to exit on EOF (the message may have missed the tool's result
+    /// by milliseconds).
+    wrap_up: WrapUp,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum WrapUp {
+    #[default]
+    NotAsked,
+    Held,
+    Sent,
 }
 
 async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
@@ -165,6 +180,10 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
             }
             cmd = io.commands.recv(), if commands_open => match cmd {
                 Some(AdapterCommand::ProtocolInterrupt) => {
+                    // A wrap-up still held is moot: the turn is stopping.
+                    if state.wrap_up == WrapUp::Held {
+                        state.wrap_up = WrapUp::NotAsked;
+                    }
                     if state.terminal.is_none() {
                         state.interrupts += 1;
                         io.send_json(&json!({
@@ -175,13 +194,9 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
                     }
                 }
                 Some(AdapterCommand::WrapUp) => {
-                    if let Some(text) = &spec.wrap_up
-                        && state.terminal.is_none()
-                        && !state.wrap_up_sent
-                        && io.send_json(&user_message(text))
-                    {
-                        state.wrap_up_sent = true;
-                        io.note(Note::WrapUpSent);
+                    if spec.wrap_up.is_some() && state.wrap_up == WrapUp::NotAsked {
+                        state.wrap_up = WrapUp::Held;
+                        send_wrap_up(&spec, &mut state, &io);
                     }
                 }
                 None => commands_open = false,
@@ -193,6 +208,19 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
         failure: state.failure,
         usage: state.usage,
         effects: state.effects,
+    }
+}
+
+/// Writes the wrap-up asked for, if a tool runs and the turn has not ended.
+fn send_wrap_up(spec: &TurnSpec, state: &mut State, io: &AdapterIo) {
+    if state.wrap_up == WrapUp::Held
+        && state.tools_running > 0
+        && state.terminal.is_none()
+        && let Some(text) = &spec.wrap_up
+        && io.send_json(&user_message(text))
+    {
+        state.wrap_up = WrapUp::Sent;
+        io.note(Note::WrapUpSent);
     }
 }
 
@@ -245,14 +273,19 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, message: &Valu
         Event::System(System::ApiRetry(retry)) => {
             state.retry_status = retry.error_status.and_then(|s| u16::try_from(s).ok());
         }
-        Event::Assistant(message) => assistant(state, message),
+        Event::Assistant(message) => {
+            assistant(state, message);
+            send_wrap_up(spec, state, io);
+        }
         Event::User(user) => {
             let blocks = user.message.content.unwrap_or_default();
-            if blocks
+            let results = blocks
                 .iter()
-                .any(|block| block.kind.as_deref() == Some("tool_result"))
-            {
+                .filter(|block| block.kind.as_deref() == Some("tool_result"))
+                .count();
+            if results > 0 {
                 state.effects = Effects::Some;
+                state.tools_running = state.tools_running.saturating_sub(results);
             }
         }
         Event::RateLimitEvent(event) => {
@@ -282,7 +315,7 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, message: &Valu
             state.terminal = Some(terminal(spec, state, &result));
             // The CLI exits once its stdin closes, unless a wrap-up it has
             // not taken yet is queued: then it is stopped now.
-            io.note(if state.wrap_up_sent {
+            io.note(if state.wrap_up == WrapUp::Sent {
                 Note::TerminalStopNow
             } else {
                 Note::Terminal
@@ -305,7 +338,8 @@ fn assistant(state: &mut State, assistant: Assistant) {
     {
         state.model = Some(m);
     }
-    let tool = message.content.unwrap_or_default().iter().any(|block| {
+    let blocks = message.content.unwrap_or_default();
+    let tool = blocks.iter().any(|block| {
         matches!(
             block.kind.as_deref(),
             Some("tool_use" | "server_tool_use" | "mcp_tool_use")
@@ -314,6 +348,11 @@ fn assistant(state: &mut State, assistant: Assistant) {
     if tool {
         state.effects = Effects::Some;
     }
+    // Only the CLI's own tools come back as a `tool_result` user message.
+    state.tools_running += blocks
+        .iter()
+        .filter(|block| block.kind.as_deref() == Some("tool_use"))
+        .count();
 }
 
 fn result_usage(result: &ResultEvent, model: Option<String>) -> Usage {
@@ -1000,13 +1039,28 @@ mod tests {
         assert_eq!(d.notes[1..], [Note::WrapUpSent, Note::TerminalStopNow]);
     }
 
-    /// A wrap-up still queued when the turn's result comes (written while
-    /// the model gave its final answer; found by a review: the CLI ran it as
-    /// another turn after the result, after an interrupt or an error too)
-    /// does not run: the first result ends the turn, its outcome and usage
-    /// are that result's, and the CLI is stopped.
+    /// A wrap-up asked for while no tool runs (the model is answering) is
+    /// held until the next tool call, and written then; one still held when
+    /// the turn's result comes is never written (found by reviews: Claude
+    /// Code runs a message it has not taken as another turn after the
+    /// result, or, stopped, keeps it in the session the next turn resumes).
     #[tokio::test]
-    async fn a_wrap_up_still_queued_at_the_result_does_not_run_as_another_turn() {
+    async fn a_wrap_up_waits_for_a_running_tool_and_never_follows_the_result() {
+        let d = drive(
+            wrap_up_spec(),
+            vec![
+                init(),
+                tool_use(),
+                tool_result(),
+                Step::Cmd(AdapterCommand::WrapUp),
+                tool_use(),
+                tool_result(),
+                result(200),
+            ],
+        )
+        .await;
+        assert_eq!(users(&d.written), ["p", "WRAP UP"]);
+        assert_eq!(d.notes[1..], [Note::WrapUpSent, Note::TerminalStopNow]);
         let d = drive(
             wrap_up_spec(),
             vec![
@@ -1020,18 +1074,11 @@ mod tests {
             ],
         )
         .await;
+        assert_eq!(users(&d.written), ["p"]);
         assert!(!d.open);
         assert_eq!(d.seen.terminal, Some(Terminal::Completed));
         assert_eq!(d.seen.usage.input_tokens, Some(200));
-        assert_eq!(
-            d.notes
-                .iter()
-                .filter(|n| **n == Note::TerminalStopNow)
-                .count(),
-            1,
-            "{:?}",
-            d.notes
-        );
+        assert_eq!(d.notes[1..], [Note::Terminal], "{:?}", d.notes);
     }
 
     /// No wrap-up after the turn's result, and none the boot has no

@@ -432,4 +432,22 @@ mod tests {
             assert!(r.commands.try_recv().is_err());
         }
     }
+
+    #[test]
+    fn a_tree_stopped_at_its_terminal_event_is_signalled_once_at_once() {
+        let mut r = rig(true, false);
+        // An interrupt armed the signals for half its grace; the terminal
+        // event with a stop now signals at once, with the stop grace.
+        r.dog.interrupt();
+        assert_eq!(r.commands.try_recv(), Ok(AdapterCommand::ProtocolInterrupt));
+        r.dog.terminal();
+        r.dog.stop_tree();
+        match r.control.try_recv() {
+            Ok(Control::Interrupt { grace }) => assert_eq!(grace, 4 * SEC),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.dog.next(), None, "nothing else is armed");
+        r.dog.stop_tree();
+        assert!(r.control.try_recv().is_err(), "signalled once");
+    }
 }
