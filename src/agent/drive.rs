@@ -455,11 +455,7 @@ async fn run_once(
 ) -> Result<Once, SpawnError> {
     let process = input.process();
     let spec = turn_spec(process, input.instructions.clone(), prompt, resume.clone());
-    let fresh = || {
-        let adapter = adapter_for(&input.config, spec.clone(), &input.session, &input.redactor);
-        let launch = adapter.launch();
-        (adapter, launch)
-    };
+    let fresh = || adapter_for(&input.config, spec.clone(), &input.session, &input.redactor);
     let env_of = |launch: &Launch| {
         agent_env(
             &input.config,
@@ -474,7 +470,7 @@ async fn run_once(
         // The adapter takes the process's own values (the opencode
         // server's password) only to compare and to use that process: a
         // cold start after a discard gets values of its own.
-        let (mut adapter, _) = fresh();
+        let mut adapter = fresh();
         adapter.adopt(&p.prepared.launch);
         let launch = adapter.launch();
         let env = env_of(&launch);
@@ -482,7 +478,8 @@ async fn run_once(
             return Ok(attach(input, prepared, adapter, requests, stop, flags).await);
         }
     }
-    let (adapter, launch) = fresh();
+    let adapter = fresh();
+    let launch = adapter.launch();
     let env = env_of(&launch);
     let prepared = prepare(process, env, launch, resume).await?;
     Ok(attach(input, prepared, adapter, requests, stop, flags).await)

@@ -570,10 +570,10 @@ pub trait Adapter: Send {
     /// matches it and the adapter can speak to it. Adapters without such
     /// values have nothing to take.
     fn adopt(&mut self, _started: &Launch) {}
-    /// What a process started ahead of its turn does while it waits, with
-    /// no effect its turn could see: opencode serve loads its configuration
-    /// and provider package, which its first prompt would otherwise wait
-    /// for. It reads the process's output from `lines` and gives the
+    /// What a process started ahead of its turn does while it waits, sending
+    /// it no prompt: opencode serve loads its configuration (and with it its
+    /// plugins) and provider package, which its first prompt would
+    /// otherwise wait for. It reads the process's output from `lines` and gives the
     /// receiver back, with every line it read put back, once done or at
     /// once when `done` fires (the turn has come). Default: nothing.
     fn warm_up(

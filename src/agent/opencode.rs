@@ -128,9 +128,9 @@ impl Adapter for OpenCodeAdapter {
     }
 
     fn adopt(&mut self, started: &Launch) {
-        // The pre-started server's password, made for it alone; a turn that
-        // does not use the server kills it and its tree before starting its
-        // own with this password, so the password stays one live server's.
+        // The pre-started server's password, made for it alone: the turn
+        // adopts it only to compare and to use that server (a cold start
+        // after a discard gets an adapter, and a password, of its own).
         if let Some((_, password)) = started.env.iter().find(|(k, _)| k == PASSWORD_VAR) {
             self.password = password.clone();
         }
@@ -158,8 +158,9 @@ const WARM_UP_KEEPS: usize = 1 << 20;
 /// A pre-started server's wait (issue 38): once it listens and is healthy,
 /// `GET /config` and `GET /config/providers` load its configuration and
 /// provider package (about 1 s of a first prompt's latency, measured with
-/// 1.18.33), and `GET /session/:id` the session it will resume; the turn
-/// can see none of it. Stops when `done` fires,
+/// 1.18.33), and `GET /session/:id` the session it will resume. Loading
+/// the configuration loads opencode's plugins, which then run before the
+/// turn (PROTOCOL.md 4.2). Stops when `done` fires,
 /// and gives up quietly after `bound` or when the output ends: the turn's
 /// adapter then finds the server as it is and reports what it sees.
 async fn warm_up(
