@@ -397,6 +397,18 @@ fn runner_is_root() -> bool {
 }
 
 /// The agent's environment for one process of `config`.
+/// The environment the agent CLI gets, without a turn's own variables:
+/// for what runs the CLI or finds its files outside a turn (the version
+/// probe, the agent state of PROTOCOL.md 2.7). The agent user's `HOME`
+/// included.
+pub fn cli_env(
+    config: &AgentConfig,
+    base: &[(OsString, OsString)],
+    session: &AgentSession,
+) -> Vec<(OsString, OsString)> {
+    agent_env(config, base, session, None, &[])
+}
+
 fn agent_env(
     config: &AgentConfig,
     base: &[(OsString, OsString)],
@@ -1185,7 +1197,7 @@ pub fn start_version_probe(
     if config.kind == AgentKind::Command {
         return;
     }
-    let env = agent_env(config, base_env, session, None, &[]);
+    let env = cli_env(config, base_env, session);
     let (config, session, cwd) = (config.clone(), session.clone(), cwd.to_path_buf());
     tokio::spawn(async move {
         session.version(cli_version(&config, env, &cwd)).await;

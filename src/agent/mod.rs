@@ -24,6 +24,7 @@ pub mod lenient;
 pub mod opencode;
 pub mod opencode_run;
 pub mod sse;
+pub mod state;
 pub mod usage;
 mod watchdog;
 

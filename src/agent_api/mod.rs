@@ -35,13 +35,17 @@ pub enum AgentApiMode {
 }
 
 /// The routes the proxy never forwards, whatever the allowlist: each mints
-/// or reads a credential (agent token, env bundle, repo token) or speaks
-/// for the runner with the boot secret (boot status).
-pub const NEVER_FORWARDED: [Route; 4] = [
+/// or reads a credential (agent token, env bundle, repo token), speaks
+/// for the runner with the boot secret (boot status), or carries what the
+/// runner restores as the agent's own state (the agent state, which an
+/// agent could otherwise plant for the next sandbox's CLI to resume).
+pub const NEVER_FORWARDED: [Route; 6] = [
     Route::AgentToken,
     Route::BootStatus,
     Route::EnvBundle,
     Route::RepoToken,
+    Route::AgentStateLoad,
+    Route::AgentStateSave,
 ];
 
 /// The routes the proxy forwards by default: reading the session (2.4).

@@ -359,7 +359,7 @@ fn check(
         }
     };
     let path = request.uri().path();
-    let Some((route, value)) = routes::match_path(path) else {
+    let Some((route, value)) = routes::match_request(request.method().as_str(), path) else {
         return Err((
             Refusal::UnknownRoute,
             None,

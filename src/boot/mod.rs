@@ -584,6 +584,7 @@ fn turn_context(
         prestart_agent: prestart_allowed(config, proxy),
         broker: workspace.served_broker,
         prestarted: std::sync::Mutex::new(None),
+        agent_state: crate::turn::agent_state::Carry::new(resolved.session.agent_state),
     })
 }
 

@@ -30,8 +30,8 @@ use crate::secret::Secret;
 use crate::timings::Timings;
 use crate::wire::routes::{self, Auth, EmptyObject, Endpoint, Location, Route};
 use crate::wire::{
-    self, Access, BootStatus, BootStatusBody, EnvBundle, FinishBody, RepoTokenRequest,
-    RepoTokenResponse, Session,
+    self, Access, AgentStateAnswer, BootStatus, BootStatusBody, EnvBundle, FinishBody,
+    RepoTokenRequest, RepoTokenResponse, Session,
 };
 
 /// Where the coordinator is and how to authenticate to it.
@@ -555,6 +555,36 @@ impl Api {
             })
             .await?;
         decode(call, e, &reply).map(|a| a.accepted_through)
+    }
+
+    /// Loads the session's saved agent state (2.7) under
+    /// [`Policy::AGENT_STATE`]; the state is raw (the caller checks it).
+    /// Only when the session offers it (`session.agentState`).
+    pub async fn agent_state_load(&self) -> Result<AgentStateAnswer, CallError> {
+        let call = "agent state load";
+        let e = routes::AGENT_STATE_LOAD;
+        let sid = &self.config.session_id;
+        let reply = self
+            .authed(call, Policy::AGENT_STATE, e.spec().cap, |t| {
+                self.build(e.route(), sid, Some(t))
+            })
+            .await?;
+        decode(call, e, &reply)
+    }
+
+    /// Saves the agent state (2.7) under [`Policy::AGENT_STATE`]: `body` is
+    /// an [`crate::wire::AgentState`] already encoded and redacted (the
+    /// caller checked its size against the offer), shared between attempts.
+    pub async fn agent_state_save(&self, body: bytes::Bytes) -> Result<(), CallError> {
+        let e = routes::AGENT_STATE_SAVE;
+        let sid = &self.config.session_id;
+        self.authed("agent state save", Policy::AGENT_STATE, e.spec().cap, |t| {
+            self.build(e.route(), sid, Some(t))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.clone())
+        })
+        .await
+        .map(|_| ())
     }
 
     /// Seals a run (2.6 `finish`). Every string of the body is redacted here

@@ -102,6 +102,10 @@ impl Policy {
     /// The interrupt watch read and the idle read: one attempt per tick (the
     /// tick is the retry).
     pub const PER_TICK: Policy = Policy::ONCE;
+    /// The agent state's load and save (2.7): 3 attempts, 250 ms doubling
+    /// to 2 s. Neither is required: a failed load runs the turn as without
+    /// a state, a failed save leaves the last one.
+    pub const AGENT_STATE: Policy = Policy::http(3, 250, 2_000);
     /// The credential helper's own calls (agent token, repo token): 3
     /// attempts, 250 ms doubling to 2 s.
     pub const CREDENTIAL_HELPER: Policy = Policy::http(3, 250, 2_000);

@@ -50,6 +50,7 @@ fn route_of(path: &str) -> &'static str {
         p if p.ends_with("/events/cursor") => "cursor",
         p if p.ends_with("/events") => "events",
         p if p.ends_with("/finish") => "finish",
+        p if p.ends_with("/agent-state") => "agent state",
         p if p.contains("/workbench-runs/") => "run_started",
         p if p.contains("/sessions/") => "session",
         _ => "unknown",
@@ -66,6 +67,7 @@ fn success(route: &str) -> &'static str {
             r#"{"session": {"workspaceId": "w", "repoBranch": "b", "clientInfo": {"task": "t"}}}"#
         }
         "events" | "cursor" => r#"{"acceptedThrough": 3}"#,
+        "agent state" => r#"{"agentState": null}"#,
         _ => "{}",
     }
 }
@@ -555,6 +557,29 @@ async fn row_the_credential_helpers_own_calls_3_attempts_250ms_doubling_to_2s() 
                     .await
                     .map(drop)
             })
+        }),
+    ];
+    for (route, call) in calls {
+        holds_to_its_row(Row {
+            route,
+            call,
+            attempts: 3,
+            waits_ms: &[250, 500],
+            waits_high_ms: &[300, 600],
+            retry_after_waits_ms: &[1000, 2000],
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn row_agent_state_load_and_save_3_attempts_250ms_doubling_to_2s() {
+    let calls: [(&'static str, Call); 2] = [
+        ("agent state", |api| {
+            Box::pin(async move { api.agent_state_load().await.map(drop) })
+        }),
+        ("agent state", |api| {
+            Box::pin(async move { api.agent_state_save(bytes::Bytes::from_static(b"{}")).await })
         }),
     ];
     for (route, call) in calls {

@@ -272,6 +272,9 @@ pub enum RunnerEvent {
     /// `hosted_boot.workspace`: a fresh clone's submodules and LFS files
     /// (3, "A complete workspace"), in the first turn when it has either.
     Workspace,
+    /// `hosted_boot.agent_state`: the agent CLI's state restored before
+    /// the boot's first agent, or saved after a turn's, or why not (2.7).
+    AgentState,
 }
 
 impl RunnerEvent {
@@ -290,6 +293,7 @@ impl RunnerEvent {
             RunnerEvent::SetupOutput => "hosted_boot.setup_output",
             RunnerEvent::EgressCanary => "hosted_boot.egress_canary",
             RunnerEvent::Workspace => "hosted_boot.workspace",
+            RunnerEvent::AgentState => "hosted_boot.agent_state",
         }
     }
 }
@@ -406,6 +410,7 @@ mod tests {
             RunnerEvent::Harvest,
             RunnerEvent::Setup,
             RunnerEvent::SetupOutput,
+            RunnerEvent::AgentState,
         ] {
             assert!(is_reserved(kind.kind()), "{kind:?}");
         }

@@ -8,6 +8,7 @@
 //! one attempt per call, and returns [`TurnEnd::Stopped`]; a second signal
 //! skips what is left.
 
+pub mod agent_state;
 pub mod rotation;
 pub mod setup;
 pub mod watch;
@@ -88,6 +89,8 @@ pub struct TurnContext {
     /// The agent started ahead of the next turn: taken by that turn's
     /// agent, or discarded by the boot ([`discard_prestarted`]).
     pub prestarted: std::sync::Mutex<Option<drive::Prestarted>>,
+    /// The agent CLI's state carried across sandboxes (PROTOCOL.md 2.7).
+    pub agent_state: agent_state::Carry,
 }
 
 /// Starts the next turn's agent CLI now (the runner is about to wait for
@@ -378,17 +381,36 @@ impl<'a> Turn<'a> {
         // late is awaited alongside the harvest, never before the agent.
         let runner_event = self.runner_event.take();
         let stop = self.stop.clone();
-        let (harvested, ()) =
-            tokio::join!(self.harvest(outcome.status, start, events), async move {
+        // The agent state is saved beside the harvest (the agent has
+        // ended; the harvest leaves its state alone), before the seal, so
+        // that its event is the run's; on a stop, after the seal.
+        let (ctx, run_id) = (self.ctx, self.run_id);
+        let save_now = stopped_by.is_none() && !self.budget.stopping();
+        let saving = events.clone();
+        let (harvested, (), ()) = tokio::join!(
+            self.harvest(outcome.status, start, events),
+            async move {
                 if let Some(pending) = runner_event {
                     pending.settled(stop).await;
                 }
-            });
+            },
+            async move {
+                if save_now {
+                    agent_state::save(ctx, run_id, Some(&saving)).await;
+                }
+            }
+        );
         let stopping = stopped_by.is_some() || self.budget.stopping();
         crate::status::turn_step(crate::status::TurnStep::Flush);
         let report = self.flush(stopping).await.ok_or(Early::Stopped)?;
         self.seal(&outcome, harvested, &report).await?;
         self.complete().await?;
+        if !save_now {
+            // What the stop budget leaves after the seal: never before it.
+            self.budget
+                .bounded(agent_state::save(ctx, run_id, None))
+                .await;
+        }
         Ok(outcome)
     }
 
@@ -541,6 +563,7 @@ impl<'a> Turn<'a> {
         if let Some(completion) = crate::concurrency::lock(&ctx.completion).take() {
             events.emit(RunnerEvent::Workspace, completion.event_data());
         }
+
         // The sync comes before the watch's first read, so that an interrupt
         // requested meanwhile still keeps the agent from starting.
         let sync = workspace_steps::before_turn(&ctx.harvester, self.run_id, &self.timings, events);
@@ -556,6 +579,11 @@ impl<'a> Turn<'a> {
             )
             .await;
         }
+        // Before the boot's first agent (the CLI reads its state when it
+        // starts); a stop meanwhile leaves it, and the agent never starts.
+        self.budget
+            .unless_stopped(agent_state::restore(ctx, events))
+            .await;
         report.start_sha
     }
 

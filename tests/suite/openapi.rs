@@ -360,6 +360,14 @@ async fn openapi_validates_the_reference_coordinators_answers() {
         (Route::Events, Some(json!({"events": [event]}))),
         (Route::Cursor, None),
         (Route::Finish, Some(finish)),
+        (Route::AgentStateLoad, None),
+        (
+            Route::AgentStateSave,
+            Some(
+                json!({"format": 1, "cli": "claude", "agentSessionId": "a", "runId": "run-1",
+                "files": [{"path": "a.jsonl", "content": "e30K"}]}),
+            ),
+        ),
     ];
     assert_eq!(calls.len(), TABLE.len());
     for (route, body) in calls {

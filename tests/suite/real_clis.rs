@@ -1312,3 +1312,483 @@ async fn real_claude_keeps_the_images_settings_and_a_529_is_an_overload() {
         "Claude retried on its own: CLAUDE_CODE_MAX_RETRIES did not reach it"
     );
 }
+
+/// The files under `dir` whose content holds `text` (none when `dir` is
+/// missing).
+fn files_holding(dir: &Path, text: &str) -> Vec<PathBuf> {
+    let out = std::process::Command::new("grep")
+        .args(["-rlF", "--", text])
+        .arg(dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// The stored agent state's files, decoded: `(path, content)`.
+fn stored_files(state: &Value) -> Vec<(String, String)> {
+    use base64::Engine as _;
+    state["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(f["content"].as_str().unwrap())
+                .unwrap();
+            (
+                f["path"].as_str().unwrap().to_string(),
+                String::from_utf8_lossy(&bytes).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A second sandbox on the same session: another root path, and fresh,
+/// empty state directories (`HOME`, `CODEX_HOME`) holding only the CLIs'
+/// configuration, as a new container from the same image has.
+struct SandboxB {
+    dir: tempfile::TempDir,
+}
+
+impl SandboxB {
+    fn new(case: &Case) -> SandboxB {
+        // Codex refuses its helper links under /tmp (as for `Case`).
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(home.join(".config/opencode")).unwrap();
+        std::fs::copy(
+            case.sb.dir.path().join(".config/opencode/opencode.json"),
+            home.join(".config/opencode/opencode.json"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("codex")).unwrap();
+        std::fs::copy(
+            case.codex_home.path().join("config.toml"),
+            dir.path().join("codex/config.toml"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("sandbox/root-b")).unwrap();
+        SandboxB { dir }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("sandbox/root-b")
+    }
+
+    fn command(&self, case: &Case) -> Command {
+        let mut cmd = case.command();
+        cmd.env("HOME", self.dir.path().join("home"))
+            .env("CODEX_HOME", self.dir.path().join("codex"))
+            .env("HOSTED_BOOT_ROOT", self.root());
+        cmd
+    }
+}
+
+/// Sandbox A is gone: its runner stopped between turns (SIGTERM), its
+/// root and the CLIs' state directories removed.
+async fn sandbox_a_gone(case: &Case, runner: Runner) {
+    super::support::signal(runner.pid(), rustix::process::Signal::TERM);
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(143), "stopped by SIGTERM: {output}");
+    assert_nothing_left(&case.sb.root()).await;
+    for dir in [
+        case.sb.root(),
+        case.sb.dir.path().join(".claude"),
+        case.sb.dir.path().join(".local"),
+        case.codex_home.path().join("sessions"),
+    ] {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+}
+
+/// Issue 39 with the real CLI: turn 1 in sandbox A saves the CLI's state
+/// (redacted: a connector's value in the prompt is not in what the
+/// coordinator stores); A goes; turn 2 runs in sandbox B, at another root
+/// path with empty state directories, which restores the state before its
+/// agent starts: the CLI resumes the same agent session, and the provider
+/// sees turn 1's prompt in turn 2's request.
+async fn the_conversation_outlives_its_sandbox(agent: &'static str) {
+    let secret = "connector-value-4f1d9e2a";
+    let opts = CoordinatorOptions {
+        connectors: vec![("PLATFORM_TOKEN".into(), secret.into())],
+        ..CoordinatorOptions::default()
+    };
+    let task = format!("write:one.txt and keep {secret} to yourself");
+    let Some(case) = Case::start_from(agent, &task, opts).await else {
+        return;
+    };
+    let runner = Runner::spawn(&mut case.command());
+    let mut runner = runner;
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let first = sealed(&snap, "run-1");
+    assert_eq!(first.status.as_str(), "succeeded", "{first:?}");
+    let sid = first.agent_session_id.clone().expect("an agent session id");
+    let saved = events(&snap, "run-1", "hosted_boot.agent_state");
+    assert_eq!(saved.len(), 1, "{saved:?}\n{}", runner.output());
+    assert_eq!(saved[0]["outcome"], "saved", "{saved:?}");
+    assert_eq!(saved[0]["agentSessionId"], sid.as_str());
+    let state = snap
+        .agent_state
+        .clone()
+        .expect("the coordinator holds a state");
+    assert_eq!(state["agentSessionId"], sid.as_str());
+    assert_eq!(state["runId"], "run-1");
+    let files = stored_files(&state);
+    assert!(
+        files.iter().any(|(_, c)| c.contains("write:one.txt")),
+        "the transcript is not in the state: {:?}",
+        files.iter().map(|(p, _)| p).collect::<Vec<_>>()
+    );
+    assert!(
+        !state.to_string().contains(secret) && files.iter().all(|(_, c)| !c.contains(secret)),
+        "the connector's value left the sandbox"
+    );
+    // The CLI's own file held it: the redaction is the runner's.
+    let holding = files_holding(case.sb.dir.path(), secret).len()
+        + files_holding(case.codex_home.path(), secret).len();
+    assert!(holding > 0, "the CLI kept no copy of the prompt");
+
+    sandbox_a_gone(&case, runner).await;
+    let b = SandboxB::new(&case);
+    assert_eq!(
+        case.sb.coordinator.queue_turn("write:two.txt", None),
+        "run-2"
+    );
+    let seen = case.provider.requests().len();
+    let mut runner = Runner::spawn(&mut b.command(&case));
+    let snap = case.sealed(&mut runner, "run-2").await;
+    let second = sealed(&snap, "run-2");
+    let restored = events(&snap, "run-2", "hosted_boot.agent_state");
+    assert!(
+        restored.first().is_some_and(|e| e["outcome"] == "restored"),
+        "{restored:?}\n{}",
+        runner.output()
+    );
+    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
+    assert!(
+        second.agent_session_reset.is_none(),
+        "the CLI refused the restored session: {second:?}\n{}",
+        runner.output()
+    );
+    assert_eq!(second.agent_session_id.as_deref(), Some(sid.as_str()));
+    let turn2 = case.provider.turn_requests(seen);
+    assert!(
+        users(&turn2[0]).contains("write:one.txt"),
+        "turn 2 did not continue turn 1's conversation: {}",
+        users(&turn2[0])
+    );
+    assert!(!users(&turn2[0]).contains(secret));
+    assert_eq!(case.pushed("two.txt").as_deref(), Some("done"));
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_nothing_left(&b.root()).await;
+}
+
+#[tokio::test]
+async fn real_claude_conversation_outlives_its_sandbox() {
+    the_conversation_outlives_its_sandbox("claude").await;
+}
+
+#[tokio::test]
+async fn real_codex_conversation_outlives_its_sandbox() {
+    the_conversation_outlives_its_sandbox("codex").await;
+}
+
+#[tokio::test]
+async fn real_codex_exec_conversation_outlives_its_sandbox() {
+    the_conversation_outlives_its_sandbox("codex-exec").await;
+}
+
+#[tokio::test]
+async fn real_opencode_conversation_outlives_its_sandbox() {
+    the_conversation_outlives_its_sandbox("opencode").await;
+}
+
+#[tokio::test]
+async fn real_opencode_run_conversation_outlives_its_sandbox() {
+    the_conversation_outlives_its_sandbox("opencode-run").await;
+}
+
+/// Turn 1 of a claude case with the coordinator's `opts`: its seal, the
+/// snapshot, the runner's output, the runner left waiting.
+async fn claude_first_turn(
+    opts: CoordinatorOptions,
+    task: &str,
+) -> Option<(Case, Runner, Snapshot)> {
+    let case = Case::start_from("claude", task, opts).await?;
+    let mut runner = Runner::spawn(&mut case.command());
+    let snap = case.sealed(&mut runner, "run-1").await;
+    Some((case, runner, snap))
+}
+
+/// Ends the session and the runner, and checks nothing is left.
+async fn end_case(case: &Case, runner: Runner, root: &Path) {
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_nothing_left(root).await;
+}
+
+/// Issue 39: a save the coordinator keeps refusing is retried under its
+/// row (3 attempts), then said in an event; the turn's seal is not
+/// affected and the coordinator holds no state.
+#[tokio::test]
+async fn real_claude_a_failing_save_is_an_event_and_the_turn_stands() {
+    let Some(case) = Case::start("claude", "write:one.txt").await else {
+        return;
+    };
+    case.sb
+        .coordinator
+        .add_fault(
+            hosted_boot_coordinator::Fault::status(
+                hosted_boot_coordinator::Route::AgentStateSave,
+                503,
+            )
+            .times(3),
+        )
+        .unwrap();
+    let mut runner = Runner::spawn(&mut case.command());
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let first = sealed(&snap, "run-1");
+    assert_eq!(first.status.as_str(), "succeeded", "{first:?}");
+    assert!(first.error.is_none(), "{first:?}");
+    let state = events(&snap, "run-1", "hosted_boot.agent_state");
+    assert_eq!(state.len(), 1, "{state:?}");
+    assert_eq!(state[0]["outcome"], "save_failed", "{state:?}");
+    assert!(
+        state[0]["reason"].as_str().unwrap().contains("503"),
+        "{state:?}"
+    );
+    assert_eq!(
+        snap.requests_to(hosted_boot_coordinator::Route::AgentStateSave)
+            .len(),
+        3
+    );
+    assert!(snap.agent_state.is_none());
+    assert_eq!(case.pushed("one.txt").as_deref(), Some("done"));
+    end_case(&case, runner, &case.sb.root()).await;
+}
+
+/// Issue 39: a state over the session's `maxBytes` is not sent; an event
+/// says so, with the cap.
+#[tokio::test]
+async fn real_claude_a_state_over_the_cap_is_not_sent() {
+    let opts = CoordinatorOptions {
+        agent_state_max_bytes: Some(200),
+        ..CoordinatorOptions::default()
+    };
+    let Some((case, runner, snap)) = claude_first_turn(opts, "write:one.txt").await else {
+        return;
+    };
+    assert_eq!(sealed(&snap, "run-1").status.as_str(), "succeeded");
+    let state = events(&snap, "run-1", "hosted_boot.agent_state");
+    assert_eq!(state.len(), 1, "{state:?}");
+    assert_eq!(state[0]["outcome"], "not_saved", "{state:?}");
+    assert_eq!(state[0]["maxBytes"], 200, "{state:?}");
+    assert!(
+        snap.requests_to(hosted_boot_coordinator::Route::AgentStateSave)
+            .is_empty()
+    );
+    end_case(&case, runner, &case.sb.root()).await;
+}
+
+/// Issue 39 against a coordinator that does not offer the agent state: no
+/// request to its route, no event; a new sandbox's turn runs in a fresh
+/// conversation (`agentSessionReset`), never `resume_failed`.
+#[tokio::test]
+async fn real_claude_without_the_state_route_a_new_sandbox_starts_afresh() {
+    let opts = CoordinatorOptions {
+        agent_state_max_bytes: None,
+        ..CoordinatorOptions::default()
+    };
+    let Some((case, runner, snap)) = claude_first_turn(opts, "write:one.txt").await else {
+        return;
+    };
+    let sid = sealed(&snap, "run-1").agent_session_id.unwrap();
+    sandbox_a_gone(&case, runner).await;
+    let b = SandboxB::new(&case);
+    case.sb.coordinator.queue_turn("write:two.txt", None);
+    let mut runner = Runner::spawn(&mut b.command(&case));
+    let snap = case.sealed(&mut runner, "run-2").await;
+    let second = sealed(&snap, "run-2");
+    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
+    assert_eq!(
+        second
+            .agent_session_reset
+            .as_ref()
+            .map(|r| r.requested.as_str()),
+        Some(sid.as_str())
+    );
+    for run in ["run-1", "run-2"] {
+        assert!(events(&snap, run, "hosted_boot.agent_state").is_empty());
+    }
+    for route in [
+        hosted_boot_coordinator::Route::AgentStateLoad,
+        hosted_boot_coordinator::Route::AgentStateSave,
+    ] {
+        assert!(snap.requests_to(route).is_empty(), "{route:?}");
+    }
+    assert_eq!(case.pushed("two.txt").as_deref(), Some("done"));
+    end_case(&case, runner, &b.root()).await;
+}
+
+/// A claude transcript line, as the CLI writes one.
+const TRANSCRIPT_LINE: &str =
+    "{\"type\":\"user\",\"message\":{\"role\":\"user\",\"content\":\"hi\"}}\n";
+
+/// A saved state for agent session `sid` whose files are `files` (path,
+/// content).
+fn planted_state(sid: &str, files: &[(&str, &str)]) -> Value {
+    use base64::Engine as _;
+    json!({
+        "format": 1, "cli": "claude", "agentSessionId": sid, "runId": "run-0",
+        "files": files.iter().map(|(p, c)| json!({
+            "path": p,
+            "content": base64::engine::general_purpose::STANDARD.encode(c),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Issue 39: a saved state that is not one the runner restores is refused
+/// whole with an event naming why; nothing is written outside the CLI's
+/// directory; the turn runs in a fresh agent session. `plant` may prepare
+/// the new sandbox's state directory (a link where the CLI's project
+/// directory goes).
+async fn a_bad_state_is_refused(state: impl Fn(&str) -> Value, why: &str, plant: impl Fn(&Path)) {
+    let sid = "3f0c5b2e-8d4a-4c1e-9b7a-2a6f1e0d9c4b";
+    let opts = CoordinatorOptions {
+        agent_session_id: Some(sid.into()),
+        ..CoordinatorOptions::default()
+    };
+    let Some(case) = Case::start_from("claude", "write:fresh.txt", opts).await else {
+        return;
+    };
+    case.sb.coordinator.set_agent_state(Some(state(sid)));
+    plant(case.sb.dir.path());
+    let mut runner = Runner::spawn(&mut case.command());
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let body = sealed(&snap, "run-1");
+    let state = events(&snap, "run-1", "hosted_boot.agent_state");
+    assert_eq!(
+        state[0]["outcome"],
+        "refused",
+        "{state:?}\n{}",
+        runner.output()
+    );
+    let reason = state[0]["reason"].as_str().unwrap();
+    assert!(reason.contains(why), "{reason}");
+    assert_eq!(body.status.as_str(), "succeeded", "{body:?}");
+    assert_eq!(
+        body.agent_session_reset
+            .as_ref()
+            .map(|r| r.requested.as_str()),
+        Some(sid)
+    );
+    let escaped: Vec<PathBuf> = files_holding(case.sb.dir.path(), "ESCAPED")
+        .into_iter()
+        .chain(files_holding(
+            Path::new("/tmp/hosted-boot-escape"),
+            "ESCAPED",
+        ))
+        .collect();
+    assert!(escaped.is_empty(), "written: {escaped:?}");
+    end_case(&case, runner, &case.sb.root()).await;
+}
+
+#[tokio::test]
+async fn real_claude_a_state_with_dotdot_is_refused() {
+    a_bad_state_is_refused(
+        |sid| {
+            planted_state(
+                sid,
+                &[
+                    (&format!("{sid}.jsonl"), TRANSCRIPT_LINE),
+                    ("../../../escape.jsonl", "ESCAPED"),
+                ],
+            )
+        },
+        "is refused",
+        |_| {},
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn real_claude_an_absolute_path_in_a_state_is_refused() {
+    a_bad_state_is_refused(
+        |sid| {
+            planted_state(
+                sid,
+                &[
+                    (&format!("{sid}.jsonl"), TRANSCRIPT_LINE),
+                    ("/tmp/hosted-boot-escape/x", "ESCAPED"),
+                ],
+            )
+        },
+        "is refused",
+        |_| {},
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn real_claude_a_corrupt_state_is_refused() {
+    a_bad_state_is_refused(
+        |sid| {
+            let mut s = planted_state(sid, &[(&format!("{sid}.jsonl"), "ESCAPED")]);
+            s["files"][0]["content"] = "not base64!".into();
+            s
+        },
+        "not base64",
+        |_| {},
+    )
+    .await;
+    a_bad_state_is_refused(|_| json!({"files": "ESCAPED"}), "is not one", |_| {}).await;
+}
+
+#[tokio::test]
+async fn real_claude_another_sessions_state_is_refused() {
+    a_bad_state_is_refused(
+        |_| planted_state("another-session", &[("another-session.jsonl", "ESCAPED")]),
+        "another-session",
+        |_| {},
+    )
+    .await;
+}
+
+/// A link where the CLI's project directory goes (planted in the new
+/// sandbox's state directory) is never followed: the restore is refused.
+#[tokio::test]
+async fn real_claude_a_link_on_the_way_of_a_restore_is_refused() {
+    let elsewhere = Path::new("/tmp/hosted-boot-escape");
+    let _ = std::fs::remove_dir_all(elsewhere);
+    std::fs::create_dir_all(elsewhere).unwrap();
+    a_bad_state_is_refused(
+        |sid| planted_state(sid, &[(&format!("{sid}.jsonl"), "ESCAPED")]),
+        "cannot open",
+        |home| {
+            let projects = home.join(".claude/projects");
+            std::fs::create_dir_all(&projects).unwrap();
+            let root = std::fs::canonicalize(home.join("root"))
+                .unwrap()
+                .join("repo");
+            let name = hosted_boot::agent::state::claude_project_name(&root.to_string_lossy());
+            std::os::unix::fs::symlink(elsewhere, projects.join(name)).unwrap();
+        },
+    )
+    .await;
+    // The CLI's fresh session may write through the link (its own doing);
+    // the restore wrote nothing there.
+    assert!(
+        !elsewhere
+            .join("3f0c5b2e-8d4a-4c1e-9b7a-2a6f1e0d9c4b.jsonl")
+            .exists()
+    );
+    let _ = std::fs::remove_dir_all(elsewhere);
+}

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use url::Url;
 
 use super::openapi::Document;
-use crate::wire::routes::{Route, match_path};
+use crate::wire::routes::{Route, match_request};
 
 /// Where the proxy forwards: the URLs of the sandbox's environment.
 #[derive(Clone, Debug)]
@@ -78,6 +78,9 @@ pub struct Record {
     pub cursor: Option<Result<(), String>>,
     /// A backwards `acceptedThrough`, if one came.
     pub backwards: Option<String>,
+    /// Whether a session answer offered the agent state (2.4
+    /// `agentState`), and conformance read it once (2.7).
+    pub agent_state_offered: bool,
     highest: HashMap<String, u64>,
 }
 
@@ -188,7 +191,7 @@ async fn handle(State(sh): State<Arc<Shared>>, req: Request) -> Response {
             Some(sh.upstream.boot_status.clone()),
         )
     } else if let Some(rest) = path.strip_prefix(API_PREFIX) {
-        match match_path(rest) {
+        match match_request(req.method().as_str(), rest) {
             Some((route, param)) => (route, param, sh.upstream.api_base.join(rest).ok()),
             None => {
                 return (
@@ -402,6 +405,9 @@ async fn after_answer(sh: &Shared, ex: &Exchange, headers: &HeaderMap, body: &By
     {
         let _ = sh.milestone.send(Milestone::BetweenTurns);
     }
+    if ex.route == Route::Session && ok {
+        read_agent_state_once(sh, ex, headers).await;
+    }
     if !ok || !matches!(ex.route, Route::Events | Route::Cursor) {
         return;
     }
@@ -503,6 +509,47 @@ async fn after_answer(sh: &Shared, ex: &Exchange, headers: &HeaderMap, body: &By
     record.exchanges.push(again);
     record.resend = Some(resend);
     record.cursor = Some(cursor);
+}
+
+/// The first session answer that offers the agent state (2.4
+/// `agentState`): conformance loads it once (2.7) with the runner's
+/// credential, so that the load's answers are checked whether or not the
+/// runner needs one. Nothing is saved: the session's state stays as it was.
+async fn read_agent_state_once(sh: &Shared, ex: &Exchange, headers: &HeaderMap) {
+    let offered = ex
+        .answer
+        .pointer("/session/agentState")
+        .is_some_and(|v| !v.is_null());
+    {
+        let mut record = crate::locks::lock(&sh.record);
+        if !offered || record.agent_state_offered {
+            return;
+        }
+        record.agent_state_offered = true;
+    }
+    let mut auth = HeaderMap::new();
+    if let Some(v) = headers.get(header::AUTHORIZATION) {
+        auth.insert(header::AUTHORIZATION, v.clone());
+    }
+    let Ok(target) = sh
+        .upstream
+        .api_base
+        .join(&Route::AgentStateLoad.path(&ex.param))
+    else {
+        return;
+    };
+    let (read, _) = forward(
+        sh,
+        Route::AgentStateLoad,
+        ex.param.clone(),
+        axum::http::Method::GET,
+        target,
+        auth,
+        Bytes::new(),
+        true,
+    )
+    .await;
+    crate::locks::lock(&sh.record).exchanges.push(read);
 }
 
 /// Records `n` as the run's latest `acceptedThrough`; a lower one than

@@ -113,6 +113,16 @@ pub struct CoordinatorArgs {
     /// their body): flat memory over a long session, for `bench/memory`.
     #[arg(long)]
     pub counts_only: bool,
+    /// Take a saved agent state (PROTOCOL.md 2.7) of up to this many bytes
+    /// (at most 16 MiB); offered in the session as `agentState`.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::DEFAULT_AGENT_STATE_MAX_BYTES,
+          value_parser = clap::value_parser!(u64).range(1..=16 * 1024 * 1024))]
+    pub agent_state_max_bytes: u64,
+    /// Do not offer the agent state (PROTOCOL.md 2.7): the session has no
+    /// `agentState` and the route answers 404, as a coordinator without the
+    /// extension.
+    #[arg(long)]
+    pub no_agent_state: bool,
     /// The runner binary the printed sandbox line runs [default:
     /// `hosted-boot` beside this binary, else on PATH].
     #[arg(long, value_name = "PATH")]
@@ -165,6 +175,7 @@ impl CoordinatorArgs {
             sessions: self.sessions as usize,
             latency: Duration::from_millis(self.latency_ms),
             counts_only: self.counts_only,
+            agent_state_max_bytes: (!self.no_agent_state).then_some(self.agent_state_max_bytes),
             ..CoordinatorOptions::default()
         }
     }

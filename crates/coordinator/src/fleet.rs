@@ -128,8 +128,10 @@ impl Fleet {
             counts_only: c.counts_only,
         };
         let task = (!start_idle).then_some(c.client_info.task.as_str());
+        let mut state = State::new(task);
+        state.agent_state_offer = first.lock().agent_state_offer;
         let sh = Arc::new(Shared {
-            state: std::sync::Mutex::new(State::new(task)),
+            state: std::sync::Mutex::new(state),
             cfg,
             changed: tokio::sync::Notify::new(),
         });

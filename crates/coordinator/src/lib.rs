@@ -190,7 +190,15 @@ pub struct CoordinatorOptions {
     /// turn) measures the runner. Off by default (tests read the bodies);
     /// `--counts-only`.
     pub counts_only: bool,
+    /// The session's `agentState` offer (2.4, 2.7): the agent-state route
+    /// is served and takes a saved state up to this many bytes (at most
+    /// 16 MiB, the largest request body read); `None`: not offered, as a
+    /// coordinator without the extension. Default 8 MiB.
+    pub agent_state_max_bytes: Option<u64>,
 }
+
+/// The reference coordinator's default `session.agentState.maxBytes`.
+pub const DEFAULT_AGENT_STATE_MAX_BYTES: u64 = 8 * 1024 * 1024;
 
 impl Default for CoordinatorOptions {
     fn default() -> Self {
@@ -227,6 +235,7 @@ impl Default for CoordinatorOptions {
             sessions: 1,
             latency: Duration::ZERO,
             counts_only: false,
+            agent_state_max_bytes: Some(DEFAULT_AGENT_STATE_MAX_BYTES),
         }
     }
 }
@@ -405,6 +414,12 @@ impl Coordinator {
         self.fleet
             .session(sid)
             .map(|sh| self.fleet.sandbox_env(&sh))
+    }
+
+    /// Stores `state` as the session's saved agent state (2.7), as a save
+    /// would, without checking it: tests serve corrupt states too.
+    pub fn set_agent_state(&self, state: Option<serde_json::Value>) {
+        self.shared.update(|st| st.agent_state = state);
     }
 
     /// A consistent copy of session `sid`'s state (its requests included);
@@ -756,5 +771,10 @@ fn initial_state(opts: &CoordinatorOptions) -> state::State {
         egress_canary: opts.egress_canary.clone(),
         instructions: opts.instructions.clone(),
     };
+    s.agent_state_offer = opts
+        .agent_state_max_bytes
+        .map(|max| crate::wire::AgentStateOffer {
+            max_bytes: max.min(server::MAX_API_BODY as u64),
+        });
     s
 }

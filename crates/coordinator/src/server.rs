@@ -27,12 +27,13 @@ use super::state::{ApiError, DevError, Fault, RecordedRequest, Snapshot, State, 
 use crate::secret::Secret;
 use crate::wire::routes::{self, Ack, Auth, Endpoint, Param, Route};
 use crate::wire::{
-    AcceptedThrough, AgentTokenResponse, ClientInfo, Connector, EnvBundle, ExpiresAt,
-    RepoTokenResponse, SessionEnvelope,
+    AcceptedThrough, AgentStateAnswer, AgentStateOffer, AgentTokenResponse, ClientInfo, Connector,
+    EnvBundle, ExpiresAt, RepoTokenResponse, SessionEnvelope,
 };
 
-/// Largest API request body read (the git routes stream without a limit).
-const MAX_API_BODY: usize = 16 * 1024 * 1024;
+/// Largest API request body read (the git routes stream without a limit);
+/// also the largest agent-state offer (`--agent-state-max-bytes`).
+pub(crate) const MAX_API_BODY: usize = 16 * 1024 * 1024;
 
 /// Immutable settings of a running coordinator.
 pub(crate) struct Config {
@@ -90,6 +91,7 @@ impl Shared {
             statuses: st.statuses.clone(),
             runs: st.runs.clone(),
             faults: st.faults.clone(),
+            agent_state: st.agent_state.clone(),
             requests: st.requests.clone(),
         }
     }
@@ -137,14 +139,14 @@ impl ParsedPath {
     }
 }
 
-fn classify(path: &str) -> ParsedPath {
+fn classify(method: &Method, path: &str) -> ParsedPath {
     if let Some(rest) = path.strip_prefix("/git/") {
         return ParsedPath::Git(format!("/{rest}"));
     }
     if let Some(rest) = path.strip_prefix("/dev/") {
         return ParsedPath::Dev(rest.to_string());
     }
-    match routes::match_path(path) {
+    match routes::match_request(method.as_str(), path) {
         Some((route, value)) => ParsedPath::Api(route, value),
         None => ParsedPath::Unknown,
     }
@@ -456,7 +458,7 @@ async fn handle(
     let (sh, dev_below) = fleet.pick(req.uri().path(), req.headers());
     let parsed = match dev_below {
         Some(below) => ParsedPath::Dev(below),
-        None => classify(req.uri().path()),
+        None => classify(req.method(), req.uri().path()),
     };
     let target = parsed.target();
     let (parts, body) = req.into_parts();
@@ -822,7 +824,46 @@ fn api_route(
             sh.update(|st| st.finish(value, fin))?;
             answer(routes::FINISH, &Ack::OK)
         }
+        Route::AgentStateLoad => {
+            offered_agent_state(sh)?;
+            let agent_state = sh.lock().agent_state.clone();
+            answer(routes::AGENT_STATE_LOAD, &AgentStateAnswer { agent_state })
+        }
+        Route::AgentStateSave => agent_state_save(sh, body),
     }
+}
+
+/// The session's agent-state offer (2.4); `404` when it makes none, as a
+/// coordinator without the extension answers.
+fn offered_agent_state(sh: &Shared) -> Result<AgentStateOffer, ApiError> {
+    match sh.lock().agent_state_offer {
+        Some(offer) => Ok(offer),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "this session offers no agent state (session.agentState is absent)",
+        )),
+    }
+}
+
+/// 2.7 save: a body over the offer's cap is `413`; one that is not an
+/// [`crate::wire::AgentState`] `400`; otherwise it replaces the last.
+fn agent_state_save(sh: &Shared, body: &[u8]) -> Reply {
+    let offer = offered_agent_state(sh)?;
+    if body.len() as u64 > offer.max_bytes {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the agent state is {} bytes, over this session's session.agentState.maxBytes ({})",
+                body.len(),
+                offer.max_bytes
+            ),
+        ));
+    }
+    let state = request_body(routes::AGENT_STATE_SAVE, body)?;
+    let value = serde_json::to_value(&state)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    sh.update(|st| st.agent_state = Some(value));
+    answer(routes::AGENT_STATE_SAVE, &Ack::OK)
 }
 
 /// 2.1: a fresh bearer, valid for the configured TTL.
@@ -1027,7 +1068,7 @@ mod tests {
 
     #[test]
     fn paths_map_to_routes() {
-        let r = |p: &str| classify(p).target();
+        let r = |p: &str| classify(&Method::GET, p).target();
         assert_eq!(r("/api/cli/sessions/s1"), Route::Session);
         assert_eq!(r("/api/cli/sessions/s1/agent-token"), Route::AgentToken);
         assert_eq!(r("/api/cli/sessions/s1/boot-status"), Route::BootStatus);
@@ -1040,6 +1081,11 @@ mod tests {
             Route::Cursor
         );
         assert_eq!(r("/api/cli/workbench-runs/run-1/finish"), Route::Finish);
+        assert_eq!(r("/api/cli/sessions/s1/agent-state"), Route::AgentStateLoad);
+        assert_eq!(
+            classify(&Method::POST, "/api/cli/sessions/s1/agent-state").target(),
+            Route::AgentStateSave
+        );
         assert_eq!(r("/git/acme/app.git/info/refs"), Target::Git);
         assert_eq!(r("/dev/state"), Target::Dev);
         assert_eq!(r("/api/cli/sessions"), Target::Unknown);

@@ -484,6 +484,8 @@ pub struct Snapshot {
     pub runs: Vec<RunRecord>,
     /// Faults not used up yet.
     pub faults: Vec<Fault>,
+    /// The agent state last saved (2.7), as it came.
+    pub agent_state: Option<Value>,
     /// Every request received, in order (not part of `GET dev/state`).
     #[serde(skip)]
     pub requests: Vec<RecordedRequest>,
@@ -573,6 +575,12 @@ pub(crate) struct State {
     pub setup: Option<crate::wire::SessionSetup>,
     /// The session's `egressCanary` and `instructions` (2.4 extensions).
     pub around: AroundAgent,
+    /// The session's `agentState` (2.4 extension): the agent-state route
+    /// (2.7) is served, with this cap; `None`: not offered (the route
+    /// answers `404`).
+    pub agent_state_offer: Option<crate::wire::AgentStateOffer>,
+    /// The agent state last saved (2.7), as it came; the load answers it.
+    pub agent_state: Option<Value>,
     bearers: HashMap<String, Issued>,
     repo_tokens: HashMap<String, Issued>,
     /// Every token issued, in order.
@@ -637,6 +645,8 @@ impl State {
             git_max_file_size: None,
             setup: None,
             around: AroundAgent::default(),
+            agent_state_offer: None,
+            agent_state: None,
             bearers: HashMap::new(),
             repo_tokens: HashMap::new(),
             issued: Vec::new(),
@@ -751,6 +761,7 @@ impl State {
             setup: self.setup.clone(),
             egress_canary: self.around.egress_canary.clone(),
             instructions: self.around.instructions.clone(),
+            agent_state: self.agent_state_offer,
         }
     }
 
@@ -1020,6 +1031,8 @@ mod tests {
             (Target::Route(Route::Events), "events"),
             (Target::Route(Route::Cursor), "cursor"),
             (Target::Route(Route::Finish), "finish"),
+            (Target::Route(Route::AgentStateLoad), "agent-state-load"),
+            (Target::Route(Route::AgentStateSave), "agent-state-save"),
             (Target::Git, "git"),
             (Target::Dev, "dev"),
             (Target::Unknown, "unknown"),
@@ -1032,7 +1045,7 @@ mod tests {
             );
             assert_eq!(target.api().map(Target::from), target.api().map(|_| target));
         }
-        assert_eq!(Route::all().count(), 9);
+        assert_eq!(Route::all().count(), 11);
         let err = serde_json::from_value::<Target>(json!("sessions")).unwrap_err();
         assert!(
             err.to_string().contains("unknown route \"sessions\""),

@@ -212,6 +212,65 @@ pub struct Session {
     /// `--instructions-file`. Absent or null: the runner's own setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// An extension (2.4, 2.7): the coordinator keeps the agent CLI's own
+    /// session state and says how large a saved state may be. Absent or
+    /// null: the runner neither saves nor restores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_state: Option<AgentStateOffer>,
+}
+
+/// `session.agentState` (2.4, an optional extension): the agent-state
+/// route (2.7) is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStateOffer {
+    /// The largest save request body the coordinator takes, bytes; a
+    /// larger state is not sent.
+    pub max_bytes: u64,
+}
+
+/// The version of [`AgentState`]'s layout this runner writes and reads.
+pub const AGENT_STATE_FORMAT: u32 = 1;
+
+/// The agent CLI's own session state for one agent session (2.7): saved by
+/// the runner after a turn, given back to the next sandbox's runner. The
+/// coordinator stores it as it came; only the runner reads `files`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentState {
+    /// [`AGENT_STATE_FORMAT`].
+    pub format: u32,
+    /// The CLI whose state it is: `claude`, `codex` or `opencode` (both
+    /// adapters of a CLI share its state).
+    pub cli: String,
+    /// The agent session the state holds (`finish.agentSessionId`).
+    pub agent_session_id: String,
+    /// The run after which it was saved.
+    pub run_id: String,
+    /// The files, by path relative to the CLI's own directory for the
+    /// session (PROTOCOL.md 2.7 names it per CLI).
+    pub files: Vec<AgentStateFile>,
+}
+
+/// One file of an [`AgentState`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStateFile {
+    /// Relative, `/`-separated, no `.` or `..` component.
+    pub path: String,
+    /// The bytes, base64 (RFC 4648, with padding), secrets redacted.
+    pub content: String,
+}
+
+/// The load answer (2.7): the state last saved for the session, or null.
+/// Kept raw so that a state of the wrong shape is refused on its own (an
+/// event, the turn runs as without one), not as an unusable answer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStateAnswer {
+    /// The saved [`AgentState`], as the coordinator stored it.
+    #[serde(default)]
+    pub agent_state: Option<Value>,
 }
 
 /// `session.setup` (2.4, an extension of ours; PROTOCOL.md 4.1 "Setup").

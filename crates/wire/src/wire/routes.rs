@@ -19,8 +19,8 @@ use std::marker::PhantomData;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    AcceptedThrough, AgentTokenResponse, BootStatusBody, EnvBundle, EventsBody, FinishBody,
-    RepoTokenRequest, RepoTokenResponse, SessionEnvelope,
+    AcceptedThrough, AgentState, AgentStateAnswer, AgentTokenResponse, BootStatusBody, EnvBundle,
+    EventsBody, FinishBody, RepoTokenRequest, RepoTokenResponse, SessionEnvelope,
 };
 
 /// The answer size caps of PROTOCOL.md section 2 ("body cap" table), in
@@ -33,6 +33,9 @@ pub mod caps {
     /// The env bundle (2.3): 4 MiB. Its values become the agent's
     /// environment, which `execve` limits to a few MiB in all.
     pub const ENV_BUNDLE: usize = 4 * 1024 * 1024;
+    /// The agent-state load (2.7): 64 MiB, the largest save a coordinator
+    /// may offer (its `session.agentState.maxBytes` is at most this).
+    pub const AGENT_STATE: usize = 64 * 1024 * 1024;
     /// Every other answer, a few fields (agent token, boot status, repo
     /// token, `run_started`, events, cursor, `finish`): 64 KiB.
     pub const SMALL: usize = 64 * 1024;
@@ -387,6 +390,34 @@ route_table! {
         response: Ack,
         section: "2.6",
     }
+    /// `GET` agent state (2.7, offered by `session.agentState`): the state
+    /// to restore.
+    AgentStateLoad => AGENT_STATE_LOAD {
+        name: "agent-state-load",
+        method: Get,
+        path: "api/cli/sessions/{sessionId}/agent-state",
+        param: SessionId,
+        auth: Bearer,
+        location: ApiBase,
+        cap: caps::AGENT_STATE,
+        request: NoBody,
+        response: AgentStateAnswer,
+        section: "2.7",
+    }
+    /// `POST` agent state (2.7, offered by `session.agentState`): the
+    /// state after a turn.
+    AgentStateSave => AGENT_STATE_SAVE {
+        name: "agent-state-save",
+        method: Post,
+        path: "api/cli/sessions/{sessionId}/agent-state",
+        param: SessionId,
+        auth: Bearer,
+        location: ApiBase,
+        cap: caps::SMALL,
+        request: AgentState,
+        response: Ack,
+        section: "2.7",
+    }
 }
 
 impl Route {
@@ -421,10 +452,28 @@ impl Route {
     }
 }
 
-/// The route a request path matches (with or without its leading `/`, no
-/// query), and the value of its parameter; `None` when no row matches. A
-/// parameter matches any one segment; the handler then checks it names the
-/// session or a run.
+/// The route a request with `method` (as HTTP spells it) to `path` is for:
+/// the row of that path and method, else the first row of that path (whose
+/// handler then refuses the method), with its parameter's value; as
+/// [`match_path`]. Two rows share a path only with different methods (the
+/// agent state's load and save).
+pub fn match_request(method: &str, path: &str) -> Option<(Route, String)> {
+    let first = match_path(path)?;
+    let same_method = TABLE
+        .iter()
+        .filter(|spec| spec.path == first.0.spec().path)
+        .find(|spec| spec.method.as_str().eq_ignore_ascii_case(method));
+    Some(match same_method {
+        Some(spec) => (spec.route, first.1),
+        None => first,
+    })
+}
+
+/// The first route a request path matches (with or without its leading
+/// `/`, no query), and the value of its parameter; `None` when no row
+/// matches. A parameter matches any one segment; the handler then checks it
+/// names the session or a run. For the route of a request, whose method
+/// may pick between rows of one path, [`match_request`].
 pub fn match_path(path: &str) -> Option<(Route, String)> {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     TABLE.iter().find_map(|spec| {
@@ -496,13 +545,32 @@ mod tests {
     fn every_path_matches_its_own_route_only() {
         for route in Route::all() {
             let path = route.path("id-1");
-            assert_eq!(match_path(&path), Some((route, "id-1".into())), "{path}");
+            let method = route.spec().method.as_str();
             assert_eq!(
-                match_path(&format!("/{path}")),
+                match_request(method, &path),
+                Some((route, "id-1".into())),
+                "{method} {path}"
+            );
+            assert_eq!(
+                match_request(method, &format!("/{path}")),
                 Some((route, "id-1".into()))
             );
             assert_eq!(match_path(&format!("{path}/x")), None, "{path}/x");
         }
+        // A path with one row answers that row whatever the method (its
+        // handler refuses it); a path with two picks by method.
+        assert_eq!(
+            match_request("DELETE", "api/cli/sessions/s1"),
+            Some((Route::Session, "s1".into()))
+        );
+        assert_eq!(
+            match_request("get", "api/cli/sessions/s1/agent-state"),
+            Some((Route::AgentStateLoad, "s1".into()))
+        );
+        assert_eq!(
+            match_request("PUT", "api/cli/sessions/s1/agent-state"),
+            Some((Route::AgentStateLoad, "s1".into()))
+        );
         assert_eq!(
             Route::Cursor.path("run-1"),
             "api/cli/workbench-runs/run-1/events/cursor"
