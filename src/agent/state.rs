@@ -19,7 +19,10 @@
 //!   file, `<id>.json`, what `opencode export <id>` prints, restored with
 //!   `opencode import` run in `repo/` (which makes `repo/` the session's
 //!   directory: a session left with another sandbox's path runs its tools
-//!   there, or hangs). Both run as the agent CLI runs, bounded in time.
+//!   there, or hangs). Both run as the agent CLI runs (user, environment),
+//!   bounded in time, their process group killed when they end or are
+//!   dropped; the export runs in `/`, so that no project's opencode
+//!   configuration or plugin (`repo/.opencode/`) is loaded by it.
 //!
 //! Both directions run as the agent user when there is one (the files are
 //! the agent's, and so are the directories: the kernel then allows only
@@ -48,6 +51,9 @@ use crate::wire::{AGENT_STATE_FORMAT, AgentState, AgentStateFile};
 const MAX_DEPTH: usize = 6;
 /// How many files a state may hold.
 const MAX_FILES: usize = 4096;
+/// How many directory entries a save looks at below the session's
+/// directory (an agent can plant millions of empty directories).
+const MAX_ENTRIES: usize = 20_000;
 /// Bound on one `opencode export` or `opencode import` (a cold opencode
 /// start takes seconds on a loaded machine).
 const OPENCODE_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
@@ -207,7 +213,11 @@ impl Place {
     /// gets the session.
     pub async fn exists(&self) -> bool {
         if self.cli == Cli::OpenCode {
-            return self.exists_now() && self.opencode_export(1 << 30).await.is_ok();
+            return self.exists_now()
+                && self
+                    .opencode_export(crate::wire::routes::caps::AGENT_STATE as u64)
+                    .await
+                    .is_ok();
         }
         let this = self.clone();
         tokio::task::spawn_blocking(move || this.exists_now())
@@ -288,16 +298,27 @@ impl Place {
             let Some(dir) = open_below(&self.base, &self.below, false)? else {
                 return Ok(None);
             };
-            let mut files = Vec::new();
-            let mut budget = Budget { left: limit, limit };
-            files.push(StateFile {
+            let mut budget = Budget {
+                left: limit,
+                limit,
+                entries: 0,
+            };
+            let mut files = vec![StateFile {
                 bytes: read_file(&dir, &main, &mut budget)?,
                 path: main,
-            });
+            }];
             if self.cli == Cli::Claude
                 && let Some(sub) = open_dir_at(&dir, &self.session)
             {
-                walk(&sub, &self.session, 1, &mut files, &mut budget)?;
+                let mut more = Vec::new();
+                match walk(&sub, &self.session, 1, &mut more, &mut budget) {
+                    Ok(()) => files.append(&mut more),
+                    // The transcript alone resumes the conversation.
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "the agent session's other files are left out of its state; the transcript is saved alone"
+                    ),
+                }
             }
             Ok(Some(files))
         })
@@ -363,14 +384,16 @@ impl Place {
     /// A path of a state is one the CLI itself would write for this
     /// session: relative, plain names, within the CLI's layout.
     fn check_path(&self, path: &str) -> Result<(), StateError> {
-        let refuse = |why: &str| fail(format!("the state's path {path:?} is refused: {why}"));
+        let shown = crate::text::head(path, 200);
+        let refuse = |why: &str| fail(format!("the state's path {shown:?} is refused: {why}"));
         let parts: Vec<&str> = path.split('/').collect();
         if path.is_empty() || path.len() > 1024 || parts.len() > MAX_DEPTH {
             return Err(refuse("empty, too long or too deep"));
         }
         if let Some(bad) = parts.iter().find(|p| !safe_name(p)) {
             return Err(refuse(&format!(
-                "the name {bad:?} is not a plain file name (letters, digits, '.', '_', '-'; not '.' or '..')"
+                "the name {:?} is not a plain file name (letters, digits, '.', '_', '-'; not '.' or '..')",
+                crate::text::head(bad, 100)
             )));
         }
         let ok = match self.cli {
@@ -409,7 +432,9 @@ impl Place {
     /// printed more than `limit` bytes or something that is not the
     /// session's export.
     async fn opencode_export(&self, limit: u64) -> Result<Vec<u8>, StateError> {
-        let out = self.run_opencode(&["export", &self.session], limit).await?;
+        let out = self
+            .run_opencode(&["export", &self.session], Path::new("/"), limit)
+            .await?;
         check_export(&out, &self.session)?;
         Ok(out)
     }
@@ -443,7 +468,7 @@ impl Place {
         .unwrap_or_else(|e| Err(fail(format!("the restore failed: {e}"))))?;
         let path = self.dir().join(&name);
         let imported = self
-            .run_opencode(&["import", &path.to_string_lossy()], 1 << 20)
+            .run_opencode(&["import", &path.to_string_lossy()], &self.cwd, 1 << 20)
             .await;
         let this = self.clone();
         let _ = tokio::task::spawn_blocking(move || {
@@ -458,14 +483,19 @@ impl Place {
         imported.map(|_| export.bytes.len() as u64)
     }
 
-    /// Runs the CLI's program with `args` as the agent runs it (user,
-    /// environment, `repo/`), in a process group of its own that is killed
-    /// when it is done or past [`OPENCODE_BOUND`]; returns its standard
-    /// output, at most `limit` bytes.
+    /// Runs the CLI's program with `args` in `cwd` as the agent runs it
+    /// (user, environment), in a process group of its own that is killed
+    /// when it is done, past [`OPENCODE_BOUND`], or when this future is
+    /// dropped (a stop); returns its standard output, at most `limit` bytes.
     ///
     /// Errors: it could not start, printed more than `limit`, did not end
     /// in time, or exited non-zero (with the start of its error output).
-    async fn run_opencode(&self, args: &[&str], limit: u64) -> Result<Vec<u8>, StateError> {
+    async fn run_opencode(
+        &self,
+        args: &[&str],
+        cwd: &Path,
+        limit: u64,
+    ) -> Result<Vec<u8>, StateError> {
         use tokio::io::AsyncReadExt;
         let what = format!("{} {}", self.program, args.first().copied().unwrap_or(""));
         let mut cmd = tokio::process::Command::new(&self.program);
@@ -473,7 +503,7 @@ impl Place {
             user.apply(&mut cmd);
         }
         cmd.args(args)
-            .current_dir(&self.cwd)
+            .current_dir(cwd)
             .env_clear()
             .envs(self.env.iter().cloned())
             .stdin(std::process::Stdio::null())
@@ -484,15 +514,13 @@ impl Place {
         let mut child = cmd
             .spawn()
             .map_err(|e| fail(format!("cannot run {what}: {e}")))?;
-        let group = child
-            .id()
-            .and_then(|pid| i32::try_from(pid).ok())
-            .and_then(rustix::process::Pid::from_raw);
-        let kill_group = || {
-            if let Some(pid) = group {
-                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-            }
-        };
+        let group = GroupKill(
+            child
+                .id()
+                .and_then(|pid| i32::try_from(pid).ok())
+                .and_then(rustix::process::Pid::from_raw),
+        );
+        let kill_group = || group.kill();
         let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take())
         else {
             kill_group();
@@ -543,6 +571,25 @@ impl Place {
             ))),
             _ => Err(fail(format!("{what} did not end"))),
         }
+    }
+}
+
+/// Kills a process group when dropped (and on [`GroupKill::kill`]): what
+/// opencode started is gone whether its call ended, failed, or was
+/// dropped by a stop.
+struct GroupKill(Option<rustix::process::Pid>);
+
+impl GroupKill {
+    fn kill(&self) {
+        if let Some(pid) = self.0 {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 
@@ -642,7 +689,11 @@ fn as_user<T>(
 /// 0700). `Ok(None)`: something is missing and `create` is off.
 fn open_below(base: &Path, below: &[String], create: bool) -> Result<Option<OwnedFd>, StateError> {
     if create {
-        std::fs::create_dir_all(base)
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(base)
             .map_err(|e| fail(format!("cannot create {}: {e}", base.display())))?;
     }
     let mut dir = match rustix::fs::open(
@@ -749,6 +800,9 @@ fn names_in(dir: &OwnedFd) -> Vec<String> {
     };
     let mut out = Vec::new();
     while let Some(Ok(entry)) = entries.next() {
+        if out.len() > MAX_ENTRIES {
+            break;
+        }
         let Ok(name) = entry.file_name().to_str() else {
             continue;
         };
@@ -760,10 +814,12 @@ fn names_in(dir: &OwnedFd) -> Vec<String> {
     out
 }
 
-/// What is left of the bytes a save may read.
+/// What is left of the bytes a save may read, and the directory entries
+/// it looked at.
 struct Budget {
     left: u64,
     limit: u64,
+    entries: usize,
 }
 
 /// Reads `name` in `dir` (a regular file, not through a link; a FIFO is not
@@ -809,6 +865,12 @@ fn walk(
         return Ok(());
     }
     for name in names_in(dir) {
+        budget.entries += 1;
+        if budget.entries > MAX_ENTRIES {
+            return Err(fail(format!(
+                "the agent session's directory has over {MAX_ENTRIES} entries"
+            )));
+        }
         if !safe_name(&name) {
             continue;
         }
@@ -918,15 +980,16 @@ pub fn unpack(
     }
     if state.cli != place.cli.name() {
         return Err(fail(format!(
-            "the agent state is {}'s, and the agent is {}",
-            state.cli,
+            "the agent state is {:?}'s, and the agent is {}",
+            crate::text::head(&state.cli, 100),
             place.cli.name()
         )));
     }
     if state.agent_session_id != place.session {
         return Err(fail(format!(
             "the agent state holds agent session {:?}, and the turn resumes {}",
-            state.agent_session_id, place.session
+            crate::text::head(&state.agent_session_id, 100),
+            place.session
         )));
     }
     if state.files.len() > MAX_FILES {
@@ -940,7 +1003,12 @@ pub fn unpack(
     for f in state.files {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(f.content.as_bytes())
-            .map_err(|e| fail(format!("the content of {:?} is not base64: {e}", f.path)))?;
+            .map_err(|e| {
+                fail(format!(
+                    "the content of {:?} is not base64: {e}",
+                    crate::text::head(&f.path, 200)
+                ))
+            })?;
         left = left
             .checked_sub(bytes.len() as u64)
             .ok_or_else(|| fail(format!("the agent state is over {limit} bytes decoded")))?;
@@ -1020,6 +1088,26 @@ mod tests {
         let err = place_b.restore_now(&files).unwrap_err();
         assert!(err.0.contains("exists"), "{err}");
         assert!(place_b.exists_now());
+    }
+
+    #[test]
+    fn too_many_files_beside_the_transcript_leave_it_saved_alone() {
+        let a = tempfile::tempdir().unwrap();
+        let place = claude_place(a.path(), a.path());
+        let sub = place.dir().join("abc-123/tool-results");
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(place.dir().join("abc-123.jsonl"), b"t").unwrap();
+        for i in 0..=MAX_FILES {
+            std::fs::write(sub.join(format!("{i}.txt")), b"").unwrap();
+        }
+        let files = place.collect_now(1 << 20).unwrap().unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0].path, "abc-123.jsonl");
+        // Over the byte limit with them: the transcript alone too.
+        std::fs::remove_dir_all(&sub).unwrap();
+        std::fs::write(place.dir().join("abc-123/big"), vec![0u8; 100]).unwrap();
+        let files = place.collect_now(50).unwrap().unwrap();
+        assert_eq!(files.len(), 1);
     }
 
     #[test]

@@ -30,8 +30,8 @@ pub struct Carry {
     offer: Option<AgentStateOffer>,
     /// The restore was considered (the boot's first agent only).
     restore_considered: AtomicBool,
-    /// A digest of the last state saved, so that an unchanged one is not
-    /// sent again.
+    /// A digest of the files of the last state saved (not of its body,
+    /// which names its run), so that an unchanged one is not sent again.
     last_saved: Mutex<Option<u64>>,
 }
 
@@ -95,11 +95,12 @@ pub async fn restore(ctx: &TurnContext, events: &EventSender) {
     let emit = |outcome: &str, rest: Value| {
         events.emit(RunnerEvent::AgentState, data(&place, outcome, rest));
     };
+    let reason = |e: &dyn std::fmt::Display| crate::wire::truncate_reason(&e.to_string());
     let answer = match ctx.api.agent_state_load().await {
         Ok(answer) => answer,
         Err(e) => {
             tracing::warn!(error = %e, "the agent state could not be loaded; the CLI starts a fresh agent session");
-            emit("load_failed", json!({"reason": e.to_string()}));
+            emit("load_failed", json!({"reason": reason(&e)}));
             return;
         }
     };
@@ -137,7 +138,7 @@ pub async fn restore(ctx: &TurnContext, events: &EventSender) {
         }
         Err(e) => {
             tracing::warn!(error = %e, "the saved agent state is refused; the CLI starts a fresh agent session");
-            emit("refused", json!({"reason": e.0}));
+            emit("refused", json!({"reason": reason(&e)}));
         }
     }
 }
@@ -155,6 +156,7 @@ pub async fn save(ctx: &TurnContext, run_id: &str, events: Option<&EventSender>)
             events.emit(RunnerEvent::AgentState, data(&place, outcome, rest));
         }
     };
+    let reason = |e: &dyn std::fmt::Display| crate::wire::truncate_reason(&e.to_string());
     let max = offer.max_bytes.min(caps::AGENT_STATE as u64);
     // Base64 makes 4 bytes of 3: a state over this cannot fit.
     let limit = max / 4 * 3;
@@ -164,7 +166,9 @@ pub async fn save(ctx: &TurnContext, run_id: &str, events: Option<&EventSender>)
             let (from, run) = (place.clone(), run_id.to_string());
             let redactor = ctx.api.redactor().clone();
             tokio::task::spawn_blocking(move || {
-                Some((files.len(), state::pack(&from, &run, &files, &redactor)))
+                let digest = digest(&files);
+                let body = state::pack(&from, &run, &files, &redactor);
+                Some((files.len(), body, digest))
             })
             .await
             .map_err(|e| state::StateError(format!("the save failed: {e}")))
@@ -172,7 +176,7 @@ pub async fn save(ctx: &TurnContext, run_id: &str, events: Option<&EventSender>)
         Ok(None) => Ok(None),
         Err(e) => Err(e),
     };
-    let (files, body) = match packed {
+    let (files, body, digest) = match packed {
         Ok(Some(packed)) => packed,
         Ok(None) => {
             tracing::debug!(
@@ -183,7 +187,7 @@ pub async fn save(ctx: &TurnContext, run_id: &str, events: Option<&EventSender>)
         }
         Err(e) => {
             tracing::warn!(error = %e, "the agent state is not saved");
-            emit("not_saved", json!({"reason": e.0, "maxBytes": max}));
+            emit("not_saved", json!({"reason": reason(&e), "maxBytes": max}));
             return;
         }
     };
@@ -196,12 +200,6 @@ pub async fn save(ctx: &TurnContext, run_id: &str, events: Option<&EventSender>)
         emit("not_saved", json!({"reason": reason, "maxBytes": max}));
         return;
     }
-    let digest = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        body.hash(&mut h);
-        h.finish()
-    };
     if *crate::concurrency::lock(&ctx.agent_state.last_saved) == Some(digest) {
         tracing::debug!("the agent state is as saved after an earlier turn; not sent again");
         return;
@@ -220,7 +218,43 @@ pub async fn save(ctx: &TurnContext, run_id: &str, events: Option<&EventSender>)
         }
         Err(e) => {
             tracing::warn!(error = %e, "the agent state could not be saved; the coordinator keeps the last one");
-            emit("save_failed", json!({"reason": e.to_string()}));
+            emit("save_failed", json!({"reason": reason(&e)}));
         }
+    }
+}
+
+/// A digest of a state's files (paths and bytes), to tell an unchanged
+/// state.
+fn digest(files: &[state::StateFile]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in files {
+        f.path.hash(&mut h);
+        f.bytes.hash(&mut h);
+    }
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_is_the_files_and_only_them() {
+        let file = |path: &str, bytes: &[u8]| state::StateFile {
+            path: path.into(),
+            bytes: bytes.to_vec(),
+        };
+        let a = [file("a.jsonl", b"1"), file("a/x", b"2")];
+        assert_eq!(digest(&a), digest(&a.clone()));
+        assert_ne!(
+            digest(&a),
+            digest(&[file("a.jsonl", b"1"), file("a/x", b"3")])
+        );
+        assert_ne!(
+            digest(&a),
+            digest(&[file("a.jsonl", b"1"), file("a/y", b"2")])
+        );
+        assert_ne!(digest(&a), digest(&a[..1]));
     }
 }

@@ -381,31 +381,39 @@ impl<'a> Turn<'a> {
         // late is awaited alongside the harvest, never before the agent.
         let runner_event = self.runner_event.take();
         let stop = self.stop.clone();
-        // The agent state is saved beside the harvest (the agent has
-        // ended; the harvest leaves its state alone), before the seal, so
-        // that its event is the run's; on a stop, after the seal.
-        let (ctx, run_id) = (self.ctx, self.run_id);
-        let save_now = stopped_by.is_none() && !self.budget.stopping();
         let saving = events.clone();
-        let (harvested, (), ()) = tokio::join!(
-            self.harvest(outcome.status, start, events),
-            async move {
+        let (harvested, ()) =
+            tokio::join!(self.harvest(outcome.status, start, events), async move {
                 if let Some(pending) = runner_event {
                     pending.settled(stop).await;
                 }
-            },
-            async move {
-                if save_now {
-                    agent_state::save(ctx, run_id, Some(&saving)).await;
+            });
+        // The agent state after the harvest (opencode's export runs the
+        // CLI, which must not race the harvest's removal of special files)
+        // and before the seal, so that its event is the run's; bounded, and
+        // cut by a stop, which saves it after the seal instead.
+        let (ctx, run_id) = (self.ctx, self.run_id);
+        let saved = if stopped_by.is_none() && !self.budget.stopping() {
+            let save = agent_state::save(ctx, run_id, Some(&saving));
+            let bounded = tokio::time::timeout(self.timings.agent_state_bound, save);
+            match self.budget.unless_stopped(bounded).await {
+                Some(Ok(())) => true,
+                Some(Err(_)) => {
+                    tracing::warn!(run_id, "the agent state's save outlived its bound; cut");
+                    true
                 }
+                None => false,
             }
-        );
+        } else {
+            false
+        };
+        drop(saving);
         let stopping = stopped_by.is_some() || self.budget.stopping();
         crate::status::turn_step(crate::status::TurnStep::Flush);
         let report = self.flush(stopping).await.ok_or(Early::Stopped)?;
         self.seal(&outcome, harvested, &report).await?;
         self.complete().await?;
-        if !save_now {
+        if !saved && self.budget.stopping() {
             // What the stop budget leaves after the seal: never before it.
             self.budget
                 .bounded(agent_state::save(ctx, run_id, None))

@@ -1792,3 +1792,50 @@ async fn real_claude_a_link_on_the_way_of_a_restore_is_refused() {
     );
     let _ = std::fs::remove_dir_all(elsewhere);
 }
+
+/// Issue 39, a stop during the save: SIGTERM while the coordinator holds
+/// the save's request. The save is cut, the run is sealed within the stop
+/// budget (the save never delays the seal), and the state is saved again
+/// after the seal with what the budget leaves.
+#[tokio::test]
+async fn real_claude_a_stop_during_the_save_seals_first_and_saves_after() {
+    use hosted_boot_coordinator::{Fault, Route};
+    let Some(case) = Case::start("claude", "write:one.txt").await else {
+        return;
+    };
+    case.sb
+        .coordinator
+        .add_fault(Fault::delay(Route::AgentStateSave, Duration::from_secs(30)))
+        .unwrap();
+    let runner = Runner::spawn(&mut case.command());
+    let held = case
+        .sb
+        .coordinator
+        .wait_for(TURN_WAIT, |s| {
+            !s.requests_to(Route::AgentStateSave).is_empty()
+        })
+        .await;
+    assert!(held.is_ok(), "no save came: {}", runner.output());
+    super::support::signal(runner.pid(), rustix::process::Signal::TERM);
+    let started = std::time::Instant::now();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the held save delayed the stop: {:?}",
+        started.elapsed()
+    );
+    let snap = case.sb.coordinator.snapshot();
+    let run = snap.run("run-1").unwrap();
+    assert!(run.finish.is_some(), "run-1 was not sealed: {output}");
+    let saves = snap.requests_to(Route::AgentStateSave);
+    assert_eq!(saves.len(), 2, "the save after the seal: {output}");
+    let sealed_at = snap
+        .requests_to(Route::Finish)
+        .first()
+        .map(|r| r.at_ms)
+        .unwrap();
+    assert!(saves[1].at_ms > sealed_at);
+    assert!(snap.agent_state.is_some(), "{output}");
+    assert_nothing_left(&case.sb.root()).await;
+}

@@ -56,6 +56,9 @@ pub struct Timings {
     pub stop_harvest: Duration,
     /// Bound on the workspace sync before a turn (30 s, 4.1 step 3, 4.5).
     pub workspace_sync_bound: Duration,
+    /// Bound on the agent state's save after a turn (30 s, 2.7): the CLI's
+    /// export where it has one, the save's attempts.
+    pub agent_state_bound: Duration,
     /// The factor every duration was scaled by (`HOSTED_BOOT_TEST_TIME_SCALE`;
     /// 1.0 is the contract). The retry policies are constants of
     /// `client::retry::Policy`, scaled by this where they are used.
@@ -87,6 +90,7 @@ impl Default for Timings {
             harvest_bound: Duration::from_secs(60),
             stop_harvest: Duration::from_secs(10),
             workspace_sync_bound: Duration::from_secs(30),
+            agent_state_bound: Duration::from_secs(30),
             scale: 1.0,
         }
     }
@@ -100,7 +104,8 @@ impl Timings {
     /// scaled below [`MIN_SCALED_REQUEST_TIMEOUT`]: a debug build's git
     /// server on a loaded machine needs that long, and a timeout that fires
     /// on a healthy request would make tests flaky rather than fast. The
-    /// harvest bounds and the workspace sync's bound are not scaled below
+    /// harvest bounds, the workspace sync's and the agent state's bound are
+    /// not scaled below
     /// [`MIN_SCALED_HARVEST_BOUND`], for the same reason.
     pub fn scaled(self, factor: f64) -> Self {
         let s = |d| scale(d, factor);
@@ -129,6 +134,8 @@ impl Timings {
             stop_harvest: s(self.stop_harvest).max(MIN_SCALED_HARVEST_BOUND.min(self.stop_harvest)),
             workspace_sync_bound: s(self.workspace_sync_bound)
                 .max(MIN_SCALED_HARVEST_BOUND.min(self.workspace_sync_bound)),
+            agent_state_bound: s(self.agent_state_bound)
+                .max(MIN_SCALED_HARVEST_BOUND.min(self.agent_state_bound)),
             scale: self.scale * factor,
         }
     }
