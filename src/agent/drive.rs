@@ -149,6 +149,7 @@ pub async fn run(
 ) -> Driven {
     let mut flags = Flags::default();
     let mut usage = Usage::default();
+    let mut used = Used::default();
     let mut prompt = input.prompt.clone();
     let mut continuations = 0;
     let mut reset = None;
@@ -175,10 +176,11 @@ pub async fn run(
                     session_reset: reset,
                     ..TurnOutcome::failed(ErrorCode::AgentSpawnFailed, e.to_string())
                 };
-                return finish(&input, outcome, &usage, &flags);
+                return finish(&input, outcome, &usage, &used, &flags);
             }
         };
         usage.add(&once.observation.usage);
+        used.add(once.exit.usage);
         let mut outcome = outcome_of(&input.config, &once, &flags, resume.is_some());
         outcome.session_reset.clone_from(&reset);
         if reset.is_none()
@@ -211,7 +213,7 @@ pub async fn run(
             );
         }
         if !continuable {
-            return finish(&input, outcome, &usage, &flags);
+            return finish(&input, outcome, &usage, &used, &flags);
         }
         let delay = input.config.timings.overload_delays[continuations];
         continuations += 1;
@@ -229,7 +231,7 @@ pub async fn run(
             "provider overloaded and the turn had no effect; continuing it in the same agent session"
         );
         if !wait_unless_stopped(delay, requests, stop, &mut flags).await {
-            return finish(&input, TurnOutcome::interrupted(), &usage, &flags);
+            return finish(&input, TurnOutcome::interrupted(), &usage, &used, &flags);
         }
         prompt = CONTINUE_PROMPT.to_string();
     }
@@ -271,6 +273,43 @@ fn refused_resume(outcome: &TurnOutcome, once: &Once, flags: &Flags) -> Option<S
     .then(|| error.message.clone())
 }
 
+/// What the turn's agent processes used, over its processes (an overload
+/// continuation starts another): CPU summed, the largest peak; `cgroup`
+/// only when every figure came from a cgroup.
+#[derive(Debug, Default)]
+struct Used(Option<crate::process::supervisor::Usage>);
+
+impl Used {
+    fn add(&mut self, more: Option<crate::process::supervisor::Usage>) {
+        use crate::process::supervisor::{Usage, UsageSource};
+        let Some(more) = more else { return };
+        self.0 = Some(match self.0 {
+            None => more,
+            Some(had) => Usage {
+                cpu: had.cpu + more.cpu,
+                peak_rss_bytes: had.peak_rss_bytes.max(more.peak_rss_bytes),
+                source: if had.source == more.source {
+                    had.source
+                } else {
+                    UsageSource::Rusage
+                },
+            },
+        });
+    }
+
+    fn reported(&self) -> Option<crate::wire::Resources> {
+        use crate::process::supervisor::UsageSource;
+        self.0.map(|u| crate::wire::Resources {
+            cpu_seconds: u.cpu.as_secs_f64(),
+            peak_rss_bytes: u.peak_rss_bytes,
+            source: match u.source {
+                UsageSource::Cgroup => crate::wire::ResourceSource::Cgroup,
+                UsageSource::Rusage => crate::wire::ResourceSource::Rusage,
+            },
+        })
+    }
+}
+
 /// What the runner itself did during the turn.
 #[derive(Debug, Default)]
 struct Flags {
@@ -284,7 +323,13 @@ impl Flags {
     }
 }
 
-fn finish(input: &DriveInput, mut outcome: TurnOutcome, usage: &Usage, flags: &Flags) -> Driven {
+fn finish(
+    input: &DriveInput,
+    mut outcome: TurnOutcome,
+    usage: &Usage,
+    used: &Used,
+    flags: &Flags,
+) -> Driven {
     if flags.interrupted() {
         outcome = TurnOutcome {
             usage: None,
@@ -303,6 +348,7 @@ fn finish(input: &DriveInput, mut outcome: TurnOutcome, usage: &Usage, flags: &F
         input.session.resume_id()
     };
     outcome.usage = usage.reported();
+    outcome.resources = used.reported();
     Driven {
         outcome,
         stopped_by: flags.stopped_by,
@@ -1353,6 +1399,7 @@ mod tests {
                 swept: 0,
                 left_behind: Vec::new(),
                 guard_died: None,
+                usage: None,
             },
             exit_rule: rule,
             hung: None,

@@ -315,6 +315,8 @@ pub struct TurnOutcome {
     /// The resume the CLI refused before the turn ran in a fresh agent
     /// session (`finish.agentSessionReset`).
     pub session_reset: Option<crate::wire::AgentSessionReset>,
+    /// What the agent's processes used (`finish.resources`).
+    pub resources: Option<crate::wire::Resources>,
 }
 
 /// A failure class of the turn; `code` maps one to one onto the wire codes
@@ -367,6 +369,7 @@ impl TurnOutcome {
             error: None,
             usage: None,
             session_reset: None,
+            resources: None,
         }
     }
 
@@ -383,6 +386,7 @@ impl TurnOutcome {
             error: Some(error),
             usage: None,
             session_reset: None,
+            resources: None,
         }
     }
 
@@ -394,6 +398,7 @@ impl TurnOutcome {
             error: None,
             usage: None,
             session_reset: None,
+            resources: None,
         }
     }
 }

@@ -1117,6 +1117,7 @@ async fn report_fatal_turn(api: &Api, root: &Path, fatal: FatalInDrain) -> bool 
             usage: refused.usage,
             result: refused.result,
             agent_session_reset: refused.agent_session_reset,
+            resources: refused.resources,
         }),
         SealState::NotSent => Some(FinishBody {
             status: RunOutcome::Failed,
@@ -1131,6 +1132,7 @@ async fn report_fatal_turn(api: &Api, root: &Path, fatal: FatalInDrain) -> bool 
             usage: None,
             result: harvest,
             agent_session_reset: None,
+            resources: None,
         }),
     };
     let sealed = match body {

@@ -864,6 +864,7 @@ mod tests {
                 requested: format!("ses-{secret}"),
                 reason: format!("no conversation {secret}"),
             }),
+            resources: None,
         };
         let sent = redacted_finish(&redactor, &body);
         let json = serde_json::to_string(&sent).unwrap();

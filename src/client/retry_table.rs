@@ -313,6 +313,7 @@ fn finish_body() -> FinishBody {
         usage: None,
         result: None,
         agent_session_reset: None,
+        resources: None,
     }
 }
 

@@ -152,6 +152,30 @@ impl TurnCgroup {
         populated(&self.dir)
     }
 
+    /// What the cgroup's processes used, while they ran: CPU time
+    /// (`cpu.stat` `usage_usec`) and the peak memory (`memory.peak`, with
+    /// the memory controller enabled; Linux 5.19 or later). `None` when
+    /// either cannot be read.
+    pub fn usage(&self) -> Option<super::supervisor::Usage> {
+        let cpu = fs::read_to_string(self.dir.join("cpu.stat")).ok()?;
+        let usec: u64 = cpu
+            .lines()
+            .find_map(|l| l.strip_prefix("usage_usec "))?
+            .trim()
+            .parse()
+            .ok()?;
+        let peak: u64 = fs::read_to_string(self.dir.join("memory.peak"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(super::supervisor::Usage {
+            cpu: Duration::from_micros(usec),
+            peak_rss_bytes: peak,
+            source: super::supervisor::UsageSource::Cgroup,
+        })
+    }
+
     /// Waits (at most `bound`) until the cgroup is empty, then removes it.
     /// A cgroup that cannot be removed is logged and left behind.
     pub async fn remove(self, bound: Duration) {

@@ -177,6 +177,28 @@ pub enum Stream {
     Stderr,
 }
 
+/// What the agent's processes used (PROTOCOL.md 2.6, `finish.resources`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time, user and system.
+    pub cpu: Duration,
+    /// The peak resident memory: of the turn's cgroup as a whole, or (from
+    /// `rusage`) of the largest single process.
+    pub peak_rss_bytes: u64,
+    /// Where the figures come from.
+    pub source: UsageSource,
+}
+
+/// Where a [`Usage`] comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsageSource {
+    /// The turn's cgroup: every process of the turn.
+    Cgroup,
+    /// The leader's `rusage` as it exited: itself and the descendants it
+    /// (and they) waited for; a process that left the tree is not counted.
+    Rusage,
+}
+
 /// How the agent process ended.
 #[derive(Clone, Debug)]
 pub struct Exit {
@@ -206,6 +228,10 @@ pub struct Exit {
     /// turn's whole tree at once (PROTOCOL.md 4.1 step 4): the turn fails
     /// with `runner_error`.
     pub guard_died: Option<i32>,
+    /// What the turn's processes used: from its cgroup where it has one
+    /// with the CPU and memory figures, else the leader's `rusage`; `None`
+    /// when neither was read (the guard died first).
+    pub usage: Option<Usage>,
 }
 
 /// A process the agent left behind when its leader exited, killed by the
@@ -536,6 +562,8 @@ struct Waited {
     killed: bool,
     timed_out: bool,
     guard_died: Option<i32>,
+    /// The leader's `rusage` as it exited.
+    usage: Option<Usage>,
 }
 
 impl TurnProcesses {
@@ -615,6 +643,7 @@ impl TurnProcesses {
             killed: false,
             timed_out: false,
             guard_died: None,
+            usage: None,
         };
         let mut control_open = true;
         let mut kill_at: Option<Instant> = None;
@@ -631,7 +660,8 @@ impl TurnProcesses {
             let kill_sleep = crate::concurrency::sleep_until(kill_at);
             let cap_sleep = crate::concurrency::sleep_until(cap_at);
             tokio::select! {
-                _ = &mut exited => {
+                usage = &mut exited => {
+                    waited.usage = usage.ok().flatten();
                     if let Some(at) = waited.signalled_at {
                         // How long the CLI takes to stop: what its grace
                         // period must cover.
@@ -702,6 +732,7 @@ impl TurnProcesses {
         tracing::debug!(pgid = pid, "process group empty");
         drop(self.guard_watch);
         self.collector.abort();
+        let cgroup_usage = self.cgroup.as_ref().and_then(TurnCgroup::usage);
         if let Some(c) = self.cgroup {
             c.remove(SWEEP_BOUND).await;
         }
@@ -717,6 +748,7 @@ impl TurnProcesses {
                 .count(),
             left_behind,
             guard_died: waited.guard_died,
+            usage: cgroup_usage.or(waited.usage),
         }
     }
 
@@ -883,17 +915,45 @@ async fn guard_gone(guard: Option<i32>, session: i32) {
     }
 }
 
-fn wait_without_reaping(pid: i32) {
-    let Some(pid) = Pid::from_raw(pid) else {
-        return;
-    };
+/// Waits until the leader `pid` exited, leaving it a zombie (tokio's
+/// `Child` reaps it), and returns its `rusage` then: Linux's `waitid`
+/// takes a fifth argument that the C library's wrapper leaves out, filled
+/// as for `getrusage(RUSAGE_BOTH)` even with `WNOWAIT`.
+fn wait_without_reaping(pid: i32) -> Option<Usage> {
+    if pid <= 0 {
+        return None;
+    }
     loop {
-        match rustix::process::waitid(
-            WaitId::Pid(pid),
-            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
-        ) {
-            Err(rustix::io::Errno::INTR) => continue,
-            _ => return,
+        // SAFETY: zeroed siginfo_t and rusage are valid values of these
+        // plain C structs, and both outlive the call, which only writes them.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: the raw waitid system call with valid pointers to the two
+        // structs above; it does not keep them.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_waitid,
+                libc::P_PID,
+                pid,
+                &raw mut info,
+                libc::WEXITED | libc::WNOWAIT,
+                &raw mut usage,
+            )
+        };
+        if r == 0 {
+            let time = |t: libc::timeval| {
+                Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+                    + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+            };
+            return Some(Usage {
+                cpu: time(usage.ru_utime) + time(usage.ru_stime),
+                // Kibibytes on Linux.
+                peak_rss_bytes: u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024,
+                source: UsageSource::Rusage,
+            });
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return None;
         }
     }
 }

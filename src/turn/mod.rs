@@ -985,5 +985,6 @@ fn finish_body(outcome: &TurnOutcome, result: Option<HarvestResult>) -> FinishBo
         usage: outcome.usage.clone(),
         result,
         agent_session_reset: outcome.session_reset.clone(),
+        resources: outcome.resources.clone(),
     }
 }

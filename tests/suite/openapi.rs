@@ -202,6 +202,7 @@ fn openapi_validates_the_runners_wire_types() {
             usage: None,
             result: None,
             agent_session_reset: None,
+            resources: None,
         };
         request(Route::Finish, serde_json::to_value(body).unwrap());
     }
@@ -276,6 +277,11 @@ fn openapi_validates_the_runners_wire_types() {
             requested: "agent-old".into(),
             reason: "No conversation found with session ID: agent-old".into(),
         }),
+        resources: Some(wire::Resources {
+            cpu_seconds: 1.25,
+            peak_rss_bytes: 52_428_800,
+            source: wire::ResourceSource::Rusage,
+        }),
     };
     request(Route::Finish, serde_json::to_value(full).unwrap());
     request(
@@ -287,6 +293,7 @@ fn openapi_validates_the_runners_wire_types() {
             usage: None,
             result: Some(HarvestResult::default()),
             agent_session_reset: None,
+            resources: None,
         })
         .unwrap(),
     );
@@ -316,6 +323,7 @@ fn openapi_validates_the_runners_wire_types() {
         usage: None,
         result: None,
         agent_session_reset: None,
+        resources: None,
     })
     .unwrap();
     bad["error"] = json!({"code": "not_a_code", "message": "m", "retryable": false});

@@ -833,3 +833,48 @@ async fn the_orphan_check_tells_a_reused_group_id_from_a_survivor() {
     assert!(!Process::recorded(&format!("{pid} {start}")).alive());
     assert_groups_empty(&[group]);
 }
+
+/// Issue 40, item 3: `finish.resources` says what the agent's processes
+/// used. The agent's shell waits for a child that touches 96 MiB and burns
+/// half a second of CPU: both are counted (the leader's `rusage` covers
+/// the children it waited for; a turn cgroup with its controllers, where
+/// the machine gives one, covers them too).
+#[tokio::test]
+async fn finish_reports_what_the_agents_processes_used() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let script = sb.script(
+        r#"
+python3 -c '
+import time
+b = bytearray(96 * 1024 * 1024)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+t = time.process_time()
+while time.process_time() - t < 0.5:
+    pass
+'
+echo '{"type":"message","text":"done"}'
+"#,
+    );
+    let child = sb.spawn(&script);
+    sb.end_after_seal("run-1", child).await;
+    let run = sb.coordinator.run("run-1").unwrap();
+    assert_eq!(run.status, "succeeded");
+    let resources = run
+        .finish
+        .as_ref()
+        .and_then(|f| f.resources.clone())
+        .expect("finish.resources");
+    assert!(
+        (0.45..60.0).contains(&resources.cpu_seconds),
+        "{resources:?}"
+    );
+    assert!(
+        (96 << 20..4 << 30).contains(&resources.peak_rss_bytes),
+        "{resources:?}"
+    );
+    // No cgroup controllers on CI's machines: the rusage path.
+    if !std::path::Path::new("/sys/fs/cgroup/cgroup.subtree_control").exists() {
+        assert_eq!(resources.source, hosted_boot::wire::ResourceSource::Rusage);
+    }
+}

@@ -931,6 +931,7 @@ mod tests {
             usage: None,
             result: None,
             agent_session_reset: None,
+            resources: None,
         }
     }
 

@@ -641,6 +641,33 @@ pub struct FinishBody {
     /// otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_session_reset: Option<AgentSessionReset>,
+    /// What the agent's processes used in the turn (2.6, optional: absent
+    /// when not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+}
+
+/// `finish.resources` (2.6): what the turn's agent processes used.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resources {
+    /// CPU time, user and system, in seconds.
+    pub cpu_seconds: f64,
+    /// The peak resident memory, bytes: of the turn's cgroup as a whole
+    /// (`cgroup`), or of the largest single process (`rusage`).
+    pub peak_rss_bytes: u64,
+    /// Where the figures come from.
+    pub source: ResourceSource,
+}
+
+/// `finish.resources.source` (2.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResourceSource {
+    /// The turn's cgroup: every process of the turn.
+    Cgroup,
+    /// The agent's `rusage`: its leader and the descendants waited for.
+    Rusage,
 }
 
 /// `finish.agentSessionReset` (2.6) and the `hosted_boot.agent_session_reset`

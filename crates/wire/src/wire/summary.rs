@@ -132,6 +132,7 @@ mod tests {
             usage: None,
             result,
             agent_session_reset: None,
+            resources: None,
         }
     }
 
