@@ -106,6 +106,14 @@ pub struct BootConfig {
     pub turn_cgroup: CgroupMode,
     /// `--prestart-agent`: start the next turn's agent CLI ahead of it.
     pub prestart_agent: bool,
+    /// `--release-idle-after`: with a coordinator that accepts `released`,
+    /// how long without a turn before the session is given back
+    /// (PROTOCOL.md 4.2, "Leaving the sandbox"); `None`: never.
+    pub release_idle_after: Option<Duration>,
+    /// `--max-lifetime` and `--retire-at`, whichever comes first: no turn
+    /// starts after it (PROTOCOL.md 4.2, "Leaving the sandbox"); `None`:
+    /// no retirement.
+    pub retire_at: Option<std::time::Instant>,
     /// `--harvest-max-file-size` in bytes: files larger are left out of the
     /// harvest (PROTOCOL.md 4.5); `None`: no limit (`0`).
     pub harvest_max_file_size: Option<u64>,
@@ -222,6 +230,8 @@ pub fn load(
         base_env,
         turn_cgroup: args.turn_cgroup,
         prestart_agent: args.prestart_agent == Toggle::On,
+        release_idle_after: (!args.release_idle_after.is_zero()).then_some(args.release_idle_after),
+        retire_at: retire_at(args),
         harvest_max_file_size,
         agent_api: args.agent_api,
         agent_api_allow,
@@ -324,6 +334,26 @@ fn agent_user(args: &RunArgs) -> Result<Option<crate::agent_user::AgentUser>, Co
 
 /// The contract's durations with `--interrupt-grace` and `--stop-budget`,
 /// scaled by the test time scale.
+/// When the runner retires: `--max-lifetime` from now or `--retire-at`
+/// (the sandbox's clock now), whichever is first; a time past is now, one
+/// too far for the clock never.
+fn retire_at(args: &RunArgs) -> Option<std::time::Instant> {
+    let now = std::time::Instant::now();
+    let lifetime = (!args.max_lifetime.is_zero())
+        .then(|| now.checked_add(args.max_lifetime))
+        .flatten();
+    let at = args.retire_at.and_then(|t| {
+        now.checked_add(
+            t.duration_since(std::time::SystemTime::now())
+                .unwrap_or_default(),
+        )
+    });
+    match (lifetime, at) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 fn timings(args: &RunArgs, time_scale: f64) -> Timings {
     let timings = Timings {
         interrupt_grace: args.interrupt_grace,
@@ -625,6 +655,37 @@ pub struct RunArgs {
         value_parser = parse_duration
     )]
     pub interrupt_grace: Duration,
+    /// With a coordinator that accepts `released` (PROTOCOL.md 2.2): give
+    /// the session back and exit after this long without a turn (`0`:
+    /// never).
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_RELEASE_IDLE_AFTER",
+        hide_env_values = true,
+        default_value = "0",
+        value_parser = parse_duration
+    )]
+    pub release_idle_after: Duration,
+    /// Start no turn this long after the runner started: a running turn
+    /// ends as it would, then the session is released (or, without the
+    /// coordinator's `acceptsReleased`, the runner exits) (`0`: never).
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_MAX_LIFETIME",
+        hide_env_values = true,
+        default_value = "0",
+        value_parser = parse_duration
+    )]
+    pub max_lifetime: Duration,
+    /// As `--max-lifetime`, at this time (RFC 3339, by the sandbox's clock
+    /// when the runner starts).
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_RETIRE_AT",
+        hide_env_values = true,
+        value_parser = values::retire_at
+    )]
+    pub retire_at: Option<std::time::SystemTime>,
     /// Time budget of a graceful stop on SIGTERM/SIGINT (PROTOCOL.md 4.4).
     #[arg(
         long,

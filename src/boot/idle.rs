@@ -17,6 +17,64 @@ use crate::turn::TurnInput;
 use crate::validate;
 use crate::wire::{ErrorCode, Session};
 
+/// Why the runner leaves its sandbox without a stop or the session's end
+/// (PROTOCOL.md 4.2, "Leaving the sandbox").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leave {
+    /// No turn for `--release-idle-after` (with the coordinator's
+    /// `acceptsReleased`).
+    Idle,
+    /// `--max-lifetime` or `--retire-at` passed.
+    Retired,
+}
+
+impl Leave {
+    /// As the log and the exit reason say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Leave::Idle => "idle",
+            Leave::Retired => "retired",
+        }
+    }
+}
+
+/// When the wait ends with no turn, and why: the earlier of the idle
+/// release (from the wait's start) and the retirement.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaveAt {
+    /// The idle release's bound, when it applies.
+    pub idle_after: Option<std::time::Duration>,
+    /// The retirement, when set.
+    pub retire_at: Option<std::time::Instant>,
+    /// The coordinator takes `released` (the session's `acceptsReleased`).
+    pub accepts_released: bool,
+}
+
+impl LeaveAt {
+    /// The deadline of a wait that starts now, and why.
+    fn deadline(self) -> Option<(tokio::time::Instant, Leave)> {
+        let now = std::time::Instant::now();
+        // A bound too far for the clock is never.
+        let idle = self
+            .idle_after
+            .and_then(|d| now.checked_add(d))
+            .map(|at| (at, Leave::Idle));
+        let retired = self.retire_at.map(|at| (at, Leave::Retired));
+        let first = match (idle, retired) {
+            (Some(i), Some(r)) if r.0 <= i.0 => Some(r),
+            (Some(i), _) => Some(i),
+            (None, r) => r,
+        };
+        first.map(|(at, why)| (tokio::time::Instant::from_std(at), why))
+    }
+
+    /// Whether the retirement has passed.
+    pub fn retired(self) -> bool {
+        self.retire_at
+            .is_some_and(|at| at <= std::time::Instant::now())
+    }
+}
+
 /// Consecutive failed reads that are fatal before the first turn.
 pub const BOOT_MAX_FAILED_READS: u32 = 10;
 
@@ -150,6 +208,8 @@ pub enum IdleEnd {
     Ended,
     /// A stop signal came (4.4).
     Stopped(Stop),
+    /// No turn before the wait's deadline (4.2, "Leaving the sandbox").
+    Leave(Leave),
 }
 
 /// Why the wait failed (fatal).
@@ -190,13 +250,23 @@ pub async fn after_turn(
     api: &Api,
     done: &HashSet<String>,
     stop: &mut watch::Receiver<Stop>,
+    leave: LeaveAt,
 ) -> Result<IdleEnd, IdleError> {
     let timings = *api.timings();
+    let deadline = leave.deadline();
     // No entity tag yet: a long-poll coordinator answers this read at once.
     let mut poll = LongPoll::new();
     let delay = match signals::unless_stopped(stop, read(api, false, done, &mut poll)).await {
         Err(s) => return Ok(IdleEnd::Stopped(s)),
+        // An ended session ends as it does; a turn is left to the next
+        // sandbox once the runner retires.
+        Ok(Ok(Some(IdleEnd::Turn(_)))) if leave.retired() => {
+            return Ok(IdleEnd::Leave(Leave::Retired));
+        }
         Ok(Ok(Some(end))) => return Ok(end),
+        Ok(Ok(None) | Err(ReadError::Failed(_))) if leave.retired() => {
+            return Ok(IdleEnd::Leave(Leave::Retired));
+        }
         Ok(Ok(None)) => poll.delay(timings.idle_poll, &timings),
         Ok(Err(ReadError::Fatal(e))) => return Err(e),
         Ok(Err(ReadError::Failed(why))) => {
@@ -204,7 +274,7 @@ pub async fn after_turn(
             timings.idle_poll
         }
     };
-    wait_from(api, false, done, stop, poll, delay).await
+    wait_from(api, false, done, stop, poll, delay, deadline).await
 }
 
 /// Waits for the next turn (4.2). `at_boot` applies the boot's stricter rule
@@ -216,13 +286,28 @@ pub async fn wait(
     at_boot: bool,
     done: &HashSet<String>,
     stop: &mut watch::Receiver<Stop>,
+    leave: LeaveAt,
 ) -> Result<IdleEnd, IdleError> {
+    if leave.retired() {
+        return Ok(IdleEnd::Leave(Leave::Retired));
+    }
     let idle_poll = api.timings().idle_poll;
-    wait_from(api, at_boot, done, stop, LongPoll::new(), idle_poll).await
+    let deadline = leave.deadline();
+    wait_from(
+        api,
+        at_boot,
+        done,
+        stop,
+        LongPoll::new(),
+        idle_poll,
+        deadline,
+    )
+    .await
 }
 
 /// [`wait`] from a long-poll state already begun, its first read after
-/// `delay`.
+/// `delay`; at `deadline` (a held read is cut), one last read that is not
+/// held: a turn it finds still runs unless the runner retires.
 async fn wait_from(
     api: &Api,
     at_boot: bool,
@@ -230,15 +315,39 @@ async fn wait_from(
     stop: &mut watch::Receiver<Stop>,
     mut poll: LongPoll,
     mut delay: std::time::Duration,
+    deadline: Option<(tokio::time::Instant, Leave)>,
 ) -> Result<IdleEnd, IdleError> {
     let timings = *api.timings();
     let mut failures = 0u32;
+    let passed = || deadline.filter(|(at, _)| tokio::time::Instant::now() >= *at);
     loop {
-        if let Err(s) = signals::unless_stopped(stop, tokio::time::sleep(delay)).await {
+        let sleep = tokio::time::sleep(delay);
+        let until_deadline = crate::concurrency::sleep_until(deadline.map(|(at, _)| at));
+        let slept = async {
+            tokio::select! {
+                () = sleep => {}
+                _ = until_deadline => {}
+            }
+        };
+        if let Err(s) = signals::unless_stopped(stop, slept).await {
             return Ok(IdleEnd::Stopped(s));
         }
-        let read = match signals::unless_stopped(stop, read(api, at_boot, done, &mut poll)).await {
-            Ok(read) => read,
+        if let Some((_, why)) = passed() {
+            return last_read(api, at_boot, done, stop, why).await;
+        }
+        let held = async {
+            let until_deadline = crate::concurrency::sleep_until(deadline.map(|(at, _)| at));
+            tokio::select! {
+                read = read(api, at_boot, done, &mut poll) => Some(read),
+                _ = until_deadline => None,
+            }
+        };
+        let read = match signals::unless_stopped(stop, held).await {
+            Ok(Some(read)) => read,
+            Ok(None) => {
+                let why = deadline.map_or(Leave::Idle, |(_, why)| why);
+                return last_read(api, at_boot, done, stop, why).await;
+            }
             Err(s) => return Ok(IdleEnd::Stopped(s)),
         };
         match read {
@@ -259,6 +368,28 @@ async fn wait_from(
                 delay = (delay.max(timings.idle_poll) * 2).min(timings.idle_backoff_cap);
             }
         }
+    }
+}
+
+/// At the wait's deadline: leaves for `why`, unless a read that is not
+/// held finds a turn and the runner is not retiring (an idle release never
+/// strands a turn queued at its last moment), or the session ended.
+async fn last_read(
+    api: &Api,
+    at_boot: bool,
+    done: &HashSet<String>,
+    stop: &mut watch::Receiver<Stop>,
+    why: Leave,
+) -> Result<IdleEnd, IdleError> {
+    if why == Leave::Retired {
+        return Ok(IdleEnd::Leave(why));
+    }
+    let mut fresh = LongPoll::new();
+    match signals::unless_stopped(stop, read(api, at_boot, done, &mut fresh)).await {
+        Err(s) => Ok(IdleEnd::Stopped(s)),
+        Ok(Ok(Some(end))) => Ok(end),
+        Ok(Err(ReadError::Fatal(e))) => Err(e),
+        Ok(Ok(None) | Err(ReadError::Failed(_))) => Ok(IdleEnd::Leave(why)),
     }
 }
 

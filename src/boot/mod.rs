@@ -54,6 +54,11 @@ enum Ending {
     /// Fatal once the drain began: seal if needed, `turn_failed`, exit 1
     /// (boxed: an ending is passed up through every step's `Err`).
     InDrain(Box<FatalInDrain>),
+    /// The runner leaves its sandbox, idle or retired (PROTOCOL.md 4.2,
+    /// "Leaving the sandbox"): `released` posted and acknowledged (exit 0)
+    /// or not (the error, exit 1); `None`: the coordinator does not accept
+    /// it and nothing was posted (exit 75).
+    Left(idle::Leave, Option<Result<(), String>>),
 }
 
 /// A fatal error once the drain began (PROTOCOL.md 4 step 7).
@@ -283,7 +288,8 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     let egress_canary = start_egress_canary(b.config, &resolved)?;
     // Steps 3 (the leftovers) and 4: the first turn, waited for if need be.
     let mut done = HashSet::new();
-    let first = first_turn(b, &resolved.session, &done).await?;
+    let leave = leave_at(b.config, &resolved.session);
+    let first = first_turn(b, &resolved.session, &done, leave).await?;
     // Step 5: session files, credential helper, clone.
     let workspace = prepare_workspace(b, &session_dir, &resolved, cleanup).await?;
     // Step 6: drain turns.
@@ -304,7 +310,54 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
         &ctx.agent_env,
         &ctx.repo_dir,
     );
-    Ok(drain(&ctx, first, &mut done, &mut b.stop, &b.status).await)
+    Ok(drain(&ctx, first, &mut done, &mut b.stop, &b.status, leave).await)
+}
+
+/// Leaves for `why`: `released` to a coordinator that accepts it (a stop
+/// meanwhile ends the post: the stop's ending), nothing to one that does
+/// not.
+async fn release(
+    api: &Api,
+    stop: &mut watch::Receiver<Stop>,
+    why: idle::Leave,
+    leave: idle::LeaveAt,
+) -> Ending {
+    if !leave.accepts_released {
+        return Ending::Left(why, None);
+    }
+    tracing::info!(why = why.as_str(), "posting released");
+    let post = api.post_status(BootStatus::Released, None, Some(why.as_str()));
+    match unless_stopped(stop, post).await {
+        Err(s) => Ending::Stopped(s),
+        Ok(posted) => Ending::Left(why, Some(posted.map_err(|e| e.to_string()))),
+    }
+}
+
+/// The exit code of a runner that left its sandbox (retired) without
+/// telling the coordinator, which does not accept `released`: 75
+/// (`EX_TEMPFAIL`), not 0, so that a platform tells it from a session that
+/// ended.
+const EXIT_LEFT_UNRELEASED: i32 = 75;
+
+/// When a wait for a turn ends with none (PROTOCOL.md 4.2, "Leaving the
+/// sandbox"): `--release-idle-after` only with a coordinator that accepts
+/// `released` (said once otherwise), and the retirement.
+fn leave_at(config: &BootConfig, session: &Session) -> idle::LeaveAt {
+    let idle_after = match config.release_idle_after {
+        Some(after) if session.accepts_released => Some(after),
+        Some(_) => {
+            tracing::warn!(
+                "--release-idle-after is ignored: the coordinator's session does not say acceptsReleased (PROTOCOL.md 2.4), and a runner that left would strand the session"
+            );
+            None
+        }
+        None => None,
+    };
+    idle::LeaveAt {
+        idle_after,
+        retire_at: config.retire_at,
+        accepts_released: session.accepts_released,
+    }
 }
 
 /// The session directory. One left by a SIGKILLed boot goes before anything
@@ -329,6 +382,7 @@ async fn first_turn(
     b: &mut Boot<'_>,
     session: &Session,
     done: &HashSet<String>,
+    leave: idle::LeaveAt,
 ) -> Step<TurnInput> {
     let active = session.is_active();
     let selected = if active {
@@ -352,15 +406,25 @@ async fn first_turn(
         );
         return Err(Ending::Clean);
     }
+    if leave.retired() {
+        // Before the workspace: a `repo/` an earlier runner left is
+        // recovered by the next sandbox's boot.
+        tracing::info!("the runner's retirement has passed; it takes no turn");
+        return Err(release(&b.api, &mut b.stop, idle::Leave::Retired, leave).await);
+    }
     match selected {
         Some(turn) => Ok(turn),
-        None => wait_for_first_turn(b, done).await,
+        None => wait_for_first_turn(b, done, leave).await,
     }
 }
 
 /// Step 4 with nothing to run: `ready` (required), then the wait of 4.2
 /// under the boot's stricter failure rule.
-async fn wait_for_first_turn(b: &mut Boot<'_>, done: &HashSet<String>) -> Step<TurnInput> {
+async fn wait_for_first_turn(
+    b: &mut Boot<'_>,
+    done: &HashSet<String>,
+    leave: idle::LeaveAt,
+) -> Step<TurnInput> {
     tracing::info!("nothing to run yet; posting ready and waiting for a turn");
     let ready = async {
         b.api
@@ -370,13 +434,14 @@ async fn wait_for_first_turn(b: &mut Boot<'_>, done: &HashSet<String>) -> Step<T
     };
     step(&mut b.stop, ready).await?;
     b.status.phase(Phase::Idle, None, None);
-    match idle::wait(&b.api, true, done, &mut b.stop)
+    match idle::wait(&b.api, true, done, &mut b.stop, leave)
         .instrument(tracing::info_span!("step", step = "idle"))
         .await?
     {
         IdleEnd::Turn(t) => Ok(t),
         IdleEnd::Ended => Err(Ending::Clean),
         IdleEnd::Stopped(s) => Err(Ending::Stopped(s)),
+        IdleEnd::Leave(why) => Err(release(&b.api, &mut b.stop, why, leave).await),
     }
 }
 
@@ -762,9 +827,15 @@ async fn drain(
     done: &mut HashSet<String>,
     stop: &mut watch::Receiver<Stop>,
     status: &StatusFile,
+    leave: idle::LeaveAt,
 ) -> Ending {
     let mut next = first;
     loop {
+        if leave.retired()
+            && let Some(ending) = left(ctx, idle::Leave::Retired, stop, leave).await
+        {
+            return ending;
+        }
         let run_id = next.run_id.clone();
         done.insert(run_id.clone());
         status.phase(Phase::Turn, Some(&run_id), next.ordinal);
@@ -788,21 +859,76 @@ async fn drain(
             Ok(TurnEnd::Sealed(_)) => {}
         }
         status.phase(Phase::Idle, None, None);
-        turn::prestart(ctx).await;
-        let waited = idle::after_turn(&ctx.api, done, stop)
-            .instrument(tracing::info_span!("step", step = "idle"))
-            .await;
-        if !matches!(waited, Ok(IdleEnd::Turn(_))) {
-            turn::discard_prestarted(ctx, "the session ended or the runner stops").await;
-        }
-        next = match waited {
-            Ok(IdleEnd::Turn(t)) => t,
-            Ok(IdleEnd::Ended) => return Ending::Clean,
-            Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),
-            Err(e @ idle::IdleError::SessionTooLarge(_)) => return Ending::Unreadable(e.into()),
-            Err(e) => return sealed_fatal(run_id, e.to_string()),
+        next = loop {
+            // No CLI is started for a turn that will not come.
+            if !leave.retired() {
+                turn::prestart(ctx).await;
+            }
+            let waited = idle::after_turn(&ctx.api, done, stop, leave)
+                .instrument(tracing::info_span!("step", step = "idle"))
+                .await;
+            if !matches!(waited, Ok(IdleEnd::Turn(_))) {
+                turn::discard_prestarted(ctx, "the session ended or the runner stops").await;
+            }
+            match waited {
+                Ok(IdleEnd::Turn(t)) => break t,
+                Ok(IdleEnd::Ended) => return Ending::Clean,
+                Ok(IdleEnd::Stopped(s)) => return Ending::Stopped(s),
+                Ok(IdleEnd::Leave(why)) => match left(ctx, why, stop, leave).await {
+                    Some(ending) => return ending,
+                    // Work that could not be pushed keeps the sandbox.
+                    None => continue,
+                },
+                Err(e @ idle::IdleError::SessionTooLarge(_)) => {
+                    return Ending::Unreadable(e.into());
+                }
+                Err(e) => return sealed_fatal(run_id, e.to_string()),
+            }
         };
     }
+}
+
+/// The runner leaves between turns (4.2, "Leaving the sandbox"): what is
+/// in `repo/` since the last turn's harvest (a pre-started CLI or a plugin
+/// may have written) is harvested first (the agent state was saved after
+/// that turn), then [`release`]. `None`: that work could not be pushed, and
+/// an idle runner keeps its sandbox (the next turn's harvest pushes it); a
+/// retiring one leaves all the same, saying so. A stop cuts the harvest.
+async fn left(
+    ctx: &TurnContext,
+    why: idle::Leave,
+    stop: &mut watch::Receiver<Stop>,
+    leave: idle::LeaveAt,
+) -> Option<Ending> {
+    tracing::info!(why = why.as_str(), "leaving the sandbox");
+    turn::discard_prestarted(ctx, "the runner leaves the sandbox").await;
+    if ctx.harvester.has_local_work().await {
+        let job = HarvestJob {
+            name: format!("leave-{}", why.as_str()),
+            outcome: None,
+            start: None,
+            bound: ctx.api.timings().harvest_bound,
+        };
+        let result = match unless_stopped(stop, ctx.harvester.harvest(job)).await {
+            Ok(result) => result,
+            Err(s) => return Some(Ending::Stopped(s)),
+        };
+        if !result.pushed {
+            let error = result.push_error.as_ref().map(|e| e.message.clone());
+            if why == idle::Leave::Idle {
+                tracing::warn!(
+                    error,
+                    "the work left since the last turn could not be pushed; the runner keeps its sandbox and waits for a turn"
+                );
+                return None;
+            }
+            tracing::error!(
+                error,
+                "the work left since the last turn could not be pushed; the runner retires all the same"
+            );
+        }
+    }
+    Some(release(&ctx.api, stop, why, leave).await)
 }
 
 /// A turn that failed before its own harvest: harvested here if it left
@@ -1074,6 +1200,24 @@ async fn report(api: &Api, root: &Path, ending: Ending) -> (i32, String) {
                 }
             }
         }
+        Ending::Left(why, Some(Ok(()))) => (0, format!("released the session ({})", why.as_str())),
+        Ending::Left(why, Some(Err(e))) => {
+            tracing::error!(error = %e, "released was not acknowledged");
+            (
+                1,
+                format!(
+                    "left the sandbox ({}), and released was NOT acknowledged: {e}",
+                    why.as_str()
+                ),
+            )
+        }
+        Ending::Left(why, None) => (
+            EXIT_LEFT_UNRELEASED,
+            format!(
+                "left the sandbox ({}); nothing posted: the coordinator does not accept released, and the session needs a new sandbox for its next turn",
+                why.as_str()
+            ),
+        ),
         Ending::InDrain(fatal) => {
             let run_id = fatal.fatal.run_id.clone();
             let why = fatal.fatal.reason.clone();

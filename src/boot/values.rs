@@ -51,6 +51,14 @@ pub enum InvalidValue {
     /// Not in (0, 1].
     #[error("{0:?} is not a number in (0, 1]")]
     TimeScale(String),
+    /// Not an RFC 3339 time.
+    #[error("{text:?} is not an RFC 3339 time ({error}); write it like 2026-12-07T06:00:00Z")]
+    Time {
+        /// The value (cut at 80 characters).
+        text: String,
+        /// humantime's reason.
+        error: String,
+    },
 }
 
 /// `--agent`: a CLI adapter, `command`, or `demo` (the built-in demo agent).
@@ -101,6 +109,20 @@ pub fn wrap_up_before(text: &str) -> Result<Duration, InvalidValue> {
         "" => Ok(DEFAULT_WRAP_UP_BEFORE),
         text => Ok(parse_duration(text)?),
     }
+}
+
+/// `--retire-at`: an RFC 3339 time with its offset (`Z` or `+01:00`).
+pub fn retire_at(text: &str) -> Result<std::time::SystemTime, InvalidValue> {
+    let invalid = |error: String| InvalidValue::Time {
+        text: crate::text::clip(text, 80),
+        error,
+    };
+    let at =
+        time::OffsetDateTime::parse(text.trim(), &time::format_description::well_known::Rfc3339)
+            .map_err(|e| invalid(e.to_string()))?;
+    let unix = at.unix_timestamp_nanos();
+    let since = std::time::Duration::from_nanos(u64::try_from(unix.max(0)).unwrap_or(u64::MAX));
+    Ok(std::time::UNIX_EPOCH + since)
 }
 
 /// `--wrap-up-before`'s default.
@@ -162,6 +184,17 @@ pub fn time_scale(text: &str) -> Result<f64, InvalidValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retire_at_takes_rfc_3339_with_any_offset_and_nothing_else() {
+        let z = retire_at("2026-12-07T06:00:00Z").unwrap();
+        assert_eq!(retire_at("2026-12-07T07:00:00+01:00").unwrap(), z);
+        assert_eq!(retire_at("2026-12-07T06:00:00-00:00").unwrap(), z);
+        assert_eq!(retire_at(" 2026-12-07T06:00:00.000Z ").unwrap(), z);
+        for bad in ["2026-12-07T06:00:00", "2026-12-07 06:00:00", "tomorrow", ""] {
+            assert!(retire_at(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn file_size_limits_parse_in_the_documented_forms() {

@@ -150,8 +150,16 @@ async fn happy_path_one_turn_then_the_session_ends() {
     let branch = sb.coordinator.branch();
     let tip = remote_tip(&sb, &branch);
     // Nothing to harvest: the result says where the work is all the same.
+    // What the agent used is measured (finish.resources), its figures
+    // this machine's.
+    let mut body = serde_json::to_value(f).unwrap();
+    let resources = body.as_object_mut().unwrap().remove("resources").unwrap();
+    assert!(
+        resources["source"] == "rusage" || resources["source"] == "cgroup",
+        "{resources}"
+    );
     assert_eq!(
-        serde_json::to_value(f).unwrap(),
+        body,
         json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null,
                "result": {"name": "run-1", "branch": branch, "headSha": tip, "pushed": true,
                           "commits": 0, "filesChanged": 0, "insertions": 0, "deletions": 0}})
@@ -958,8 +966,12 @@ async fn compat_bodies_match_the_contract_literally() {
     let finish_body = requests.iter().find(|r| r.route == Route::Finish).unwrap();
     let branch = sb.coordinator.branch();
     let tip = remote_tip(&sb, &branch);
+    // finish.resources (an extension): measured, its figures this
+    // machine's; the compat fields are literal.
+    let mut body = finish_body.body.clone();
+    assert!(body.as_object_mut().unwrap().remove("resources").is_some());
     assert_eq!(
-        finish_body.body,
+        body,
         json!({"status": "succeeded", "agentSessionId": null, "error": null, "usage": null,
                "result": {"name": "run-1", "branch": branch, "headSha": tip, "pushed": true,
                           "commits": 0, "filesChanged": 0, "insertions": 0, "deletions": 0}})

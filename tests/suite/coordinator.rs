@@ -166,7 +166,8 @@ async fn session_and_env_bundle_match_the_contract() {
             "interruptRequestedRunId": null,
             "agentSessionId": null,
             "projectId": null,
-            "agentState": {"maxBytes": 8 * 1024 * 1024}
+            "agentState": {"maxBytes": 8 * 1024 * 1024},
+            "acceptsReleased": true
         }})
     );
     let (status, bundle) = get_json(&http, &url(&c, "api/cli/sessions/s1/env-bundle"), &b).await;

@@ -21,6 +21,7 @@ mod image;
 mod instructions;
 mod latency;
 mod layers;
+mod leaving;
 mod long_poll;
 mod mirror;
 mod network;

@@ -123,6 +123,10 @@ pub struct CoordinatorArgs {
     /// extension.
     #[arg(long)]
     pub no_agent_state: bool,
+    /// Do not accept the `released` status (PROTOCOL.md 2.2): the session
+    /// has no `acceptsReleased`, and a runner never releases it.
+    #[arg(long)]
+    pub no_release: bool,
     /// The runner binary the printed sandbox line runs [default:
     /// `hosted-boot` beside this binary, else on PATH].
     #[arg(long, value_name = "PATH")]
@@ -176,6 +180,7 @@ impl CoordinatorArgs {
             latency: Duration::from_millis(self.latency_ms),
             counts_only: self.counts_only,
             agent_state_max_bytes: (!self.no_agent_state).then_some(self.agent_state_max_bytes),
+            accepts_released: !self.no_release,
             ..CoordinatorOptions::default()
         }
     }

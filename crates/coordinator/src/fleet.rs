@@ -130,6 +130,7 @@ impl Fleet {
         let task = (!start_idle).then_some(c.client_info.task.as_str());
         let mut state = State::new(task);
         state.agent_state_offer = first.lock().agent_state_offer;
+        state.accepts_released = first.lock().accepts_released;
         let sh = Arc::new(Shared {
             state: std::sync::Mutex::new(state),
             cfg,

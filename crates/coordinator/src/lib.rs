@@ -195,6 +195,9 @@ pub struct CoordinatorOptions {
     /// 16 MiB, the largest request body read); `None`: not offered, as a
     /// coordinator without the extension. Default 8 MiB.
     pub agent_state_max_bytes: Option<u64>,
+    /// The session's `acceptsReleased` (2.2, 2.4): the runner may release
+    /// an idle or retired sandbox with the `released` status. Default on.
+    pub accepts_released: bool,
 }
 
 /// The reference coordinator's default `session.agentState.maxBytes`.
@@ -236,6 +239,7 @@ impl Default for CoordinatorOptions {
             latency: Duration::ZERO,
             counts_only: false,
             agent_state_max_bytes: Some(DEFAULT_AGENT_STATE_MAX_BYTES),
+            accepts_released: true,
         }
     }
 }
@@ -771,6 +775,7 @@ fn initial_state(opts: &CoordinatorOptions) -> state::State {
         egress_canary: opts.egress_canary.clone(),
         instructions: opts.instructions.clone(),
     };
+    s.accepts_released = opts.accepts_released;
     s.agent_state_offer = opts
         .agent_state_max_bytes
         .map(|max| crate::wire::AgentStateOffer {

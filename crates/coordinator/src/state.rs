@@ -581,6 +581,8 @@ pub(crate) struct State {
     pub agent_state_offer: Option<crate::wire::AgentStateOffer>,
     /// The agent state last saved (2.7), as it came; the load answers it.
     pub agent_state: Option<Value>,
+    /// The session's `acceptsReleased` (2.4 extension).
+    pub accepts_released: bool,
     bearers: HashMap<String, Issued>,
     repo_tokens: HashMap<String, Issued>,
     /// Every token issued, in order.
@@ -647,6 +649,7 @@ impl State {
             around: AroundAgent::default(),
             agent_state_offer: None,
             agent_state: None,
+            accepts_released: false,
             bearers: HashMap::new(),
             repo_tokens: HashMap::new(),
             issued: Vec::new(),
@@ -762,6 +765,7 @@ impl State {
             egress_canary: self.around.egress_canary.clone(),
             instructions: self.around.instructions.clone(),
             agent_state: self.agent_state_offer,
+            accepts_released: self.accepts_released,
         }
     }
 

@@ -70,6 +70,10 @@ pub enum BootStatus {
     Complete,
     /// Fatal error before the drain (best-effort).
     Failed,
+    /// The runner gives the session back, idle or retired, and exits; the
+    /// next turn needs a new sandbox (required; only to a coordinator whose
+    /// session says `acceptsReleased`, 2.4).
+    Released,
 }
 
 impl BootStatus {
@@ -80,7 +84,8 @@ impl BootStatus {
             BootStatus::Ready
             | BootStatus::TurnStarted
             | BootStatus::TurnCompleted
-            | BootStatus::TurnFailed => true,
+            | BootStatus::TurnFailed
+            | BootStatus::Released => true,
             BootStatus::Complete | BootStatus::Failed => false,
         }
     }
@@ -94,6 +99,7 @@ impl BootStatus {
             BootStatus::TurnFailed => "turn_failed",
             BootStatus::Complete => "complete",
             BootStatus::Failed => "failed",
+            BootStatus::Released => "released",
         }
     }
 }
@@ -217,6 +223,11 @@ pub struct Session {
     /// null: the runner neither saves nor restores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_state: Option<AgentStateOffer>,
+    /// An extension (2.2, 2.4): the coordinator takes the `released` boot
+    /// status (an idle or retired sandbox gives the session back). Absent
+    /// or false: the runner never releases a session.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accepts_released: bool,
 }
 
 /// `session.agentState` (2.4, an optional extension): the agent-state
