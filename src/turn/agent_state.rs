@@ -1,9 +1,9 @@
 //! The agent CLI's own session state carried across sandboxes (PROTOCOL.md
 //! 2.7), when the session offers it (`session.agentState`): restored before
 //! the boot's first agent when that turn resumes an agent session the CLI
-//! has no state for, and saved after each turn's agent, beside the harvest
-//! and before the seal (on a graceful stop, after the seal, with what is
-//! left of the stop budget). Neither is required: a failure is an event
+//! has no state for, and saved after each turn's harvest and before its
+//! seal, bounded and cut by a stop (on a graceful stop, after the seal,
+//! with what is left of the stop budget). Neither is required: a failure is an event
 //! (`hosted_boot.agent_state`) and the turn goes on as without it, the CLI
 //! then starting a fresh agent session (`agentSessionReset`, 2.6).
 //!
