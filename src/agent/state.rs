@@ -274,13 +274,18 @@ impl Place {
         let Some(dir) = open_below(&self.base, &self.below, false)? else {
             return Ok(None);
         };
+        Ok(self.main_file_in(&dir))
+    }
+
+    /// [`Place::main_file`] in the session's directory, opened already.
+    fn main_file_in(&self, dir: &OwnedFd) -> Option<String> {
         match self.cli {
             Cli::Claude => {
                 let name = format!("{}.jsonl", self.session);
-                Ok(is_regular_at(&dir, &name).then_some(name))
+                is_regular_at(dir, &name).then_some(name)
             }
-            Cli::Codex => Ok(find_rollout(&dir, &self.session)),
-            Cli::OpenCode => Ok(is_regular_at(&dir, "opencode.db").then(|| "opencode.db".into())),
+            Cli::Codex => find_rollout(dir, &self.session),
+            Cli::OpenCode => is_regular_at(dir, "opencode.db").then(|| "opencode.db".into()),
         }
     }
 
@@ -292,10 +297,10 @@ impl Place {
     /// message says how far).
     fn collect_now(&self, limit: u64) -> Result<Option<Vec<StateFile>>, StateError> {
         as_user(self.user.as_ref(), || {
-            let Some(main) = self.main_file()? else {
+            let Some(dir) = open_below(&self.base, &self.below, false)? else {
                 return Ok(None);
             };
-            let Some(dir) = open_below(&self.base, &self.below, false)? else {
+            let Some(main) = self.main_file_in(&dir) else {
                 return Ok(None);
             };
             let mut budget = Budget {
@@ -787,15 +792,8 @@ fn find_rollout(home: &OwnedFd, session: &str) -> Option<String> {
 
 /// The entries of `dir` (not `.` and `..`), names that are UTF-8 only.
 fn names_in(dir: &OwnedFd) -> Vec<String> {
-    let Ok(fd) = rustix::fs::openat(
-        dir,
-        ".",
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) else {
-        return Vec::new();
-    };
-    let Ok(mut entries) = rustix::fs::Dir::read_from(&fd) else {
+    // `read_from` reads through a descriptor of its own (`openat(".")`).
+    let Ok(mut entries) = rustix::fs::Dir::read_from(dir) else {
         return Vec::new();
     };
     let mut out = Vec::new();

@@ -49,6 +49,8 @@ impl Carry {
 /// one and the session offers the state.
 fn place(ctx: &TurnContext) -> Option<(AgentStateOffer, Place)> {
     let offer = ctx.agent_state.offer?;
+    // Before the CLI's environment is built (and its placeholder-key line
+    // logged) for an agent whose state is not saved.
     state::Cli::of(ctx.agent.kind)?;
     let session = ctx.agent_session.resume_id()?;
     let env = drive::cli_env(&ctx.agent, &ctx.agent_env, &ctx.agent_session);
