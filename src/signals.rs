@@ -80,6 +80,7 @@ pub fn listen() -> Result<watch::Receiver<Stop>, ListenError> {
             };
             match next {
                 Stop::Graceful(_) => {
+                    let _ = FIRST_STOP.set(tokio::time::Instant::now());
                     tracing::warn!(signal = %signal_name(n), "stop signal: stopping gracefully")
                 }
                 _ => {
@@ -90,6 +91,16 @@ pub fn listen() -> Result<watch::Receiver<Stop>, ListenError> {
         }
     });
     Ok(rx)
+}
+
+/// When the first stop signal came, on tokio's clock (set by [`listen`]
+/// before it publishes the stop): the stop budget counts from it.
+static FIRST_STOP: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+
+/// When a graceful stop's `budget` runs out: the first stop signal's time
+/// plus `budget` (PROTOCOL.md 4.4); `None` before any stop signal came.
+pub fn budget_deadline(budget: std::time::Duration) -> Option<tokio::time::Instant> {
+    FIRST_STOP.get().map(|at| *at + budget)
 }
 
 /// Awaits `fut` unless a stop (graceful or immediate, PROTOCOL.md 4.4) is
