@@ -125,6 +125,36 @@ pub struct Status {
     /// Phase `exited`: why, in one line (the failure's reason, the signal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// How the on-stop hook ran, once it did (`--on-stop-script`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_stop: Option<OnStop>,
+}
+
+/// How the on-stop hook ran (`--on-stop-script`, PROTOCOL.md 4.7): the
+/// status file's `onStop`, written when it ended and kept by the final
+/// write.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OnStop {
+    /// The ending it ran for (its `ORIZU_BOOT_ENDING`): `complete`, `idle`,
+    /// `retired`, `stopped` or `failed`.
+    pub ending: String,
+    /// How it ended, for people (`exited with code 0`, `was killed at
+    /// --on-stop-timeout (30s) with every process it started`, `skipped:
+    /// …`).
+    pub result: String,
+    /// Its exit code, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did (`SIGKILL`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// Whether the runner killed it at its bound: `--on-stop-timeout`, or
+    /// the end of the stop budget.
+    pub timed_out: bool,
+    /// From its start to the end of its last process, in milliseconds (0
+    /// when it did not start).
+    pub duration_ms: u64,
 }
 
 /// The runner's status file, once [`StatusFile::create`] ran: the turn's
@@ -210,6 +240,7 @@ impl StatusFile {
                     last_event_at: None,
                     exit_code: None,
                     reason: None,
+                    on_stop: None,
                 },
                 last_write: None,
                 dirty: false,
@@ -272,6 +303,11 @@ impl StatusFile {
             s.agent_pid = None;
             s.since = now();
         });
+    }
+
+    /// Records how the on-stop hook ran. Written at once.
+    pub fn on_stop(&self, record: OnStop) {
+        self.update(true, |s| s.on_stop = Some(record));
     }
 
     /// Whether the final phase was written.
@@ -488,6 +524,12 @@ fn describe(status: &Status, file_age: Duration, alive: bool) -> Vec<String> {
             .as_deref()
             .map_or_else(never, stamp_with_age)
     ));
+    if let Some(hook) = &status.on_stop {
+        lines.push(format!(
+            "on-stop      ran for {}: {} ({} ms)",
+            hook.ending, hook.result, hook.duration_ms
+        ));
+    }
     lines.push(format!(
         "file         written {} ago ({})",
         format_age(file_age),
@@ -517,6 +559,41 @@ mod tests {
         assert_eq!(format_age(Duration::from_millis(12_400)), "12 s");
         assert_eq!(format_age(Duration::from_secs(185)), "3 min 05 s");
         assert_eq!(format_age(Duration::from_secs(7380)), "2 h 03 min");
+    }
+
+    #[test]
+    fn the_on_stop_hooks_result_is_kept_by_the_final_write_and_shown() {
+        let root = tempfile::tempdir().unwrap();
+        let file = StatusFile::create(root.path(), "s1");
+        file.on_stop(OnStop {
+            ending: "complete".into(),
+            result: "exited with code 3".into(),
+            exit_code: Some(3),
+            signal: None,
+            timed_out: false,
+            duration_ms: 1200,
+        });
+        file.exited(0, "the session ended; complete was posted");
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path(root.path())).unwrap()).unwrap();
+        assert_eq!(
+            json["onStop"],
+            serde_json::json!({
+                "ending": "complete",
+                "result": "exited with code 3",
+                "exitCode": 3,
+                "timedOut": false,
+                "durationMs": 1200
+            })
+        );
+        let status: Status = serde_json::from_value(json).unwrap();
+        let lines = describe(&status, Duration::from_secs(2), false);
+        assert!(
+            lines.contains(
+                &"on-stop      ran for complete: exited with code 3 (1200 ms)".to_string()
+            ),
+            "{lines:?}"
+        );
     }
 
     #[test]
