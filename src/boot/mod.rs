@@ -55,10 +55,10 @@ enum Ending {
     /// (boxed: an ending is passed up through every step's `Err`).
     InDrain(Box<FatalInDrain>),
     /// The runner leaves its sandbox, idle or retired (PROTOCOL.md 4.2,
-    /// "Leaving the sandbox"): `released` posted and acknowledged (exit 0)
-    /// or not (the error, exit 1); `None`: the coordinator does not accept
-    /// it and nothing was posted (exit 75).
-    Left(idle::Leave, Option<Result<(), String>>),
+    /// "Leaving the sandbox"), its work harvested; whether the coordinator
+    /// accepts `released`. The report posts it: acknowledged, exit 0; not,
+    /// exit 1; not accepted, nothing is posted and the exit is 75.
+    Left(idle::Leave, bool),
 }
 
 /// A fatal error once the drain began (PROTOCOL.md 4 step 7).
@@ -136,7 +136,7 @@ pub async fn run(config: BootConfig) -> i32 {
         .instrument(tracing::info_span!("boot", session_id = %config.api.session_id))
         .await
         .unwrap_or_else(|ending| ending);
-    cleanup.finish(&boot.api, &config.root, ending).await
+    cleanup.finish(&mut boot, ending).await
 }
 
 fn warn_of_test_settings(config: &BootConfig) {
@@ -224,10 +224,10 @@ impl Cleanup {
 
     /// Reports `ending` (step 7), removes the session directory and returns
     /// the exit code.
-    async fn finish(mut self, api: &Api, root: &Path, ending: Ending) -> i32 {
+    async fn finish(mut self, b: &mut Boot<'_>, ending: Ending) -> i32 {
         self.status.phase(Phase::Stopping, None, None);
         self.heartbeat.abort();
-        let (code, reason) = report(api, root, ending).await;
+        let (code, reason) = report(&b.api, &b.config.root, ending, &mut b.stop).await;
         self.remove_session_dir();
         self.status.exited(code, &reason);
         tracing::info!(exit_code = code, reason = %reason, "boot finished");
@@ -313,24 +313,11 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     Ok(drain(&ctx, first, &mut done, &mut b.stop, &b.status, leave).await)
 }
 
-/// Leaves for `why`: `released` to a coordinator that accepts it (a stop
-/// meanwhile ends the post: the stop's ending), nothing to one that does
+/// Leaves for `why`: the report posts `released` to a coordinator that
+/// accepts it (a stop meanwhile cuts the post), nothing to one that does
 /// not.
-async fn release(
-    api: &Api,
-    stop: &mut watch::Receiver<Stop>,
-    why: idle::Leave,
-    leave: idle::LeaveAt,
-) -> Ending {
-    if !leave.accepts_released {
-        return Ending::Left(why, None);
-    }
-    tracing::info!(why = why.as_str(), "posting released");
-    let post = api.post_status(BootStatus::Released, None, Some(why.as_str()));
-    match unless_stopped(stop, post).await {
-        Err(s) => Ending::Stopped(s),
-        Ok(posted) => Ending::Left(why, Some(posted.map_err(|e| e.to_string()))),
-    }
+fn release(why: idle::Leave, leave: idle::LeaveAt) -> Ending {
+    Ending::Left(why, leave.accepts_released)
 }
 
 /// The exit code of a runner that left its sandbox (retired) without
@@ -410,7 +397,7 @@ async fn first_turn(
         // Before the workspace: a `repo/` an earlier runner left is
         // recovered by the next sandbox's boot.
         tracing::info!("the runner's retirement has passed; it takes no turn");
-        return Err(release(&b.api, &mut b.stop, idle::Leave::Retired, leave).await);
+        return Err(release(idle::Leave::Retired, leave));
     }
     match selected {
         Some(turn) => Ok(turn),
@@ -441,7 +428,7 @@ async fn wait_for_first_turn(
         IdleEnd::Turn(t) => Ok(t),
         IdleEnd::Ended => Err(Ending::Clean),
         IdleEnd::Stopped(s) => Err(Ending::Stopped(s)),
-        IdleEnd::Leave(why) => Err(release(&b.api, &mut b.stop, why, leave).await),
+        IdleEnd::Leave(why) => Err(release(why, leave)),
     }
 }
 
@@ -602,7 +589,6 @@ fn turn_context(
     egress_canary: crate::egress::Pending,
 ) -> Step<TurnContext> {
     let config = b.config;
-    let timings = b.api.timings();
     let client_info = &resolved.session.client_info;
     let agent_api = agent_api(b)?;
     let proxy = matches!(agent_api, AgentApi::Proxy(_));
@@ -620,14 +606,10 @@ fn turn_context(
             client_info,
         ),
         agent_api,
-        supervision: Supervision {
-            drain: timings.pipe_drain,
-            time_cap: Supervision::time_cap_from_minutes(client_info.duration_minutes),
-            cap_grace: timings.interrupt_grace,
-            cgroup: config.turn_cgroup,
-            guard_exe: Some(PathBuf::from("/proc/self/exe")),
-            stop_signal: rustix::process::Signal::INT,
-        },
+        supervision: supervision(
+            config,
+            Supervision::time_cap_from_minutes(client_info.duration_minutes),
+        ),
         agent_session: Arc::new(crate::agent::AgentSession::new(
             client_info,
             resolved.session.agent_session_id.clone(),
@@ -651,6 +633,19 @@ fn turn_context(
         prestarted: std::sync::Mutex::new(None),
         agent_state: crate::turn::agent_state::Carry::new(resolved.session.agent_state),
     })
+}
+
+/// How the runner supervises what it starts as a turn starts its agent (a
+/// turn's agent, its setup): `time_cap` for an agent.
+fn supervision(config: &BootConfig, time_cap: Option<std::time::Duration>) -> Supervision {
+    Supervision {
+        drain: config.timings.pipe_drain,
+        time_cap,
+        cap_grace: config.timings.interrupt_grace,
+        cgroup: config.turn_cgroup,
+        guard_exe: Some(PathBuf::from("/proc/self/exe")),
+        stop_signal: rustix::process::Signal::INT,
+    }
 }
 
 /// `--prestart-agent`, where a CLI waiting between turns can hold no
@@ -928,7 +923,7 @@ async fn left(
             );
         }
     }
-    Some(release(&ctx.api, stop, why, leave).await)
+    Some(release(why, leave))
 }
 
 /// A turn that failed before its own harvest: harvested here if it left
@@ -1161,10 +1156,15 @@ fn issued_tokens_source(path: PathBuf) -> crate::redact::SecretSource {
     Box::new(move || reader.poll())
 }
 
-/// Step 7: reports the ending and returns the exit code.
 /// Step 7's report; returns the exit code and the reason the status file
-/// records for it.
-async fn report(api: &Api, root: &Path, ending: Ending) -> (i32, String) {
+/// records for it. A stop cuts the post of `released` (4.2, "Leaving the
+/// sandbox").
+async fn report(
+    api: &Api,
+    root: &Path,
+    ending: Ending,
+    stop: &mut watch::Receiver<Stop>,
+) -> (i32, String) {
     match ending {
         Ending::Clean => {
             tracing::info!("session ended; posting complete");
@@ -1179,13 +1179,7 @@ async fn report(api: &Api, root: &Path, ending: Ending) -> (i32, String) {
                 }
             }
         }
-        Ending::Stopped(stop) => {
-            tracing::warn!(signal = %stop.signal_name(), "stopped by signal");
-            (
-                stop.exit_code().unwrap_or(1),
-                format!("stopped by {}", stop.signal_name()),
-            )
-        }
+        Ending::Stopped(stop) => stopped(stop),
         Ending::BeforeDrain(e) | Ending::Unreadable(e) => {
             let reason = e.reason();
             tracing::error!(reason = %reason, "boot failed");
@@ -1200,18 +1194,25 @@ async fn report(api: &Api, root: &Path, ending: Ending) -> (i32, String) {
                 }
             }
         }
-        Ending::Left(why, Some(Ok(()))) => (0, format!("released the session ({})", why.as_str())),
-        Ending::Left(why, Some(Err(e))) => {
-            tracing::error!(error = %e, "released was not acknowledged");
-            (
-                1,
-                format!(
-                    "left the sandbox ({}), and released was NOT acknowledged: {e}",
-                    why.as_str()
-                ),
-            )
+        Ending::Left(why, true) => {
+            tracing::info!(why = why.as_str(), "posting released");
+            let post = api.post_status(BootStatus::Released, None, Some(why.as_str()));
+            match unless_stopped(stop, post).await {
+                Err(s) => stopped(s),
+                Ok(Ok(())) => (0, format!("released the session ({})", why.as_str())),
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "released was not acknowledged");
+                    (
+                        1,
+                        format!(
+                            "left the sandbox ({}), and released was NOT acknowledged: {e}",
+                            why.as_str()
+                        ),
+                    )
+                }
+            }
         }
-        Ending::Left(why, None) => (
+        Ending::Left(why, false) => (
             EXIT_LEFT_UNRELEASED,
             format!(
                 "left the sandbox ({}); nothing posted: the coordinator does not accept released, and the session needs a new sandbox for its next turn",
@@ -1226,6 +1227,15 @@ async fn report(api: &Api, root: &Path, ending: Ending) -> (i32, String) {
             (1, format!("turn {run_id} failed ({how}): {why}"))
         }
     }
+}
+
+/// The report of a stop: nothing posted, exit 128+N.
+fn stopped(stop: Stop) -> (i32, String) {
+    tracing::warn!(signal = %stop.signal_name(), "stopped by signal");
+    (
+        stop.exit_code().unwrap_or(1),
+        format!("stopped by {}", stop.signal_name()),
+    )
 }
 
 /// Step 7 once the drain began: seals the run `failed` (`runner_error`)
