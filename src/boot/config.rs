@@ -133,6 +133,9 @@ pub struct BootConfig {
     /// `--setup-script`, `--setup-inputs`, `--setup-timeout` (PROTOCOL.md
     /// 4.1, "Setup"); the session's `setup` field wins over the first two.
     pub setup: crate::turn::setup::SetupConfig,
+    /// `--on-stop-script` and `--on-stop-timeout` (PROTOCOL.md 4.7);
+    /// `None`: no hook.
+    pub on_stop: Option<super::on_stop::OnStopConfig>,
     /// `--egress-canary`: the host the sandbox's egress policy must block,
     /// checked before the first agent starts (PROTOCOL.md 4.1 step 3); the
     /// session's `egressCanary` wins. `None`: no check.
@@ -206,6 +209,7 @@ pub fn load(
     }
     let harvest_max_file_size = Some(args.harvest_max_file_size).filter(|b| *b > 0);
     let setup = setup_config(args, time_scale);
+    let on_stop = on_stop_config(args, time_scale);
     let agent_api_allow =
         Allowlist::with_names(&args.agent_api_allow).map_err(|e| ConfigError(e.to_string()))?;
     let egress_canary = args.egress_canary.clone();
@@ -238,6 +242,7 @@ pub fn load(
         credential_mode: args.credential_mode,
         agent_user,
         setup,
+        on_stop,
         egress_canary,
         instructions_file,
         git_mirror_dir: args.git_mirror_dir.clone(),
@@ -420,6 +425,24 @@ fn setup_config(args: &RunArgs, time_scale: f64) -> crate::turn::setup::SetupCon
         inputs,
         timeout,
     }
+}
+
+/// `--on-stop-script` (none when empty) and `--on-stop-timeout`, scaled
+/// like every contract duration.
+fn on_stop_config(args: &RunArgs, time_scale: f64) -> Option<super::on_stop::OnStopConfig> {
+    let script = args
+        .on_stop_script
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())?;
+    let mut timeout = args.on_stop_timeout;
+    if time_scale != 1.0 {
+        timeout = timeout.mul_f64(time_scale);
+    }
+    Some(super::on_stop::OnStopConfig {
+        script: script.to_string(),
+        timeout,
+    })
 }
 
 fn default_boot_status_url(token_url: &Url) -> Result<Url, ConfigError> {
@@ -808,6 +831,24 @@ pub struct RunArgs {
         value_parser = values::setup_timeout
     )]
     pub setup_timeout: Duration,
+    /// A shell command (`sh -c`) run once when the boot ends (the session
+    /// ended, the sandbox was released or retired, a graceful stop, a
+    /// failure; never on a second stop signal): after the last harvest,
+    /// before the final report, as the agent user, in `repo/`. Its output
+    /// goes to the runner's log (PROTOCOL.md 4.7).
+    #[arg(long, env = "HOSTED_BOOT_ON_STOP_SCRIPT", hide_env_values = true)]
+    pub on_stop_script: Option<String>,
+    /// Bound on the on-stop hook: past it every process of the hook is
+    /// killed. On a graceful stop, what the stop budget leaves bounds it
+    /// sooner.
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_ON_STOP_TIMEOUT",
+        hide_env_values = true,
+        default_value = "30s",
+        value_parser = values::on_stop_timeout
+    )]
+    pub on_stop_timeout: Duration,
     /// A host the sandbox's egress policy must block, tried before the
     /// first agent starts: `HOST:PORT` (reachable: a TCP connection) or
     /// `https://HOST` (reachable: a TLS handshake verified against the
@@ -921,6 +962,33 @@ mod tests {
             (Duration::from_secs(30), "Stop.")
         );
         assert_eq!(wrap_up(&["--wrap-up-before", "0"]), None);
+    }
+
+    #[test]
+    fn the_on_stop_hook_is_off_by_default_and_its_timeout_scales() {
+        let on_stop = |argv: &[&str]| {
+            let a = parse(&[&["--agent", "claude"], argv].concat()).unwrap();
+            load(&env(&base()), &a, secret(), "/".into())
+                .unwrap()
+                .on_stop
+        };
+        assert_eq!(on_stop(&[]), None);
+        assert_eq!(on_stop(&["--on-stop-script", "  "]), None);
+        let set = on_stop(&["--on-stop-script", "./flush-cache"]).unwrap();
+        assert_eq!(
+            (set.script.as_str(), set.timeout),
+            ("./flush-cache", Duration::from_secs(30))
+        );
+        let scaled = on_stop(&[
+            "--on-stop-script",
+            "true",
+            "--on-stop-timeout",
+            "20s",
+            "--test-time-scale",
+            "0.05",
+        ])
+        .unwrap();
+        assert_eq!(scaled.timeout, Duration::from_secs(1));
     }
 
     #[test]

@@ -304,10 +304,104 @@ pub fn agent_env(
     env.into_iter().collect()
 }
 
+/// What the on-stop hook does not get of the runner's environment
+/// (PROTOCOL.md 4.7): the coordinator's URLs (the hook holds no
+/// credential for any route) and the variables of a turn, should the
+/// runner's environment set them.
+pub const ON_STOP_WITHHELD: [&str; 10] = [
+    "ORIZU_AGENT_TOKEN_URL",
+    "ORIZU_BOOT_STATUS_URL",
+    "ORIZU_API_BASE_URL",
+    "ORIZU_TOKEN_FILE",
+    "ORIZU_TURN_FILE",
+    "ORIZU_TASK_FILE",
+    "ORIZU_RUN_ID",
+    "ORIZU_TURN_DEADLINE",
+    "ORIZU_INSTRUCTIONS_FILE",
+    "ORIZU_AGENT_SESSION_ID",
+];
+
+/// The on-stop hook's environment (PROTOCOL.md 4.7): the runner's as
+/// it was started (boot secret removed) without [`ON_STOP_WITHHELD`], the
+/// env bundle's connectors once it was applied (`bundle`; the setup-only
+/// ones never) with `ORIZU_INJECTED_ENV_VARS`, `ORIZU_SESSION_ID` and
+/// `GIT_TERMINAL_PROMPT=0`. No bearer, proxy token, boot secret or turn
+/// file is in it: none is ever in an environment, and the hook runs once
+/// the session directory is gone.
+pub fn on_stop_env(
+    base_env: &[(OsString, OsString)],
+    bundle: Option<&AppliedBundle>,
+    session_id: &str,
+) -> Vec<(OsString, OsString)> {
+    let mut env: BTreeMap<OsString, OsString> = base_env
+        .iter()
+        .filter(|(k, _)| k != crate::boot::config::BOOT_SECRET_VAR)
+        .filter(|(k, _)| !ON_STOP_WITHHELD.iter().any(|w| k == w))
+        .cloned()
+        .collect();
+    if let Some(bundle) = bundle {
+        for (name, value) in &bundle.connectors {
+            env.insert(name.into(), value.expose().into());
+        }
+        env.insert(
+            "ORIZU_INJECTED_ENV_VARS".into(),
+            bundle.injected.clone().into(),
+        );
+    }
+    env.insert("ORIZU_SESSION_ID".into(), session_id.into());
+    env.insert("GIT_TERMINAL_PROMPT".into(), "0".into());
+    env.into_iter().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::wire::Connector;
+
+    #[test]
+    fn the_on_stop_hook_gets_the_connectors_but_no_route_nor_turn_variable() {
+        let base: Vec<(OsString, OsString)> = [
+            ("PATH", "/usr/bin"),
+            ("ORIZU_BOOT_SECRET", "boot-secret-value-0123456789"),
+            ("ORIZU_AGENT_TOKEN_URL", "https://plane.example/t"),
+            ("ORIZU_API_BASE_URL", "https://plane.example/"),
+            ("ORIZU_TOKEN_FILE", "/x/bearer"),
+            ("ORIZU_INJECTED_ENV_VARS", "OLD"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+        let bundle = AppliedBundle {
+            connectors: vec![("API_KEY".into(), Secret::new("k-123456".into()))],
+            setup_only: vec![("SETUP_KEY".into(), Secret::new("s-123456".into()))],
+            injected: "OLD,API_KEY".into(),
+        };
+        let names = |env: &[(OsString, OsString)]| -> Vec<String> {
+            env.iter()
+                .map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.to_string_lossy()))
+                .collect()
+        };
+        assert_eq!(
+            names(&on_stop_env(&base, Some(&bundle), "s1")),
+            [
+                "API_KEY=k-123456",
+                "GIT_TERMINAL_PROMPT=0",
+                "ORIZU_INJECTED_ENV_VARS=OLD,API_KEY",
+                "ORIZU_SESSION_ID=s1",
+                "PATH=/usr/bin"
+            ]
+        );
+        // Before the env bundle was applied: no connector.
+        assert_eq!(
+            names(&on_stop_env(&base, None, "s1")),
+            [
+                "GIT_TERMINAL_PROMPT=0",
+                "ORIZU_INJECTED_ENV_VARS=OLD",
+                "ORIZU_SESSION_ID=s1",
+                "PATH=/usr/bin"
+            ]
+        );
+    }
 
     #[test]
     fn reserved_names_are_refused() {

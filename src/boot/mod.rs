@@ -7,6 +7,7 @@ pub mod config;
 pub mod environment;
 mod error;
 pub mod idle;
+pub mod on_stop;
 pub mod secret_env;
 pub mod secret_file;
 pub mod values;
@@ -56,8 +57,9 @@ enum Ending {
     InDrain(Box<FatalInDrain>),
     /// The runner leaves its sandbox, idle or retired (PROTOCOL.md 4.2,
     /// "Leaving the sandbox"), its work harvested; whether the coordinator
-    /// accepts `released`. The report posts it: acknowledged, exit 0; not,
-    /// exit 1; not accepted, nothing is posted and the exit is 75.
+    /// accepts `released`. The report posts it (after the on-stop hook):
+    /// acknowledged, exit 0; not, exit 1; not accepted, nothing is posted
+    /// and the exit is 75.
     Left(idle::Leave, bool),
 }
 
@@ -117,6 +119,10 @@ pub async fn run(config: BootConfig) -> i32 {
     enable_status_line(&config);
     let status = StatusFile::create(&config.root, &config.api.session_id);
     let mut cleanup = Cleanup::new(status.clone());
+    cleanup.on_stop = config
+        .on_stop
+        .clone()
+        .map(|hook| on_stop::Hook::new(hook, &config, supervision(&config, None)));
     let api = client(&config, http.clone(), &redactor, &status);
     tracing::info!(
         session_id = %config.api.session_id,
@@ -202,6 +208,9 @@ struct Cleanup {
     /// Broker mode: the credential broker's socket, served until the
     /// session directory goes.
     broker: Option<workspace::BrokerServer>,
+    /// `--on-stop-script`: run before the report, once the session
+    /// directory is gone.
+    on_stop: Option<on_stop::Hook>,
 }
 
 impl Cleanup {
@@ -219,13 +228,25 @@ impl Cleanup {
             heartbeat,
             session_dir: None,
             broker: None,
+            on_stop: None,
         }
     }
 
-    /// Reports `ending` (step 7), removes the session directory and returns
-    /// the exit code.
+    /// Runs the on-stop hook for `ending` (once the session directory is
+    /// gone: it never sees a secret file), reports `ending` (step 7),
+    /// removes the session directory and returns the exit code.
     async fn finish(mut self, b: &mut Boot<'_>, ending: Ending) -> i32 {
         self.status.phase(Phase::Stopping, None, None);
+        if let Some(hook) = self.on_stop.take()
+            && let Some(why) = on_stop_ending(&ending)
+        {
+            self.remove_session_dir();
+            let ran = hook
+                .run(why, &mut b.stop, &b.redactor)
+                .instrument(tracing::info_span!("step", step = "on_stop"))
+                .await;
+            self.status.on_stop(ran);
+        }
         self.heartbeat.abort();
         let (code, reason) = report(&b.api, &b.config.root, ending, &mut b.stop).await;
         self.remove_session_dir();
@@ -284,6 +305,9 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
     step(&mut b.stop, b.api.pull_bearer(policy)).await?;
     // Step 3: env bundle, session, read repo token, concurrently.
     let resolved = step(&mut b.stop, resolve(b.config, &b.api, &b.redactor)).await?;
+    if let Some(hook) = &mut cleanup.on_stop {
+        hook.with_bundle(&resolved.bundle);
+    }
     // The egress canary, in the background from here to the first agent.
     let egress_canary = start_egress_canary(b.config, &resolved)?;
     // Steps 3 (the leftovers) and 4: the first turn, waited for if need be.
@@ -314,10 +338,28 @@ async fn steps(b: &mut Boot<'_>, cleanup: &mut Cleanup) -> Step<Ending> {
 }
 
 /// Leaves for `why`: the report posts `released` to a coordinator that
-/// accepts it (a stop meanwhile cuts the post), nothing to one that does
-/// not.
+/// accepts it (after the on-stop hook; a stop meanwhile cuts the post),
+/// nothing to one that does not.
 fn release(why: idle::Leave, leave: idle::LeaveAt) -> Ending {
     Ending::Left(why, leave.accepts_released)
+}
+
+/// What the on-stop hook is told of `ending`; `None`: it does not run (an
+/// immediate stop: a second signal skips all but the file removal, 4.4).
+/// A failure runs it too: it is the sandbox's cleanup, as a CI runner's
+/// job-completed hook runs after a failed job.
+fn on_stop_ending(ending: &Ending) -> Option<on_stop::BootEnding> {
+    use on_stop::BootEnding;
+    match ending {
+        Ending::Clean => Some(BootEnding::Complete),
+        Ending::Left(idle::Leave::Idle, _) => Some(BootEnding::Idle),
+        Ending::Left(idle::Leave::Retired, _) => Some(BootEnding::Retired),
+        Ending::Stopped(Stop::Graceful(_)) => Some(BootEnding::Stopped),
+        Ending::Stopped(_) => None,
+        Ending::BeforeDrain(_) | Ending::Unreadable(_) | Ending::InDrain(_) => {
+            Some(BootEnding::Failed)
+        }
+    }
 }
 
 /// The exit code of a runner that left its sandbox (retired) without
@@ -636,7 +678,7 @@ fn turn_context(
 }
 
 /// How the runner supervises what it starts as a turn starts its agent (a
-/// turn's agent, its setup): `time_cap` for an agent.
+/// turn's agent and setup, the on-stop hook): `time_cap` for an agent.
 fn supervision(config: &BootConfig, time_cap: Option<std::time::Duration>) -> Supervision {
     Supervision {
         drain: config.timings.pipe_drain,

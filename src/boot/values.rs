@@ -140,6 +140,18 @@ pub fn setup_timeout(text: &str) -> Result<Duration, InvalidValue> {
     Ok(timeout)
 }
 
+/// `--on-stop-timeout`: a positive duration; empty is the default (30 s).
+pub fn on_stop_timeout(text: &str) -> Result<Duration, InvalidValue> {
+    let timeout = match text.trim() {
+        "" => super::on_stop::DEFAULT_TIMEOUT,
+        text => parse_duration(text)?,
+    };
+    if timeout.is_zero() {
+        return Err(InvalidValue::NotPositive(quoted(text)));
+    }
+    Ok(timeout)
+}
+
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
 pub const DEFAULT_HARVEST_MAX_FILE_SIZE: u64 = 100 * 1024 * 1024;
 
@@ -222,6 +234,14 @@ mod tests {
         assert_eq!(setup_timeout("").unwrap(), Duration::from_secs(600));
         assert!(
             setup_timeout("0s")
+                .unwrap_err()
+                .to_string()
+                .contains("positive")
+        );
+        assert_eq!(on_stop_timeout("").unwrap(), Duration::from_secs(30));
+        assert_eq!(on_stop_timeout("2m").unwrap(), Duration::from_secs(120));
+        assert!(
+            on_stop_timeout("0")
                 .unwrap_err()
                 .to_string()
                 .contains("positive")

@@ -25,6 +25,7 @@ mod leaving;
 mod long_poll;
 mod mirror;
 mod network;
+mod on_stop;
 mod openapi;
 mod processes;
 mod real_clis;
