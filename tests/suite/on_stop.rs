@@ -47,11 +47,16 @@ touch "$o-started"
     )
 }
 
+/// The hook's timeout unless a test sets its own: 30 s once scaled by
+/// 0.05, which no hook of these tests reaches on a loaded machine.
+const ROOMY_TIMEOUT: &str = "10m";
+
 /// The runner on `agent` with the hook `body` ([`hook`]) and `extra`
 /// variables.
 fn runner_with_hook(sb: &Sandbox, agent: &str, body: &str, extra: &[(&str, &str)]) -> Runner {
     let mut cmd = sb.runner(&sb.script(agent));
     cmd.env("HOSTED_BOOT_ON_STOP_SCRIPT", hook(body))
+        .env("HOSTED_BOOT_ON_STOP_TIMEOUT", ROOMY_TIMEOUT)
         .env("HOOK_SESSION_DIR", sb.session_dir());
     for (k, v) in extra {
         cmd.env(k, v);
@@ -87,7 +92,7 @@ async fn the_hook_runs_once_when_the_session_ends_before_complete_redacted_in_th
         r#"echo "hook says $HOOK_KEY"
 i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo "line $i"; done
 echo "to stderr" >&2
-sleep 1
+sleep 2
 exit 3"#,
         &[],
     );
@@ -144,7 +149,7 @@ exit 3"#,
         ),
         ("complete", "exited with code 3", Some(3), false)
     );
-    assert!(record.duration_ms >= 1000, "{record:?}");
+    assert!(record.duration_ms >= 2000, "{record:?}");
     assert!(!sb.session_dir().exists());
 }
 
@@ -156,7 +161,7 @@ async fn the_hook_runs_on_a_release_before_released_is_posted() {
     let runner = runner_with_hook(
         &sb,
         QUICK,
-        "sleep 1",
+        "sleep 2",
         &[("HOSTED_BOOT_RELEASE_IDLE_AFTER", "1s")],
     );
     wait_for_file(&sb.out().join("on-stop-started")).await;
@@ -301,8 +306,8 @@ setsid sleep 1000 &
 record_process $! > "$AGENT_OUT/hook-daemon"
 echo "flushing"
 wait"#,
-        // Scaled by 0.05: 1 s.
-        &[("HOSTED_BOOT_ON_STOP_TIMEOUT", "20s")],
+        // Scaled by 0.05: 2 s.
+        &[("HOSTED_BOOT_ON_STOP_TIMEOUT", "40s")],
     );
     sb.wait_sealed("run-1").await;
     sb.coordinator.end_session();
@@ -313,7 +318,7 @@ wait"#,
     assert!(record.timed_out, "{record:?}");
     assert_eq!(
         record.result,
-        "was killed at --on-stop-timeout (1s) with every process it started"
+        "was killed at --on-stop-timeout (2s) with every process it started"
     );
     assert_eq!(record.signal.as_deref(), Some("SIGKILL"));
     for name in ["hook-child", "hook-daemon"] {
@@ -409,7 +414,7 @@ wait"#,
 #[tokio::test]
 async fn after_a_failure_the_hook_runs_before_turn_failed() {
     let sb = Sandbox::start(CoordinatorOptions::default()).await;
-    let runner = runner_with_hook(&sb, "exit 1", "sleep 1", &[]);
+    let runner = runner_with_hook(&sb, "exit 1", "sleep 2", &[]);
     wait_for_file(&sb.out().join("on-stop-started")).await;
     let snap = sb.coordinator.snapshot();
     assert_eq!(snap.run("run-1").unwrap().status, "failed");
@@ -439,6 +444,7 @@ async fn the_hook_runs_as_the_agent_user() {
         .wrapped_command(&["env"], "run", &sb.script(QUICK))
         .env("HOSTED_BOOT_AGENT_USER", &user.name)
         .env("HOSTED_BOOT_ON_STOP_SCRIPT", hook(""))
+        .env("HOSTED_BOOT_ON_STOP_TIMEOUT", ROOMY_TIMEOUT)
         .env("HOOK_SESSION_DIR", sb.session_dir())
         .spawn()
         .unwrap();
