@@ -464,3 +464,21 @@ async fn the_hook_runs_as_the_agent_user() {
     );
     assert_eq!(on_stop_record(&sb).unwrap().exit_code, Some(0));
 }
+
+/// A zero `--on-stop-timeout` is refused before any request, naming the
+/// flag, its variable and the value.
+#[tokio::test]
+async fn a_zero_on_stop_timeout_is_a_configuration_error() {
+    let sb = Sandbox::start(CoordinatorOptions::default()).await;
+    let runner = runner_with_hook(&sb, QUICK, "", &[("HOSTED_BOOT_ON_STOP_TIMEOUT", "0s")]);
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert!(
+        output.contains(
+            "--on-stop-timeout (HOSTED_BOOT_ON_STOP_TIMEOUT): \"0s\" is not a positive duration"
+        ),
+        "{output}"
+    );
+    assert!(sb.coordinator.requests().is_empty());
+    assert!(!sb.out().join("on-stop-started").exists());
+}
