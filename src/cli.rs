@@ -229,6 +229,9 @@ pub enum Command {
     Check(RunArgs),
     /// Print the running runner's phase from its status file.
     Status(StatusArgs),
+    /// Ask the running runner to save the agent's work now (a checkpoint
+    /// notice, SIGUSR1) and wait for its answer.
+    Checkpoint(crate::cmd::checkpoint::CheckpointArgs),
     /// The built-in demo agent (`--agent demo`; the demo scenario of
     /// `hosted-boot-coordinator demo` runs it).
     #[command(hide = true)]

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use hosted_boot::boot::config;
 use hosted_boot::boot::config::RunArgs;
 use hosted_boot::cli::{self, Command};
-use hosted_boot::cmd::{check, demo, supervise};
+use hosted_boot::cmd::{check, checkpoint, demo, supervise};
 use hosted_boot::process::{guard, reaper};
 use hosted_boot::secret::Secret;
 use hosted_boot::{boot, status, tls, workspace};
@@ -99,6 +99,13 @@ fn main() -> ExitCode {
                 // `status` answers on stdout, exit 1 (never 2, which Docker
                 // reserves), as for any other unhealthy state.
                 println!("unhealthy: {e}");
+                1
+            }
+        },
+        Command::Checkpoint(args) => match args.root.map_or_else(config::working_dir, Ok) {
+            Ok(root) => checkpoint::run(&root, args.timeout, !args.no_wait),
+            Err(e) => {
+                eprintln!("hosted-boot checkpoint: {e}");
                 1
             }
         },

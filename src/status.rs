@@ -119,6 +119,10 @@ pub struct Status {
     /// When the last event was spooled (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_event_at: Option<String>,
+    /// The last checkpoint on notice (PROTOCOL.md 4.5, "Checkpoint"):
+    /// running, or how it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<CheckpointStatus>,
     /// Phase `exited`: the runner's exit code (0, 1, 128+N).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
@@ -155,6 +159,93 @@ pub struct OnStop {
     /// From its start to the end of its last process, in milliseconds (0
     /// when it did not start).
     pub duration_ms: u64,
+}
+
+/// A checkpoint on notice as the status file records it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointStatus {
+    /// When it started, or when the notice was answered (RFC 3339): after
+    /// every notice it answers.
+    pub started_at: String,
+    /// When it ended (RFC 3339); `None` while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// `running`; then `pushed` (the work is on the checkpoint branch),
+    /// `on_remote` (a branch of the remote holds it all already), `failed`,
+    /// `nothing` (an unborn `HEAD` and no change), `no_turn` (no agent
+    /// ran: every turn's work is harvested at its end), or `turn_ended` (the turn ended first: its harvest saves the
+    /// work).
+    pub outcome: String,
+    /// The running turn's run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// The branch the work went to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    /// The commit on the remote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// What went wrong (`failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl CheckpointStatus {
+    /// A checkpoint (or an answer to a notice) starting now.
+    pub fn starting(outcome: &str, run_id: Option<&str>) -> CheckpointStatus {
+        CheckpointStatus {
+            started_at: now(),
+            outcome: outcome.to_string(),
+            run_id: run_id.map(str::to_string),
+            ..CheckpointStatus::default()
+        }
+    }
+
+    /// In one line, for people.
+    pub fn describe(&self) -> String {
+        let at = self.finished_at.as_deref().unwrap_or(&self.started_at);
+        let what = match self.outcome.as_str() {
+            "running" => "running".to_string(),
+            "pushed" => format!(
+                "pushed {} to {}",
+                self.commit.as_deref().unwrap_or("?"),
+                self.branch.as_deref().unwrap_or("?")
+            ),
+            "on_remote" => format!(
+                "nothing new: the remote holds {} already",
+                self.commit.as_deref().unwrap_or("the work")
+            ),
+            "nothing" => "nothing to save (no commit and no change)".to_string(),
+            "no_turn" => {
+                "no agent was running: nothing to save (every turn's work is harvested at its end)"
+                    .to_string()
+            }
+            "turn_ended" => "the turn ended first: its harvest saves the work".to_string(),
+            "failed" => format!(
+                "FAILED: {}",
+                self.error.as_deref().unwrap_or("no reason recorded")
+            ),
+            other => other.to_string(),
+        };
+        match &self.run_id {
+            Some(run) => format!("{what} (run {run}, {at})"),
+            None => format!("{what} ({at})"),
+        }
+    }
+
+    /// This one, ended now.
+    pub fn finished(mut self) -> CheckpointStatus {
+        self.finished_at = Some(now());
+        self
+    }
+}
+
+/// Records the last checkpoint on notice. Written at once.
+pub fn checkpoint(c: CheckpointStatus) {
+    if let Some(f) = CURRENT.get() {
+        f.update(true, |s| s.last_checkpoint = Some(c));
+    }
 }
 
 /// The runner's status file, once [`StatusFile::create`] ran: the turn's
@@ -238,6 +329,7 @@ impl StatusFile {
                     agent_pid: None,
                     last_event: None,
                     last_event_at: None,
+                    last_checkpoint: None,
                     exit_code: None,
                     reason: None,
                     on_stop: None,
@@ -504,6 +596,9 @@ fn describe(status: &Status, file_age: Duration, alive: bool) -> Vec<String> {
     ];
     if let Some(pid) = status.agent_pid {
         lines.push(format!("agent        pid {pid} (its process group)"));
+    }
+    if let Some(c) = &status.last_checkpoint {
+        lines.push(format!("checkpoint   {}", c.describe()));
     }
     if let Some(kind) = &status.last_event {
         let at = status

@@ -116,6 +116,15 @@ pub async fn run(config: BootConfig) -> i32 {
             return 1;
         }
     };
+    // Early: a notice before its handler is installed would end the runner
+    // (SIGUSR1's default action).
+    let checkpoints = match signals::listen_checkpoints() {
+        Ok(requests) => crate::turn::checkpoint::Notices::new(requests),
+        Err(e) => {
+            tracing::warn!(error = %e, "checkpoint notices are not answered");
+            crate::turn::checkpoint::Notices::none()
+        }
+    };
     enable_status_line(&config);
     let status = StatusFile::create(&config.root, &config.api.session_id);
     let mut cleanup = Cleanup::new(status.clone());
@@ -137,6 +146,7 @@ pub async fn run(config: BootConfig) -> i32 {
         redactor,
         stop,
         status,
+        checkpoints,
     };
     let ending = steps(&mut boot, &mut cleanup)
         .instrument(tracing::info_span!("boot", session_id = %config.api.session_id))
@@ -194,6 +204,7 @@ struct Boot<'a> {
     redactor: Redactor,
     stop: watch::Receiver<Stop>,
     status: StatusFile,
+    checkpoints: crate::turn::checkpoint::Notices,
 }
 
 /// Step 7's cleanup, one for every exit path: the status file's heartbeat
@@ -674,6 +685,7 @@ fn turn_context(
         broker: workspace.served_broker,
         prestarted: std::sync::Mutex::new(None),
         agent_state: crate::turn::agent_state::Carry::new(resolved.session.agent_state),
+        checkpoints: b.checkpoints.clone(),
     })
 }
 

@@ -275,6 +275,9 @@ pub enum RunnerEvent {
     /// `hosted_boot.agent_state`: the agent CLI's state restored before
     /// the boot's first agent, or saved after a turn's, or why not (2.7).
     AgentState,
+    /// `hosted_boot.checkpoint`: a checkpoint on notice while the agent
+    /// ran, and where its work went (4.5, "Checkpoint").
+    Checkpoint,
 }
 
 impl RunnerEvent {
@@ -294,6 +297,7 @@ impl RunnerEvent {
             RunnerEvent::EgressCanary => "hosted_boot.egress_canary",
             RunnerEvent::Workspace => "hosted_boot.workspace",
             RunnerEvent::AgentState => "hosted_boot.agent_state",
+            RunnerEvent::Checkpoint => "hosted_boot.checkpoint",
         }
     }
 }

@@ -132,8 +132,8 @@ pub enum HandOverError {
     },
 }
 
-/// The reaper: starts the worker and then only reaps, forwards SIGTERM and
-/// SIGINT to it, and returns the worker's status as an exit code (128+N when
+/// The reaper: starts the worker and then only reaps, forwards SIGTERM,
+/// SIGINT and the checkpoint notices (SIGUSR1, SIGUSR2) to it, and returns the worker's status as an exit code (128+N when
 /// it died of signal N). `secret` goes to the worker through a pipe and is
 /// dropped here once written.
 ///
@@ -142,8 +142,15 @@ pub enum HandOverError {
 /// Errors are returned as exit code 1 after a message on stderr (the worker
 /// could not be started).
 pub fn run(secret: Option<Secret>) -> i32 {
-    let forwarded = [libc::SIGTERM, libc::SIGINT];
-    let waited = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD];
+    let forwarded = [libc::SIGTERM, libc::SIGINT, libc::SIGUSR1, libc::SIGUSR2];
+    let waited = [
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGHUP,
+        libc::SIGCHLD,
+    ];
     // Blocked signals are queued even for a namespace's init (the kernel
     // drops only *unblocked* default-action signals sent to it), and none is
     // lost between the spawn and the first wait.

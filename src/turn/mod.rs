@@ -9,6 +9,7 @@
 //! skips what is left.
 
 pub mod agent_state;
+pub mod checkpoint;
 pub mod rotation;
 pub mod setup;
 pub mod watch;
@@ -91,6 +92,9 @@ pub struct TurnContext {
     pub prestarted: std::sync::Mutex<Option<drive::Prestarted>>,
     /// The agent CLI's state carried across sandboxes (PROTOCOL.md 2.7).
     pub agent_state: agent_state::Carry,
+    /// Checkpoint notices, answered while the agent runs (4.5,
+    /// "Checkpoint").
+    pub checkpoints: checkpoint::Notices,
 }
 
 /// Starts the next turn's agent CLI now (the runner is about to wait for
@@ -366,7 +370,10 @@ impl<'a> Turn<'a> {
         let start = self.before_agent(&events).await;
         // 4. The agent (agent::drive: adapter, watchdogs, interrupts).
         crate::status::turn_step(crate::status::TurnStep::Agent);
-        let (outcome, stopped_by) = self.run_agent(input, task_path, &events).await;
+        let (ctx, run_id) = (self.ctx, self.run_id);
+        let agent = self.run_agent(input, task_path, &events);
+        let (outcome, stopped_by) =
+            checkpoint::during(ctx, run_id, start.clone(), &events, agent).await;
         crate::status::agent_pid(None);
         // 5. Stop the watch and the rotation, remove the bearer file.
         self.release().await;
@@ -392,7 +399,6 @@ impl<'a> Turn<'a> {
         // CLI, which must not race the harvest's removal of special files)
         // and before the seal, so that its event is the run's; bounded, and
         // cut by a stop, which saves it after the seal instead.
-        let (ctx, run_id) = (self.ctx, self.run_id);
         let saved = if stopped_by.is_none() && !self.budget.stopping() {
             let save = agent_state::save(ctx, run_id, Some(&saving));
             let bounded = tokio::time::timeout(self.timings.agent_state_bound, save);

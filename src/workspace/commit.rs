@@ -47,8 +47,6 @@ fn commit_message(job: &HarvestJob) -> String {
 /// `HEAD`, except files over `max` bytes (new or changed), which stay in the
 /// work tree uncommitted and are noted in `skipped`. `None` when there is
 /// nothing to commit.
-// long: one index, filled by two paths (everything at once, else path
-// by path) under the same size guard, then committed.
 pub(super) fn commit_uncommitted(
     repo: &Repository,
     job: &HarvestJob,
@@ -66,6 +64,51 @@ pub(super) fn commit_uncommitted(
         }
     }
     remove_ref_locks(repo);
+    let Some(Staged { tree, parent }) = stage_uncommitted(repo, max, skipped)? else {
+        return Ok(None);
+    };
+    if parent.as_ref().is_some_and(|p| p.tree_id() == tree) {
+        return Ok(None);
+    }
+    let tree = repo.find_tree(tree)?;
+    let sig = Signature::now(GIT_USER_NAME, GIT_USER_EMAIL)?;
+    let oid = repo.commit(
+        Some("HEAD"),
+        &sig,
+        &sig,
+        &commit_message(job),
+        &tree,
+        &parent.iter().collect::<Vec<_>>(),
+    )?;
+    head_moved_to(repo, oid)?;
+    if repo.state() != RepositoryState::Clean {
+        // A merge or rebase the agent left half done: its commit is made,
+        // the state files would only confuse the next turn.
+        repo.cleanup_state()?;
+    }
+    tracing::info!(commit = %oid, name = %job.name, "harvest: committed what the agent left uncommitted");
+    Ok(Some(oid))
+}
+
+/// What [`stage_uncommitted`] staged: the tree of the index, and the
+/// commit at `HEAD` it goes on (`None`: an unborn `HEAD`).
+pub(super) struct Staged<'r> {
+    pub(super) tree: Oid,
+    pub(super) parent: Option<git2::Commit<'r>>,
+}
+
+/// Stages in the repository's index (`repo.index()`: `.git/index`, or the
+/// one a checkpoint set on its own handle) every change of the work tree
+/// that git does not ignore, except files over `max` bytes (new or
+/// changed), which are noted in `skipped`; writes the index and its tree.
+/// `None` when the work tree has no change. Touches no ref.
+// long: one index, filled by two paths (everything at once, else path
+// by path) under the same size guard, then written.
+pub(super) fn stage_uncommitted<'r>(
+    repo: &'r Repository,
+    max: Option<u64>,
+    skipped: &mut Vec<SkippedFile>,
+) -> Result<Option<Staged<'r>>, git2::Error> {
     // Entries outside a sparse checkout's cone (skip-worktree) are absent
     // from the work tree by design: libgit2 would stage their deletion
     // (found by a review: a `git sparse-checkout set` pushed the deletion
@@ -261,28 +304,8 @@ pub(super) fn commit_uncommitted(
         index.remove_path(as_path(path))?;
     }
     index.write()?;
-    let tree_id = index.write_tree()?;
-    if parent.as_ref().is_some_and(|p| p.tree_id() == tree_id) {
-        return Ok(None);
-    }
-    let tree = repo.find_tree(tree_id)?;
-    let sig = Signature::now(GIT_USER_NAME, GIT_USER_EMAIL)?;
-    let oid = repo.commit(
-        Some("HEAD"),
-        &sig,
-        &sig,
-        &commit_message(job),
-        &tree,
-        &parent.iter().collect::<Vec<_>>(),
-    )?;
-    head_moved_to(repo, oid)?;
-    if repo.state() != RepositoryState::Clean {
-        // A merge or rebase the agent left half done: its commit is made,
-        // the state files would only confuse the next turn.
-        repo.cleanup_state()?;
-    }
-    tracing::info!(commit = %oid, name = %job.name, "harvest: committed what the agent left uncommitted");
-    Ok(Some(oid))
+    let tree = index.write_tree()?;
+    Ok(Some(Staged { tree, parent }))
 }
 
 /// Whether `HEAD` is `oid` after the commit that was to move it there.

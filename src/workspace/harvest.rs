@@ -163,13 +163,37 @@ pub struct HarvestJob {
     pub bound: Duration,
 }
 
+/// Moves `HEAD` (and the branch it names) to `commit` by a mixed reset:
+/// the index follows, the work tree keeps its files (what a commit that
+/// replaced the agent's left out stays there, uncommitted).
+pub(super) fn move_head(repo: &git2::Repository, commit: git2::Oid) -> Result<(), git2::Error> {
+    repo.reset(
+        repo.find_commit(commit)?.as_object(),
+        git2::ResetType::Mixed,
+        None,
+    )
+}
+
 pub(super) fn message(e: &git2::Error) -> String {
     e.message().replace('\0', "")
 }
 
 impl Harvester {
-    /// Takes the runner's hold on `repo/` (see [`RepoHold`]).
+    /// Takes the runner's hold on `repo/` (see [`RepoHold`]), with what
+    /// the agent planted to block git cleared first ([`ready_for_git`]).
     pub(super) fn lock_repo(&self) -> RepoHold<'_> {
+        self.hold(true)
+    }
+
+    /// [`Harvester::lock_repo`] while the agent runs (a checkpoint): nothing
+    /// of `repo/` is removed (the agent may be using it); the includes are
+    /// checked, and a FIFO the runner's git opens is left to the watcher
+    /// ([`super::unblock`]).
+    pub(super) fn lock_repo_as_found(&self) -> RepoHold<'_> {
+        self.hold(false)
+    }
+
+    fn hold(&self, clear: bool) -> RepoHold<'_> {
         let lock = REPO_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let holder = super::unblock::Holder::enter();
         let (acting, mut refused) = match self.owner.as_ref().map(|o| (o, o.act_as())) {
@@ -184,7 +208,13 @@ impl Harvester {
             ),
         };
         if refused.is_none() {
-            refused = ready_for_git(&self.repo_dir).err();
+            refused = if clear {
+                ready_for_git(&self.repo_dir).err()
+            } else {
+                super::repo_config::check_includes(&self.repo_dir)
+                    .err()
+                    .map(|e| e.0)
+            };
         }
         RepoHold {
             _lock: lock,

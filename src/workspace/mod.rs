@@ -10,6 +10,8 @@
 //!   transport in process and for the helper over a Unix socket.
 //! - [`harvest`]: commit and push the agent's work after a turn and at boot
 //!   (4.5); the [`Harvester`] that the steps below share.
+//! - [`checkpoint`]: the work as it stands while the agent runs, on a
+//!   notice, to `<branch>-recovered-checkpoint-<runId>` (4.5).
 //! - [`sync`]: bring `repo/` to the remote's session branch before a turn
 //!   (4.5 "Before a turn").
 //! - [`commit`]: the harvest's commit of what the agent left uncommitted.
@@ -38,6 +40,7 @@
 mod attributes;
 pub mod broker;
 mod brought;
+pub mod checkpoint;
 pub mod clone;
 mod commit;
 pub mod completion;

@@ -40,6 +40,7 @@ impl Harvester {
             known,
             job,
             gate,
+            checkpoint: false,
         };
         attempt.guard_size(head_at, r)?;
         attempt.hold_back_secrets(head_at, r)?;
@@ -66,6 +67,61 @@ impl Harvester {
     }
 }
 
+impl Harvester {
+    /// One attempt of a checkpoint's push ([`super::checkpoint`]): fetch
+    /// the session branch, the same size limit and secret guard as the
+    /// harvest's, then `head` to `<branch>-recovered-checkpoint-<runId>`
+    /// (`-2`, … when that name holds other work), never forced, and nothing
+    /// else: no local branch moves. Nothing is pushed when a branch of the
+    /// remote holds `head` already.
+    pub(super) fn push_checkpoint_once(
+        &self,
+        repo: &Repository,
+        head_at: &mut Oid,
+        job: &HarvestJob,
+        r: &mut HarvestResult,
+        gate: &PushGate<'_>,
+    ) -> Result<(), Failure> {
+        let remote = fetch(repo, &self.remote_url, &self.branch)?;
+        let attempt = Attempt {
+            harvester: self,
+            repo,
+            remote,
+            known: None,
+            job,
+            gate,
+            checkpoint: true,
+        };
+        attempt.guard_size(head_at, r)?;
+        attempt.hold_back_secrets(head_at, r)?;
+        let head = *head_at;
+        r.head_sha = Some(head.to_string());
+        attempt.count_changes(head, r);
+        let heads = &attempt.remote.heads;
+        if heads.values().any(|tip| attempt.contains(*tip, head)) {
+            return Ok(());
+        }
+        let branch = self.branch.as_str();
+        let name = recovery_name(repo, branch, &job.name, heads, head).ok_or_else(|| {
+            Failure::Verdict(format!(
+                "no free branch name for {branch}-recovered-{}",
+                job.name
+            ))
+        })?;
+        let target = format!("refs/heads/{name}");
+        super::remote::push_ref(
+            repo,
+            &self.remote_url,
+            &head.to_string(),
+            &target,
+            gate,
+            heads,
+        )?;
+        r.recovery_branch = Some(name);
+        Ok(())
+    }
+}
+
 /// One push attempt's steps after the fetch.
 struct Attempt<'a> {
     harvester: &'a Harvester,
@@ -75,11 +131,23 @@ struct Attempt<'a> {
     known: Option<Oid>,
     job: &'a HarvestJob,
     gate: &'a PushGate<'a>,
+    /// A checkpoint's attempt: `HEAD` is never moved.
+    checkpoint: bool,
 }
 
 impl Attempt<'_> {
     fn contains(&self, a: Oid, b: Oid) -> bool {
         super::brought::contains(self.repo, a, b)
+    }
+
+    /// A harvest's `HEAD` goes to the commit that replaced the agent's
+    /// (the work tree keeps what it left out); a checkpoint's stays where
+    /// the agent has it.
+    fn move_head(&self, to: Oid) -> Result<(), Failure> {
+        if self.checkpoint {
+            return Ok(());
+        }
+        super::harvest::move_head(self.repo, to).map_err(|e| Failure::Local(message(&e)))
     }
 
     /// Files over the size limit in the agent's own commits: the git host
@@ -94,6 +162,7 @@ impl Attempt<'_> {
             *head_at =
                 leave_out_oversized(self.repo, *head_at, &self.remote, &found, self.job, max, r)
                     .map_err(|e| Failure::Local(message(&e)))?;
+            self.move_head(*head_at)?;
         }
         Ok(())
     }
@@ -119,6 +188,7 @@ impl Attempt<'_> {
         )
         .map_err(|e| Failure::Local(message(&e)))?;
         *head_at = new;
+        self.move_head(new)?;
         for path in found.report(gate.redactor()) {
             if !r.blocked_paths.contains(&path) {
                 r.blocked_paths.push(path);

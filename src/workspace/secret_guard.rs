@@ -27,7 +27,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use git2::{Odb, Oid, Repository, ResetType, Signature};
+use git2::{Odb, Oid, Repository, Signature};
 
 use super::brought::{brought_by, commits_to_push, update_mode};
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
@@ -208,10 +208,11 @@ pub(super) enum Refusal {
 /// of `found` as the remote has it (the version of the base, or absent), on
 /// the remote's session tip when `head` contains it, else on their merge
 /// base (the push then goes to a recovery branch). No commit when that tree
-/// is the base's: the base is the new head. `HEAD` moves there by a mixed
-/// reset (the work tree keeps the files, now uncommitted, for the next turn);
-/// the agent's commits stay on `refs/hosted-boot/blocked/<name>` (`-2`, …
-/// when taken). Returns the new head and that ref.
+/// is the base's: the base is the new head. `HEAD` is not moved: a harvest
+/// moves it there ([`super::harvest::move_head`]: the work tree keeps the
+/// files, now uncommitted, for the next turn), a checkpoint does not; the
+/// agent's commits stay on `refs/hosted-boot/blocked/<name>` (`-2`, … when
+/// taken). Returns the new head and that ref.
 pub(super) fn hold_back(
     repo: &Repository,
     head: Oid,
@@ -259,7 +260,6 @@ pub(super) fn hold_back(
             repo.commit(None, &sig, &sig, &text, &tree, &parents)?
         }
     };
-    repo.reset(repo.find_commit(new)?.as_object(), ResetType::Mixed, None)?;
     tracing::warn!(
         commit = %new,
         kept = %kept,
@@ -391,6 +391,7 @@ mod tests {
             vec!["[REDACTED]", "[REDACTED]/a.txt", "deep/[REDACTED]"]
         );
         let (new, _) = hold_back(&repo, head, Some(base), &found, "run-1", &r).unwrap();
+        crate::workspace::harvest::move_head(&repo, new).unwrap();
         let tree = repo.find_commit(new).unwrap().tree().unwrap();
         let mut names = Vec::new();
         tree.walk(git2::TreeWalkMode::PreOrder, |root, e| {
@@ -445,6 +446,8 @@ mod tests {
         ));
 
         let (new, kept) = hold_back(&repo, head, Some(base), &found, "run-1", &r).unwrap();
+        assert_eq!(repo.head().unwrap().target(), Some(head), "HEAD moved");
+        crate::workspace::harvest::move_head(&repo, new).unwrap();
         assert_eq!(kept, "refs/hosted-boot/blocked/run-1");
         assert_eq!(repo.refname_to_id(&kept).unwrap(), head);
         let c = repo.find_commit(new).unwrap();

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use git2::{Delta, ObjectType, Oid, Repository, ResetType, Signature};
+use git2::{Delta, ObjectType, Oid, Repository, Signature};
 
 use super::brought::{as_path, brought_by, commits_to_push, update_mode, walk_tree};
 use super::clone::{GIT_USER_EMAIL, GIT_USER_NAME};
@@ -145,11 +145,11 @@ pub(super) fn oversized_blobs(
 /// commit of `head`'s tree without the blobs in `found` (a path whose blob
 /// is left out keeps the base's version, or is removed), on the remote's
 /// session tip when `head` contains it, else on their merge base. `HEAD`
-/// moves to it (a mixed reset: the work tree keeps the files, now
-/// uncommitted); the agent's commits stay on
+/// is not moved (a harvest moves it, [`super::harvest::move_head`]; a
+/// checkpoint does not); the agent's commits stay on
 /// `refs/hosted-boot/oversized/<name>`. Returns the new commit.
-// long: one replacement commit: its tree, its message (what was left
-// out, which commits it replaces) and the reset, from the same walk.
+// long: one replacement commit: its tree and its message (what was left
+// out, which commits it replaces), from the same walk.
 pub(super) fn leave_out_oversized(
     repo: &Repository,
     head: Oid,
@@ -237,7 +237,6 @@ pub(super) fn leave_out_oversized(
     let sig = Signature::now(GIT_USER_NAME, GIT_USER_EMAIL)?;
     let parents: Vec<&git2::Commit> = base_commit.iter().collect();
     let new = repo.commit(None, &sig, &sig, &text, &tree, &parents)?;
-    repo.reset(repo.find_commit(new)?.as_object(), ResetType::Mixed, None)?;
     tracing::warn!(commit = %new, kept = %kept, "harvest: the agent's commits held files over the size limit; pushing them without those files");
 
     for f in found {

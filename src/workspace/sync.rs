@@ -263,6 +263,7 @@ impl Sync<'_> {
                     &name,
                     self.gate.redactor(),
                 )?;
+                super::harvest::move_head(&self.repo, new)?;
                 Ok(Some((new, kept, found.report(self.gate.redactor()))))
             })
             .map_err(|e| {

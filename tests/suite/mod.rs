@@ -7,6 +7,7 @@ mod boot;
 mod breaks;
 mod broker;
 mod check;
+mod checkpoint;
 mod clocks;
 mod complete_workspace;
 mod container;

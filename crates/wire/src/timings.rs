@@ -59,6 +59,10 @@ pub struct Timings {
     /// Bound on the agent state's save after a turn (30 s, 2.7): the CLI's
     /// export where it has one, the save's attempts.
     pub agent_state_bound: Duration,
+    /// Checkpoints on notice start at most this often (30 s, 4.5
+    /// "Checkpoint"): notices meanwhile are coalesced into one, run when it
+    /// has passed.
+    pub checkpoint_interval: Duration,
     /// The factor every duration was scaled by (`HOSTED_BOOT_TEST_TIME_SCALE`;
     /// 1.0 is the contract). The retry policies are constants of
     /// `client::retry::Policy`, scaled by this where they are used.
@@ -91,6 +95,7 @@ impl Default for Timings {
             stop_harvest: Duration::from_secs(10),
             workspace_sync_bound: Duration::from_secs(30),
             agent_state_bound: Duration::from_secs(30),
+            checkpoint_interval: Duration::from_secs(30),
             scale: 1.0,
         }
     }
@@ -136,6 +141,7 @@ impl Timings {
                 .max(MIN_SCALED_HARVEST_BOUND.min(self.workspace_sync_bound)),
             agent_state_bound: s(self.agent_state_bound)
                 .max(MIN_SCALED_HARVEST_BOUND.min(self.agent_state_bound)),
+            checkpoint_interval: s(self.checkpoint_interval),
             scale: self.scale * factor,
         }
     }
