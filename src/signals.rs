@@ -100,7 +100,13 @@ static FIRST_STOP: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLo
 /// When a graceful stop's `budget` runs out: the first stop signal's time
 /// plus `budget` (PROTOCOL.md 4.4); `None` before any stop signal came.
 pub fn budget_deadline(budget: std::time::Duration) -> Option<tokio::time::Instant> {
-    FIRST_STOP.get().map(|at| *at + budget)
+    // A budget no clock can add (`--stop-budget` takes any duration) is as
+    // good as none: a century.
+    const CENTURY: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+    FIRST_STOP.get().map(|at| {
+        at.checked_add(budget.min(CENTURY))
+            .unwrap_or_else(|| *at + CENTURY)
+    })
 }
 
 /// Starts listening for checkpoint notices (PROTOCOL.md 4.5,

@@ -259,7 +259,7 @@ impl Cleanup {
             self.status.on_stop(ran);
         }
         self.heartbeat.abort();
-        let (code, reason) = report(&b.api, &b.config.root, ending, &mut b.stop).await;
+        let (code, reason) = bounded_report(b, ending).await;
         self.remove_session_dir();
         self.status.exited(code, &reason);
         tracing::info!(exit_code = code, reason = %reason, "boot finished");
@@ -1208,6 +1208,42 @@ fn allow_submodule_remote(
 fn issued_tokens_source(path: PathBuf) -> crate::redact::SecretSource {
     let mut reader = workspace::IssuedTokens::new(path);
     Box::new(move || reader.poll())
+}
+
+/// [`report`], within what the stop budget leaves once a stop signal came
+/// (PROTOCOL.md 4.4): an on-stop hook may have spent it, and a report's own
+/// bounds (`turn_failed`'s retries) could take the runner far past it.
+/// Cut, the ending's exit code stands and the reason says the report was
+/// not made.
+async fn bounded_report(b: &mut Boot<'_>, ending: Ending) -> (i32, String) {
+    let unreported = unreported(&ending);
+    let Some(end) = signals::budget_deadline(b.api.timings().stop_budget) else {
+        return report(&b.api, &b.config.root, ending, &mut b.stop).await;
+    };
+    let reporting = report(&b.api, &b.config.root, ending, &mut b.stop);
+    match tokio::time::timeout_at(end, reporting).await {
+        Ok(reported) => reported,
+        Err(_) => {
+            tracing::warn!("the stop budget ran out before the ending was reported");
+            unreported
+        }
+    }
+}
+
+/// The exit code and reason of `ending` when its report was cut by the
+/// stop budget.
+fn unreported(ending: &Ending) -> (i32, String) {
+    let cut = "its report was cut by the stop budget (PROTOCOL.md 4.4)";
+    match ending {
+        Ending::Clean => (0, format!("the session ended; {cut}")),
+        Ending::Stopped(stop) => (
+            stop.exit_code().unwrap_or(1),
+            format!("stopped by {}", stop.signal_name()),
+        ),
+        Ending::BeforeDrain(_) | Ending::Unreadable(_) => (1, format!("failed; {cut}")),
+        Ending::InDrain(fatal) => (1, format!("turn {} failed; {cut}", fatal.fatal.run_id)),
+        Ending::Left(why, _) => (1, format!("left the sandbox ({}); {cut}", why.as_str())),
+    }
 }
 
 /// Step 7's report; returns the exit code and the reason the status file

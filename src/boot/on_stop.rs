@@ -136,7 +136,11 @@ impl Deadline {
     /// comes first.
     fn new(now: Instant, timeout: Duration, stop_end: Option<Instant>) -> Deadline {
         let own = Deadline {
-            at: now + timeout,
+            // The configuration bounds the timeout (24 h); a clock that
+            // cannot add it anyway ends the hook in a day.
+            at: now
+                .checked_add(timeout)
+                .unwrap_or_else(|| now + Duration::from_secs(86_400)),
             by: Bound::Timeout,
         };
         own.cut_at(stop_end)

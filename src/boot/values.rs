@@ -32,6 +32,14 @@ pub enum InvalidValue {
     /// Zero where a positive duration is needed.
     #[error("{0:?} is not a positive duration; write it like 10m or 90s")]
     NotPositive(String),
+    /// Longer than the setting's bound.
+    #[error("{text:?} is longer than {max}, the most this setting takes")]
+    TooLong {
+        /// The value.
+        text: String,
+        /// The bound, as a person writes it.
+        max: &'static str,
+    },
     /// Not a size.
     #[error(
         "{text:?} is not a size ({error}); write it like 100MiB, 50MB or 1048576, or 0 for no limit"
@@ -149,8 +157,19 @@ pub fn on_stop_timeout(text: &str) -> Result<Duration, InvalidValue> {
     if timeout.is_zero() {
         return Err(InvalidValue::NotPositive(quoted(text)));
     }
+    // A cleanup, not a job: a bound past a day is a typo (and far past it,
+    // one no clock can add).
+    if timeout > MAX_ON_STOP_TIMEOUT {
+        return Err(InvalidValue::TooLong {
+            text: quoted(text),
+            max: "24h",
+        });
+    }
     Ok(timeout)
 }
+
+/// The most `--on-stop-timeout` takes (24 h).
+pub const MAX_ON_STOP_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// The default of `--harvest-max-file-size`: GitHub's hard limit on a file.
 pub const DEFAULT_HARVEST_MAX_FILE_SIZE: u64 = 100 * 1024 * 1024;

@@ -27,6 +27,7 @@ mod long_poll;
 mod mirror;
 mod network;
 mod on_stop;
+mod on_stop_edges;
 mod openapi;
 mod processes;
 mod real_clis;
