@@ -58,6 +58,11 @@ fn limit_malloc_arenas() {
 }
 
 fn main() -> ExitCode {
+    // A checkpoint notice (PROTOCOL.md 4.5) before the boot listens for it
+    // must not end the runner (SIGUSR1's default action): ignored from the
+    // first line; the boot's handler replaces this, and the other
+    // subcommands, which never get one, have the default again below.
+    checkpoint_notices(libc::SIG_IGN);
     // Nothing may start a thread before this line.
     if let Err(e) = boot::secret_env::harden("the runner") {
         // Exit 2, as for the other failures before the first request.
@@ -87,6 +92,9 @@ fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(e) => return exit_code(cli::report(&e)),
     };
+    if !matches!(cli.command, Command::Run(_)) {
+        checkpoint_notices(libc::SIG_DFL);
+    }
     let code = match cli.command {
         Command::Run(args) => run(args, env, boot_secret),
         Command::Credential(args) => {
@@ -126,6 +134,16 @@ fn moved(old: &str, new: &str) -> i32 {
         "hosted-boot: `{old}` is no longer a subcommand of the runner; run `{new}` (a binary of its own, which `cargo build` leaves beside this one; README, \"The two commands\")"
     );
     2
+}
+
+/// Sets the disposition of the checkpoint notices (SIGUSR1, SIGUSR2).
+fn checkpoint_notices(disposition: libc::sighandler_t) {
+    // SAFETY: plain libc calls setting a disposition (SIG_IGN or SIG_DFL),
+    // before any thread or handler of ours exists.
+    unsafe {
+        libc::signal(libc::SIGUSR1, disposition);
+        libc::signal(libc::SIGUSR2, disposition);
+    }
 }
 
 fn exit_code(code: i32) -> ExitCode {

@@ -172,10 +172,13 @@ pub struct CheckpointStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
     /// `running`; then `pushed` (the work is on the checkpoint branch),
-    /// `on_remote` (a branch of the remote holds it all already), `failed`,
-    /// `nothing` (an unborn `HEAD` and no change), `no_turn` (no agent
-    /// ran: every turn's work is harvested at its end), or `turn_ended` (the turn ended first: its harvest saves the
-    /// work).
+    /// `on_remote` (a branch of the remote holds it all already), `partial`
+    /// (the agent's commits pushed, its uncommitted work not: `error` says
+    /// why), `failed`, `nothing` (an unborn `HEAD` and no change), `no_turn`
+    /// (no agent ran: every turn's work is harvested at its end),
+    /// `harvested` (the agent ended first, or cut the checkpoint: the
+    /// turn's harvest pushed the work) or `turn_ended` (the turn ended
+    /// before a harvest could run).
     pub outcome: String,
     /// The running turn's run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,7 +224,23 @@ impl CheckpointStatus {
                 "no agent was running: nothing to save (every turn's work is harvested at its end)"
                     .to_string()
             }
-            "turn_ended" => "the turn ended first: its harvest saves the work".to_string(),
+            "partial" => format!(
+                "NOT all of the work is saved: {}; {}",
+                self.error.as_deref().unwrap_or("no reason recorded"),
+                match &self.branch {
+                    Some(branch) => format!(
+                        "the rest is on {branch} at {}",
+                        self.commit.as_deref().unwrap_or("?")
+                    ),
+                    None => "the agent's commits are on the remote".to_string(),
+                }
+            ),
+            "harvested" => format!(
+                "the agent ended first; the turn's harvest pushed {} to {}",
+                self.commit.as_deref().unwrap_or("?"),
+                self.branch.as_deref().unwrap_or("?")
+            ),
+            "turn_ended" => "the turn ended before its harvest; nothing was saved".to_string(),
             "failed" => format!(
                 "FAILED: {}",
                 self.error.as_deref().unwrap_or("no reason recorded")

@@ -29,8 +29,9 @@ pub struct CheckpointArgs {
 const POLL: Duration = Duration::from_millis(100);
 
 /// Sends the notice and waits; returns the exit code: 0 when the work is
-/// safe (pushed, on the remote already, or nothing to save), 1 when the
-/// checkpoint failed, the wait timed out, or no runner runs at `root`.
+/// safe (pushed, on the remote already, harvested, or nothing to save), 1
+/// when it is not (the checkpoint failed or saved only part of it), the
+/// wait timed out, or no runner runs at `root`.
 pub fn run(root: &Path, timeout: Duration, wait: bool) -> i32 {
     let status = match status::read(root) {
         Ok(s) => s,
@@ -48,6 +49,12 @@ pub fn run(root: &Path, timeout: Duration, wait: bool) -> i32 {
             status.pid,
             status.phase.as_str()
         );
+        return 1;
+    }
+    // A stale file may name a pid another process has now: signalled, it
+    // would die (SIGUSR1's default action).
+    if let Err(why) = is_the_runner(&status) {
+        eprintln!("hosted-boot checkpoint: {why}; no notice sent");
         return 1;
     }
     let sent_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
@@ -82,7 +89,10 @@ pub fn run(root: &Path, timeout: Duration, wait: bool) -> i32 {
         let now = status::read(root).ok();
         if let Some(c) = now.as_ref().and_then(|s| answer(s, &sent_at)) {
             println!("checkpoint: {}", c.describe());
-            return if c.outcome == "failed" { 1 } else { 0 };
+            return match c.outcome.as_str() {
+                "failed" | "partial" | "turn_ended" => 1,
+                _ => 0,
+            };
         }
         if now.is_some_and(|s| s.phase == Phase::Exited) {
             eprintln!("hosted-boot checkpoint: the runner exited before it answered");
@@ -96,6 +106,32 @@ pub fn run(root: &Path, timeout: Duration, wait: bool) -> i32 {
             return 1;
         }
     }
+}
+
+/// Whether the status file's pid is its runner: the file is fresh (the
+/// runner rewrites it at least every 30 s) and the process is a
+/// `hosted-boot` (`/proc/<pid>/comm`, readable whoever owns it).
+fn is_the_runner(status: &status::Status) -> Result<(), String> {
+    let age = humantime::parse_rfc3339(&status.updated_at)
+        .ok()
+        .and_then(|at| SystemTime::now().duration_since(at).ok())
+        .unwrap_or_default();
+    if age > status::STALE_AFTER {
+        return Err(format!(
+            "the status file was last written {} ago: its runner (pid {}) is stuck or gone, and the pid may be another process's",
+            status::format_age(age),
+            status.pid
+        ));
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", status.pid)).unwrap_or_default();
+    if comm.trim_end() != "hosted-boot" {
+        return Err(format!(
+            "pid {} is {:?}, not a hosted-boot runner",
+            status.pid,
+            comm.trim_end()
+        ));
+    }
+    Ok(())
 }
 
 /// The finished answer to a notice sent at `sent_at`, if the status holds

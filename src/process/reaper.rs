@@ -249,6 +249,12 @@ fn spawn_worker(secret: Option<Secret>) -> std::io::Result<Pid> {
         command.pre_exec(move || {
             rustix::process::setsid()?;
             libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            // A checkpoint notice forwarded before the worker's handler is
+            // installed must not end it (the default action): ignored
+            // until then (the handler replaces this; an agent started
+            // after it gets the default again at its exec).
+            libc::signal(libc::SIGUSR1, libc::SIG_IGN);
+            libc::signal(libc::SIGUSR2, libc::SIG_IGN);
             Ok(())
         });
     }

@@ -9,14 +9,16 @@
 //! Notices are coalesced (those that come while one runs make one more) and
 //! rate-limited ([`Timings::checkpoint_interval`](crate::timings::Timings)
 //! between starts): an agent running as the runner's user can send them
-//! too. A notice with no agent running is answered at once: every turn's
-//! work is harvested at its end. Each answer is recorded in the status
-//! file ([`crate::status::CheckpointStatus`]), which `hosted-boot
-//! checkpoint` waits on.
+//! too. From the agent's start to the end of its turn's harvest the turn
+//! answers them ([`TurnNotices`]): one that comes once the agent ended, or
+//! that the agent's end cut, is answered with the harvest's result. Outside
+//! turns a notice is answered at once: every turn's work is harvested at
+//! its end. Each answer is recorded in the status file
+//! ([`crate::status::CheckpointStatus`]), which `hosted-boot checkpoint`
+//! waits on.
 
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde_json::json;
@@ -25,28 +27,34 @@ use tokio::sync::watch;
 use super::TurnContext;
 use crate::events::EventSender;
 use crate::events::event::RunnerEvent;
+use crate::redact::Redactor;
 use crate::status::{self, CheckpointStatus};
+use crate::wire::HarvestResult;
 use crate::workspace::checkpoint::CheckpointJob;
 
 /// The notices of a boot.
 #[derive(Clone, Debug)]
 pub struct Notices {
     requests: watch::Receiver<u64>,
-    in_turn: Arc<AtomicBool>,
+    /// Whether a turn answers the notices now.
+    in_turn: Arc<Mutex<bool>>,
 }
 
 impl Notices {
     /// Notices counted by `requests` ([`crate::signals::listen_checkpoints`]);
-    /// those that come while no agent runs are answered at once, from a
-    /// task of their own.
+    /// those that come while no turn answers them are answered at once,
+    /// from a task of their own.
     pub fn new(requests: watch::Receiver<u64>) -> Notices {
-        let in_turn = Arc::new(AtomicBool::new(false));
+        let in_turn = Arc::new(Mutex::new(false));
         let mut between = requests.clone();
-        let running = in_turn.clone();
+        let turn = in_turn.clone();
         tokio::spawn(async move {
             while between.changed().await.is_ok() {
                 between.borrow_and_update();
-                if !running.load(Ordering::Acquire) {
+                // Under the lock: a turn that takes the notices over meanwhile
+                // answers this one itself.
+                let in_turn = crate::concurrency::lock(&turn);
+                if !*in_turn {
                     tracing::info!(
                         "checkpoint notice with no agent running: nothing to save (every turn's work is harvested at its end)"
                     );
@@ -62,60 +70,123 @@ impl Notices {
         let (_, requests) = watch::channel(0);
         Notices {
             requests,
-            in_turn: Arc::new(AtomicBool::new(false)),
+            in_turn: Arc::new(Mutex::new(false)),
         }
     }
-}
 
-/// Marks an agent running until dropped.
-struct InTurn<'a>(&'a AtomicBool);
-
-impl Drop for InTurn<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
-}
-
-/// Awaits `agent` (the turn's agent, step 4 of 4.1), answering every
-/// notice meanwhile with a checkpoint of run `run_id`; `start` is the
-/// commit the turn started from. A checkpoint still running when the agent
-/// ends is cut: the harvest follows (and waits for its git work).
-pub async fn during<T>(
-    ctx: &TurnContext,
-    run_id: &str,
-    start: Option<String>,
-    events: &EventSender,
-    agent: impl Future<Output = T>,
-) -> T {
-    let mut requests = ctx.checkpoints.requests.clone();
-    // Notices before the agent were answered between turns.
-    requests.borrow_and_update();
-    ctx.checkpoints.in_turn.store(true, Ordering::Release);
-    let _in_turn = InTurn(&ctx.checkpoints.in_turn);
-    let mut run = Run {
-        ctx,
-        run_id,
-        start,
-        events,
-        previous: None,
-        last_start: None,
-    };
-    tokio::pin!(agent);
-    let ended = loop {
-        tokio::select! {
-            biased;
-            ended = &mut agent => break ended,
-            () = run.next(&mut requests) => {}
+    /// The turn `run_id` answers the notices from now until the returned
+    /// value is dropped (after its harvest).
+    pub fn enter_turn<'a>(&'a self, run_id: &'a str) -> TurnNotices<'a> {
+        let mut requests = self.requests.clone();
+        {
+            let mut in_turn = crate::concurrency::lock(&self.in_turn);
+            // Notices before were answered between turns.
+            requests.borrow_and_update();
+            *in_turn = true;
         }
-    };
-    if requests.has_changed().unwrap_or(false) {
-        tracing::info!(
+        TurnNotices {
+            notices: self,
             run_id,
-            "checkpoint notice as the agent ended: the turn's harvest saves the work"
-        );
-        status::checkpoint(CheckpointStatus::starting("turn_ended", Some(run_id)).finished());
+            requests,
+            owed: false,
+            answered: false,
+        }
     }
-    ended
+}
+
+/// A turn's hold on the notices ([`Notices::enter_turn`]).
+pub struct TurnNotices<'a> {
+    notices: &'a Notices,
+    run_id: &'a str,
+    requests: watch::Receiver<u64>,
+    /// A notice the agent's end left unanswered (cut, or come since).
+    owed: bool,
+    answered: bool,
+}
+
+impl TurnNotices<'_> {
+    /// Awaits `agent` (the turn's agent, step 4 of 4.1), answering every
+    /// notice meanwhile with a checkpoint; `start` is the commit the turn
+    /// started from. A checkpoint still running when the agent ends is cut
+    /// (its git work finishes before the harvest's) and answered by
+    /// [`TurnNotices::harvested`].
+    pub async fn during<T>(
+        &mut self,
+        ctx: &TurnContext,
+        start: Option<String>,
+        events: &EventSender,
+        agent: impl Future<Output = T>,
+    ) -> T {
+        let mut run = Run {
+            ctx,
+            run_id: self.run_id,
+            start,
+            events,
+            previous: None,
+            last_start: None,
+            in_flight: false,
+        };
+        tokio::pin!(agent);
+        let ended = loop {
+            tokio::select! {
+                biased;
+                ended = &mut agent => break ended,
+                () = run.next(&mut self.requests) => {}
+            }
+        };
+        if run.in_flight {
+            tracing::info!(
+                run_id = self.run_id,
+                "the agent ended during a checkpoint: cut; the turn's harvest saves the work"
+            );
+            self.owed = true;
+        }
+        ended
+    }
+
+    /// After the turn's harvest: answers a notice owed with its result
+    /// (`None`: no harvest ran), and any that came since the agent ended.
+    pub fn harvested(mut self, result: Option<&HarvestResult>, redactor: &Redactor) {
+        self.answer(result, redactor);
+    }
+
+    fn answer(&mut self, result: Option<&HarvestResult>, redactor: &Redactor) {
+        if self.answered {
+            return;
+        }
+        self.answered = true;
+        let mut in_turn = crate::concurrency::lock(&self.notices.in_turn);
+        *in_turn = false;
+        if !(self.owed || self.requests.has_changed().unwrap_or(false)) {
+            return;
+        }
+        self.requests.borrow_and_update();
+        let mut record = CheckpointStatus::starting("turn_ended", Some(self.run_id));
+        if let Some(r) = result {
+            record.commit = r.head_sha.clone();
+            record.branch = Some(r.recovery_branch.clone().unwrap_or(r.branch.clone()));
+            match &r.push_error {
+                None if r.pushed => record.outcome = "harvested".to_string(),
+                e => {
+                    record.outcome = "failed".to_string();
+                    record.error = Some(redactor.redact(&e.as_ref().map_or_else(
+                        || "the turn's harvest did not push the work".to_string(),
+                        |e| format!("the turn's harvest: {}", e.message),
+                    )));
+                }
+            }
+        }
+        tracing::info!(run_id = self.run_id, outcome = %record.outcome, "checkpoint notice answered by the turn's harvest");
+        status::checkpoint(record.finished());
+    }
+}
+
+impl Drop for TurnNotices<'_> {
+    fn drop(&mut self) {
+        // A turn that ended before its harvest: the notices are the boot's
+        // again, a notice owed answered without a result.
+        self.answer(None, &Redactor::new());
+    }
 }
 
 /// The checkpoints of one turn.
@@ -127,6 +198,8 @@ struct Run<'a> {
     /// The commit the last checkpoint of the run put on the remote.
     previous: Option<String>,
     last_start: Option<Instant>,
+    /// A checkpoint runs (its future may be dropped mid-way).
+    in_flight: bool,
 }
 
 impl Run<'_> {
@@ -150,6 +223,7 @@ impl Run<'_> {
         }
         requests.borrow_and_update();
         self.last_start = Some(Instant::now());
+        self.in_flight = true;
         let run_id = self.run_id;
         let mut record = CheckpointStatus::starting("running", Some(run_id));
         status::checkpoint(record.clone());
@@ -162,23 +236,25 @@ impl Run<'_> {
         };
         let report = self.ctx.harvester.checkpoint(job).await;
         record.commit = report.head_sha.clone();
-        match &report.push_error {
-            None if report.pushed => {
-                self.previous = report.head_sha.clone();
-                record.outcome = match &report.recovery_branch {
-                    Some(branch) => {
-                        record.branch = Some(branch.clone());
-                        "pushed".to_string()
-                    }
-                    None => "on_remote".to_string(),
-                };
-            }
-            None => record.outcome = "nothing".to_string(),
-            Some(e) => {
-                record.outcome = "failed".to_string();
-                record.error = Some(e.message.clone());
-            }
+        record.branch = report.recovery_branch.clone();
+        let redactor = self.ctx.api.redactor();
+        record.outcome = match (&report.push_error, report.pushed) {
+            (None, true) if report.recovery_branch.is_some() => "pushed",
+            (None, true) => "on_remote",
+            (None, false) => "nothing",
+            // The agent's commits went, what it left uncommitted did not
+            // (an index libgit2 cannot read).
+            (Some(_), true) => "partial",
+            (Some(_), false) => "failed",
         }
+        .to_string();
+        if report.pushed {
+            self.previous = report.head_sha.clone();
+        }
+        record.error = report
+            .push_error
+            .as_ref()
+            .map(|e| redactor.redact(&e.message));
         match serde_json::to_value(&report) {
             Ok(mut data) => {
                 if let Some(map) = data.as_object_mut() {
@@ -207,5 +283,6 @@ impl Run<'_> {
             "checkpoint done"
         );
         status::checkpoint(record.finished());
+        self.in_flight = false;
     }
 }

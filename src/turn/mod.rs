@@ -371,9 +371,9 @@ impl<'a> Turn<'a> {
         // 4. The agent (agent::drive: adapter, watchdogs, interrupts).
         crate::status::turn_step(crate::status::TurnStep::Agent);
         let (ctx, run_id) = (self.ctx, self.run_id);
+        let mut notices = ctx.checkpoints.enter_turn(run_id);
         let agent = self.run_agent(input, task_path, &events);
-        let (outcome, stopped_by) =
-            checkpoint::during(ctx, run_id, start.clone(), &events, agent).await;
+        let (outcome, stopped_by) = notices.during(ctx, start.clone(), &events, agent).await;
         crate::status::agent_pid(None);
         // 5. Stop the watch and the rotation, remove the bearer file.
         self.release().await;
@@ -395,6 +395,7 @@ impl<'a> Turn<'a> {
                     pending.settled(stop).await;
                 }
             });
+        notices.harvested(harvested.as_ref(), ctx.api.redactor());
         // The agent state after the harvest (opencode's export runs the
         // CLI, which must not race the harvest's removal of special files)
         // and before the seal, so that its event is the run's; bounded, and

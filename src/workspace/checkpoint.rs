@@ -118,7 +118,8 @@ impl Harvester {
             start: job.start.clone(),
             bound: job.bound,
         };
-        let mut head = match self.checkpoint_commit(name, job, &mut r) {
+        let mut uncommitted = None;
+        let mut head = match self.checkpoint_commit(name, job, &mut r, &mut uncommitted) {
             Ok(Some(head)) => head,
             Ok(None) => return r,
             Err(text) => return fail(r, PushErrorCode::HarvestFailed, text),
@@ -128,14 +129,19 @@ impl Harvester {
             Err(e) => return fail(r, PushErrorCode::HarvestFailed, message(&e)),
         };
         let gate = PushGate::new(&self.branch, &self.http.redactor);
+        let previous = job.previous.as_deref().and_then(|p| Oid::from_str(p).ok());
         let outcome = self.with_remote(deadline, "checkpoint push", Policy::HARVEST_PUSH, || {
-            self.push_checkpoint_once(&repo, &mut head, &harvest_job, &mut r, &gate)
+            self.push_checkpoint_once(&repo, &mut head, previous, &harvest_job, &mut r, &gate)
         });
         drop(hold);
         let url = &self.remote_url;
         match outcome {
             Ok(()) => {
                 r.pushed = true;
+                r.push_error = uncommitted.map(|text| PushError {
+                    code: PushErrorCode::HarvestFailed,
+                    message: text,
+                });
                 r
             }
             Err(e @ (RemoteError::NoTime | RemoteError::OutOfTime { .. })) => fail(
@@ -169,6 +175,7 @@ impl Harvester {
         name: &str,
         job: &CheckpointJob,
         r: &mut HarvestResult,
+        uncommitted: &mut Option<String>,
     ) -> Result<Option<Oid>, String> {
         let dir = &self.repo_dir;
         let cannot = |what: &str, e: git2::Error| {
@@ -185,11 +192,26 @@ impl Harvester {
             .prefix("hosted-boot-checkpoint-")
             .tempdir()
             .map_err(|e| format!("the checkpoint cannot create its scratch directory: {e}"))?;
-        let mut index = scratch_index(&repo, scratch.path()).map_err(|e| cannot("read HEAD", e))?;
-        repo.set_index(&mut index)
-            .map_err(|e| cannot("use its index", e))?;
-        let staged = stage_uncommitted(&repo, self.max_file_size, &mut r.skipped_files)
-            .map_err(|e| cannot("stage the work tree", e))?;
+        let staged = match scratch_index(&repo, scratch.path()) {
+            Ok(Some(mut index)) => {
+                repo.set_index(&mut index)
+                    .map_err(|e| cannot("use its index", e))?;
+                stage_uncommitted(&repo, self.max_file_size, &mut r.skipped_files)
+                    .map_err(|e| cannot("stage the work tree", e))?
+            }
+            Ok(None) => {
+                // As the harvest does with such an index: the agent's
+                // commits go, the report says what did not (a tree from
+                // HEAD would drop a sparse checkout's files outside its
+                // cone, and the staged work).
+                *uncommitted = Some(format!(
+                    "the checkpoint cannot read the agent's index in {} (a split or sparse index, or not a regular file); the agent's commits are in it, the work it left uncommitted is not (the turn's harvest saves that)",
+                    dir.display()
+                ));
+                None
+            }
+            Err(e) => return Err(cannot("read HEAD", e)),
+        };
         let head = match repo.head() {
             Ok(h) => Some(h.peel_to_commit().map_err(|e| cannot("read HEAD", e))?),
             Err(e) if e.code() == git2::ErrorCode::UnbornBranch => None,
@@ -243,16 +265,16 @@ impl Harvester {
 
 /// The checkpoint's index, in `dir`: a copy of the agent's `.git/index`
 /// (read once, never through a link, only when it is a regular file), or,
-/// when there is none or libgit2 cannot read it (a split index), `HEAD`'s
-/// tree.
-fn scratch_index(repo: &Repository, dir: &Path) -> Result<Index, git2::Error> {
+/// when there is none, `HEAD`'s tree (as git reads a missing index);
+/// `None` when there is one the checkpoint cannot use (a split or sparse
+/// index libgit2 cannot read, a link, a FIFO).
+fn scratch_index(repo: &Repository, dir: &Path) -> Result<Option<Index>, git2::Error> {
     let path = dir.join("index");
-    if copy_regular(&repo.path().join("index"), &path).is_ok()
-        && let Ok(index) = Index::open(&path)
-    {
-        return Ok(index);
+    match copy_regular(&repo.path().join("index"), &path) {
+        Ok(()) => return Ok(Index::open(&path).ok()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(_) => return Ok(None),
     }
-    let _ = std::fs::remove_file(&path);
     let mut index = Index::open(&path)?;
     match repo.head() {
         Ok(head) => index.read_tree(&head.peel_to_tree()?)?,
@@ -260,7 +282,7 @@ fn scratch_index(repo: &Repository, dir: &Path) -> Result<Index, git2::Error> {
         Err(e) => return Err(e),
     }
     index.write()?;
-    Ok(index)
+    Ok(Some(index))
 }
 
 /// Copies `from` to `to` when `from` is a regular file (opened without

@@ -194,8 +194,6 @@ impl Harvester {
     }
 
     fn hold(&self, clear: bool) -> RepoHold<'_> {
-        let lock = REPO_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-        let holder = super::unblock::Holder::enter();
         let (acting, mut refused) = match self.owner.as_ref().map(|o| (o, o.act_as())) {
             None => (None, None),
             Some((_, Ok(acting))) => (Some(acting), None),
@@ -207,14 +205,20 @@ impl Harvester {
                 )),
             ),
         };
-        if refused.is_none() {
-            refused = if clear {
-                ready_for_git(&self.repo_dir).err()
-            } else {
-                super::repo_config::check_includes(&self.repo_dir)
-                    .err()
-                    .map(|e| e.0)
-            };
+        // Cleared before the lock (no agent runs when a hold clears): a
+        // checkpoint that holds it, blocked opening a FIFO the agent planted
+        // (each freed by the watcher in turn), then finds the rest gone and
+        // ends, instead of keeping this harvest or sync waiting (found by a
+        // review: 400 of them made the harvest time out).
+        if refused.is_none() && clear {
+            refused = ready_for_git(&self.repo_dir).err();
+        }
+        let lock = REPO_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let holder = super::unblock::Holder::enter();
+        if refused.is_none() && !clear {
+            refused = super::repo_config::check_includes(&self.repo_dir)
+                .err()
+                .map(|e| e.0);
         }
         RepoHold {
             _lock: lock,

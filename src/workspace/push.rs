@@ -73,11 +73,16 @@ impl Harvester {
     /// harvest's, then `head` to `<branch>-recovered-checkpoint-<runId>`
     /// (`-2`, … when that name holds other work), never forced, and nothing
     /// else: no local branch moves. Nothing is pushed when a branch of the
-    /// remote holds `head` already.
+    /// remote holds `head` already. `previous` is the commit the run's last
+    /// checkpoint pushed: when the checkpoint branch is still there and the
+    /// commit to push does not hold it (a commit that replaced the agent's
+    /// sits on the session branch's tip), a commit of the same tree on both
+    /// keeps the branch a fast-forward.
     pub(super) fn push_checkpoint_once(
         &self,
         repo: &Repository,
         head_at: &mut Oid,
+        previous: Option<Oid>,
         job: &HarvestJob,
         r: &mut HarvestResult,
         gate: &PushGate<'_>,
@@ -94,14 +99,22 @@ impl Harvester {
         };
         attempt.guard_size(head_at, r)?;
         attempt.hold_back_secrets(head_at, r)?;
+        let branch = self.branch.as_str();
+        let heads = &attempt.remote.heads;
+        let own = format!("refs/heads/{branch}-recovered-{}", job.name);
+        if let Some(previous) = previous
+            && heads.get(&own) == Some(&previous)
+            && !attempt.contains(*head_at, previous)
+        {
+            *head_at = on_previous(repo, *head_at, previous, &job.name)
+                .map_err(|e| Failure::Local(message(&e)))?;
+        }
         let head = *head_at;
         r.head_sha = Some(head.to_string());
         attempt.count_changes(head, r);
-        let heads = &attempt.remote.heads;
         if heads.values().any(|tip| attempt.contains(*tip, head)) {
             return Ok(());
         }
-        let branch = self.branch.as_str();
         let name = recovery_name(repo, branch, &job.name, heads, head).ok_or_else(|| {
             Failure::Verdict(format!(
                 "no free branch name for {branch}-recovered-{}",
@@ -120,6 +133,27 @@ impl Harvester {
         r.recovery_branch = Some(name);
         Ok(())
     }
+}
+
+/// `head`'s tree on `head` and `previous` (the run's last checkpoint, on
+/// the remote): the checkpoint branch fast-forwards to it; `previous`
+/// itself when it has that tree already.
+fn on_previous(
+    repo: &Repository,
+    head: Oid,
+    previous: Oid,
+    name: &str,
+) -> Result<Oid, git2::Error> {
+    let head = repo.find_commit(head)?;
+    let previous = repo.find_commit(previous)?;
+    if previous.tree_id() == head.tree_id() {
+        return Ok(previous.id());
+    }
+    let sig = git2::Signature::now(super::clone::GIT_USER_NAME, super::clone::GIT_USER_EMAIL)?;
+    let text = format!(
+        "WIP {name}: the work in progress at a checkpoint\n\nCommitted by hosted-boot at a checkpoint notice, on the run's previous checkpoint so that its branch fast-forwards (PROTOCOL.md 4.5, \"Checkpoint\").\n"
+    );
+    repo.commit(None, &sig, &sig, &text, &head.tree()?, &[&head, &previous])
 }
 
 /// One push attempt's steps after the fetch.

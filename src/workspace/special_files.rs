@@ -43,6 +43,24 @@ pub fn kind_name(kind: FileType) -> &'static str {
     }
 }
 
+/// Opens the FIFO `path` for reading and writing without blocking (Linux
+/// opens a FIFO so at once), until the returned file is dropped: a reader
+/// blocked opening it (a checkpoint's git, before its watcher gets to it)
+/// returns, and one that opens it meanwhile does not block; once the FIFO
+/// is unlinked and this is closed they read the end of the file. Unlinked
+/// alone, no one could open its other end by name any more, and a reader
+/// already waiting would wait for good, holding `repo/` (found by a
+/// review).
+fn hold_open(path: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(path)
+        .ok()
+}
+
 fn special(kind: FileType) -> bool {
     !(kind.is_file() || kind.is_dir() || kind.is_symlink())
 }
@@ -80,6 +98,8 @@ fn clear_all(repo_dir: &Path) -> Result<Vec<(PathBuf, &'static str)>, String> {
     }
     let mut removed = Vec::new();
     let mut remove = |path: &Path, kind: FileType| -> Result<(), String> {
+        // Held open (both ends) until it is unlinked: see `hold_open`.
+        let _held = kind.is_fifo().then(|| hold_open(path)).flatten();
         std::fs::remove_file(path).map_err(|e| {
             format!(
                 "{} is {}, which would block the runner's git, and cannot be removed ({e}); remove it",

@@ -218,3 +218,53 @@ async fn a_notice_between_turns_is_answered_at_once() {
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("is not running"), "{said}");
 }
+
+/// As PID 1 (the reaper, in a PID namespace), notices from the very start
+/// (before the worker listens for them) neither end the runner nor the
+/// worker: the reaper blocks them, and the worker starts with them ignored
+/// until its handler is installed. The turn runs as usual.
+#[tokio::test]
+async fn notices_from_the_start_do_not_end_the_runner_as_pid1() {
+    let wrapper = match super::support::pid_namespace_wrapper() {
+        Ok(w) => w,
+        Err(reason) => {
+            hosted_boot_test_support::skip(reason);
+            return;
+        }
+    };
+    let sb = Sandbox::start(Default::default()).await;
+    let script = sb.script(r#"echo '{"type":"message","text":"done"}'"#);
+    let mut cmd = sb.wrapped_command(&wrapper, "run", &script);
+    cmd.env(super::support::IN_PID_NAMESPACE, "1");
+    let child = cmd.spawn().unwrap();
+    let unshare = child.id().unwrap();
+    // The namespace's PID 1 (the reaper), then the worker when it exists.
+    let started = Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_millis(300) {
+        let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+            .unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+        {
+            let grandchildren = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            for target in std::iter::once(pid).chain(
+                grandchildren
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok()),
+            ) {
+                if let Some(p) = rustix::process::Pid::from_raw(target as i32) {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::USR1);
+                    sent += 1;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(sent > 10, "only {sent} notices sent");
+    let (_, output) = sb.end_after_seal("run-1", child).await;
+    let snap = sb.coordinator.snapshot();
+    assert_eq!(snap.run("run-1").unwrap().status, "succeeded", "{output}");
+}

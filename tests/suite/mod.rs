@@ -8,6 +8,7 @@ mod breaks;
 mod broker;
 mod check;
 mod checkpoint;
+mod checkpoint_edges;
 mod clocks;
 mod complete_workspace;
 mod container;
