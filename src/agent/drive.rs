@@ -1240,7 +1240,9 @@ pub fn start_version_probe(
     base_env: &[(OsString, OsString)],
     cwd: &std::path::Path,
 ) {
-    if config.kind == AgentKind::Command {
+    // An ACP agent names its version in `initialize`; `--version` may
+    // start it as a server.
+    if matches!(config.kind, AgentKind::Command | AgentKind::Acp) {
         return;
     }
     let env = cli_env(config, base_env, session);
@@ -1305,7 +1307,7 @@ pub fn emit_runner_event(
         "agent": config.name(),
         "program": config.program,
     });
-    if config.kind == AgentKind::Command {
+    if matches!(config.kind, AgentKind::Command | AgentKind::Acp) {
         events.emit(RunnerEvent::Runner, data);
         return RunnerEventTask(None);
     }

@@ -9,6 +9,7 @@
 //! | `claude` | [`CLAUDE_PARENT_MARKERS`] (unless the env bundle sets them); every other `CLAUDE_CODE_*` passes (an image configures Claude Code with them) | `IS_SANDBOX=1` when the runner is root (Claude refuses bypass mode as root otherwise) |
 //! | `codex`, `codex-exec` | `CODEX_SANDBOX`, `CODEX_SANDBOX_NETWORK_DISABLED` (set by Codex for its own tools) | |
 //! | `opencode`, `opencode-run` | `OPENCODE_SERVER_USERNAME`, `OPENCODE_SERVER_PASSWORD` (serve mode sets its own) | `OPENCODE_PERMISSION` allowing edits, shell and fetches, `OPENCODE_DISABLE_AUTOUPDATE=1`, unless already set |
+//! | `acp` | [`CLAUDE_PARENT_MARKERS`], as for `claude` (Claude Code's ACP agent runs Claude Code) | `IS_SANDBOX=1` when the runner is root, as for `claude`; `CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION=false` unless set (Claude Code's agent would ask the model what the user might type next after every turn) |
 //!
 //! State directories (`HOME`, `CODEX_HOME`, `XDG_DATA_HOME`,
 //! `CLAUDE_CONFIG_DIR`) pass through unchanged: they are on the sandbox's
@@ -79,7 +80,13 @@ fn set_default(env: &mut Env, name: &str, value: &str) {
 pub fn hygiene(kind: AgentKind, env: &mut Env, runner_is_root: bool) {
     match kind {
         AgentKind::Command => {}
-        AgentKind::Claude => {
+        AgentKind::Claude | AgentKind::Acp => {
+            if kind == AgentKind::Acp {
+                // Claude Code's ACP agent asks the model, after each turn,
+                // what the user might type next (a request with tools, paid
+                // for): no user reads it here.
+                set_default(env, "CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION", "false");
+            }
             let bundle: Vec<String> = get(env, "ORIZU_INJECTED_ENV_VARS")
                 .unwrap_or("")
                 .split(',')
@@ -116,7 +123,8 @@ pub fn missing_key(kind: AgentKind, env: &Env, model: Option<&str>) -> Option<&'
     let has = |names: &[&str]| names.iter().any(|n| get(env, n).is_some());
     let exists = |p: Option<PathBuf>| p.is_some_and(|p| p.is_file());
     match kind {
-        AgentKind::Command => None,
+        // Which key an ACP agent reads is its own business.
+        AgentKind::Command | AgentKind::Acp => None,
         AgentKind::Claude => {
             let keyed = has(&[
                 "ANTHROPIC_API_KEY",
@@ -222,6 +230,27 @@ mod tests {
         );
         assert_eq!(get(&e, "ANTHROPIC_API_KEY"), Some(PLACEHOLDER_KEY));
         assert_eq!(get(&e, "IS_SANDBOX"), None);
+        // An ACP agent: Claude's markers go and its sandbox flag is set
+        // (its agent may be Claude Code's), no prompt suggestions unless
+        // the image asks, and no placeholder: its key is its own business.
+        let mut e = env(&[
+            ("HOME", "/nonexistent"),
+            ("CLAUDECODE", "1"),
+            ("CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION", ""),
+        ]);
+        assert_eq!(for_agent(AgentKind::Acp, &mut e, &[], None, true), None);
+        assert_eq!(get(&e, "CLAUDECODE"), None);
+        assert_eq!(get(&e, "IS_SANDBOX"), Some("1"));
+        assert_eq!(
+            get(&e, "CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION"),
+            Some("false")
+        );
+        let mut e = env(&[("CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION", "true")]);
+        for_agent(AgentKind::Acp, &mut e, &[], None, false);
+        assert_eq!(
+            get(&e, "CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION"),
+            Some("true")
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! [`env::missing_key`], a stand-in CLI under `tests/fakes/` and its tests
 //! (README, "Adding an adapter").
 
+pub mod acp;
 pub mod classify;
 pub mod claude;
 pub mod codex;
@@ -56,16 +57,20 @@ pub enum AgentKind {
     OpenCode,
     /// opencode fallback: `opencode run --format json`.
     OpenCodeRun,
+    /// Any agent that speaks the Agent Client Protocol
+    /// (`--agent-command`): JSON-RPC over stdio.
+    Acp,
 }
 
 impl AgentKind {
     /// Every kind, in the order the help lists them.
-    pub const ALL: [AgentKind; 6] = [
+    pub const ALL: [AgentKind; 7] = [
         AgentKind::Claude,
         AgentKind::Codex,
         AgentKind::CodexExec,
         AgentKind::OpenCode,
         AgentKind::OpenCodeRun,
+        AgentKind::Acp,
         AgentKind::Command,
     ];
 
@@ -78,6 +83,7 @@ impl AgentKind {
             AgentKind::CodexExec => "codex-exec",
             AgentKind::OpenCode => "opencode",
             AgentKind::OpenCodeRun => "opencode-run",
+            AgentKind::Acp => "acp",
         }
     }
 
@@ -87,10 +93,10 @@ impl AgentKind {
     }
 
     /// The program run when `--agent-command` does not name another one;
-    /// `None` for `command`, which needs it.
+    /// `None` for `command` and `acp`, which need it.
     pub fn default_program(self) -> Option<&'static str> {
         match self {
-            AgentKind::Command => None,
+            AgentKind::Command | AgentKind::Acp => None,
             AgentKind::Claude => Some("claude"),
             AgentKind::Codex | AgentKind::CodexExec => Some("codex"),
             AgentKind::OpenCode | AgentKind::OpenCodeRun => Some("opencode"),
@@ -656,5 +662,6 @@ pub fn adapter_for(
         AgentKind::CodexExec => Box::new(codex_exec::CodexExecAdapter::new(spec, session.clone())),
         AgentKind::OpenCode => Box::new(opencode::OpenCodeAdapter::new(spec, redactor)),
         AgentKind::OpenCodeRun => Box::new(opencode_run::OpenCodeRunAdapter::new(spec)),
+        AgentKind::Acp => Box::new(acp::AcpAdapter::new(spec)),
     }
 }

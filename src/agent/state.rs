@@ -76,7 +76,7 @@ impl Cli {
             AgentKind::Claude => Some(Cli::Claude),
             AgentKind::Codex | AgentKind::CodexExec => Some(Cli::Codex),
             AgentKind::OpenCode | AgentKind::OpenCodeRun => Some(Cli::OpenCode),
-            AgentKind::Command => None,
+            AgentKind::Command | AgentKind::Acp => None,
         }
     }
 

@@ -479,11 +479,11 @@ fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentCo
         (Some(p), _) => p,
         (None, Some(p)) => p.to_string(),
         (None, None) => {
-            return Err(ConfigError(
-                "HOSTED_BOOT_AGENT=command needs HOSTED_BOOT_AGENT_COMMAND (or --agent-command): \
-                 the program and its arguments"
-                    .to_string(),
-            ));
+            return Err(ConfigError(format!(
+                "HOSTED_BOOT_AGENT={} needs HOSTED_BOOT_AGENT_COMMAND (or --agent-command): \
+                 the program and its arguments",
+                kind.name()
+            )));
         }
     };
     let mut extra_args = args.agent_arg.clone();
@@ -608,8 +608,9 @@ fn agent_env_pair(word: &str) -> Result<(String, String), ConfigError> {
 #[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
     /// The agent to run: `claude`, `codex`, `codex-exec`, `opencode`,
-    /// `opencode-run`, `command` (any program) or `demo` (the built-in demo
-    /// agent, `hosted-boot demo-agent`, to try a sandbox without a CLI).
+    /// `opencode-run`, `acp` (any Agent Client Protocol agent, named by
+    /// `--agent-command`), `command` (any program) or `demo` (the built-in
+    /// demo agent, `hosted-boot demo-agent`, to try a sandbox without a CLI).
     #[arg(
         long,
         env = "HOSTED_BOOT_AGENT",
@@ -1163,9 +1164,23 @@ mod tests {
                 .to_string();
             assert!(err.contains("--agent-env"), "{err}");
         }
+        // An ACP agent has no program of its own to default to.
+        let a = RunArgs {
+            agent: Some(AgentChoice::Kind(AgentKind::Acp)),
+            agent_command: None,
+            ..args()
+        };
+        let err = load(&env(&base()), &a, secret(), "/".into())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("HOSTED_BOOT_AGENT=acp needs HOSTED_BOOT_AGENT_COMMAND"),
+            "{err}"
+        );
         let err = parse(&["--agent", "gemini"]).err().unwrap().to_string();
         assert!(
-            err.contains("claude, codex, codex-exec, opencode, opencode-run, command"),
+            err.contains("claude, codex, codex-exec, opencode, opencode-run, acp, command"),
             "{err}"
         );
     }

@@ -31,6 +31,7 @@ mod on_stop;
 mod on_stop_edges;
 mod openapi;
 mod processes;
+mod real_acp;
 mod real_clis;
 mod reliability;
 mod reliability_log;

@@ -28,7 +28,7 @@ use super::support::Sandbox;
 const FAKES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fakes");
 /// Bound on a real CLI's turn: a cold opencode start takes seconds, more
 /// on a loaded machine.
-const TURN_WAIT: Duration = Duration::from_secs(120);
+pub(super) const TURN_WAIT: Duration = Duration::from_secs(120);
 /// Bound on a turn's seal in a case that waits out a CLI's own backoff
 /// (opencode's is minutes per attempt): see [`SLOW`].
 const SLOW_TURN_WAIT: Duration = Duration::from_secs(20 * 60);
@@ -39,7 +39,7 @@ static SLOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(
 
 /// The directory holding the real CLIs, when `cli` is installed there;
 /// otherwise the test skips (it fails unless the run allows skipping).
-fn installed(cli: &str) -> Option<PathBuf> {
+pub(super) fn installed(cli: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("HOSTED_BOOT_AGENT_CLIS")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -94,7 +94,7 @@ impl Provider {
     }
 
     /// Every model request it answered (the tool-less ones included).
-    fn requests(&self) -> Vec<Value> {
+    pub(super) fn requests(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
@@ -371,13 +371,13 @@ impl Case {
 }
 
 /// A runner whose output is read as it comes.
-struct Runner {
-    child: Child,
+pub(super) struct Runner {
+    pub(super) child: Child,
     output: Arc<Mutex<Vec<u8>>>,
 }
 
 impl Runner {
-    fn spawn(cmd: &mut Command) -> Runner {
+    pub(super) fn spawn(cmd: &mut Command) -> Runner {
         let mut child = cmd.spawn().unwrap();
         let output = Arc::new(Mutex::new(Vec::new()));
         let pipes: Vec<Box<dyn tokio::io::AsyncRead + Unpin + Send>> = vec![
@@ -399,15 +399,15 @@ impl Runner {
         Runner { child, output }
     }
 
-    fn output(&self) -> String {
+    pub(super) fn output(&self) -> String {
         String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
     }
 
-    fn pid(&self) -> u32 {
+    pub(super) fn pid(&self) -> u32 {
         self.child.id().unwrap()
     }
 
-    async fn finish(mut self) -> (ExitStatus, String) {
+    pub(super) async fn finish(mut self) -> (ExitStatus, String) {
         let status = tokio::time::timeout(TURN_WAIT, self.child.wait())
             .await
             .expect("the runner did not exit in time")
@@ -419,7 +419,7 @@ impl Runner {
 
 /// Processes whose working directory is under `root` (what the agent and
 /// its tools left running), as (pid, command line).
-fn leftovers(root: &Path) -> Vec<(i32, String)> {
+pub(super) fn leftovers(root: &Path) -> Vec<(i32, String)> {
     let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -442,7 +442,7 @@ fn leftovers(root: &Path) -> Vec<(i32, String)> {
     out
 }
 
-fn kill_leftovers(root: &Path) {
+pub(super) fn kill_leftovers(root: &Path) {
     for (pid, _) in leftovers(root) {
         if let Some(pid) = rustix::process::Pid::from_raw(pid) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
@@ -452,7 +452,7 @@ fn kill_leftovers(root: &Path) {
 
 /// Nothing the agent started is left running (bounded: a process killed
 /// by the runner's last signal may take a moment to be reaped).
-async fn assert_nothing_left(root: &Path) {
+pub(super) async fn assert_nothing_left(root: &Path) {
     for _ in 0..100 {
         if leftovers(root).is_empty() {
             return;
@@ -464,15 +464,15 @@ async fn assert_nothing_left(root: &Path) {
     panic!("left running: {left:?}");
 }
 
-fn sealed(snap: &Snapshot, run: &str) -> FinishBody {
+pub(super) fn sealed(snap: &Snapshot, run: &str) -> FinishBody {
     snap.run(run).unwrap().finish.clone().unwrap()
 }
 
-fn usage(body: &FinishBody) -> Value {
+pub(super) fn usage(body: &FinishBody) -> Value {
     serde_json::to_value(&body.usage).unwrap()
 }
 
-fn error_code(body: &FinishBody) -> String {
+pub(super) fn error_code(body: &FinishBody) -> String {
     body.error
         .as_ref()
         .map(|e| {
@@ -485,7 +485,7 @@ fn error_code(body: &FinishBody) -> String {
         .unwrap_or_default()
 }
 
-fn events<'a>(snap: &'a Snapshot, run: &str, kind: &str) -> Vec<&'a Value> {
+pub(super) fn events<'a>(snap: &'a Snapshot, run: &str, kind: &str) -> Vec<&'a Value> {
     snap.run(run)
         .unwrap()
         .events
@@ -496,7 +496,7 @@ fn events<'a>(snap: &'a Snapshot, run: &str, kind: &str) -> Vec<&'a Value> {
 }
 
 /// The user texts of a request, joined.
-fn users(request: &Value) -> String {
+pub(super) fn users(request: &Value) -> String {
     request["users"]
         .as_array()
         .map(|a| {

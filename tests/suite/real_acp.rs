@@ -1,0 +1,297 @@
+//! The `acp` adapter against a real ACP agent: the real binary with
+//! `--agent acp --agent-command claude-agent-acp` (Claude Code's agent for
+//! the Agent Client Protocol, pinned in `tools/agent-clis/package.json`,
+//! installed by `scripts/install-agent-clis`), against the reference
+//! coordinator and the fake model provider of the real-CLI tests
+//! (`tests/fakes/model-provider`: the prompt names the scenario).
+
+use std::path::Path;
+use std::time::Duration;
+
+use hosted_boot_coordinator::{CoordinatorOptions, Snapshot};
+use tokio::process::Command;
+
+use super::real_clis::{
+    Provider, Runner, TURN_WAIT, assert_nothing_left, error_code, events, installed, sealed, usage,
+    users,
+};
+use super::support::Sandbox;
+
+/// The ACP agent's program, as installed.
+const AGENT: &str = "claude-agent-acp";
+
+struct Case {
+    sb: Sandbox,
+    provider: Provider,
+    program: std::path::PathBuf,
+}
+
+impl Case {
+    async fn start(task: &str) -> Option<Case> {
+        let bin = installed(AGENT)?;
+        let sb = Sandbox::start(CoordinatorOptions {
+            task: task.into(),
+            // Claude Code's agent offers aliases as its model option's
+            // values (PROTOCOL.md 7): one of them is set.
+            model: Some("sonnet".into()),
+            reasoning_effort: Some("high".into()),
+            ..CoordinatorOptions::default()
+        })
+        .await;
+        let provider = Provider::start(sb.dir.path());
+        Some(Case {
+            sb,
+            provider,
+            program: bin.join(AGENT),
+        })
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = self.sb.command("run", Path::new("/nonexistent"));
+        cmd.env("HOSTED_BOOT_AGENT", "acp")
+            .env("HOSTED_BOOT_AGENT_COMMAND", &self.program)
+            .env("ANTHROPIC_API_KEY", "test-key")
+            .args([
+                "--agent-env",
+                &format!("ANTHROPIC_BASE_URL={}", self.provider.url()),
+            ])
+            .args(["--agent-env", "DISABLE_TELEMETRY=1"])
+            .args(["--agent-env", "DISABLE_AUTOUPDATER=1"])
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("CLAUDE_CODE_MAX_RETRIES", "0")
+            .args(["--agent-idle-timeout", "0"]);
+        cmd
+    }
+
+    fn repo(&self) -> std::path::PathBuf {
+        std::fs::canonicalize(self.sb.root()).unwrap().join("repo")
+    }
+
+    fn pushed(&self, name: &str) -> Option<String> {
+        self.sb.remote_file(name)
+    }
+
+    async fn sealed(&self, runner: &mut Runner, run: &str) -> Snapshot {
+        let got = self
+            .sb
+            .coordinator
+            .wait_for(TURN_WAIT, |s| {
+                s.run(run).is_some_and(|r| r.finish.is_some())
+            })
+            .await;
+        match got {
+            Ok(snap) => snap,
+            Err(e) => {
+                let _ = runner.child.start_kill();
+                super::real_clis::kill_leftovers(&self.sb.root());
+                panic!("{run} was not sealed: {e:?}\nrunner:\n{}", runner.output());
+            }
+        }
+    }
+}
+
+/// Four turns through the ACP agent: a write; a second that loads the
+/// first's session (`session/load`); a third interrupted mid-tool
+/// (`session/cancel`, then the tree stopped); a fourth after the interrupt.
+/// The agent's updates become events (a message joined from its chunks, the
+/// tool calls), its usage the turn's, and nothing is left running.
+#[tokio::test]
+async fn real_claude_acp_four_turns() {
+    let Some(case) = Case::start("write:one.txt").await else {
+        return;
+    };
+    let mut runner = Runner::spawn(&mut case.command());
+
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let first = sealed(&snap, "run-1");
+    assert_eq!(
+        first.status.as_str(),
+        "succeeded",
+        "{first:?}\n{}",
+        runner.output()
+    );
+    let sid = first.agent_session_id.clone().expect("an agent session id");
+    let turn1 = case.provider.turn_requests(0);
+    assert_eq!(turn1.len(), 2, "a tool call, then the final message");
+    assert!(
+        turn1[0]["model"]
+            .as_str()
+            .is_some_and(|m| m.contains("sonnet")),
+        "the model option was not set: {}",
+        turn1[0]["model"]
+    );
+    let u = usage(&first);
+    assert_eq!(u["inputTokens"], 200, "{u}");
+    assert_eq!(u["outputTokens"], 20, "{u}");
+    assert_eq!(case.pushed("one.txt").as_deref(), Some("done"));
+    let messages = events(&snap, "run-1", "agent_message_chunk");
+    assert!(
+        messages
+            .iter()
+            .any(|m| m["text"].as_str().is_some_and(|t| !t.is_empty())),
+        "no joined message: {messages:?}"
+    );
+    assert!(!events(&snap, "run-1", "tool_call").is_empty());
+
+    // Turn 2 loads turn 1's session: the provider sees turn 1's prompt.
+    let seen = case.provider.requests().len();
+    assert_eq!(
+        case.sb.coordinator.queue_turn("write:two.txt", None),
+        "run-2"
+    );
+    let snap = case.sealed(&mut runner, "run-2").await;
+    let second = sealed(&snap, "run-2");
+    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
+    assert_eq!(second.agent_session_id.as_deref(), Some(sid.as_str()));
+    let turn2 = case.provider.turn_requests(seen);
+    assert_eq!(turn2.len(), 2, "{turn2:?}");
+    assert!(
+        users(&turn2[0]).contains("write:one.txt"),
+        "turn 2 did not load turn 1's session: {}",
+        users(&turn2[0])
+    );
+    // The history session/load replays is not turn 2's.
+    assert!(
+        !events(&snap, "run-2", "user_message_chunk")
+            .iter()
+            .any(|e| e.to_string().contains("write:one.txt")),
+        "turn 1's history was forwarded as turn 2's events"
+    );
+    assert_eq!(usage(&second)["inputTokens"], 200);
+    assert_eq!(case.pushed("two.txt").as_deref(), Some("done"));
+
+    // Turn 3 is interrupted while its tool runs.
+    assert_eq!(
+        case.sb.coordinator.queue_turn("sleep:started.txt", None),
+        "run-3"
+    );
+    let started = case.repo().join("started.txt");
+    let deadline = std::time::Instant::now() + TURN_WAIT;
+    while !started.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tool did not start:\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    case.sb.coordinator.interrupt(Some("run-3")).unwrap();
+    let snap = case.sealed(&mut runner, "run-3").await;
+    let third = sealed(&snap, "run-3");
+    assert_eq!(third.status.as_str(), "interrupted", "{third:?}");
+    assert_nothing_left(&case.repo()).await;
+
+    // Turn 4 after the interrupt, in the same session.
+    let seen = case.provider.requests().len();
+    assert_eq!(
+        case.sb.coordinator.queue_turn("write:four.txt", None),
+        "run-4"
+    );
+    let snap = case.sealed(&mut runner, "run-4").await;
+    let fourth = sealed(&snap, "run-4");
+    assert_eq!(fourth.status.as_str(), "succeeded", "{fourth:?}");
+    assert_eq!(fourth.agent_session_id.as_deref(), Some(sid.as_str()));
+    assert_eq!(case.provider.turn_requests(seen).len(), 2);
+    assert_eq!(case.pushed("four.txt").as_deref(), Some("done"));
+
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_nothing_left(&case.sb.root()).await;
+}
+
+/// A provider error fails the turn with the class the agent's error says,
+/// or `agent_crashed` / `provider_limit_unknown` when it says none.
+async fn provider_error(kind: &str, codes: &[&str]) {
+    let Some(case) = Case::start(&format!("fail:{kind}")).await else {
+        return;
+    };
+    let mut runner = Runner::spawn(&mut case.command());
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let body = sealed(&snap, "run-1");
+    assert_eq!(body.status.as_str(), "failed", "{body:?}");
+    let code = error_code(&body);
+    assert!(
+        codes.contains(&code.as_str()),
+        "{kind}: {code} ({:?})\n{}",
+        body.error,
+        runner.output()
+    );
+    // A retryable class leaves the boot waiting for the next turn; the
+    // others end it (turn_failed).
+    case.sb.coordinator.end_session();
+    runner.finish().await;
+    assert_nothing_left(&case.sb.root()).await;
+}
+
+#[tokio::test]
+async fn real_claude_acp_auth_error() {
+    provider_error("401", &["provider_auth"]).await;
+}
+
+#[tokio::test]
+async fn real_claude_acp_rate_limit() {
+    provider_error("429", &["provider_rate_limited", "provider_limit_unknown"]).await;
+}
+
+#[tokio::test]
+async fn real_claude_acp_overload() {
+    provider_error("529", &["provider_overloaded"]).await;
+}
+
+/// SIGTERM mid-turn: the run sealed `interrupted`, the runner exits 143,
+/// nothing left running.
+#[tokio::test]
+async fn real_claude_acp_sigterm_mid_turn() {
+    let Some(case) = Case::start("sleep:started.txt").await else {
+        return;
+    };
+    let runner = Runner::spawn(&mut case.command());
+    let started = case.repo().join("started.txt");
+    let deadline = std::time::Instant::now() + TURN_WAIT;
+    while !started.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tool did not start:\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    super::support::signal(runner.pid(), rustix::process::Signal::TERM);
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    let snap = case.sb.coordinator.snapshot();
+    assert_eq!(sealed(&snap, "run-1").status.as_str(), "interrupted");
+    assert_nothing_left(&case.sb.root()).await;
+}
+
+/// An agent that asks before a tool (Claude Code's with its bypass mode
+/// disabled by its settings, so none is offered to set): the permission
+/// request is an event and is granted, and the tool runs.
+#[tokio::test]
+async fn real_claude_acp_permission_request_is_granted() {
+    let Some(case) = Case::start("write:one.txt").await else {
+        return;
+    };
+    let settings = case.sb.dir.path().join(".claude");
+    std::fs::create_dir_all(&settings).unwrap();
+    std::fs::write(
+        settings.join("settings.json"),
+        r#"{"permissions": {"defaultMode": "default", "disableBypassPermissionsMode": "disable"}}"#,
+    )
+    .unwrap();
+    let mut runner = Runner::spawn(&mut case.command());
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let first = sealed(&snap, "run-1");
+    assert_eq!(first.status.as_str(), "succeeded", "{first:?}");
+    let asked = events(&snap, "run-1", "session/request_permission");
+    assert!(!asked.is_empty(), "{}", runner.output());
+    assert_eq!(case.pushed("one.txt").as_deref(), Some("done"));
+    // Granted once, never always: no rule written into the repository.
+    assert_eq!(case.pushed(".claude/settings.local.json"), None);
+    assert!(!case.repo().join(".claude").exists());
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_nothing_left(&case.sb.root()).await;
+}
