@@ -16,8 +16,9 @@
 //! The runner offers no file-system or terminal capability: served by the
 //! runner they would run as root, outside the agent user and the turn's
 //! process tree; the agent uses its own tools. Permission requests are
-//! answered with the agent's own "allow" option, as the other adapters run
-//! their CLIs in bypass mode, each one an event. The session id is the
+//! answered with the agent's own "allow once" option (its "allow always"
+//! only when it offers no other), as the other adapters run their CLIs in
+//! bypass mode, each one an event. The session id is the
 //! agent session id; a `session/load` the agent refuses fails the turn
 //! `resume_failed`, which runs it again in a fresh session
 //! (`agentSessionReset`). Message and thought chunks are joined into one
@@ -51,6 +52,10 @@ const SESSION: u64 = 1;
 /// one at a time before the prompt.
 const SETTING: u64 = 2;
 const PROMPT: u64 = 3;
+
+/// The most text of a streamed message joined into one event (1 MiB, as an
+/// output line is cut).
+const MAX_JOINED: usize = 1 << 20;
 
 /// Modes, by id, in which an agent runs its tools without asking: Claude
 /// Code's agent (`bypassPermissions`, offered when not root or with
@@ -114,6 +119,12 @@ struct State {
     chunks: Option<(String, String)>,
     /// Settings still to send before the prompt (method, params).
     settings: Vec<(&'static str, Value)>,
+    /// The ids of the runner's requests not answered yet: an answer to any
+    /// other id is ignored (a stray one must not repeat or skip a step).
+    pending: Vec<u64>,
+    /// The agent loads sessions (`agentCapabilities.loadSession`): only then
+    /// is its session id carried to the next turn.
+    loads: bool,
 }
 
 async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
@@ -124,6 +135,7 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
         },
         ..State::default()
     };
+    state.pending.push(INITIALIZE);
     io.send_json(&json!({
         "jsonrpc": "2.0",
         "id": INITIALIZE,
@@ -174,7 +186,8 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
     }
 }
 
-fn send(io: &AdapterIo, id: u64, method: &str, params: Value) {
+fn send(state: &mut State, io: &AdapterIo, id: u64, method: &str, params: Value) {
+    state.pending.push(id);
     io.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
 }
 
@@ -198,19 +211,15 @@ fn interrupt(state: &mut State, io: &mut AdapterIo) {
 
 fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, value: &Value) {
     let Some(message) = jsonrpc::parse(value) else {
-        let redactor = io.events.fresh_redactor();
-        io.events.emit_agent(AgentEvent::named(
-            redactor,
-            "output".to_string(),
-            value.clone(),
-            || value.clone(),
-        ));
+        emit(io, "output", value, value);
         return;
     };
     match message {
         Message::Response { id, result } => response(spec, state, io, id.as_u64(), result),
-        Message::Notification { method, params } => notification(state, io, &method, &params),
-        Message::Request { id, method, params } => request(state, io, &id, &method, params),
+        Message::Notification { method, params } => {
+            notification(state, io, &method, &params, value);
+        }
+        Message::Request { id, method, params } => request(state, io, &id, &method, &params, value),
     }
 }
 
@@ -221,6 +230,11 @@ fn response(
     id: Option<u64>,
     result: Result<Value, Value>,
 ) {
+    let Some(at) = id.and_then(|id| state.pending.iter().position(|p| *p == id)) else {
+        tracing::debug!(id = ?id, "an answer to no request of the runner's; ignored");
+        return;
+    };
+    state.pending.remove(at);
     match (id, result) {
         (Some(INITIALIZE), Ok(result)) => {
             let Initialized {
@@ -240,7 +254,17 @@ fn response(
                 refused(spec, state, io, Some(SESSION), &error);
                 return;
             };
-            io.note(Note::SessionId(session.clone()));
+            if state.loads {
+                io.note(Note::SessionId(session.clone()));
+            } else {
+                // Never loaded again: carried, it would make the next turn
+                // (or an overload continuation, whose prompt names no task)
+                // run as if it resumed this one (found by a review).
+                tracing::info!(
+                    agent_session_id = %session,
+                    "the ACP agent does not load sessions: its session id is not carried to the next turn"
+                );
+            }
             state.settings = settings(spec, &session, &opened);
             next_setting(spec, state, io);
         }
@@ -263,11 +287,13 @@ fn response(
 /// agent loads sessions, else `session/new`.
 fn open_session(spec: &TurnSpec, state: &mut State, io: &AdapterIo, loads: bool) {
     let cwd = spec.cwd.to_string_lossy();
+    state.loads = loads;
     match spec.resume.as_deref() {
         Some(session) if loads => {
             state.session_id = Some(session.to_string());
             state.loading = true;
             send(
+                state,
                 io,
                 SESSION,
                 "session/load",
@@ -281,6 +307,7 @@ fn open_session(spec: &TurnSpec, state: &mut State, io: &AdapterIo, loads: bool)
                 );
             }
             send(
+                state,
                 io,
                 SESSION,
                 "session/new",
@@ -344,7 +371,7 @@ fn next_setting(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo) {
         return;
     }
     let (method, params) = state.settings.remove(0);
-    send(io, SETTING, method, params);
+    send(state, io, SETTING, method, params);
 }
 
 fn prompt(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo) {
@@ -369,6 +396,7 @@ fn prompt(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo) {
     }
     state.prompted = true;
     send(
+        state,
         io,
         PROMPT,
         "session/prompt",
@@ -428,8 +456,14 @@ fn refused(
     if which == Some(PROMPT) {
         state.terminal = Some(Terminal::Failed(error));
         io.note(Note::Terminal);
-    } else if state.failure.is_none() {
-        state.failure = Some(error);
+    } else {
+        if state.failure.is_none() {
+            state.failure = Some(error);
+        }
+        // Nothing more will happen, and an ACP agent need not exit at the
+        // end of its input (found by a review: the turn waited for the
+        // idle watchdog): its tree is stopped now.
+        io.note(Note::TerminalStopNow);
     }
     io.stdin = None;
 }
@@ -445,14 +479,27 @@ fn error_text(error: &Value) -> String {
     }
 }
 
-fn notification(state: &mut State, io: &mut AdapterIo, method: &str, params: &Value) {
+fn notification(
+    state: &mut State,
+    io: &mut AdapterIo,
+    method: &str,
+    params: &Value,
+    whole: &Value,
+) {
     if method != "session/update" {
-        emit(io, method, params);
+        emit(io, method, params, whole);
         return;
     }
     if state.loading {
         // The history of the session being loaded.
         io.note(Note::Activity);
+        return;
+    }
+    let about = params.get("sessionId").and_then(Value::as_str);
+    if let (Some(ours), Some(about)) = (state.session_id.as_deref(), about)
+        && ours != about
+    {
+        tracing::debug!("an update of another session than the turn's; not forwarded");
         return;
     }
     let Update { update } = lenient::read(params);
@@ -467,7 +514,14 @@ fn notification(state: &mut State, io: &mut AdapterIo, method: &str, params: &Va
                 .pointer("/content/text")
                 .and_then(Value::as_str)
                 .unwrap_or("");
-            if state.chunks.as_ref().is_some_and(|(k, _)| *k != kind) {
+            // Another kind, or as long as a line of output may be: the
+            // message so far is one event (memory stays bounded, and an
+            // agent's flood cannot make one event the coordinator refuses).
+            if state
+                .chunks
+                .as_ref()
+                .is_some_and(|(k, t)| *k != kind || t.len() + text.len() > MAX_JOINED)
+            {
                 flush_chunks(state, io);
             }
             let (_, joined) = state
@@ -490,35 +544,45 @@ fn notification(state: &mut State, io: &mut AdapterIo, method: &str, params: &Va
         _ => {}
     }
     flush_chunks(state, io);
-    emit(io, &kind, &update);
+    emit(io, &kind, &update, whole);
 }
 
 /// The message streamed so far, as one event (`agent_message_chunk` or
 /// `agent_thought_chunk`, `{"text"}`).
 fn flush_chunks(state: &mut State, io: &AdapterIo) {
     if let Some((kind, text)) = state.chunks.take() {
-        emit(io, &kind, &json!({"text": text}));
+        let data = json!({"text": text});
+        emit(io, &kind, &data, &data);
     }
 }
 
-fn emit(io: &AdapterIo, kind: &str, data: &Value) {
+/// An event of type `kind` with `data`; `whole` (the agent's message) is
+/// the text of the `output` event a refused type becomes (4.6).
+fn emit(io: &AdapterIo, kind: &str, data: &Value, whole: &Value) {
     let redactor = io.events.fresh_redactor();
     io.events.emit_agent(AgentEvent::named(
         redactor,
         kind.to_string(),
         data.clone(),
-        || data.clone(),
+        || whole.clone(),
     ));
 }
 
 /// A request of the agent's: a permission is granted (its event first);
 /// anything else (file-system or terminal methods the runner does not
 /// offer) is refused.
-fn request(state: &mut State, io: &mut AdapterIo, id: &Value, method: &str, params: Value) {
+fn request(
+    state: &mut State,
+    io: &mut AdapterIo,
+    id: &Value,
+    method: &str,
+    params: &Value,
+    whole: &Value,
+) {
     flush_chunks(state, io);
-    emit(io, method, &params);
+    emit(io, method, params, whole);
     let answer = if method == "session/request_permission" {
-        permission_answer(&params)
+        permission_answer(params)
     } else {
         let mut refusal = jsonrpc::error_response(id, -32601, "hosted-boot offers no such method");
         refusal["jsonrpc"] = json!("2.0");
@@ -531,8 +595,9 @@ fn request(state: &mut State, io: &mut AdapterIo, id: &Value, method: &str, para
 }
 
 /// The answer to `session/request_permission`: the agent's "allow once"
-/// option, else its "allow always" one, else `cancelled` (no option grants
-/// it). Once rather than always: an "always" answer writes rules into the
+/// option, else (an agent that offers no such option) its "allow always"
+/// one, else `cancelled` (no option grants it). Once rather than always
+/// where there is a choice: an "always" answer writes rules into the
 /// agent's settings (Claude Code's: in `repo/.claude/`, which the harvest
 /// would push).
 fn permission_answer(params: &Value) -> Value {

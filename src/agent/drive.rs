@@ -416,6 +416,17 @@ impl Tail {
 }
 
 fn record_session(input: &DriveInput, requested: Option<&str>, id: String) {
+    // Carried in every later turn's environment (`ORIZU_AGENT_SESSION_ID`)
+    // and arguments: an id no CLI makes (over 512 bytes, control
+    // characters) would fail every later turn's spawn (found by a review:
+    // 200,000 characters, "Argument list too long").
+    if id.is_empty() || id.len() > MAX_SESSION_ID || id.chars().any(char::is_control) {
+        tracing::warn!(
+            bytes = id.len(),
+            "the agent reported a session id no CLI makes (empty, over 512 bytes, or with control characters); not carried"
+        );
+        return;
+    }
     let previous = input.session.set_resume_id(id.clone());
     if let Some(asked) = requested
         && asked != id
@@ -437,6 +448,9 @@ fn record_session(input: &DriveInput, requested: Option<&str>, id: String) {
         }),
     );
 }
+
+/// The longest agent session id carried to the next turn.
+const MAX_SESSION_ID: usize = 512;
 
 fn runner_is_root() -> bool {
     rustix::process::geteuid().is_root()

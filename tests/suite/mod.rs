@@ -1,3 +1,4 @@
+mod acp_edges;
 mod agent_api;
 mod agent_user;
 mod agents;
