@@ -203,34 +203,6 @@ impl StopBudget {
         self.current() != Stop::Running
     }
 
-    /// Starts listening for checkpoint notices (PROTOCOL.md 4.5,
-    /// "Checkpoint"): SIGUSR1, or SIGUSR2 (an alias, as some platforms send
-    /// it). The value counts the notices so far; nothing acts here.
-    ///
-    /// Errors: a handler cannot be installed.
-    pub fn listen_checkpoints() -> Result<watch::Receiver<u64>, ListenError> {
-        let handler = |kind: SignalKind, name: &'static str| {
-            signal(kind).map_err(|error| ListenError {
-                signal: name,
-                error,
-            })
-        };
-        let mut usr1 = handler(SignalKind::user_defined1(), "SIGUSR1")?;
-        let mut usr2 = handler(SignalKind::user_defined2(), "SIGUSR2")?;
-        let (tx, rx) = watch::channel(0u64);
-        tokio::spawn(async move {
-            loop {
-                let n = tokio::select! {
-                    _ = usr1.recv() => libc::SIGUSR1,
-                    _ = usr2.recv() => libc::SIGUSR2,
-                };
-                tracing::info!(signal = %signal_name(n), "checkpoint notice");
-                tx.send_modify(|count| *count += 1);
-            }
-        });
-        Ok(rx)
-    }
-
     /// Awaits `fut` unless a stop comes first (`None`; the stop budget
     /// starts then), as [`unless_stopped`] does.
     pub async fn unless_stopped<T>(
