@@ -833,13 +833,13 @@ impl Prepared<Warming> {
 
 /// Whether the adapter of `kind` can be started before its prompt: its CLI
 /// waits for what the runner sends at the turn's start (Claude Code's
-/// stream-json input and Codex app-server's JSON-RPC on stdin, opencode
-/// serve's HTTP API), and sends the model provider nothing before it
-/// (real-CLI tests).
+/// stream-json input, Codex app-server's and an ACP agent's JSON-RPC on
+/// stdin, opencode serve's HTTP API), and sends the model provider nothing
+/// before it (real-CLI tests; for ACP, Claude Code's agent).
 pub fn prestartable(kind: AgentKind) -> bool {
     matches!(
         kind,
-        AgentKind::Claude | AgentKind::Codex | AgentKind::OpenCode
+        AgentKind::Claude | AgentKind::Codex | AgentKind::OpenCode | AgentKind::Acp
     )
 }
 

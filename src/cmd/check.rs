@@ -201,7 +201,11 @@ fn key_line(config: &BootConfig, connectors: &[String]) -> Option<CheckLine> {
         env.insert(name.into(), "set".into());
     }
     let kind = config.agent.kind;
-    if kind == crate::agent::AgentKind::Command {
+    // Which key an ACP agent reads is its own business, as for `command`.
+    if matches!(
+        kind,
+        crate::agent::AgentKind::Command | crate::agent::AgentKind::Acp
+    ) {
         return None;
     }
     Some(match crate::agent::env::missing_key(kind, &env, None) {

@@ -295,3 +295,65 @@ async fn real_claude_acp_permission_request_is_granted() {
     assert_eq!(status.code(), Some(0), "{output}");
     assert_nothing_left(&case.sb.root()).await;
 }
+
+/// With `--prestart-agent on` the ACP agent for turn 2 is started while the
+/// runner waits for that turn: it sends the provider nothing before its
+/// prompt (nothing for two seconds after it was started), turn 2 loads
+/// turn 1's session in that process, and the one started for turn 3 goes
+/// when the session ends.
+#[tokio::test]
+async fn real_claude_acp_prestarted_sends_nothing_before_its_turn() {
+    let Some(case) = Case::start("write:one.txt").await else {
+        return;
+    };
+    let mut runner = Runner::spawn(case.command().args(["--prestart-agent", "on"]));
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let sid = sealed(&snap, "run-1")
+        .agent_session_id
+        .expect("an agent session id");
+    let deadline = std::time::Instant::now() + TURN_WAIT;
+    while !runner
+        .output()
+        .contains("agent pre-started for the next turn")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no agent was pre-started:\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = case.provider.requests().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        case.provider.requests().len(),
+        seen,
+        "the pre-started agent called the provider before its turn"
+    );
+    assert_eq!(
+        case.sb.coordinator.queue_turn("write:two.txt", None),
+        "run-2"
+    );
+    let snap = case.sealed(&mut runner, "run-2").await;
+    let second = sealed(&snap, "run-2");
+    assert_eq!(second.status.as_str(), "succeeded", "{second:?}");
+    assert_eq!(second.agent_session_id.as_deref(), Some(sid.as_str()));
+    let turn2 = case.provider.turn_requests(seen);
+    assert!(
+        users(&turn2[0]).contains("write:one.txt"),
+        "turn 2 did not load turn 1's session: {}",
+        users(&turn2[0])
+    );
+    assert_eq!(case.pushed("two.txt").as_deref(), Some("done"));
+    assert!(
+        runner
+            .output()
+            .contains("the turn uses the pre-started agent"),
+        "{}",
+        runner.output()
+    );
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_nothing_left(&case.sb.root()).await;
+}
