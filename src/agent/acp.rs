@@ -32,15 +32,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::classify;
-use super::command::{JsonLines, event_for_line};
 use super::jsonrpc::{self, Message};
 use super::lenient;
 use super::{
-    Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
-    StdinMode, Terminal, TurnSpec, Usage,
+    Adapter, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation, StdinMode,
+    Terminal, TurnSpec, Usage,
 };
 use crate::events::event::AgentEvent;
-use crate::process::supervisor::Stream;
 use crate::wire::ErrorCode;
 
 /// The protocol version the runner speaks (ACP's only stable one).
@@ -149,34 +147,13 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
             "clientInfo": {"name": "hosted-boot", "title": "hosted-boot", "version": env!("CARGO_PKG_VERSION")},
         },
     }));
-    let mut json_lines = JsonLines::new();
-    let mut commands_open = true;
-    loop {
-        tokio::select! {
-            line = io.lines.recv() => {
-                let Some((stream, line)) = line else { break };
-                match stream {
-                    Stream::Stderr => {
-                        io.events
-                            .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
-                    }
-                    Stream::Stdout => match json_lines.push(&line) {
-                        Some(obj) => handle(&spec, &mut state, &mut io, &Value::Object(obj)),
-                        None => {
-                            io.events
-                                .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
-                        }
-                    },
-                }
-            }
-            cmd = io.commands.recv(), if commands_open => match cmd {
-                Some(AdapterCommand::ProtocolInterrupt) => interrupt(&mut state, &mut io),
-                // Not sent: its launch takes no wrap-up.
-                Some(AdapterCommand::WrapUp) => {}
-                None => commands_open = false,
-            },
-        }
-    }
+    jsonrpc::serve(
+        &mut io,
+        &mut state,
+        |state, io, value| handle(&spec, state, io, value),
+        interrupt,
+    )
+    .await;
     flush_chunks(&mut state, &io);
     Observation {
         terminal: state.terminal,

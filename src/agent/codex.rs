@@ -24,16 +24,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::classify::{self, from_http_status};
-use super::command::{JsonLines, event_for_line};
 use super::jsonrpc::{self, Message};
 use super::lenient;
 use super::usage::Totals;
 use super::{
-    Adapter, AdapterCommand, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
-    StdinMode, Terminal, TurnSpec, Usage,
+    Adapter, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation, StdinMode,
+    Terminal, TurnSpec, Usage,
 };
 use crate::events::event::{AgentEvent, TextStream};
-use crate::process::supervisor::Stream;
 use crate::wire::ErrorCode;
 
 const INITIALIZE: u64 = 0;
@@ -107,34 +105,13 @@ async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
             },
         },
     ));
-    let mut json_lines = JsonLines::new();
-    let mut commands_open = true;
-    loop {
-        tokio::select! {
-            line = io.lines.recv() => {
-                let Some((stream, line)) = line else { break };
-                match stream {
-                    Stream::Stderr => {
-                        io.events
-                            .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
-                    }
-                    Stream::Stdout => match json_lines.push(&line) {
-                        Some(obj) => handle(&spec, &mut state, &mut io, &Value::Object(obj)),
-                        None => {
-                            io.events
-                                .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line));
-                        }
-                    },
-                }
-            }
-            cmd = io.commands.recv(), if commands_open => match cmd {
-                Some(AdapterCommand::ProtocolInterrupt) => interrupt(&mut state, &mut io),
-                // Not sent: its launch takes no wrap-up.
-                Some(AdapterCommand::WrapUp) => {}
-                None => commands_open = false,
-            },
-        }
-    }
+    jsonrpc::serve(
+        &mut io,
+        &mut state,
+        |state, io, value| handle(&spec, state, io, value),
+        interrupt,
+    )
+    .await;
     let usage = match (&state.total, &state.baseline) {
         (Some(total), Some(base)) => total.minus(base),
         _ => Usage::default(),

@@ -1,10 +1,51 @@
-//! JSON-RPC 2.0 messages as `codex app-server` writes them: one JSON
-//! object a line, the `"jsonrpc"` member omitted.
+//! JSON-RPC 2.0 messages as `codex app-server` writes them (one JSON object
+//! a line, the `"jsonrpc"` member omitted) and ACP agents too (with it),
+//! and the loop that reads such an agent's output ([`serve`]).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::command::{JsonLines, event_for_line};
 use super::lenient;
+use super::{AdapterCommand, AdapterIo};
+use crate::process::supervisor::Stream;
+
+/// Reads a JSON-RPC agent's output until it ends (Codex app-server, an ACP
+/// agent): each stdout line that is a JSON object goes to `message`, any
+/// other line, and every stderr line, becomes an event; a protocol
+/// interrupt goes to `interrupt` (neither kind of agent takes a wrap-up).
+pub async fn serve<S>(
+    io: &mut AdapterIo,
+    state: &mut S,
+    mut message: impl FnMut(&mut S, &mut AdapterIo, &Value),
+    mut interrupt: impl FnMut(&mut S, &mut AdapterIo),
+) {
+    let mut json_lines = JsonLines::new();
+    let mut commands_open = true;
+    loop {
+        tokio::select! {
+            line = io.lines.recv() => {
+                let Some((stream, line)) = line else { break };
+                let object = match stream {
+                    Stream::Stdout => json_lines.push(&line),
+                    Stream::Stderr => None,
+                };
+                match object {
+                    Some(obj) => message(state, io, &Value::Object(obj)),
+                    None => io
+                        .events
+                        .emit_agent(event_for_line(io.events.fresh_redactor(), stream, &line)),
+                }
+            }
+            cmd = io.commands.recv(), if commands_open => match cmd {
+                Some(AdapterCommand::ProtocolInterrupt) => interrupt(state, io),
+                // Not sent: their launches take no wrap-up.
+                Some(AdapterCommand::WrapUp) => {}
+                None => commands_open = false,
+            },
+        }
+    }
+}
 
 /// A message from the server.
 #[derive(Clone, Debug, PartialEq)]
