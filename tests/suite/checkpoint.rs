@@ -15,7 +15,7 @@ use super::harvest::{CONNECTOR, bare_git, tip};
 use super::support::{Sandbox, WAIT};
 
 /// Waits until `path` exists.
-async fn wait_file(path: &Path) {
+pub(super) async fn wait_file(path: &Path) {
     let deadline = Instant::now() + WAIT;
     while !path.exists() {
         assert!(
@@ -29,7 +29,7 @@ async fn wait_file(path: &Path) {
 
 /// `hosted-boot checkpoint` for the sandbox's runner: its exit code and
 /// output.
-async fn checkpoint(sb: &Sandbox, args: &[&str]) -> (Option<i32>, String) {
+pub(super) async fn checkpoint(sb: &Sandbox, args: &[&str]) -> (Option<i32>, String) {
     let out = sb
         .command("checkpoint", Path::new("/nonexistent"))
         .args(args)
@@ -44,7 +44,7 @@ async fn checkpoint(sb: &Sandbox, args: &[&str]) -> (Option<i32>, String) {
     (out.status.code(), text)
 }
 
-fn checkpoint_events(sb: &Sandbox, run_id: &str) -> Vec<Value> {
+pub(super) fn checkpoint_events(sb: &Sandbox, run_id: &str) -> Vec<Value> {
     sb.coordinator
         .snapshot()
         .run(run_id)

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::checkpoint::{checkpoint, checkpoint_events, wait_file};
 use super::harvest::{CONNECTOR, advance_remote, bare_git, result_of, tip};
-use super::support::{Runner, Sandbox, WAIT};
+use super::support::{Runner, Sandbox};
 
 /// Shell helpers prepended to every probe's agent script.
 const HELPERS: &str = r#"
@@ -25,47 +26,6 @@ fn script(sb: &Sandbox, body: &str) -> std::path::PathBuf {
     let status = hosted_boot::status::path(&sb.root());
     let helpers = HELPERS.replace("@STATUS@", &status.display().to_string());
     sb.script(&format!("{helpers}\n{body}"))
-}
-
-async fn wait_file(path: &Path) {
-    let deadline = Instant::now() + WAIT;
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn checkpoint(sb: &Sandbox, args: &[&str]) -> (Option<i32>, String) {
-    let out = sb
-        .command("checkpoint", Path::new("/nonexistent"))
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
-}
-
-fn checkpoint_events(sb: &Sandbox, run_id: &str) -> Vec<Value> {
-    sb.coordinator
-        .snapshot()
-        .run(run_id)
-        .map(|r| {
-            r.events
-                .iter()
-                .filter(|e| e.kind == "hosted_boot.checkpoint")
-                .map(|e| e.data.clone())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn status_text(sb: &Sandbox) -> String {

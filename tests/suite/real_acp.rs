@@ -12,8 +12,8 @@ use hosted_boot_coordinator::{CoordinatorOptions, Snapshot};
 use tokio::process::Command;
 
 use super::real_clis::{
-    Provider, Runner, TURN_WAIT, assert_nothing_left, error_code, events, installed, sealed, usage,
-    users,
+    Provider, Runner, TURN_WAIT, assert_nothing_left, error_code, events, installed, sealed,
+    tool_started, usage, users,
 };
 use super::support::Sandbox;
 
@@ -165,16 +165,7 @@ async fn real_claude_acp_four_turns() {
         case.sb.coordinator.queue_turn("sleep:started.txt", None),
         "run-3"
     );
-    let started = case.repo().join("started.txt");
-    let deadline = std::time::Instant::now() + TURN_WAIT;
-    while !started.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the tool did not start:\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tool_started(&case.repo().join("started.txt"), &runner).await;
     case.sb.coordinator.interrupt(Some("run-3")).unwrap();
     let snap = case.sealed(&mut runner, "run-3").await;
     let third = sealed(&snap, "run-3");
@@ -247,16 +238,7 @@ async fn real_claude_acp_sigterm_mid_turn() {
         return;
     };
     let runner = Runner::spawn(&mut case.command());
-    let started = case.repo().join("started.txt");
-    let deadline = std::time::Instant::now() + TURN_WAIT;
-    while !started.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the tool did not start:\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tool_started(&case.repo().join("started.txt"), &runner).await;
     super::support::signal(runner.pid(), rustix::process::Signal::TERM);
     let (status, output) = runner.finish().await;
     assert_eq!(status.code(), Some(143), "{output}");

@@ -417,6 +417,20 @@ impl Runner {
     }
 }
 
+/// Waits until `started` exists (the scenario's tool wrote it), failing
+/// with the runner's output after [`TURN_WAIT`].
+pub(super) async fn tool_started(started: &Path, runner: &Runner) {
+    let deadline = std::time::Instant::now() + TURN_WAIT;
+    while !started.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tool did not start:\n{}",
+            runner.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Processes whose working directory is under `root` (what the agent and
 /// its tools left running), as (pid, command line).
 pub(super) fn leftovers(root: &Path) -> Vec<(i32, String)> {
@@ -586,16 +600,7 @@ async fn four_turns(agent: &'static str) {
         case.sb.coordinator.queue_turn("sleep:started.txt", None),
         "run-3"
     );
-    let started = case.repo().join("started.txt");
-    let deadline = std::time::Instant::now() + TURN_WAIT;
-    while !started.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the tool did not start:\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tool_started(&case.repo().join("started.txt"), &runner).await;
     case.sb.coordinator.interrupt(Some("run-3")).unwrap();
     let snap = case.sealed(&mut runner, "run-3").await;
     let third = sealed(&snap, "run-3");
@@ -1167,16 +1172,7 @@ async fn sigterm_mid_turn(agent: &'static str) {
         return;
     };
     let mut runner = Runner::spawn(&mut case.command());
-    let started = case.repo().join("started.txt");
-    let deadline = std::time::Instant::now() + TURN_WAIT;
-    while !started.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the tool did not start:\n{}",
-            runner.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tool_started(&case.repo().join("started.txt"), &runner).await;
     super::support::signal(runner.pid(), rustix::process::Signal::TERM);
     let snap = case.sealed(&mut runner, "run-1").await;
     let (status, output) = runner.finish().await;
