@@ -40,6 +40,9 @@ pub mod client;
 
 pub mod logging;
 pub mod status;
+// The exporters of traces and metrics (below the log, which feeds its
+// layer).
+pub mod telemetry;
 
 pub mod session_dir;
 

@@ -48,11 +48,21 @@ pub fn no_color() -> bool {
 /// thread.
 const LOG_QUEUE_LINES: usize = 4096;
 
-/// Installs the global subscriber. `format` defaults to text on a terminal
-/// and JSON otherwise. Calling it twice is harmless (the second is ignored
-/// and returns no guard).
+/// Installs the global subscriber: the log (filtered by
+/// [`LOG_FILTER_VAR`]) and, when traces are on, the exporter of spans
+/// (`telemetry`: the runner's spans at `info` and above, whatever the log's
+/// filter). `format` defaults to text on a terminal and JSON otherwise.
+/// Calling it twice is harmless (the second is ignored and returns no
+/// guard).
 #[must_use = "the guard flushes the log at exit"]
-pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
+pub fn init(
+    format: Option<LogFormat>,
+    redactor: Redactor,
+    telemetry: Option<&crate::telemetry::Telemetry>,
+) -> LogGuard {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = match std::env::var(LOG_FILTER_VAR) {
         Err(_) => EnvFilter::new("info"),
         Ok(text) => EnvFilter::try_new(&text).unwrap_or_else(|e| {
@@ -76,28 +86,37 @@ pub fn init(format: Option<LogFormat>, redactor: Redactor) -> LogGuard {
         .buffered_lines_limit(LOG_QUEUE_LINES)
         .finish(crate::status_line::LogWriter);
     let writer = RedactingMakeWriter { redactor, stderr };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer);
-    let installed = match format {
+    let log = tracing_subscriber::fmt::layer().with_writer(writer);
+    let log = match format {
         // Colour only on a terminal, and never with `NO_COLOR` set
         // (no-color.org), as the demo's own output.
         LogFormat::Text => {
             let ansi = io::stderr().is_terminal() && !no_color();
-            builder
-                .with_ansi(ansi)
+            log.with_ansi(ansi)
                 .event_format(PeopleFormat { ansi })
-                .try_init()
+                .with_filter(filter)
+                .boxed()
         }
         // The spans (boot: session id; turn: run id, ordinal; step) ride on
         // every line, so a log pipeline can index them.
-        LogFormat::Json => builder
+        LogFormat::Json => log
             .json()
             .flatten_event(true)
             .with_current_span(false)
             .with_span_list(true)
-            .try_init(),
+            .with_filter(filter)
+            .boxed(),
     };
+    let spans = telemetry.and_then(|t| t.layer()).map(|layer| {
+        layer.with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(env!("CARGO_CRATE_NAME"), tracing::Level::INFO),
+        )
+    });
+    let installed = tracing_subscriber::registry()
+        .with(log)
+        .with(spans)
+        .try_init();
     installed.ok().map(|()| guard)
 }
 

@@ -703,6 +703,7 @@ async fn attach(
         abort: None,
         flags,
         interrupt_at: None,
+        interrupt_span: None,
     };
     let exit = process.watch(supervised, requests, stop).await;
     // The supervisor returned: its line callbacks are dropped, so the
@@ -734,6 +735,8 @@ const PER_TURN_VARS: &[&str] = &[
     "ORIZU_RUN_ID",
     "ORIZU_TURN_DEADLINE",
     super::INSTRUCTIONS_FILE_VAR,
+    crate::telemetry::TRACEPARENT_VAR,
+    crate::telemetry::TRACESTATE_VAR,
 ];
 
 /// An agent CLI started before its turn (issue 38): the process is up, its
@@ -980,6 +983,7 @@ fn observer(
 ) -> impl Fn(Stream, &Line) + Clone + Send + 'static {
     move |stream: Stream, line: &Line| {
         *crate::concurrency::lock(&last_output) = Instant::now();
+        crate::telemetry::metrics::agent_output();
         if stream == Stream::Stderr {
             crate::concurrency::lock(&tail).push(&line.text());
         }
@@ -1015,6 +1019,9 @@ struct Process<'a> {
     flags: &'a mut Flags,
     /// When the first interrupt or stop was requested.
     interrupt_at: Option<Instant>,
+    /// The interrupt's span (issue 40): from the first interrupt or stop
+    /// to the agent's end, with how it stopped.
+    interrupt_span: Option<tracing::Span>,
 }
 
 impl Process<'_> {
@@ -1065,15 +1072,24 @@ impl Process<'_> {
             RunRequest::Interrupt => {
                 self.flags.interrupt_requested = true;
                 self.interrupt_at.get_or_insert_with(Instant::now);
+                self.interrupt_span("interrupt");
                 tracing::info!("interrupt requested; asking the agent to stop");
                 self.watchdog.interrupt();
             }
         }
     }
 
+    /// Opens the interrupt's span, once.
+    fn interrupt_span(&mut self, why: &'static str) {
+        self.interrupt_span.get_or_insert_with(|| {
+            tracing::info_span!("interrupt", why, stopped_by = tracing::field::Empty)
+        });
+    }
+
     fn on_stop(&mut self, stop: Stop) {
         if stop != Stop::Running {
             self.interrupt_at.get_or_insert_with(Instant::now);
+            self.interrupt_span("stop");
         }
         match stop {
             Stop::Graceful(_) => {
@@ -1137,6 +1153,9 @@ impl Process<'_> {
             } else {
                 "exiting by itself"
             };
+            if let Some(span) = self.interrupt_span.take() {
+                span.record("stopped_by", how);
+            }
             tracing::info!(
                 stopped_by = how,
                 latency_ms = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX),

@@ -99,8 +99,10 @@ pub struct BootConfig {
     pub insecure_http: bool,
     /// `HOSTED_BOOT_CA_FILE`.
     pub ca_file: Option<PathBuf>,
-    /// The runner's environment as it was started, minus the boot secret:
-    /// the base of the agent's environment (PROTOCOL.md section 3).
+    /// The runner's environment as it was started, minus the boot secret,
+    /// the sandbox's trace context and (unless `--agent-otel-headers`) the
+    /// collector's headers: the base of the agent's environment (PROTOCOL.md
+    /// section 3).
     pub base_env: Vec<(OsString, OsString)>,
     /// `--turn-cgroup`: whether each turn gets a cgroup when possible.
     pub turn_cgroup: CgroupMode,
@@ -217,6 +219,7 @@ pub fn load(
     let base_env = env
         .iter()
         .filter(|(k, _)| k.as_os_str() != BOOT_SECRET_VAR && k.as_os_str() != BOOT_SECRET_FILE_VAR)
+        .filter(|(k, _)| !withheld_telemetry(k, args.agent_otel_headers))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
 
@@ -878,6 +881,12 @@ pub struct RunArgs {
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,
+    /// Pass the collector's headers (`OTEL_EXPORTER_OTLP_HEADERS` and its
+    /// per-signal variants, usually its credentials) on to the agent, for
+    /// an agent CLI that exports telemetry of its own. Off: the agent gets
+    /// every other `OTEL_*` variable, not those.
+    #[arg(long, env = "HOSTED_BOOT_AGENT_OTEL_HEADERS", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
+    pub agent_otel_headers: bool,
     /// Multiply every contract duration by this factor. For tests only.
     #[arg(
         long,
@@ -887,6 +896,17 @@ pub struct RunArgs {
         value_parser = values::time_scale
     )]
     pub test_time_scale: Option<f64>,
+}
+
+/// Whether a variable of the runner's environment stays out of the
+/// agent's (issue 40): the sandbox's `TRACEPARENT`/`TRACESTATE` (each turn
+/// gives the agent its own), and the collector's headers, usually its
+/// credentials, unless the platform passes them on.
+fn withheld_telemetry(name: &OsString, pass_headers: bool) -> bool {
+    let name = name.as_os_str();
+    name == crate::telemetry::TRACEPARENT_VAR
+        || name == crate::telemetry::TRACESTATE_VAR
+        || (!pass_headers && crate::telemetry::HEADER_VARS.iter().any(|h| name == *h))
 }
 
 fn parse_flag(text: &str) -> Result<bool, String> {

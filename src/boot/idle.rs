@@ -183,6 +183,10 @@ pub fn select_turn(
                 run_id: turn.run_id.clone(),
                 prompt: prompt_of(&turn),
                 ordinal: Some(turn.ordinal),
+                trace: turn
+                    .traceparent
+                    .clone()
+                    .map(|parent| (parent, turn.tracestate.clone())),
             }));
         }
     }
@@ -193,6 +197,7 @@ pub fn select_turn(
                 run_id: oldest.id.clone(),
                 prompt: session.client_info.task.clone(),
                 ordinal: Some(1),
+                trace: None,
             }));
         }
     }

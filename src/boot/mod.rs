@@ -87,7 +87,16 @@ type Step<T> = Result<T, Ending>;
 /// after reporting it, 128+N stopped by signal N.
 pub async fn run(config: BootConfig) -> i32 {
     let redactor = Redactor::new();
-    let _log = crate::logging::init(config.log_format, redactor.clone());
+    let telemetry = crate::telemetry::Telemetry::from_env(&redactor);
+    let _log = crate::logging::init(
+        config.log_format,
+        redactor.clone(),
+        telemetry.telemetry.as_ref(),
+    );
+    for problem in &telemetry.problems {
+        tracing::warn!("telemetry: {problem}");
+    }
+    let telemetry = telemetry.telemetry;
     warn_of_test_settings(&config);
     // The kernel's OOM killer takes the agent, not the runner (4.1 step 4).
     match crate::process::oom::protect_runner() {
@@ -109,6 +118,9 @@ pub async fn run(config: BootConfig) -> i32 {
             return 2;
         }
     };
+    if let Some(telemetry) = &telemetry {
+        telemetry.connect(&http);
+    }
     let stop = match signals::listen() {
         Ok(s) => s,
         Err(e) => {
@@ -148,11 +160,28 @@ pub async fn run(config: BootConfig) -> i32 {
         status,
         checkpoints,
     };
-    let ending = steps(&mut boot, &mut cleanup)
-        .instrument(tracing::info_span!("boot", session_id = %config.api.session_id))
-        .await
-        .unwrap_or_else(|ending| ending);
-    cleanup.finish(&mut boot, ending).await
+    // The whole boot, its report included, is one span: the trace of the
+    // sandbox's `TRACEPARENT` when the platform gives one.
+    let span = tracing::info_span!("boot", session_id = %config.api.session_id, exit_code = tracing::field::Empty);
+    if let Ok(parent) = std::env::var(crate::telemetry::TRACEPARENT_VAR) {
+        let state = std::env::var(crate::telemetry::TRACESTATE_VAR).ok();
+        crate::telemetry::continue_trace(&span, &parent, state.as_deref());
+    }
+    let code = async {
+        let ending = steps(&mut boot, &mut cleanup)
+            .await
+            .unwrap_or_else(|ending| ending);
+        let code = cleanup.finish(&mut boot, ending).await;
+        tracing::Span::current().record("exit_code", code);
+        code
+    }
+    .instrument(span)
+    .await;
+    // After everything the stop budget bounds, within its own bound.
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown().await;
+    }
+    code
 }
 
 fn warn_of_test_settings(config: &BootConfig) {
@@ -193,6 +222,26 @@ fn client(
         Api::new(config.api.clone(), http, config.timings, redactor.clone())
             .with_contact_hook(Arc::new(move |ok| contact.contact(ok))),
     )
+}
+
+/// Records how a turn ended on its span and in the metrics.
+fn turn_ended(span: &tracing::Span, took: std::time::Duration, ended: &Result<TurnEnd, TurnFatal>) {
+    let (outcome, code) = match ended {
+        Ok(TurnEnd::Sealed(outcome)) => (
+            outcome.status.as_str(),
+            outcome.error.as_ref().map(|e| e.code.as_str()),
+        ),
+        Ok(TurnEnd::Stopped(_)) => ("stopped", None),
+        Err(_) => ("fatal", None),
+    };
+    span.record("outcome", outcome);
+    if let Some(code) = code {
+        span.record("error_code", code);
+    }
+    if matches!(outcome, "failed" | "fatal") {
+        span.record("otel.status_code", "ERROR");
+    }
+    crate::telemetry::metrics::turn_ended(took, outcome, code);
 }
 
 /// What every step of the boot shares.
@@ -254,7 +303,11 @@ impl Cleanup {
             self.remove_session_dir();
             let ran = hook
                 .run(why, &mut b.stop, &b.redactor)
-                .instrument(tracing::info_span!("step", step = "on_stop"))
+                .instrument(tracing::info_span!(
+                    "step",
+                    step = "on_stop",
+                    otel.name = "on_stop"
+                ))
                 .await;
             self.status.on_stop(ran);
         }
@@ -475,7 +528,11 @@ async fn wait_for_first_turn(
     step(&mut b.stop, ready).await?;
     b.status.phase(Phase::Idle, None, None);
     match idle::wait(&b.api, true, done, &mut b.stop, leave)
-        .instrument(tracing::info_span!("step", step = "idle"))
+        .instrument(tracing::info_span!(
+            "step",
+            step = "idle",
+            otel.name = "idle"
+        ))
         .await?
     {
         IdleEnd::Turn(t) => Ok(t),
@@ -561,8 +618,11 @@ async fn prepare_workspace(
         &b.redactor,
         broker,
     )?;
-    let clone = clone_repo(b.config, &harvester, session_dir)
-        .instrument(tracing::info_span!("step", step = "clone"));
+    let clone = clone_repo(b.config, &harvester, session_dir).instrument(tracing::info_span!(
+        "step",
+        step = "clone",
+        otel.name = "clone"
+    ));
     // The completion of a fresh clone runs `git` for its submodules and
     // LFS objects, which asks through the socket.
     if let Some(served) = &served_broker {
@@ -888,9 +948,13 @@ async fn drain(
         let run_id = next.run_id.clone();
         done.insert(run_id.clone());
         status.phase(Phase::Turn, Some(&run_id), next.ordinal);
-        let span =
-            tracing::info_span!("turn", run_id = %run_id, ordinal = next.ordinal, step = "turn");
-        let ended = turn::run(ctx, next, stop).instrument(span).await;
+        let span = tracing::info_span!("turn", run_id = %run_id, ordinal = next.ordinal, step = "turn", outcome = tracing::field::Empty, error_code = tracing::field::Empty, otel.status_code = tracing::field::Empty);
+        if let Some((parent, state)) = &next.trace {
+            crate::telemetry::continue_trace(&span, parent, state.as_deref());
+        }
+        let started = std::time::Instant::now();
+        let ended = turn::run(ctx, next, stop).instrument(span.clone()).await;
+        turn_ended(&span, started.elapsed(), &ended);
         // A pre-started agent the turn did not use (it never reached its
         // agent) was started for it: it goes with it.
         turn::discard_prestarted(ctx, "its turn ended without using it").await;
@@ -914,7 +978,11 @@ async fn drain(
                 turn::prestart(ctx).await;
             }
             let waited = idle::after_turn(&ctx.api, done, stop, leave)
-                .instrument(tracing::info_span!("step", step = "idle"))
+                .instrument(tracing::info_span!(
+                    "step",
+                    step = "idle",
+                    otel.name = "idle"
+                ))
                 .await;
             if !matches!(waited, Ok(IdleEnd::Turn(_))) {
                 turn::discard_prestarted(ctx, "the session ended or the runner stops").await;

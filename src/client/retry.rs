@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use reqwest::{RequestBuilder, StatusCode, header::HeaderMap};
+use tracing::Instrument as _;
 
 use crate::timings::{REQUEST_TIMEOUT, scale, scale_timeout};
 
@@ -590,11 +591,45 @@ pub async fn send<T>(
 ) -> Result<T, CallError> {
     let timeout = policy.timeout.unwrap_or(REQUEST_TIMEOUT);
     let (build, accept) = (&build, &accept);
+    // A span per call and one per attempt (issue 40): the attempt's is the
+    // trace context the coordinator receives.
+    let span = tracing::info_span!(
+        "coordinator request",
+        otel.name = %call,
+        otel.kind = "client",
+        route = %call,
+        attempts = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    let tries = std::sync::atomic::AtomicU32::new(0);
+    let last_end = std::sync::Mutex::new(None::<std::time::Instant>);
+    let (tries, last_end) = (&tries, &last_end);
     let result = run(call, policy, pace, move || async move {
-        let outcome = match tokio::time::timeout(timeout, attempt(build(), cap)).await {
+        let number = tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let waited = last_end
+            .lock()
+            .ok()
+            .and_then(|end| end.map(|end| end.elapsed().as_millis() as u64));
+        let attempt_span = tracing::info_span!(
+            "attempt",
+            otel.name = %format_args!("{call} attempt {number}"),
+            otel.kind = "client",
+            attempt = number,
+            retry_wait_ms = waited,
+            http.response.status_code = tracing::field::Empty,
+            error = tracing::field::Empty,
+        );
+        let sent = attempt(build(), cap, &attempt_span);
+        let outcome = match tokio::time::timeout(timeout, sent.instrument(attempt_span.clone()))
+            .await
+        {
             Ok(outcome) => outcome,
             Err(_) => Outcome::Retry(format!("no answer within {} ms", timeout.as_millis()), None),
         };
+        if let Ok(mut end) = last_end.lock() {
+            *end = Some(std::time::Instant::now());
+        }
+        record_attempt(&attempt_span, call, &outcome);
         match outcome {
             Outcome::Done(reply) => match accept(reply) {
                 Ok(value) => Attempt::Done(Ok(value)),
@@ -621,7 +656,12 @@ pub async fn send<T>(
             Outcome::Retry(error, retry_after) => Attempt::Retry { error, retry_after },
         }
     })
+    .instrument(span.clone())
     .await;
+    span.record("attempts", tries.load(std::sync::atomic::Ordering::Relaxed));
+    if !matches!(result, Ok(Ok(_))) {
+        span.record("otel.status_code", "ERROR");
+    }
     match result {
         Ok(done) => done,
         Err(GaveUp::Exhausted { attempts, last } | GaveUp::OutOfTime { attempts, last }) => {
@@ -634,12 +674,33 @@ pub async fn send<T>(
     }
 }
 
-async fn attempt(request: RequestBuilder, cap: usize) -> Outcome {
+/// An attempt's result on its span and in the metrics.
+fn record_attempt(span: &tracing::Span, call: &str, outcome: &Outcome) {
+    let (result, status) = match outcome {
+        Outcome::Done(reply) => ("ok", Some(reply.status.as_u16())),
+        Outcome::Verdict(status, _) => ("refused", Some(*status)),
+        Outcome::Retry(error, _) => {
+            span.record("error", error.as_str());
+            (
+                "retried",
+                error.strip_prefix("HTTP ").and_then(|s| s.parse().ok()),
+            )
+        }
+        Outcome::TooLarge { .. } | Outcome::PlainHttp(_) => ("refused", None),
+    };
+    if let Some(status) = status {
+        span.record("http.response.status_code", status);
+    }
+    crate::telemetry::metrics::request(call, result);
+}
+
+async fn attempt(request: RequestBuilder, cap: usize, span: &tracing::Span) -> Outcome {
     let (client, request) = request.build_split();
-    let request = match request {
+    let mut request = match request {
         Ok(r) => r,
         Err(e) => return Outcome::Retry(describe(e), None),
     };
+    crate::telemetry::inject(span, request.headers_mut());
     // A `304` answers a conditional read (the session read's long-poll,
     // PROTOCOL.md 2.4): "unchanged", handed to the caller like a 2xx with
     // no body. To any other request it stays a verdict, as every 3xx.

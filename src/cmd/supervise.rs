@@ -82,7 +82,7 @@ fn emit(value: Value) {
 /// in the module documentation. `env` is the program's environment (the
 /// runner's, boot secret already removed).
 pub async fn run(args: SuperviseArgs, env: BTreeMap<OsString, OsString>) -> i32 {
-    let _log = crate::logging::init(None, Redactor::new());
+    let _log = crate::logging::init(None, Redactor::new(), None);
     let mut stop = match signals::listen() {
         Ok(s) => s,
         Err(e) => {

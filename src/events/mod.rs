@@ -276,7 +276,7 @@ impl EventSink {
         let shared = sender.shared.clone();
         drop(sender);
         let _ = close.send(Instant::now() + deadline);
-        match task.await {
+        let report = match task.await {
             Ok(report) => report,
             Err(e) => {
                 tracing::error!(error = %e, "the event sender task failed");
@@ -288,7 +288,12 @@ impl EventSink {
                     stopped: Some("the sender task failed".into()),
                 }
             }
-        }
+        };
+        // A run's events, counted once, when its sink closes.
+        crate::telemetry::metrics::events("spooled", report.last_seq);
+        crate::telemetry::metrics::events("sent", report.accepted_through);
+        crate::telemetry::metrics::events("undelivered", report.undelivered());
+        report
     }
 }
 

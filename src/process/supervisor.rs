@@ -39,8 +39,10 @@ use std::ffi::OsString;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use tokio::io::AsyncWriteExt;
@@ -234,6 +236,23 @@ pub struct Exit {
     pub usage: Option<Usage>,
 }
 
+/// How the agent's process ended, on its span (issue 40).
+fn record_exit(span: &tracing::Span, exit: &Exit) {
+    use std::os::unix::process::ExitStatusExt as _;
+    if let Some(status) = exit.status {
+        if let Some(code) = status.code() {
+            span.record("exit_code", code);
+        }
+        if let Some(signal) = status.signal() {
+            span.record("signal", signal);
+        }
+    }
+    span.record("signalled", exit.signalled);
+    span.record("killed", exit.killed);
+    span.record("timed_out", exit.timed_out);
+    span.record("swept", exit.swept);
+}
+
 /// A process the agent left behind when its leader exited, killed by the
 /// runner.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -355,10 +374,26 @@ impl Started {
         // The turn's agent from now (a process started ahead of its turn is
         // not shown between turns).
         crate::status::agent_pid(u32::try_from(self.turn.pid).ok());
+        let span = tracing::info_span!(
+            "agent process",
+            pid = self.turn.pid,
+            exit_code = tracing::field::Empty,
+            signal = tracing::field::Empty,
+            signalled = tracing::field::Empty,
+            killed = tracing::field::Empty,
+            timed_out = tracing::field::Empty,
+            swept = tracing::field::Empty,
+        );
         // `control` stays open until the turn is torn down: a request sent
         // meanwhile is not refused.
-        let waited = self.turn.wait(&mut control, supervision).await;
-        self.turn.end(waited, supervision.drain).await
+        let exit = async {
+            let waited = self.turn.wait(&mut control, supervision).await;
+            self.turn.end(waited, supervision.drain).await
+        }
+        .instrument(span.clone())
+        .await;
+        record_exit(&span, &exit);
+        exit
     }
 
     /// Kills the agent and every process of its tree, as a turn's end does.

@@ -33,6 +33,11 @@ pub struct TurnFile {
     /// When the turn's time cap (`clientInfo.durationMinutes`) stops the
     /// agent, RFC 3339 UTC (`ORIZU_TURN_DEADLINE`); null without a cap.
     pub deadline: Option<String>,
+    /// The agent's W3C trace context when the runner exports traces
+    /// (`TRACEPARENT`, `TRACESTATE`: issue 40), by variable name; absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub trace_context: std::collections::BTreeMap<String, String>,
 }
 
 /// Why a file of the session or run directory could not be read or written.

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument as _;
 
 use crate::agent::AgentConfig;
 use crate::agent::drive::{self, DriveInput, RunRequest};
@@ -159,6 +160,9 @@ pub struct TurnInput {
     pub prompt: String,
     /// The turn's ordinal (1 for the initial task), for the status file.
     pub ordinal: Option<u64>,
+    /// The coordinator's trace context of the turn (`pendingTurn`'s
+    /// `traceparent`, `tracestate`), which the turn's span continues.
+    pub trace: Option<(String, Option<String>)>,
 }
 
 /// How a turn ended when it did not end the boot with an error.
@@ -396,6 +400,9 @@ impl<'a> Turn<'a> {
                 }
             });
         notices.harvested(harvested.as_ref(), ctx.api.redactor());
+        if let Some(result) = &harvested {
+            crate::telemetry::metrics::harvested(result.files_changed);
+        }
         // The agent state after the harvest (opencode's export runs the
         // CLI, which must not race the harvest's removal of special files)
         // and before the seal, so that its event is the run's; bounded, and
@@ -534,6 +541,7 @@ impl<'a> Turn<'a> {
             }
             Some(Ok(())) => {}
         }
+        crate::telemetry::metrics::turn_started();
         // From here on a stop seals the run `interrupted` (4.4): a stop
         // during `run_started` goes on to the seal.
         if let Some(Err(e)) = self.budget.unless_stopped(api.run_started(run_id)).await {
@@ -701,7 +709,9 @@ impl<'a> Turn<'a> {
         {
             return (failed, None);
         }
-        let turn_file = self.turn_file(input, task_path);
+        // The agent's span: its trace context is the agent's (issue 40).
+        let span = tracing::info_span!("agent", agent = ctx.agent.name());
+        let turn_file = self.turn_file(input, task_path, &span);
         if let Err(e) = ctx.session_dir.write_turn(&turn_file) {
             let message = format!("cannot write the turn file: {e}");
             return (TurnOutcome::failed(ErrorCode::RunnerError, message), None);
@@ -711,7 +721,7 @@ impl<'a> Turn<'a> {
             session: ctx.agent_session.clone(),
             prompt: input.prompt.clone(),
             cwd: ctx.repo_dir.clone(),
-            env: self.agent_env(&turn_file),
+            env: self.agent_env(&turn_file, &span),
             events: events.clone(),
             redactor: ctx.api.redactor().clone(),
             timings: self.timings,
@@ -719,7 +729,9 @@ impl<'a> Turn<'a> {
             instructions: cli_instructions(ctx).or_else(|| self.instructions.clone()),
             prestarted: std::sync::Mutex::new(crate::concurrency::lock(&ctx.prestarted).take()),
         };
-        let driven = drive::run(input, &mut request_rx, self.stop).await;
+        let driven = drive::run(input, &mut request_rx, self.stop)
+            .instrument(span)
+            .await;
         drop(request_tx);
         (driven.outcome, driven.stopped_by)
     }
@@ -759,7 +771,7 @@ impl<'a> Turn<'a> {
     /// What only this turn knows (PROTOCOL.md section 3, `turn.json`); the
     /// deadline is the time cap from now, just before the agent starts, so
     /// it is never later than the cap that stops the agent.
-    fn turn_file(&self, input: &TurnInput, task_path: PathBuf) -> TurnFile {
+    fn turn_file(&self, input: &TurnInput, task_path: PathBuf, span: &tracing::Span) -> TurnFile {
         let deadline = self.ctx.supervision.time_cap.map(|cap| {
             humantime::format_rfc3339_seconds(std::time::SystemTime::now() + cap).to_string()
         });
@@ -769,13 +781,20 @@ impl<'a> Turn<'a> {
             task_file: task_path,
             instructions_file: self.instructions.as_ref().map(|i| i.file.clone()),
             deadline,
+            trace_context: crate::telemetry::agent_context(span)
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
         }
     }
 
     /// The agent's environment with the turn's variables: the turn file's
     /// path, and for a cold start its values too.
-    fn agent_env(&self, turn: &TurnFile) -> Vec<(OsString, OsString)> {
+    fn agent_env(&self, turn: &TurnFile, span: &tracing::Span) -> Vec<(OsString, OsString)> {
         let mut env = boot_wide_env(self.ctx);
+        for (name, value) in crate::telemetry::agent_context(span) {
+            env.push((name.into(), value.into()));
+        }
         env.push(("ORIZU_TASK_FILE".into(), turn.task_file.clone().into()));
         env.push(("ORIZU_RUN_ID".into(), self.run_id.into()));
         if let Some(deadline) = &turn.deadline {
@@ -850,6 +869,7 @@ impl<'a> Turn<'a> {
             self.stop,
             &events,
         )
+        .instrument(tracing::info_span!("harvest"))
         .await
     }
 

@@ -60,7 +60,7 @@ impl Harvester {
         let this = self.clone();
         let task = {
             let name = name.clone();
-            tokio::task::spawn_blocking(move || {
+            crate::concurrency::spawn_blocking_in_span(move || {
                 this.checkpoint_blocking(&name, &job, Instant::now() + bound)
             })
         };

@@ -386,7 +386,7 @@ pub async fn prepare_repo_async(spec: RepoSpec) -> Result<PreparedRepo, Workspac
         let one = spec.clone();
         let url = url.clone();
         async move {
-            match tokio::task::spawn_blocking(move || attempt(&one)).await {
+            match crate::concurrency::spawn_blocking_in_span(move || attempt(&one)).await {
                 Ok(result) => result,
                 Err(e) => Err(AttemptFailure::from(WorkspaceError::Git {
                     action: "clone",

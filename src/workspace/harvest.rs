@@ -297,8 +297,9 @@ impl Harvester {
         let bound = job.bound;
         let this = self.clone();
         let shared = progress.clone();
-        let task =
-            tokio::task::spawn_blocking(move || this.harvest_blocking(&job, deadline, &shared));
+        let task = crate::concurrency::spawn_blocking_in_span(move || {
+            this.harvest_blocking(&job, deadline, &shared)
+        });
         let ended = |code: PushErrorCode, text: String| {
             let mut r = progress.lock().unwrap_or_else(|p| p.into_inner()).clone();
             r.pushed = false;

@@ -161,6 +161,31 @@ pub(super) struct RemoteState {
 /// Lists the remote's refs and downloads the session branch when its tip is
 /// not here yet; updates `refs/remotes/origin/<branch>`.
 pub(super) fn fetch(repo: &Repository, url: &str, branch: &str) -> Result<RemoteState, Failure> {
+    let span = git_span("git fetch", branch);
+    let fetched = span.in_scope(|| fetch_in(repo, url, branch));
+    failed_on(&span, fetched.as_ref().err());
+    fetched
+}
+
+/// A span for one fetch or push (issue 40): its ref, and its failure.
+fn git_span(name: &'static str, git_ref: &str) -> tracing::Span {
+    tracing::info_span!(
+        "git",
+        otel.name = name,
+        git_ref,
+        otel.status_code = tracing::field::Empty,
+        error = tracing::field::Empty,
+    )
+}
+
+fn failed_on(span: &tracing::Span, failure: Option<&Failure>) {
+    if let Some(failure) = failure {
+        span.record("otel.status_code", "ERROR");
+        span.record("error", tracing::field::debug(failure));
+    }
+}
+
+fn fetch_in(repo: &Repository, url: &str, branch: &str) -> Result<RemoteState, Failure> {
     let mut remote = repo.remote_anonymous(url).map_err(classify)?;
     let mut connection = remote
         .connect_auth(Direction::Fetch, None, None)
@@ -218,6 +243,20 @@ pub(super) fn push(
 /// the commits from `source` back to the remote's branches `heads`,
 /// PROTOCOL.md 4.5); what it refuses is [`Failure::Blocked`].
 pub(super) fn push_ref(
+    repo: &Repository,
+    url: &str,
+    source: &str,
+    target: &str,
+    gate: &PushGate<'_>,
+    heads: &HashMap<String, Oid>,
+) -> Result<(), Failure> {
+    let span = git_span("git push", target);
+    let pushed = span.in_scope(|| push_ref_in(repo, url, source, target, gate, heads));
+    failed_on(&span, pushed.as_ref().err());
+    pushed
+}
+
+fn push_ref_in(
     repo: &Repository,
     url: &str,
     source: &str,

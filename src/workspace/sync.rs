@@ -29,18 +29,21 @@ impl Harvester {
         let this = self.clone();
         let run = run_id.to_string();
         let deadline = Instant::now() + bound;
-        let report =
-            match tokio::task::spawn_blocking(move || this.sync_blocking(&run, deadline)).await {
-                Ok(report) => report,
-                Err(e) => {
-                    let mut report = empty_sync(&self.branch);
-                    report.warning = Some(SyncWarning {
-                        code: SyncWarningCode::RepoUnreadable,
-                        message: format!("the workspace sync task failed: {e}"),
-                    });
-                    report
-                }
-            };
+        let report = match crate::concurrency::spawn_blocking_in_span(move || {
+            this.sync_blocking(&run, deadline)
+        })
+        .await
+        {
+            Ok(report) => report,
+            Err(e) => {
+                let mut report = empty_sync(&self.branch);
+                report.warning = Some(SyncWarning {
+                    code: SyncWarningCode::RepoUnreadable,
+                    message: format!("the workspace sync task failed: {e}"),
+                });
+                report
+            }
+        };
         log_sync(&report);
         report
     }

@@ -755,6 +755,9 @@ impl HttpStream {
             };
             let password = self.shared.password(&self.entry, &remote_url, access)?;
             let request = self.build(&password);
+            if access == crate::wire::Access::Write {
+                crate::telemetry::metrics::pushed(self.request.len() as u64);
+            }
             let timeout = self.entry.http.request_timeout;
             let sent = self
                 .entry

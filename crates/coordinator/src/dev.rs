@@ -136,6 +136,9 @@ struct TurnRequest {
     body: String,
     #[serde(default)]
     answer_to_question: Option<AnswerToQuestion>,
+    /// The trace context its `pendingTurn` carries (issue 40).
+    #[serde(default)]
+    traceparent: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -206,7 +209,11 @@ pub(super) fn route(
     match spec.route {
         DevRoute::Turns => {
             let req: TurnRequest = parse(body)?;
-            let run_id = sh.update(|st| st.queue_turn(req.body, req.answer_to_question));
+            let run_id = sh.update(|st| {
+                let id = st.queue_turn(req.body, req.answer_to_question);
+                st.trace_run(&id, req.traceparent);
+                id
+            });
             Ok(ok(&json!({"runId": run_id})))
         }
         DevRoute::Interrupt => {

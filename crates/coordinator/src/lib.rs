@@ -510,6 +510,16 @@ impl Coordinator {
             .update(|st| st.queue_turn(body.to_string(), answer))
     }
 
+    /// [`Coordinator::queue_turn`] whose `pendingTurn` carries `traceparent`
+    /// (`POST dev/turns` with `traceparent`).
+    pub fn queue_traced_turn(&self, body: &str, traceparent: &str) -> String {
+        self.shared.update(|st| {
+            let id = st.queue_turn(body.to_string(), None);
+            st.trace_run(&id, Some(traceparent.to_string()));
+            id
+        })
+    }
+
     /// Requests an interrupt (`POST dev/interrupt`): sets
     /// `interruptRequestedRunId` to `run_id`, or to the `running` run.
     /// Returns the run id.

@@ -193,6 +193,7 @@ mod tests {
             status: "succeeded".into(),
             body: String::new(),
             answer_to_question: None,
+            traceparent: None,
             events: serde_json::from_value(serde_json::json!([
                 {"seq": 1, "type": "message", "at": "2026-12-06T00:00:00Z", "data": {}},
                 {"seq": 2, "type": "output", "at": "2026-12-06T00:00:00Z", "data": {}}

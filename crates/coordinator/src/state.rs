@@ -446,6 +446,9 @@ pub struct RunRecord {
     pub body: String,
     /// Set when the turn answers a question (4.3).
     pub answer_to_question: Option<AnswerToQuestion>,
+    /// The W3C trace context `pendingTurn` carries for it (issue 40), when
+    /// the dev API's turn gave one.
+    pub traceparent: Option<String>,
     /// Accepted events, in `seq` order from 1 without gaps.
     pub events: Vec<Event>,
     /// The first accepted `finish` body (the seal).
@@ -628,6 +631,7 @@ impl State {
                     status: "pending".into(),
                     body: task.to_string(),
                     answer_to_question: None,
+                    traceparent: None,
                     events: Vec::new(),
                     finish: None,
                     started_count: 0,
@@ -729,6 +733,8 @@ impl State {
             body: run.body.clone(),
             client_message_id: format!("msg-{}", run.ordinal),
             answer_to_question: run.answer_to_question.clone(),
+            traceparent: run.traceparent.clone(),
+            tracestate: None,
         })
     }
 
@@ -780,12 +786,20 @@ impl State {
             status: "pending".into(),
             body,
             answer_to_question: answer,
+            traceparent: None,
             events: Vec::new(),
             finish: None,
             started_count: 0,
             finish_count: 0,
         });
         id
+    }
+
+    /// Gives a queued run the trace context its `pendingTurn` carries.
+    pub(crate) fn trace_run(&mut self, id: &str, traceparent: Option<String>) {
+        if let Some(run) = self.runs.iter_mut().find(|r| r.id == id) {
+            run.traceparent = traceparent;
+        }
     }
 
     pub(crate) fn run(&self, id: &str) -> Option<&RunRecord> {

@@ -47,6 +47,20 @@ use matcher::{Matcher, Pattern, matches_into};
 /// The replacement text.
 pub const REDACTED: &str = "[REDACTED]";
 
+/// `[REDACTED]`s written by every redactor of the process: the runner's
+/// metric of redactions applied (issue 40).
+static APPLIED: AtomicU64 = AtomicU64::new(0);
+
+/// How many `[REDACTED]`s this process has written so far.
+pub fn applied() -> u64 {
+    APPLIED.load(Ordering::Relaxed)
+}
+
+fn mask(out: &mut Vec<u8>) {
+    APPLIED.fetch_add(1, Ordering::Relaxed);
+    out.extend_from_slice(REDACTED.as_bytes());
+}
+
 /// Connector and `redactVars` values shorter than this (bytes) are not
 /// redacted: they would shred ordinary text (PROTOCOL.md section 5). Also the
 /// shortest base64 fragment matched.
@@ -564,13 +578,13 @@ fn redact_whole(m: &Matcher, input: &[u8], out: &mut Vec<u8>) -> bool {
             current.1 = current.1.max(end);
         } else {
             out.extend_from_slice(&input[last..current.0]);
-            out.extend_from_slice(REDACTED.as_bytes());
+            mask(out);
             last = current.1;
             current = (start, end);
         }
     }
     out.extend_from_slice(&input[last..current.0]);
-    out.extend_from_slice(REDACTED.as_bytes());
+    mask(out);
     out.extend_from_slice(&input[current.1..]);
     true
 }
@@ -731,7 +745,7 @@ impl StreamRedactor {
                 // A new redaction whose start is final. (`s >= emitted`: the
                 // held-back bytes before `emitted` are all inside `open`.)
                 self.plain(s, out);
-                out.extend_from_slice(REDACTED.as_bytes());
+                mask(out);
                 self.found = true;
                 self.open = Some(e);
                 self.emitted = e;

@@ -389,6 +389,35 @@ pub struct PendingTurn {
     /// would otherwise turn an answer into a plain message).
     #[serde(deserialize_with = "nullable")]
     pub answer_to_question: Option<AnswerToQuestion>,
+    /// Optional extension (issue 40): the W3C trace context of the turn
+    /// on the coordinator's side, which the runner's span of the turn
+    /// continues. Anything but a string reads as absent: trace context is
+    /// never a reason to refuse a turn.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "string_or_none"
+    )]
+    pub traceparent: Option<String>,
+    /// Optional extension: the `tracestate` beside [`PendingTurn::traceparent`].
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "string_or_none"
+    )]
+    pub tracestate: Option<String>,
+}
+
+/// A string member, or `None` for anything else (an optional extension
+/// whose value is not understood is ignored, as an unknown member is).
+fn string_or_none<'de, D>(d: D) -> Result<Option<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(match Value::deserialize(d)? {
+        Value::String(s) => Some(s),
+        _ => None,
+    })
 }
 
 /// A member that must be present and may be null: with a `deserialize_with`
