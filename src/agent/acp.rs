@@ -24,7 +24,9 @@
 //! (`agentSessionReset`). Message and thought chunks are joined into one
 //! event per message; the history a `session/load` replays is not this
 //! turn's and is not forwarded. Stdin is closed after the prompt's answer;
-//! the agent, a server, is then stopped with its tree.
+//! the agent, a server, is then stopped with its tree. A turn that ends
+//! `end_turn` after the agent reported a system error (Codex's, which
+//! words its provider errors as messages) fails, classified from them.
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -123,7 +125,16 @@ struct State {
     /// The agent loads sessions (`agentCapabilities.loadSession`): only then
     /// is its session id carried to the next turn.
     loads: bool,
+    /// Codex's agent said its thread hit a system error
+    /// (`_meta.codex.threadStatus.type: "systemError"` in a
+    /// `session_info_update`): the text of the messages since (the
+    /// provider's error, which it sends as a message before ending the
+    /// turn `end_turn`, not as an error).
+    system_error: Option<String>,
 }
+
+/// The most of a system error's text kept for the classifier.
+const MAX_SYSTEM_ERROR: usize = 4096;
 
 async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
     let mut state = State {
@@ -395,14 +406,29 @@ fn prompt_ended(state: &mut State, io: &mut AdapterIo, result: &Value) {
             cost_usd: state.usage.cost_usd,
         };
     }
-    state.terminal = Some(match stop_reason.as_deref() {
-        Some("cancelled") => Terminal::Aborted,
+    state.terminal = Some(match (stop_reason.as_deref(), state.system_error.take()) {
+        (Some("cancelled"), _) => Terminal::Aborted,
+        (_, Some(text)) => Terminal::Failed(system_error(&text)),
         // `end_turn`, `max_tokens`, `max_turn_requests`, `refusal`: the
         // agent ended its turn (what it said is in the events).
         _ => Terminal::Completed,
     });
     io.note(Note::Terminal);
     io.stdin = None;
+}
+
+/// The failure of a turn whose agent reported a system error, classified
+/// from the text it said since (Codex's: "exceeded retry limit, last
+/// status: 429 …", "unexpected status 529 …"), else `agent_crashed`.
+fn system_error(text: &str) -> AgentError {
+    let text = text.trim();
+    let code = classify::from_text(text, false).unwrap_or(ErrorCode::AgentCrashed);
+    let message = if text.is_empty() {
+        "the ACP agent reported a system error and ended its turn".to_string()
+    } else {
+        format!("the ACP agent reported a system error: {text}")
+    };
+    AgentError::new(code, classify::clip(&message))
 }
 
 /// A request of the agent's was refused (or failed): the turn fails; a
@@ -491,6 +517,12 @@ fn notification(
                 .pointer("/content/text")
                 .and_then(Value::as_str)
                 .unwrap_or("");
+            if let Some(error) = state.system_error.as_mut()
+                && kind == "agent_message_chunk"
+                && error.len() + text.len() <= MAX_SYSTEM_ERROR
+            {
+                error.push_str(text);
+            }
             // Another kind, or as long as a line of output may be: the
             // message so far is one event (memory stays bounded, and an
             // agent's flood cannot make one event the coordinator refuses).
@@ -509,6 +541,17 @@ fn notification(
             return;
         }
         "tool_call" | "tool_call_update" => state.effects = Effects::Some,
+        "session_info_update" => {
+            // A thread active again has recovered from an earlier error.
+            match update
+                .pointer("/_meta/codex/threadStatus/type")
+                .and_then(Value::as_str)
+            {
+                Some("systemError") => state.system_error = Some(String::new()),
+                Some("active") => state.system_error = None,
+                _ => {}
+            }
+        }
         "usage_update" => {
             if let Some(cost) = update
                 .pointer("/cost/amount")
@@ -785,6 +828,21 @@ mod tests {
             permission_answer(&json!({"options": "junk"})),
             json!({"outcome": {"outcome": "cancelled"}})
         );
+    }
+
+    /// As Codex's ACP agent 2.6.0 words its provider errors.
+    #[test]
+    fn a_system_error_is_classified_from_its_text() {
+        let code = |t: &str| system_error(t).code;
+        assert_eq!(
+            code("exceeded retry limit, last status: 429 Too Many Requests\n\n"),
+            ErrorCode::ProviderLimitUnknown
+        );
+        assert_eq!(
+            code("unexpected status 529 <unknown status code>: The server is overloaded."),
+            ErrorCode::ProviderOverloaded
+        );
+        assert_eq!(code(""), ErrorCode::AgentCrashed);
     }
 
     #[test]

@@ -699,31 +699,21 @@ async fn probe_huge_session_id() {
 /// state for (a new sandbox): promise, resume_failed → a fresh session.
 #[tokio::test]
 async fn probe_real_acp_stale_session() {
-    use super::real_clis::{Provider, installed};
-    let Some(bin) = installed("claude-agent-acp") else {
+    use super::real_acp::{Agent, Case};
+    let Some(case) = Case::start_from(
+        Agent::Claude,
+        CoordinatorOptions {
+            task: "write:one.txt".into(),
+            agent_session_id: Some("3f1c8a57-0000-4000-8000-000000000000".into()),
+            ..CoordinatorOptions::default()
+        },
+    )
+    .await
+    else {
         return;
     };
-    let sb = Sandbox::start(CoordinatorOptions {
-        task: "write:one.txt".into(),
-        agent_session_id: Some("3f1c8a57-0000-4000-8000-000000000000".into()),
-        ..CoordinatorOptions::default()
-    })
-    .await;
-    let provider = Provider::start(sb.dir.path());
-    let mut cmd = sb.command("run", Path::new("/nonexistent"));
-    cmd.env("HOSTED_BOOT_AGENT", "acp")
-        .env("HOSTED_BOOT_AGENT_COMMAND", bin.join("claude-agent-acp"))
-        .env("ANTHROPIC_API_KEY", "test-key")
-        .args([
-            "--agent-env",
-            &format!("ANTHROPIC_BASE_URL={}", provider.url()),
-        ])
-        .args(["--agent-env", "DISABLE_TELEMETRY=1"])
-        .args(["--agent-env", "DISABLE_AUTOUPDATER=1"])
-        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        .env("CLAUDE_CODE_MAX_RETRIES", "0")
-        .args(["--agent-idle-timeout", "0"]);
-    let runner = Runner::reading(cmd.spawn().unwrap());
+    let sb = &case.sb;
+    let runner = Runner::reading(case.command().spawn().unwrap());
     let t0 = Instant::now();
     let got = sb
         .coordinator
