@@ -530,6 +530,47 @@ async fn probe_permission_only_always() {
     );
 }
 
+/// `--acp-permissions`: granted once by default, the agent's unattended
+/// mode set; rejected once with `reject`, its mode kept so that it asks.
+/// Either way the request is an event that carries the answer. (The
+/// platform sets the variable, `HOSTED_BOOT_ACP_PERMISSIONS`.)
+async fn permission_policy(env: &[(&str, &str)], option: &str, mode_set: bool) {
+    let p = Probe::start("perm_policy", opts("hello"), &[], env).await;
+    let snap = p.sealed("run-1", Duration::from_secs(30)).await.unwrap();
+    let f = finish(&snap, "run-1");
+    let answer = p.log().into_iter().find(|r| r["k"] == "answer").unwrap();
+    let methods = p.sent_methods();
+    p.end().await;
+    assert_eq!(f["status"], "succeeded", "{f}");
+    let picked = &answer["msg"]["result"]["outcome"]["optionId"];
+    assert_eq!(picked, option, "{answer}");
+    assert_eq!(
+        methods.contains(&"session/set_mode".to_string()),
+        mode_set,
+        "{methods:?}"
+    );
+    let asked: Vec<Value> = events(&snap, "run-1")
+        .into_iter()
+        .filter(|(kind, _)| kind == "session/request_permission")
+        .map(|(_, data)| data)
+        .collect();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(
+        asked[0]["runnerAnswer"]["outcome"]["optionId"], option,
+        "{asked:?}"
+    );
+}
+
+#[tokio::test]
+async fn permissions_are_granted_by_default() {
+    permission_policy(&[], "once", true).await;
+}
+
+#[tokio::test]
+async fn permissions_are_rejected_with_acp_permissions_reject() {
+    permission_policy(&[("HOSTED_BOOT_ACP_PERMISSIONS", "reject")], "no", false).await;
+}
+
 /// Mode and model set only when offered.
 #[tokio::test]
 async fn probe_modes_and_models() {

@@ -355,14 +355,9 @@ async fn real_codex_acp_sigterm_mid_turn() {
     sigterm_mid_turn(Agent::Codex).await;
 }
 
-/// An agent that asks before a tool (Claude Code's with its bypass mode
-/// disabled by its settings, so none is offered to set): the permission
-/// request is an event and is granted, and the tool runs.
-#[tokio::test]
-async fn real_claude_acp_permission_request_is_granted() {
-    let Some(case) = Case::start(Agent::Claude, "write:one.txt").await else {
-        return;
-    };
+/// Writes Claude Code's settings with its bypass mode disabled (so none
+/// is offered to set), so that its agent asks before a tool.
+fn claude_asks(case: &Case) {
     let settings = case.sb.dir.path().join(".claude");
     std::fs::create_dir_all(&settings).unwrap();
     std::fs::write(
@@ -370,16 +365,67 @@ async fn real_claude_acp_permission_request_is_granted() {
         r#"{"permissions": {"defaultMode": "default", "disableBypassPermissionsMode": "disable"}}"#,
     )
     .unwrap();
+}
+
+/// An agent that asks before a tool: the permission request is an event
+/// that carries the answer, granted once, and the tool runs. (Codex's
+/// agent never asked in these scenarios: PROTOCOL.md 7.)
+#[tokio::test]
+async fn real_claude_acp_permission_request_is_granted() {
+    let Some(case) = Case::start(Agent::Claude, "write:one.txt").await else {
+        return;
+    };
+    claude_asks(&case);
     let mut runner = Runner::spawn(&mut case.command());
     let snap = case.sealed(&mut runner, "run-1").await;
     let first = sealed(&snap, "run-1");
     assert_eq!(first.status.as_str(), "succeeded", "{first:?}");
     let asked = events(&snap, "run-1", "session/request_permission");
     assert!(!asked.is_empty(), "{}", runner.output());
+    assert!(
+        asked
+            .iter()
+            .all(|a| a["runnerAnswer"]["outcome"]["outcome"] == "selected"),
+        "{asked:?}"
+    );
     assert_eq!(case.pushed("one.txt").as_deref(), Some("done"));
     // Granted once, never always: no rule written into the repository.
     assert_eq!(case.pushed(".claude/settings.local.json"), None);
     assert!(!case.repo().join(".claude").exists());
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_nothing_left(&case.sb.root()).await;
+}
+
+/// `HOSTED_BOOT_ACP_PERMISSIONS=reject`: the request is refused (an event
+/// with the answer), the tool does not run, and the agent ends its turn.
+#[tokio::test]
+async fn real_claude_acp_permission_request_is_rejected() {
+    let Some(case) = Case::start(Agent::Claude, "write:one.txt").await else {
+        return;
+    };
+    claude_asks(&case);
+    let mut runner = Runner::spawn(case.command().env("HOSTED_BOOT_ACP_PERMISSIONS", "reject"));
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let first = sealed(&snap, "run-1");
+    assert_eq!(first.status.as_str(), "succeeded", "{first:?}");
+    let asked = events(&snap, "run-1", "session/request_permission");
+    assert!(!asked.is_empty(), "{}", runner.output());
+    for a in &asked {
+        let picked = a["runnerAnswer"]["outcome"]["optionId"]
+            .as_str()
+            .unwrap_or("");
+        let kind = a["options"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|o| o["optionId"] == picked)
+            .map(|o| o["kind"].clone());
+        assert_eq!(kind, Some(serde_json::json!("reject_once")), "{a}");
+    }
+    assert!(!case.repo().join("one.txt").exists());
+    assert_eq!(case.pushed("one.txt"), None);
     case.sb.coordinator.end_session();
     let (status, output) = runner.finish().await;
     assert_eq!(status.code(), Some(0), "{output}");
