@@ -306,6 +306,7 @@ fn spec() -> TurnSpec {
         timings: AgentTimings::default(),
         instructions: None,
         wrap_up: None,
+        acp_permissions: Default::default(),
     }
 }
 

@@ -7,24 +7,28 @@
 //!     writeTextFile: false}, terminal: false}, clientInfo}      ← {agentCapabilities: {loadSession?}}
 //! → session/load {sessionId, cwd, mcpServers: []}  (a session to resume, when the agent loads sessions)
 //!   | session/new {cwd, mcpServers: []}            ← {sessionId, modes?}
-//! → session/set_mode {sessionId, modeId}           (a mode that runs tools unasked, when offered)
+//! → session/set_mode {sessionId, modeId}           (a mode that runs tools unasked, when offered; allow only)
 //! → session/prompt {sessionId, prompt: [{type: "text", text}]}
-//! ← session/update … ← session/request_permission (answered: allow)
+//! ← session/update … ← session/request_permission (answered: --acp-permissions)
 //! ← {stopReason, usage?}                          (interrupt: → session/cancel {sessionId})
 //! ```
 //!
 //! The runner offers no file-system or terminal capability: served by the
 //! runner they would run as root, outside the agent user and the turn's
 //! process tree; the agent uses its own tools. Permission requests are
-//! answered with the agent's own "allow once" option (its "allow always"
-//! only when it offers no other), as the other adapters run their CLIs in
-//! bypass mode, each one an event. The session id is the
+//! answered by `--acp-permissions`: by default with the agent's own "allow
+//! once" option (its "allow always" only when it offers no other), as the
+//! other adapters run their CLIs in bypass mode; with `reject`, its "reject
+//! once" (else "reject always"), its mode left as it is. Each request is an
+//! event carrying the runner's answer (`runnerAnswer`). The session id is the
 //! agent session id; a `session/load` the agent refuses fails the turn
 //! `resume_failed`, which runs it again in a fresh session
 //! (`agentSessionReset`). Message and thought chunks are joined into one
 //! event per message; the history a `session/load` replays is not this
 //! turn's and is not forwarded. Stdin is closed after the prompt's answer;
-//! the agent, a server, is then stopped with its tree.
+//! the agent, a server, is then stopped with its tree. A turn that ends
+//! `end_turn` after the agent reported a system error (Codex's, which
+//! words its provider errors as messages) fails, classified from them.
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -35,8 +39,8 @@ use super::classify;
 use super::jsonrpc::{self, Message};
 use super::lenient;
 use super::{
-    Adapter, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation, StdinMode,
-    Terminal, TurnSpec, Usage,
+    AcpPermissions, Adapter, AdapterIo, AgentError, Effects, ExitRule, Launch, Note, Observation,
+    StdinMode, Terminal, TurnSpec, Usage,
 };
 use crate::events::event::AgentEvent;
 use crate::wire::ErrorCode;
@@ -123,7 +127,16 @@ struct State {
     /// The agent loads sessions (`agentCapabilities.loadSession`): only then
     /// is its session id carried to the next turn.
     loads: bool,
+    /// Codex's agent said its thread hit a system error
+    /// (`_meta.codex.threadStatus.type: "systemError"` in a
+    /// `session_info_update`): the text of the messages since (the
+    /// provider's error, which it sends as a message before ending the
+    /// turn `end_turn`, not as an error).
+    system_error: Option<String>,
 }
+
+/// The most of a system error's text kept for the classifier.
+const MAX_SYSTEM_ERROR: usize = 4096;
 
 async fn run(spec: TurnSpec, mut io: AdapterIo) -> Observation {
     let mut state = State {
@@ -196,7 +209,9 @@ fn handle(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo, value: &Value)
         Message::Notification { method, params } => {
             notification(state, io, &method, &params, value);
         }
-        Message::Request { id, method, params } => request(state, io, &id, &method, &params, value),
+        Message::Request { id, method, params } => {
+            request(spec, state, io, &id, &method, &params, value);
+        }
     }
 }
 
@@ -295,14 +310,16 @@ fn open_session(spec: &TurnSpec, state: &mut State, io: &AdapterIo, loads: bool)
 }
 
 /// What to set before the prompt: a mode that runs tools unasked, when
-/// the agent offers one; the turn's model and effort where the agent offers
+/// the agent offers one and its permissions are granted (rejected, the
+/// agent's mode is kept, so that it asks); the turn's model and effort where the agent offers
 /// them among the values of its `model` and `thought_level` options (ACP's
 /// session configuration; an agent that offers aliases, as Claude Code's
 /// does, takes `clientInfo.model` only when it is one of them).
 fn settings(spec: &TurnSpec, session: &str, opened: &Opened) -> Vec<(&'static str, Value)> {
     let mut out = Vec::new();
     let offered = opened.modes.available_modes.clone().unwrap_or_default();
-    if let Some(mode) = offered.iter().find_map(|m| {
+    let unattended = spec.acp_permissions == AcpPermissions::Allow;
+    if let Some(mode) = offered.iter().filter(|_| unattended).find_map(|m| {
         m.id.as_deref()
             .filter(|id| UNATTENDED_MODES.contains(id))
             .filter(|id| opened.modes.current_mode_id.as_deref() != Some(*id))
@@ -395,14 +412,29 @@ fn prompt_ended(state: &mut State, io: &mut AdapterIo, result: &Value) {
             cost_usd: state.usage.cost_usd,
         };
     }
-    state.terminal = Some(match stop_reason.as_deref() {
-        Some("cancelled") => Terminal::Aborted,
+    state.terminal = Some(match (stop_reason.as_deref(), state.system_error.take()) {
+        (Some("cancelled"), _) => Terminal::Aborted,
+        (_, Some(text)) => Terminal::Failed(system_error(&text)),
         // `end_turn`, `max_tokens`, `max_turn_requests`, `refusal`: the
         // agent ended its turn (what it said is in the events).
         _ => Terminal::Completed,
     });
     io.note(Note::Terminal);
     io.stdin = None;
+}
+
+/// The failure of a turn whose agent reported a system error, classified
+/// from the text it said since (Codex's: "exceeded retry limit, last
+/// status: 429 …", "unexpected status 529 …"), else `agent_crashed`.
+fn system_error(text: &str) -> AgentError {
+    let text = text.trim();
+    let code = classify::from_text(text, false).unwrap_or(ErrorCode::AgentCrashed);
+    let message = if text.is_empty() {
+        "the ACP agent reported a system error and ended its turn".to_string()
+    } else {
+        format!("the ACP agent reported a system error: {text}")
+    };
+    AgentError::new(code, classify::clip(&message))
 }
 
 /// A request of the agent's was refused (or failed): the turn fails; a
@@ -491,6 +523,12 @@ fn notification(
                 .pointer("/content/text")
                 .and_then(Value::as_str)
                 .unwrap_or("");
+            if let Some(error) = state.system_error.as_mut()
+                && kind == "agent_message_chunk"
+                && error.len() + text.len() <= MAX_SYSTEM_ERROR
+            {
+                error.push_str(text);
+            }
             // Another kind, or as long as a line of output may be: the
             // message so far is one event (memory stays bounded, and an
             // agent's flood cannot make one event the coordinator refuses).
@@ -509,6 +547,17 @@ fn notification(
             return;
         }
         "tool_call" | "tool_call_update" => state.effects = Effects::Some,
+        "session_info_update" => {
+            // A thread active again has recovered from an earlier error.
+            match update
+                .pointer("/_meta/codex/threadStatus/type")
+                .and_then(Value::as_str)
+            {
+                Some("systemError") => state.system_error = Some(String::new()),
+                Some("active") => state.system_error = None,
+                _ => {}
+            }
+        }
         "usage_update" => {
             if let Some(cost) = update
                 .pointer("/cost/amount")
@@ -549,6 +598,7 @@ fn emit(io: &AdapterIo, kind: &str, data: &Value, whole: &Value) {
 /// anything else (file-system or terminal methods the runner does not
 /// offer) is refused.
 fn request(
+    spec: &TurnSpec,
     state: &mut State,
     io: &mut AdapterIo,
     id: &Value,
@@ -557,30 +607,41 @@ fn request(
     whole: &Value,
 ) {
     flush_chunks(state, io);
-    emit(io, method, params, whole);
-    let answer = if method == "session/request_permission" {
-        permission_answer(params)
-    } else {
+    if method != "session/request_permission" {
+        emit(io, method, params, whole);
         let mut refusal = jsonrpc::error_response(id, -32601, "hosted-boot offers no such method");
         refusal["jsonrpc"] = json!("2.0");
         io.send_json(&refusal);
         return;
-    };
+    }
+    let answer = permission_answer(spec.acp_permissions, params);
+    // The request with the runner's answer: what the agent was allowed is
+    // in the run's events.
+    let mut data = params.clone();
+    if let Some(fields) = data.as_object_mut() {
+        fields.insert("runnerAnswer".into(), answer.clone());
+    }
+    emit(io, method, &data, whole);
     let mut answer = jsonrpc::response(id, answer);
     answer["jsonrpc"] = json!("2.0");
     io.send_json(&answer);
 }
 
-/// The answer to `session/request_permission`: the agent's "allow once"
-/// option, else (an agent that offers no such option) its "allow always"
-/// one, else `cancelled` (no option grants it). Once rather than always
-/// where there is a choice: an "always" answer writes rules into the
-/// agent's settings (Claude Code's: in `repo/.claude/`, which the harvest
-/// would push).
-fn permission_answer(params: &Value) -> Value {
+/// The answer to `session/request_permission` under `policy`: the
+/// agent's "allow once" (or "reject once") option, else (an agent that
+/// offers no such option) its "allow always" (or "reject always") one,
+/// else `cancelled` (no option says it). Once rather than always where
+/// there is a choice: an "always" answer writes rules into the agent's
+/// settings (Claude Code's: in `repo/.claude/`, which the harvest would
+/// push).
+fn permission_answer(policy: AcpPermissions, params: &Value) -> Value {
     let Permission { options } = lenient::read(params);
     let options = options.unwrap_or_default();
-    let pick = ["allow_once", "allow_always"].iter().find_map(|kind| {
+    let kinds = match policy {
+        AcpPermissions::Allow => ["allow_once", "allow_always"],
+        AcpPermissions::Reject => ["reject_once", "reject_always"],
+    };
+    let pick = kinds.iter().find_map(|kind| {
         options
             .iter()
             .find(|o| o.kind.as_deref() == Some(*kind))
@@ -715,6 +776,7 @@ mod tests {
             timings: super::super::AgentTimings::default(),
             instructions: None,
             wrap_up: None,
+            acp_permissions: Default::default(),
         }
     }
 
@@ -760,31 +822,80 @@ mod tests {
             &opened(),
         );
         assert_eq!(set.len(), 1);
+        // Under reject no mode is set: the agent asks.
+        let rejecting = TurnSpec {
+            acp_permissions: AcpPermissions::Reject,
+            ..spec(Some("sonnet"), None)
+        };
+        assert_eq!(
+            settings(&rejecting, "s", &opened())
+                .iter()
+                .map(|(m, _)| *m)
+                .collect::<Vec<_>>(),
+            vec!["session/set_config_option"]
+        );
         let bare: Opened =
             lenient::read(&json!({"sessionId": "s", "modes": {"currentModeId": "yolo",
             "availableModes": [{"id": "yolo"}]}}));
         assert!(settings(&spec(None, None), "s", &bare).is_empty());
     }
 
+    fn options(kinds: &[&str]) -> Value {
+        json!({"options": kinds.iter().map(|k| json!({"optionId": format!("id-{k}"), "kind": k})).collect::<Vec<_>>()})
+    }
+
     #[test]
     fn permissions_are_granted_once() {
-        let options = |kinds: &[&str]| json!({"options": kinds.iter().map(|k| json!({"optionId": format!("id-{k}"), "kind": k})).collect::<Vec<_>>()});
+        let allow = |p: &Value| permission_answer(AcpPermissions::Allow, p);
         assert_eq!(
-            permission_answer(&options(&["allow_always", "allow_once", "reject_once"])),
+            allow(&options(&["allow_always", "allow_once", "reject_once"])),
             json!({"outcome": {"outcome": "selected", "optionId": "id-allow_once"}})
         );
         assert_eq!(
-            permission_answer(&options(&["reject_once", "allow_always"])),
+            allow(&options(&["reject_once", "allow_always"])),
             json!({"outcome": {"outcome": "selected", "optionId": "id-allow_always"}})
         );
         assert_eq!(
-            permission_answer(&options(&["reject_once"])),
+            allow(&options(&["reject_once"])),
             json!({"outcome": {"outcome": "cancelled"}})
         );
         assert_eq!(
-            permission_answer(&json!({"options": "junk"})),
+            allow(&json!({"options": "junk"})),
             json!({"outcome": {"outcome": "cancelled"}})
         );
+    }
+
+    #[test]
+    fn permissions_are_rejected_once_under_reject() {
+        let reject = |p: &Value| permission_answer(AcpPermissions::Reject, p);
+        assert_eq!(
+            reject(&options(&["allow_once", "reject_always", "reject_once"])),
+            json!({"outcome": {"outcome": "selected", "optionId": "id-reject_once"}})
+        );
+        assert_eq!(
+            reject(&options(&["allow_once", "reject_always"])),
+            json!({"outcome": {"outcome": "selected", "optionId": "id-reject_always"}})
+        );
+        // No option refuses: cancelled, never a grant.
+        assert_eq!(
+            reject(&options(&["allow_once", "allow_always"])),
+            json!({"outcome": {"outcome": "cancelled"}})
+        );
+    }
+
+    /// As Codex's ACP agent 2.6.0 words its provider errors.
+    #[test]
+    fn a_system_error_is_classified_from_its_text() {
+        let code = |t: &str| system_error(t).code;
+        assert_eq!(
+            code("exceeded retry limit, last status: 429 Too Many Requests\n\n"),
+            ErrorCode::ProviderLimitUnknown
+        );
+        assert_eq!(
+            code("unexpected status 529 <unknown status code>: The server is overloaded."),
+            ErrorCode::ProviderOverloaded
+        );
+        assert_eq!(code(""), ErrorCode::AgentCrashed);
     }
 
     #[test]

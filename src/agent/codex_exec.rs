@@ -336,6 +336,7 @@ mod tests {
             timings: super::super::AgentTimings::default(),
             instructions: None,
             wrap_up: None,
+            acp_permissions: Default::default(),
         };
         assert_eq!(
             args(&spec),

@@ -944,6 +944,7 @@ fn turn_spec(
         timings: config.timings,
         instructions,
         wrap_up: config.wrap_up.as_ref().map(|w| w.message.clone()),
+        acp_permissions: config.acp_permissions,
     }
 }
 

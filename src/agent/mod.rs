@@ -183,6 +183,24 @@ pub struct AgentConfig {
     pub user: Option<crate::agent_user::AgentUser>,
     /// The wrap-up before a turn's time cap; `None`: off.
     pub wrap_up: Option<WrapUp>,
+    /// `--acp-permissions`: how an ACP agent's permission requests are
+    /// answered.
+    pub acp_permissions: AcpPermissions,
+}
+
+/// How the `acp` adapter answers `session/request_permission`
+/// (`--acp-permissions`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum AcpPermissions {
+    /// Granted, as the other adapters run their CLIs in bypass mode: the
+    /// agent's "allow once" option, else its "allow always"; and a mode
+    /// that runs tools unasked is set when the agent offers one.
+    #[default]
+    Allow,
+    /// Refused: the agent's "reject once" option, else its "reject
+    /// always", else cancelled; the agent's mode is left as it is (an
+    /// unattended one would never ask).
+    Reject,
 }
 
 /// A message sent to the agent mid-turn, a while before the turn's time cap
@@ -216,6 +234,7 @@ impl AgentConfig {
             timings: AgentTimings::default(),
             user: None,
             wrap_up: None,
+            acp_permissions: AcpPermissions::Allow,
         }
     }
 
@@ -623,6 +642,8 @@ pub struct TurnSpec {
     pub instructions: Option<Instructions>,
     /// The wrap-up message, when the boot sends one ([`WrapUp`]).
     pub wrap_up: Option<String>,
+    /// `--acp-permissions`.
+    pub acp_permissions: AcpPermissions,
 }
 
 /// The platform's instructions for the agent (the session's

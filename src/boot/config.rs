@@ -515,6 +515,7 @@ fn agent(args: &RunArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<AgentCo
         },
         user: None,
         wrap_up: wrap_up(args),
+        acp_permissions: args.acp_permissions,
     })
 }
 
@@ -751,6 +752,20 @@ pub struct RunArgs {
         default_value = "on"
     )]
     pub prestart_agent: Toggle,
+    /// How `--agent acp` answers its agent's permission requests
+    /// (`session/request_permission`), each an event: `allow` (its "allow
+    /// once" option, else "allow always"; a mode that runs tools unasked
+    /// set when the agent offers one) or `reject` (its "reject once"
+    /// option, else "reject always", else cancelled; the agent's own mode
+    /// kept, so that it asks).
+    #[arg(
+        long,
+        env = "HOSTED_BOOT_ACP_PERMISSIONS",
+        hide_env_values = true,
+        value_enum,
+        default_value = "allow"
+    )]
+    pub acp_permissions: crate::agent::AcpPermissions,
     /// Files larger than this are left out of the harvest (PROTOCOL.md 4.5):
     /// `100MiB` (GitHub's hard limit), `50MB`, `1048576` (bytes); `0` turns
     /// the guard off. Set it at or below the git host's own file size limit.

@@ -530,6 +530,47 @@ async fn probe_permission_only_always() {
     );
 }
 
+/// `--acp-permissions`: granted once by default, the agent's unattended
+/// mode set; rejected once with `reject`, its mode kept so that it asks.
+/// Either way the request is an event that carries the answer. (The
+/// platform sets the variable, `HOSTED_BOOT_ACP_PERMISSIONS`.)
+async fn permission_policy(env: &[(&str, &str)], option: &str, mode_set: bool) {
+    let p = Probe::start("perm_policy", opts("hello"), &[], env).await;
+    let snap = p.sealed("run-1", Duration::from_secs(30)).await.unwrap();
+    let f = finish(&snap, "run-1");
+    let answer = p.log().into_iter().find(|r| r["k"] == "answer").unwrap();
+    let methods = p.sent_methods();
+    p.end().await;
+    assert_eq!(f["status"], "succeeded", "{f}");
+    let picked = &answer["msg"]["result"]["outcome"]["optionId"];
+    assert_eq!(picked, option, "{answer}");
+    assert_eq!(
+        methods.contains(&"session/set_mode".to_string()),
+        mode_set,
+        "{methods:?}"
+    );
+    let asked: Vec<Value> = events(&snap, "run-1")
+        .into_iter()
+        .filter(|(kind, _)| kind == "session/request_permission")
+        .map(|(_, data)| data)
+        .collect();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(
+        asked[0]["runnerAnswer"]["outcome"]["optionId"], option,
+        "{asked:?}"
+    );
+}
+
+#[tokio::test]
+async fn permissions_are_granted_by_default() {
+    permission_policy(&[], "once", true).await;
+}
+
+#[tokio::test]
+async fn permissions_are_rejected_with_acp_permissions_reject() {
+    permission_policy(&[("HOSTED_BOOT_ACP_PERMISSIONS", "reject")], "no", false).await;
+}
+
 /// Mode and model set only when offered.
 #[tokio::test]
 async fn probe_modes_and_models() {
@@ -699,31 +740,21 @@ async fn probe_huge_session_id() {
 /// state for (a new sandbox): promise, resume_failed → a fresh session.
 #[tokio::test]
 async fn probe_real_acp_stale_session() {
-    use super::real_clis::{Provider, installed};
-    let Some(bin) = installed("claude-agent-acp") else {
+    use super::real_acp::{Agent, Case};
+    let Some(case) = Case::start_from(
+        Agent::Claude,
+        CoordinatorOptions {
+            task: "write:one.txt".into(),
+            agent_session_id: Some("3f1c8a57-0000-4000-8000-000000000000".into()),
+            ..CoordinatorOptions::default()
+        },
+    )
+    .await
+    else {
         return;
     };
-    let sb = Sandbox::start(CoordinatorOptions {
-        task: "write:one.txt".into(),
-        agent_session_id: Some("3f1c8a57-0000-4000-8000-000000000000".into()),
-        ..CoordinatorOptions::default()
-    })
-    .await;
-    let provider = Provider::start(sb.dir.path());
-    let mut cmd = sb.command("run", Path::new("/nonexistent"));
-    cmd.env("HOSTED_BOOT_AGENT", "acp")
-        .env("HOSTED_BOOT_AGENT_COMMAND", bin.join("claude-agent-acp"))
-        .env("ANTHROPIC_API_KEY", "test-key")
-        .args([
-            "--agent-env",
-            &format!("ANTHROPIC_BASE_URL={}", provider.url()),
-        ])
-        .args(["--agent-env", "DISABLE_TELEMETRY=1"])
-        .args(["--agent-env", "DISABLE_AUTOUPDATER=1"])
-        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        .env("CLAUDE_CODE_MAX_RETRIES", "0")
-        .args(["--agent-idle-timeout", "0"]);
-    let runner = Runner::reading(cmd.spawn().unwrap());
+    let sb = &case.sb;
+    let runner = Runner::reading(case.command().spawn().unwrap());
     let t0 = Instant::now();
     let got = sb
         .coordinator

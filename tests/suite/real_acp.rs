@@ -1,9 +1,10 @@
-//! The `acp` adapter against a real ACP agent: the real binary with
+//! The `acp` adapter against real ACP agents: the real binary with
 //! `--agent acp --agent-command claude-agent-acp` (Claude Code's agent for
-//! the Agent Client Protocol, pinned in `tools/agent-clis/package.json`,
-//! installed by `scripts/install-agent-clis`), against the reference
-//! coordinator and the fake model provider of the real-CLI tests
-//! (`tests/fakes/model-provider`: the prompt names the scenario).
+//! the Agent Client Protocol) or `codex-acp` (Codex's), both pinned in
+//! `tools/agent-clis/package.json` and installed by
+//! `scripts/install-agent-clis`, against the reference coordinator and the
+//! fake model provider of the real-CLI tests (`tests/fakes/model-provider`:
+//! the prompt names the scenario). Each scenario runs for both agents.
 
 use std::path::Path;
 use std::time::Duration;
@@ -17,49 +18,116 @@ use super::real_clis::{
 };
 use super::support::Sandbox;
 
-/// The ACP agent's program, as installed.
-const AGENT: &str = "claude-agent-acp";
+/// The real ACP agents under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Agent {
+    /// `@agentclientprotocol/claude-agent-acp`.
+    Claude,
+    /// `@agentclientprotocol/codex-acp`.
+    Codex,
+}
 
-struct Case {
-    sb: Sandbox,
-    provider: Provider,
+impl Agent {
+    /// Its program, as installed.
+    fn program(self) -> &'static str {
+        match self {
+            Agent::Claude => "claude-agent-acp",
+            Agent::Codex => "codex-acp",
+        }
+    }
+
+    /// The session's model: a value the agent's model option offers, so
+    /// that the runner sets it (PROTOCOL.md 7). Claude Code's agent offers
+    /// aliases; Codex's offers its catalogue and the model of its
+    /// config.toml, which is the fake provider's (a model of the catalogue
+    /// makes Codex declare its tools in a way the fake does not answer).
+    fn model(self) -> &'static str {
+        match self {
+            Agent::Claude => "sonnet",
+            Agent::Codex => "gpt-fake",
+        }
+    }
+}
+
+pub(super) struct Case {
+    pub(super) sb: Sandbox,
+    pub(super) provider: Provider,
+    agent: Agent,
     program: std::path::PathBuf,
+    /// Codex's home (its config.toml names the fake provider); in the
+    /// build's temporary directory, as Codex refuses its helper links
+    /// under /tmp.
+    codex_home: tempfile::TempDir,
 }
 
 impl Case {
-    async fn start(task: &str) -> Option<Case> {
-        let bin = installed(AGENT)?;
+    pub(super) async fn start(agent: Agent, task: &str) -> Option<Case> {
+        Case::start_from(
+            agent,
+            CoordinatorOptions {
+                task: task.into(),
+                ..CoordinatorOptions::default()
+            },
+        )
+        .await
+    }
+
+    /// As [`Case::start`], the coordinator's other options from `opts`.
+    pub(super) async fn start_from(agent: Agent, opts: CoordinatorOptions) -> Option<Case> {
+        let bin = installed(agent.program())?;
         let sb = Sandbox::start(CoordinatorOptions {
-            task: task.into(),
-            // Claude Code's agent offers aliases as its model option's
-            // values (PROTOCOL.md 7): one of them is set.
-            model: Some("sonnet".into()),
+            model: Some(agent.model().into()),
             reasoning_effort: Some("high".into()),
-            ..CoordinatorOptions::default()
+            ..opts
         })
         .await;
         let provider = Provider::start(sb.dir.path());
+        let codex_home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        std::fs::write(
+            codex_home.path().join("config.toml"),
+            format!(
+                "model = \"gpt-fake\"\nmodel_provider = \"fake\"\n\
+                 [model_providers.fake]\nname = \"fake\"\nbase_url = \"{}/v1\"\n\
+                 env_key = \"OPENAI_API_KEY\"\nwire_api = \"responses\"\n\
+                 request_max_retries = 0\nstream_max_retries = 0\n",
+                provider.url()
+            ),
+        )
+        .unwrap();
         Some(Case {
             sb,
             provider,
-            program: bin.join(AGENT),
+            agent,
+            program: bin.join(agent.program()),
+            codex_home,
         })
     }
 
-    fn command(&self) -> Command {
+    /// The runner with this case's agent, configured as a platform would
+    /// configure it: its provider's key and address in the environment
+    /// (Codex's in its CODEX_HOME).
+    pub(super) fn command(&self) -> Command {
         let mut cmd = self.sb.command("run", Path::new("/nonexistent"));
         cmd.env("HOSTED_BOOT_AGENT", "acp")
             .env("HOSTED_BOOT_AGENT_COMMAND", &self.program)
-            .env("ANTHROPIC_API_KEY", "test-key")
-            .args([
-                "--agent-env",
-                &format!("ANTHROPIC_BASE_URL={}", self.provider.url()),
-            ])
-            .args(["--agent-env", "DISABLE_TELEMETRY=1"])
-            .args(["--agent-env", "DISABLE_AUTOUPDATER=1"])
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("CLAUDE_CODE_MAX_RETRIES", "0")
             .args(["--agent-idle-timeout", "0"]);
+        match self.agent {
+            Agent::Claude => {
+                cmd.env("ANTHROPIC_API_KEY", "test-key")
+                    .args([
+                        "--agent-env",
+                        &format!("ANTHROPIC_BASE_URL={}", self.provider.url()),
+                    ])
+                    .args(["--agent-env", "DISABLE_TELEMETRY=1"])
+                    .args(["--agent-env", "DISABLE_AUTOUPDATER=1"])
+                    .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+                    .env("CLAUDE_CODE_MAX_RETRIES", "0");
+            }
+            Agent::Codex => {
+                cmd.env("CODEX_HOME", self.codex_home.path())
+                    .env("OPENAI_API_KEY", "test-key");
+            }
+        }
         cmd
     }
 
@@ -71,7 +139,7 @@ impl Case {
         self.sb.remote_file(name)
     }
 
-    async fn sealed(&self, runner: &mut Runner, run: &str) -> Snapshot {
+    pub(super) async fn sealed(&self, runner: &mut Runner, run: &str) -> Snapshot {
         let got = self
             .sb
             .coordinator
@@ -95,9 +163,8 @@ impl Case {
 /// (`session/cancel`, then the tree stopped); a fourth after the interrupt.
 /// The agent's updates become events (a message joined from its chunks, the
 /// tool calls), its usage the turn's, and nothing is left running.
-#[tokio::test]
-async fn real_claude_acp_four_turns() {
-    let Some(case) = Case::start("write:one.txt").await else {
+async fn four_turns(agent: Agent) {
+    let Some(case) = Case::start(agent, "write:one.txt").await else {
         return;
     };
     let mut runner = Runner::spawn(&mut case.command());
@@ -116,7 +183,7 @@ async fn real_claude_acp_four_turns() {
     assert!(
         turn1[0]["model"]
             .as_str()
-            .is_some_and(|m| m.contains("sonnet")),
+            .is_some_and(|m| m.contains(agent.model())),
         "the model option was not set: {}",
         turn1[0]["model"]
     );
@@ -191,10 +258,20 @@ async fn real_claude_acp_four_turns() {
     assert_nothing_left(&case.sb.root()).await;
 }
 
+#[tokio::test]
+async fn real_claude_acp_four_turns() {
+    four_turns(Agent::Claude).await;
+}
+
+#[tokio::test]
+async fn real_codex_acp_four_turns() {
+    four_turns(Agent::Codex).await;
+}
+
 /// A provider error fails the turn with the class the agent's error says,
 /// or `agent_crashed` / `provider_limit_unknown` when it says none.
-async fn provider_error(kind: &str, codes: &[&str]) {
-    let Some(case) = Case::start(&format!("fail:{kind}")).await else {
+async fn provider_error(agent: Agent, kind: &str, codes: &[&str]) {
+    let Some(case) = Case::start(agent, &format!("fail:{kind}")).await else {
         return;
     };
     let mut runner = Runner::spawn(&mut case.command());
@@ -217,24 +294,45 @@ async fn provider_error(kind: &str, codes: &[&str]) {
 
 #[tokio::test]
 async fn real_claude_acp_auth_error() {
-    provider_error("401", &["provider_auth"]).await;
+    provider_error(Agent::Claude, "401", &["provider_auth"]).await;
 }
 
 #[tokio::test]
 async fn real_claude_acp_rate_limit() {
-    provider_error("429", &["provider_rate_limited", "provider_limit_unknown"]).await;
+    provider_error(
+        Agent::Claude,
+        "429",
+        &["provider_rate_limited", "provider_limit_unknown"],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn real_claude_acp_overload() {
-    provider_error("529", &["provider_overloaded"]).await;
+    provider_error(Agent::Claude, "529", &["provider_overloaded"]).await;
+}
+
+#[tokio::test]
+async fn real_codex_acp_auth_error() {
+    provider_error(Agent::Codex, "401", &["provider_auth"]).await;
+}
+
+/// Codex says "exceeded retry limit, last status: 429": a bare 429 is
+/// not taken for a plain rate limit (PROTOCOL.md 7).
+#[tokio::test]
+async fn real_codex_acp_rate_limit() {
+    provider_error(Agent::Codex, "429", &["provider_limit_unknown"]).await;
+}
+
+#[tokio::test]
+async fn real_codex_acp_overload() {
+    provider_error(Agent::Codex, "529", &["provider_overloaded"]).await;
 }
 
 /// SIGTERM mid-turn: the run sealed `interrupted`, the runner exits 143,
 /// nothing left running.
-#[tokio::test]
-async fn real_claude_acp_sigterm_mid_turn() {
-    let Some(case) = Case::start("sleep:started.txt").await else {
+async fn sigterm_mid_turn(agent: Agent) {
+    let Some(case) = Case::start(agent, "sleep:started.txt").await else {
         return;
     };
     let runner = Runner::spawn(&mut case.command());
@@ -247,14 +345,19 @@ async fn real_claude_acp_sigterm_mid_turn() {
     assert_nothing_left(&case.sb.root()).await;
 }
 
-/// An agent that asks before a tool (Claude Code's with its bypass mode
-/// disabled by its settings, so none is offered to set): the permission
-/// request is an event and is granted, and the tool runs.
 #[tokio::test]
-async fn real_claude_acp_permission_request_is_granted() {
-    let Some(case) = Case::start("write:one.txt").await else {
-        return;
-    };
+async fn real_claude_acp_sigterm_mid_turn() {
+    sigterm_mid_turn(Agent::Claude).await;
+}
+
+#[tokio::test]
+async fn real_codex_acp_sigterm_mid_turn() {
+    sigterm_mid_turn(Agent::Codex).await;
+}
+
+/// Writes Claude Code's settings with its bypass mode disabled (so none
+/// is offered to set), so that its agent asks before a tool.
+fn claude_asks(case: &Case) {
     let settings = case.sb.dir.path().join(".claude");
     std::fs::create_dir_all(&settings).unwrap();
     std::fs::write(
@@ -262,16 +365,67 @@ async fn real_claude_acp_permission_request_is_granted() {
         r#"{"permissions": {"defaultMode": "default", "disableBypassPermissionsMode": "disable"}}"#,
     )
     .unwrap();
+}
+
+/// An agent that asks before a tool: the permission request is an event
+/// that carries the answer, granted once, and the tool runs. (Codex's
+/// agent never asked in these scenarios: PROTOCOL.md 7.)
+#[tokio::test]
+async fn real_claude_acp_permission_request_is_granted() {
+    let Some(case) = Case::start(Agent::Claude, "write:one.txt").await else {
+        return;
+    };
+    claude_asks(&case);
     let mut runner = Runner::spawn(&mut case.command());
     let snap = case.sealed(&mut runner, "run-1").await;
     let first = sealed(&snap, "run-1");
     assert_eq!(first.status.as_str(), "succeeded", "{first:?}");
     let asked = events(&snap, "run-1", "session/request_permission");
     assert!(!asked.is_empty(), "{}", runner.output());
+    assert!(
+        asked
+            .iter()
+            .all(|a| a["runnerAnswer"]["outcome"]["outcome"] == "selected"),
+        "{asked:?}"
+    );
     assert_eq!(case.pushed("one.txt").as_deref(), Some("done"));
     // Granted once, never always: no rule written into the repository.
     assert_eq!(case.pushed(".claude/settings.local.json"), None);
     assert!(!case.repo().join(".claude").exists());
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_nothing_left(&case.sb.root()).await;
+}
+
+/// `HOSTED_BOOT_ACP_PERMISSIONS=reject`: the request is refused (an event
+/// with the answer), the tool does not run, and the agent ends its turn.
+#[tokio::test]
+async fn real_claude_acp_permission_request_is_rejected() {
+    let Some(case) = Case::start(Agent::Claude, "write:one.txt").await else {
+        return;
+    };
+    claude_asks(&case);
+    let mut runner = Runner::spawn(case.command().env("HOSTED_BOOT_ACP_PERMISSIONS", "reject"));
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let first = sealed(&snap, "run-1");
+    assert_eq!(first.status.as_str(), "succeeded", "{first:?}");
+    let asked = events(&snap, "run-1", "session/request_permission");
+    assert!(!asked.is_empty(), "{}", runner.output());
+    for a in &asked {
+        let picked = a["runnerAnswer"]["outcome"]["optionId"]
+            .as_str()
+            .unwrap_or("");
+        let kind = a["options"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|o| o["optionId"] == picked)
+            .map(|o| o["kind"].clone());
+        assert_eq!(kind, Some(serde_json::json!("reject_once")), "{a}");
+    }
+    assert!(!case.repo().join("one.txt").exists());
+    assert_eq!(case.pushed("one.txt"), None);
     case.sb.coordinator.end_session();
     let (status, output) = runner.finish().await;
     assert_eq!(status.code(), Some(0), "{output}");
@@ -283,9 +437,8 @@ async fn real_claude_acp_permission_request_is_granted() {
 /// prompt (nothing for two seconds after it was started), turn 2 loads
 /// turn 1's session in that process, and the one started for turn 3 goes
 /// when the session ends.
-#[tokio::test]
-async fn real_claude_acp_prestarted_sends_nothing_before_its_turn() {
-    let Some(case) = Case::start("write:one.txt").await else {
+async fn prestarted_sends_nothing_before_its_turn(agent: Agent) {
+    let Some(case) = Case::start(agent, "write:one.txt").await else {
         return;
     };
     let mut runner = Runner::spawn(case.command().args(["--prestart-agent", "on"]));
@@ -338,4 +491,14 @@ async fn real_claude_acp_prestarted_sends_nothing_before_its_turn() {
     let (status, output) = runner.finish().await;
     assert_eq!(status.code(), Some(0), "{output}");
     assert_nothing_left(&case.sb.root()).await;
+}
+
+#[tokio::test]
+async fn real_claude_acp_prestarted_sends_nothing_before_its_turn() {
+    prestarted_sends_nothing_before_its_turn(Agent::Claude).await;
+}
+
+#[tokio::test]
+async fn real_codex_acp_prestarted_sends_nothing_before_its_turn() {
+    prestarted_sends_nothing_before_its_turn(Agent::Codex).await;
 }

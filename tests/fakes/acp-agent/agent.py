@@ -257,6 +257,17 @@ def on_prompt(msg):
         wait_answer(5, timeout=5)
         end_prompt()
         return
+    if SC == "perm_policy":
+        # Every kind of option: the policy picks one.
+        send({"jsonrpc": "2.0", "id": 5, "method": "session/request_permission",
+              "params": {"sessionId": sid, "toolCall": {"toolCallId": "t1", "title": "write"},
+                         "options": [{"optionId": "always", "kind": "allow_always", "name": "Always"},
+                                     {"optionId": "once", "kind": "allow_once", "name": "Once"},
+                                     {"optionId": "never", "kind": "reject_always", "name": "Never"},
+                                     {"optionId": "no", "kind": "reject_once", "name": "No"}]}})
+        wait_answer(5, timeout=5)
+        end_prompt()
+        return
     if SC == "unsolicited_cancel":
         chunk(sid, "hm")
         end_prompt("cancelled")
@@ -300,7 +311,7 @@ def dispatch(msg):
             sid = "s" * 200000
         state["sid"] = sid
         result = {"sessionId": sid}
-        if SC == "modes":
+        if SC in ("modes", "perm_policy"):
             result["modes"] = {"currentModeId": "ask", "availableModes": [{"id": "ask"}, {"id": "yolo"}]}
             result["configOptions"] = [{"id": "model", "category": "model", "options": [{"value": "other"}]}]
         send({"jsonrpc": "2.0", "id": mid, "result": result})
