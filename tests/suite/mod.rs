@@ -44,4 +44,5 @@ mod status;
 mod steering;
 mod supervisor;
 mod support;
+mod telemetry;
 mod workspace;
