@@ -117,7 +117,11 @@ fn find<'a>(spans: &'a [Span], name: &str, key: &str, value: &str) -> &'a Span {
         .iter()
         .filter(|s| s.name == name && attribute(s, key).as_deref() == Some(value))
         .collect();
-    assert_eq!(found.len(), 1, "spans {name} with {key}={value}: {found:#?}");
+    assert_eq!(
+        found.len(),
+        1,
+        "spans {name} with {key}={value}: {found:#?}"
+    );
     found[0]
 }
 
@@ -164,10 +168,9 @@ async fn a_session_is_one_trace_and_its_requests_carry_it() {
     let sb = Sandbox::with_connectors(&[("SECRET_CONNECTOR", CONNECTOR_SECRET)]).await;
     let runner = runner(&sb, &endpoint);
     sb.wait_sealed("run-1").await;
-    let run2 = sb.coordinator.queue_traced_turn(
-        "second",
-        &format!("00-{TURN_TRACE}-{TURN_PARENT}-01"),
-    );
+    let run2 = sb
+        .coordinator
+        .queue_traced_turn("second", &format!("00-{TURN_TRACE}-{TURN_PARENT}-01"));
     sb.wait_sealed(&run2).await;
     let run3 = sb.coordinator.queue_turn("third", None);
     let snap = sb.wait_sealed(&run3).await;
@@ -200,7 +203,10 @@ async fn a_session_is_one_trace_and_its_requests_carry_it() {
     // Each turn's steps: the agent (its process below it) and the harvest
     // (its push below it).
     for turn in [turn1, turn2, turn3] {
-        let names: Vec<&str> = children(&spans, turn).iter().map(|s| s.name.as_str()).collect();
+        let names: Vec<&str> = children(&spans, turn)
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
         for step in ["agent", "harvest"] {
             assert!(names.contains(&step), "{step} under {turn:#?}: {names:?}");
         }
@@ -220,7 +226,9 @@ async fn a_session_is_one_trace_and_its_requests_carry_it() {
         .find(|s| s.name == "harvest")
         .unwrap();
     assert!(
-        children(&spans, harvest1).iter().any(|s| s.name == "git push"),
+        children(&spans, harvest1)
+            .iter()
+            .any(|s| s.name == "git push"),
         "a push under the harvest: {:#?}",
         children(&spans, harvest1)
     );
@@ -296,7 +304,13 @@ async fn a_collector_that_never_answers_changes_nothing() {
     let runner = runner(&sb, &endpoint);
     let snap = sb.wait_sealed("run-1").await;
     assert_eq!(
-        snap.run("run-1").unwrap().finish.as_ref().unwrap().status.as_str(),
+        snap.run("run-1")
+            .unwrap()
+            .finish
+            .as_ref()
+            .unwrap()
+            .status
+            .as_str(),
         "succeeded"
     );
     // Exports were attempted, and hang.
@@ -306,7 +320,10 @@ async fn a_collector_that_never_answers_changes_nothing() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert!(!received.lock().unwrap().is_empty(), "no export was attempted");
+    assert!(
+        !received.lock().unwrap().is_empty(),
+        "no export was attempted"
+    );
     sb.coordinator.end_session();
     let (status, output) = runner.finish().await;
     assert_eq!(status.code(), Some(0), "{output}");
