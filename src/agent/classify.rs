@@ -13,6 +13,11 @@
 //!    be a plain rate limit;
 //! 8. a provider 5xx; 9. an invalid request (400, 404, unknown model).
 //!
+//! Between 1 and 2: Gemini CLI's quota error it retried itself ("Suggested
+//! retry after Ns": Google's per-minute throttle, whose message says
+//! "exceeded your current quota" as an exhausted one does) is a rate limit,
+//! or a quota when the wait is over five minutes (as Gemini CLI decides).
+//!
 //! The exit status comes last, in the runner ([`super::drive`]).
 
 use crate::wire::ErrorCode;
@@ -58,6 +63,9 @@ const AUTH: &[&str] = &[
     "please run /login",
     "token has expired",
     "providerautherror",
+    // Google's Gemini API: a bad key is a 400 `API_KEY_INVALID`.
+    "api key not valid",
+    "api_key_invalid",
 ];
 const OVERLOADED: &[&str] = &["overloaded", "at capacity", "server_is_overloaded"];
 const RATE_LIMIT: &[&str] = &[
@@ -86,6 +94,14 @@ const INVALID: &[&str] = &[
     "unknown model",
     "unrecognized_model",
 ];
+
+/// What Gemini CLI appends to a 429 it classed retryable and retried
+/// (its `RetryableQuotaError`), and to a terminal quota whose wait exceeds
+/// [`GEMINI_MAX_RETRYABLE_MS`].
+const GEMINI_RETRIED_QUOTA: &str = "suggested retry after ";
+/// Gemini CLI's bound between a throttle and a quota (its
+/// `MAX_RETRYABLE_DELAY_SECONDS`).
+const GEMINI_MAX_RETRYABLE_MS: u64 = 300_000;
 
 fn any(text: &str, needles: &[&str]) -> bool {
     needles.iter().any(|n| text.contains(n))
@@ -135,6 +151,12 @@ pub fn from_text(text: &str, resuming: bool) -> Option<ErrorCode> {
     let has = |s: u16| statuses.contains(&s);
     if resuming && any(&t, RESUME) {
         return Some(ErrorCode::ResumeFailed);
+    }
+    if let Some((_, wait)) = t.split_once(GEMINI_RETRIED_QUOTA) {
+        return Some(match retry_after_in_text(&format!("retry after {wait}")) {
+            Some(ms) if ms > GEMINI_MAX_RETRYABLE_MS => ErrorCode::ProviderQuotaExhausted,
+            _ => ErrorCode::ProviderRateLimited,
+        });
     }
     if any(&t, QUOTA) {
         return Some(ErrorCode::ProviderQuotaExhausted);
@@ -425,5 +447,28 @@ mod tests {
         assert_eq!(retry_after_in_text("Retry after 7 seconds"), Some(7000));
         assert_eq!(retry_after_in_text("try again in 2m"), Some(120_000));
         assert_eq!(retry_after_in_text("later"), None);
+    }
+
+    #[test]
+    fn gemini_cli_errors() {
+        // Its text for Google's per-minute throttle (retried, then given up).
+        let throttle = "You exceeded your current quota, please check your plan and billing \
+                        details. \n* Quota exceeded for metric: x, limit: 10, model: m\nPlease \
+                        retry in 1s.\nSuggested retry after 1s.";
+        assert_eq!(from_text(throttle, false), Some(ProviderRateLimited));
+        let long = throttle.replace("after 1s.", "after 3600s.");
+        assert_eq!(from_text(&long, false), Some(ProviderQuotaExhausted));
+        assert_eq!(
+            from_text("You have exhausted your daily quota on this model.", false),
+            Some(ProviderQuotaExhausted)
+        );
+        let bad_key = r#"{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"reason":"API_KEY_INVALID"}]}}"#;
+        assert_eq!(from_text(bad_key, false), Some(ProviderAuth));
+        let denied = r#"{"error":{"code":403,"message":"Your API key was reported as leaked.","status":"PERMISSION_DENIED"}}"#;
+        assert_eq!(from_text(denied, false), Some(ProviderAuth));
+        assert_eq!(
+            from_text("The model is overloaded. Please try again later.", false),
+            Some(ProviderOverloaded)
+        );
     }
 }

@@ -25,6 +25,8 @@ pub(super) enum Agent {
     Claude,
     /// `@agentclientprotocol/codex-acp`.
     Codex,
+    /// `@google/gemini-cli`'s `--acp` mode.
+    Gemini,
 }
 
 impl Agent {
@@ -33,6 +35,7 @@ impl Agent {
         match self {
             Agent::Claude => "claude-agent-acp",
             Agent::Codex => "codex-acp",
+            Agent::Gemini => GEMINI,
         }
     }
 
@@ -41,10 +44,12 @@ impl Agent {
     /// aliases; Codex's offers its catalogue and the model of its
     /// config.toml, which is the fake provider's (a model of the catalogue
     /// makes Codex declare its tools in a way the fake does not answer).
-    fn model(self) -> &'static str {
+    /// Gemini CLI's is its own: it offers models, not a model option.
+    fn model(self) -> Option<&'static str> {
         match self {
-            Agent::Claude => "sonnet",
-            Agent::Codex => "gpt-fake",
+            Agent::Claude => Some("sonnet"),
+            Agent::Codex => Some("gpt-fake"),
+            Agent::Gemini => None,
         }
     }
 }
@@ -76,7 +81,7 @@ impl Case {
     pub(super) async fn start_from(agent: Agent, opts: CoordinatorOptions) -> Option<Case> {
         let bin = installed(agent.program())?;
         let sb = Sandbox::start(CoordinatorOptions {
-            model: Some(agent.model().into()),
+            model: agent.model().map(String::from),
             reasoning_effort: Some("high".into()),
             ..opts
         })
@@ -94,6 +99,11 @@ impl Case {
             ),
         )
         .unwrap();
+        if agent == Agent::Gemini {
+            let home = sb.dir.path().join(".gemini");
+            std::fs::create_dir_all(&home).unwrap();
+            std::fs::write(home.join("settings.json"), GEMINI_SETTINGS).unwrap();
+        }
         Some(Case {
             sb,
             provider,
@@ -126,6 +136,16 @@ impl Case {
             Agent::Codex => {
                 cmd.env("CODEX_HOME", self.codex_home.path())
                     .env("OPENAI_API_KEY", "test-key");
+            }
+            Agent::Gemini => {
+                cmd.args(["--agent-arg", "--acp"])
+                    .env("GEMINI_API_KEY", "test-key")
+                    .args([
+                        "--agent-env",
+                        &format!("GOOGLE_GEMINI_BASE_URL={}", self.provider.url()),
+                    ])
+                    // Else it refuses to run in an untrusted folder.
+                    .args(["--agent-env", "GEMINI_CLI_TRUST_WORKSPACE=true"]);
             }
         }
         cmd
@@ -183,7 +203,7 @@ async fn four_turns(agent: Agent) {
     assert!(
         turn1[0]["model"]
             .as_str()
-            .is_some_and(|m| m.contains(agent.model())),
+            .is_some_and(|m| agent.model().is_none_or(|want| m.contains(want))),
         "the model option was not set: {}",
         turn1[0]["model"]
     );
@@ -501,4 +521,244 @@ async fn real_claude_acp_prestarted_sends_nothing_before_its_turn() {
 #[tokio::test]
 async fn real_codex_acp_prestarted_sends_nothing_before_its_turn() {
     prestarted_sends_nothing_before_its_turn(Agent::Codex).await;
+}
+
+// ---------------------------------------------------------------- Gemini CLI
+
+/// Gemini CLI's program, as installed; its ACP mode is `--acp`.
+const GEMINI: &str = "gemini";
+
+/// The settings a platform gives Gemini CLI (`~/.gemini/settings.json`; a
+/// system file, `GEMINI_CLI_SYSTEM_SETTINGS_PATH`, is skipped when a
+/// directory above it is writable by others, as `/tmp` is): no usage
+/// statistics (else it sends them to play.googleapis.com), no update
+/// check, its API-key auth (GEMINI_API_KEY, GOOGLE_GEMINI_BASE_URL
+/// applied), no session cleanup (at start it deletes every session file
+/// that holds no conversation, and with it every file of the same session:
+/// the one a `session/load` leaves, `next_minute_after`, takes the session
+/// with it), and two attempts per model request instead of its ten with a
+/// backoff of 5 to 30 s (a persistent 429 or 503 would take minutes).
+const GEMINI_SETTINGS: &str = r#"{
+  "security": {"auth": {"selectedType": "gemini-api-key"}},
+  "privacy": {"usageStatisticsEnabled": false},
+  "telemetry": {"enabled": false},
+  "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false,
+              "sessionRetention": {"enabled": false}, "maxAttempts": 2}
+}"#;
+
+/// Gemini CLI 0.61.0's `session/load` erases the session it is asked to
+/// load when it runs in the wall-clock minute the session was created in
+/// (google-gemini/gemini-cli#28775: it first starts a new recording under
+/// the file name of that minute and the session's id, the session's own
+/// file): the load fails ("No previous sessions found for this project")
+/// and the session is lost. A test that resumes a session waits for the
+/// minute after its first turn.
+async fn next_minute_after(sealed_at: std::time::SystemTime) {
+    let minute =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60;
+    while minute(std::time::SystemTime::now()) <= minute(sealed_at) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Four turns through Gemini CLI's ACP mode, as for Claude Code's agent:
+/// a write (its `yolo` mode set, its shell tool `run_shell_command`); a
+/// second that loads the first's session; a third interrupted mid-tool; a
+/// fourth after it. Nothing is left running.
+#[tokio::test]
+async fn real_gemini_acp_four_turns() {
+    let Some(case) = Case::start(Agent::Gemini, "write:one.txt").await else {
+        return;
+    };
+    let mut runner = Runner::spawn(&mut case.command());
+
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let sealed_at = std::time::SystemTime::now();
+    let first = sealed(&snap, "run-1");
+    assert_eq!(
+        first.status.as_str(),
+        "succeeded",
+        "{first:?}\n{}",
+        runner.output()
+    );
+    let sid = first.agent_session_id.clone().expect("an agent session id");
+    let turn1 = case.provider.turn_requests(0);
+    assert_eq!(turn1.len(), 2, "a tool call, then the final message");
+    assert_eq!(turn1[0]["api"], "gemini");
+    assert!(
+        turn1[0]["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("run_shell_command")),
+        "{}",
+        turn1[0]["tools"]
+    );
+    assert_eq!(case.pushed("one.txt").as_deref(), Some("done"));
+    assert!(!events(&snap, "run-1", "tool_call").is_empty());
+
+    // Turn 2 loads turn 1's session: the provider sees turn 1's prompt.
+    next_minute_after(sealed_at).await;
+    let seen = case.provider.requests().len();
+    assert_eq!(
+        case.sb.coordinator.queue_turn("write:two.txt", None),
+        "run-2"
+    );
+    let snap = case.sealed(&mut runner, "run-2").await;
+    let second = sealed(&snap, "run-2");
+    assert_eq!(
+        second.status.as_str(),
+        "succeeded",
+        "{second:?}\n{}",
+        runner.output()
+    );
+    assert_eq!(second.agent_session_id.as_deref(), Some(sid.as_str()));
+    let turn2 = case.provider.turn_requests(seen);
+    assert_eq!(turn2.len(), 2, "{turn2:?}");
+    assert!(
+        users(&turn2[0]).contains("write:one.txt"),
+        "turn 2 did not load turn 1's session: {}",
+        users(&turn2[0])
+    );
+    // Unlike Claude Code's agent, Gemini CLI does not await its replay of
+    // the loaded history: most of it comes after its answer to
+    // `session/load`, and is forwarded as turn 2's events (README, the ACP
+    // agents' table).
+    assert_eq!(case.pushed("two.txt").as_deref(), Some("done"));
+
+    // Turn 3 is interrupted while its tool runs.
+    assert_eq!(
+        case.sb.coordinator.queue_turn("sleep:started.txt", None),
+        "run-3"
+    );
+    tool_started(&case.repo().join("started.txt"), &runner).await;
+    case.sb.coordinator.interrupt(Some("run-3")).unwrap();
+    let snap = case.sealed(&mut runner, "run-3").await;
+    let third = sealed(&snap, "run-3");
+    assert_eq!(third.status.as_str(), "interrupted", "{third:?}");
+    assert_eq!(third.agent_session_id.as_deref(), Some(sid.as_str()));
+    assert_nothing_left(&case.repo()).await;
+
+    // Turn 4 after the interrupt, in the same session.
+    let seen = case.provider.requests().len();
+    assert_eq!(
+        case.sb.coordinator.queue_turn("write:four.txt", None),
+        "run-4"
+    );
+    let snap = case.sealed(&mut runner, "run-4").await;
+    let fourth = sealed(&snap, "run-4");
+    assert_eq!(
+        fourth.status.as_str(),
+        "succeeded",
+        "{fourth:?}\n{}",
+        runner.output()
+    );
+    assert_eq!(fourth.agent_session_id.as_deref(), Some(sid.as_str()));
+    let turn4 = case.provider.turn_requests(seen);
+    assert_eq!(turn4.len(), 2, "{turn4:?}");
+    assert!(users(&turn4[0]).contains("write:two.txt"));
+    assert_eq!(case.pushed("four.txt").as_deref(), Some("done"));
+
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert_nothing_left(&case.sb.root()).await;
+}
+
+/// A provider error, as Google's Gemini API sends it, fails the turn with
+/// the class of Gemini CLI's JSON-RPC error.
+async fn gemini_provider_error(kind: &str, codes: &[&str]) {
+    let Some(case) = Case::start(Agent::Gemini, &format!("fail:{kind}")).await else {
+        return;
+    };
+    let mut runner = Runner::spawn(&mut case.command());
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let body = sealed(&snap, "run-1");
+    assert_eq!(body.status.as_str(), "failed", "{body:?}");
+    let code = error_code(&body);
+    assert!(
+        codes.contains(&code.as_str()),
+        "{kind}: {code} ({:?})\n{}",
+        body.error,
+        runner.output()
+    );
+    case.sb.coordinator.end_session();
+    runner.finish().await;
+    assert_nothing_left(&case.sb.root()).await;
+}
+
+/// A bad key: the Gemini API's 400 `API_KEY_INVALID`.
+#[tokio::test]
+async fn real_gemini_acp_auth_error() {
+    gemini_provider_error("401", &["provider_auth"]).await;
+}
+
+#[tokio::test]
+async fn real_gemini_acp_permission_denied() {
+    gemini_provider_error("403", &["provider_auth"]).await;
+}
+
+/// Google's per-minute 429 (its message says "exceeded your current
+/// quota", as an exhausted quota's does): Gemini CLI retries it, then
+/// says "Suggested retry after 1s.".
+#[tokio::test]
+async fn real_gemini_acp_rate_limit() {
+    gemini_provider_error("429", &["provider_rate_limited"]).await;
+}
+
+/// Google's per-day 429: "You have exhausted your daily quota on this
+/// model.", not retried.
+#[tokio::test]
+async fn real_gemini_acp_quota() {
+    gemini_provider_error("quota", &["provider_quota_exhausted"]).await;
+}
+
+/// Google's 503 UNAVAILABLE "The model is overloaded." on a second turn,
+/// a minute after the first (`next_minute_after`): `provider_overloaded`.
+/// The overload continuation does not follow: the history Gemini CLI
+/// replays after its answer to `session/load` holds the first turn's tool
+/// call, which counts as this turn's (on a session's first turn the
+/// continuation would load the session in the minute it was created, erase
+/// it, and end the turn `resume_failed`).
+#[tokio::test]
+async fn real_gemini_acp_overload() {
+    let Some(case) = Case::start(Agent::Gemini, "write:one.txt").await else {
+        return;
+    };
+    let mut runner = Runner::spawn(&mut case.command());
+    let snap = case.sealed(&mut runner, "run-1").await;
+    let sealed_at = std::time::SystemTime::now();
+    assert_eq!(sealed(&snap, "run-1").status.as_str(), "succeeded");
+    next_minute_after(sealed_at).await;
+    assert_eq!(case.sb.coordinator.queue_turn("fail:503", None), "run-2");
+    let snap = case.sealed(&mut runner, "run-2").await;
+    let body = sealed(&snap, "run-2");
+    assert_eq!(body.status.as_str(), "failed", "{body:?}");
+    assert_eq!(
+        error_code(&body),
+        "provider_overloaded",
+        "{:?}\n{}",
+        body.error,
+        runner.output()
+    );
+    case.sb.coordinator.end_session();
+    runner.finish().await;
+    assert_nothing_left(&case.sb.root()).await;
+}
+
+/// SIGTERM mid-turn: the run sealed `interrupted`, the runner exits 143,
+/// nothing left running (Gemini CLI relaunches itself as a child node
+/// process: both go with the turn's tree).
+#[tokio::test]
+async fn real_gemini_acp_sigterm_mid_turn() {
+    let Some(case) = Case::start(Agent::Gemini, "sleep:started.txt").await else {
+        return;
+    };
+    let runner = Runner::spawn(&mut case.command());
+    tool_started(&case.repo().join("started.txt"), &runner).await;
+    super::support::signal(runner.pid(), rustix::process::Signal::TERM);
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(143), "{output}");
+    let snap = case.sb.coordinator.snapshot();
+    assert_eq!(sealed(&snap, "run-1").status.as_str(), "interrupted");
+    assert_nothing_left(&case.sb.root()).await;
 }
