@@ -219,7 +219,7 @@ pub fn load(
     let base_env = env
         .iter()
         .filter(|(k, _)| k.as_os_str() != BOOT_SECRET_VAR && k.as_os_str() != BOOT_SECRET_FILE_VAR)
-        .filter(|(k, _)| !withheld_telemetry(k, args.agent_otel_headers))
+        .filter(|(k, v)| !withheld_telemetry(k, v, args.agent_otel_headers))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
 
@@ -896,10 +896,10 @@ pub struct RunArgs {
     /// Accept plain `http` URLs for any host, not only loopback.
     #[arg(long, env = "HOSTED_BOOT_INSECURE_HTTP", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub insecure_http: bool,
-    /// Pass the collector's headers (`OTEL_EXPORTER_OTLP_HEADERS` and its
-    /// per-signal variants, usually its credentials) on to the agent, for
-    /// an agent CLI that exports telemetry of its own. Off: the agent gets
-    /// every other `OTEL_*` variable, not those.
+    /// Pass the collector's credentials (`OTEL_EXPORTER_OTLP_HEADERS` and
+    /// its per-signal variants; an `OTEL_EXPORTER_OTLP_*ENDPOINT` with user
+    /// info) on to the agent, for an agent CLI that exports telemetry of its
+    /// own. Off: the agent gets every other `OTEL_*` variable, not those.
     #[arg(long, env = "HOSTED_BOOT_AGENT_OTEL_HEADERS", hide_env_values = true, value_parser = parse_flag, default_value = "0")]
     pub agent_otel_headers: bool,
     /// Multiply every contract duration by this factor. For tests only.
@@ -915,13 +915,15 @@ pub struct RunArgs {
 
 /// Whether a variable of the runner's environment stays out of the
 /// agent's (issue 40): the sandbox's `TRACEPARENT`/`TRACESTATE` (each turn
-/// gives the agent its own), and the collector's headers, usually its
-/// credentials, unless the platform passes them on.
-fn withheld_telemetry(name: &OsString, pass_headers: bool) -> bool {
+/// gives the agent its own), and the collector's credentials (its headers,
+/// an endpoint URL with user info) unless the platform passes them on.
+fn withheld_telemetry(name: &OsString, value: &OsString, pass_credentials: bool) -> bool {
+    use crate::telemetry::{ENDPOINT_VARS, HEADER_VARS, TRACEPARENT_VAR, TRACESTATE_VAR};
     let name = name.as_os_str();
-    name == crate::telemetry::TRACEPARENT_VAR
-        || name == crate::telemetry::TRACESTATE_VAR
-        || (!pass_headers && crate::telemetry::HEADER_VARS.iter().any(|h| name == *h))
+    let credential = HEADER_VARS.iter().any(|h| name == *h)
+        || (ENDPOINT_VARS.iter().any(|e| name == *e)
+            && crate::telemetry::user_info(&value.to_string_lossy()).is_some());
+    name == TRACEPARENT_VAR || name == TRACESTATE_VAR || (!pass_credentials && credential)
 }
 
 fn parse_flag(text: &str) -> Result<bool, String> {

@@ -106,7 +106,8 @@ impl Telemetry {
     pub fn from_env(redactor: &Redactor) -> Setup {
         let get = |name: &str| std::env::var(name).ok();
         add_header_secrets(&get, redactor);
-        let mut problems = Vec::new();
+        add_endpoint_secrets(&get, redactor);
+        let mut problems = settings_problems(&get);
         if get("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
             return Setup {
                 telemetry: None,
@@ -153,12 +154,19 @@ impl Telemetry {
                     .ok()
             })
             .map(|exporter| {
+                let exporter = export::Redacting {
+                    inner: exporter,
+                    redactor: redactor.clone(),
+                };
+                let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
+                    .with_scheduled_delay(at_least(&get, "OTEL_BSP_SCHEDULE_DELAY", MIN_INTERVAL))
+                    .build();
+                let processor = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter)
+                    .with_batch_config(config)
+                    .build();
                 SdkTracerProvider::builder()
                     .with_resource(resource.clone())
-                    .with_batch_exporter(export::Redacting {
-                        inner: exporter,
-                        redactor: redactor.clone(),
-                    })
+                    .with_span_processor(processor)
                     .build()
             });
         let metrics = metrics
@@ -175,9 +183,13 @@ impl Telemetry {
                     .ok()
             })
             .map(|exporter| {
+                let interval = at_least(&get, "OTEL_METRIC_EXPORT_INTERVAL", MIN_INTERVAL);
+                let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+                    .with_interval(interval)
+                    .build();
                 SdkMeterProvider::builder()
                     .with_resource(resource)
-                    .with_periodic_exporter(exporter)
+                    .with_reader(reader)
                     .build()
             });
         if let Some(provider) = &metrics {
@@ -221,21 +233,104 @@ impl Telemetry {
     /// the SDK's shutdown waits for its exporter threads, whose requests
     /// run on this runtime).
     pub async fn shutdown(self) {
-        let flush = tokio::task::spawn_blocking(move || {
-            if let Some(traces) = self.traces {
+        // Plain threads, both signals at once: the runtime's own shutdown
+        // would wait for a blocking task that outlived the bound, and a
+        // collector that never answers must cost the exit 1 s, not 2.
+        let (done, flushed) = tokio::sync::mpsc::channel::<()>(2);
+        let mut flushing = 0;
+        if let Some(traces) = self.traces {
+            flushing += 1;
+            let done = done.clone();
+            std::thread::spawn(move || {
                 let _ = traces.shutdown_with_timeout(FLUSH_BOUND);
-            }
-            if let Some(metrics) = self.metrics {
+                let _ = done.try_send(());
+            });
+        }
+        if let Some(metrics) = self.metrics {
+            flushing += 1;
+            let done = done.clone();
+            std::thread::spawn(move || {
                 let _ = metrics.shutdown_with_timeout(FLUSH_BOUND);
+                let _ = done.try_send(());
+            });
+        }
+        drop(done);
+        let mut flushed = flushed;
+        let all = async {
+            for _ in 0..flushing {
+                if flushed.recv().await.is_none() {
+                    break;
+                }
             }
-        });
-        if tokio::time::timeout(FLUSH_BOUND, flush).await.is_err() {
+        };
+        if tokio::time::timeout(FLUSH_BOUND, all).await.is_err() {
             tracing::debug!(
                 "telemetry not flushed within {} ms",
                 FLUSH_BOUND.as_millis()
             );
         }
     }
+}
+
+/// The shortest export interval taken from `OTEL_BSP_SCHEDULE_DELAY` and
+/// `OTEL_METRIC_EXPORT_INTERVAL`: the SDK takes 0 as it is, and its export
+/// threads then spin a core or flood the collector.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The interval of `var` (milliseconds, the specification's unit), at
+/// least `min`; the SDK's default (5 s for spans, 60 s for metrics) when
+/// unset or not a number.
+fn at_least(get: &dyn Fn(&str) -> Option<String>, var: &str, min: Duration) -> Duration {
+    let default = if var == "OTEL_BSP_SCHEDULE_DELAY" {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(60)
+    };
+    get(var)
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(default, |ms| Duration::from_millis(ms).max(min))
+}
+
+/// Warnings for the specification's variables the SDK would take silently
+/// in a way the platform did not mean: an interval under [`MIN_INTERVAL`],
+/// a sampler it does not know, a timeout of 0.
+fn settings_problems(get: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for var in ["OTEL_BSP_SCHEDULE_DELAY", "OTEL_METRIC_EXPORT_INTERVAL"] {
+        if let Some(ms) = get(var).and_then(|v| v.trim().parse::<u64>().ok())
+            && Duration::from_millis(ms) < MIN_INTERVAL
+        {
+            problems.push(format!(
+                "{var}={ms} is below {} ms; {} ms is used (an interval of 0 would spin a core or flood the collector)",
+                MIN_INTERVAL.as_millis(),
+                MIN_INTERVAL.as_millis()
+            ));
+        }
+    }
+    const SAMPLERS: [&str; 6] = [
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "parentbased_traceidratio",
+    ];
+    if let Some(sampler) = get("OTEL_TRACES_SAMPLER")
+        && !SAMPLERS.contains(&sampler.trim())
+    {
+        problems.push(format!(
+            "OTEL_TRACES_SAMPLER={sampler:?} is not one the runner takes ({}); parentbased_always_on is used",
+            SAMPLERS.join(", ")
+        ));
+    }
+    if let Some(timeout) = get("OTEL_EXPORTER_OTLP_TIMEOUT")
+        && timeout.trim().parse::<u64>().ok().is_none_or(|ms| ms == 0)
+    {
+        problems.push(format!(
+            "OTEL_EXPORTER_OTLP_TIMEOUT={timeout:?} is not a positive number of milliseconds; 10000 is used"
+        ));
+    }
+    problems
 }
 
 /// `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds), 10 s when unset or bad.
@@ -285,6 +380,50 @@ fn add_header_secrets(get: &dyn Fn(&str) -> Option<String>, redactor: &Redactor)
     }
 }
 
+/// The variables that name the collector: a URL's user info there is a
+/// credential too.
+pub const ENDPOINT_VARS: [&str; 4] = [
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+];
+
+/// The user info of a URL (`user:password` before the host), read from
+/// the text as it is (a URL no parser takes, whose build error quotes it
+/// whole, included).
+pub fn user_info(url: &str) -> Option<&str> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    authority
+        .rsplit_once('@')
+        .map(|(info, _)| info)
+        .filter(|i| !i.is_empty())
+}
+
+/// Adds the user info of each endpoint variable (whole, and its password)
+/// to the redactor: the exporter's build error quotes the URL whole.
+fn add_endpoint_secrets(get: &dyn Fn(&str) -> Option<String>, redactor: &Redactor) {
+    for var in ENDPOINT_VARS {
+        let Some(url) = get(var) else { continue };
+        let Some(info) = user_info(&url) else {
+            continue;
+        };
+        redactor.add(&Secret::new(info.to_string()), SecretKind::Configured);
+        if let Some((_, password)) = info.split_once(':') {
+            redactor.add(&Secret::new(password.to_string()), SecretKind::Configured);
+        }
+    }
+}
+
+/// Whether a trace context value may go on: printable ASCII only (W3C's
+/// alphabet for both headers), and a `tracestate` of at most 512 bytes
+/// (W3C's limit a vendor may rely on). A control character would end the
+/// agent's start (`execve` takes no NUL) or forge a header line.
+fn acceptable(value: &str) -> bool {
+    value.len() <= 512 && value.bytes().all(|b| (0x20..=0x7e).contains(&b))
+}
+
 /// A W3C trace context read from `traceparent` (and `tracestate`).
 struct Carrier<'a> {
     traceparent: &'a str,
@@ -310,9 +449,12 @@ impl Extractor for Carrier<'_> {
 /// A value that is not a W3C trace context is ignored (the span starts a
 /// trace of its own), as the specification says of a bad header.
 pub fn continue_trace(span: &tracing::Span, traceparent: &str, tracestate: Option<&str>) {
+    if !acceptable(traceparent) {
+        return;
+    }
     let carrier = Carrier {
         traceparent,
-        tracestate,
+        tracestate: tracestate.filter(|s| acceptable(s)),
     };
     let context = TraceContextPropagator::new().extract(&carrier);
     if opentelemetry::trace::TraceContextExt::span(&context)
@@ -337,11 +479,14 @@ pub fn agent_context(span: &tracing::Span) -> Vec<(&'static str, String)> {
     let mut fields = std::collections::HashMap::new();
     TraceContextPropagator::new().inject_context(&span.context(), &mut fields);
     let mut vars = Vec::new();
-    if let Some(parent) = fields.remove("traceparent") {
+    if let Some(parent) = fields.remove("traceparent").filter(|p| acceptable(p)) {
         vars.push((TRACEPARENT_VAR, parent));
-    }
-    if let Some(state) = fields.remove("tracestate").filter(|s| !s.is_empty()) {
-        vars.push((TRACESTATE_VAR, state));
+        if let Some(state) = fields
+            .remove("tracestate")
+            .filter(|s| !s.is_empty() && acceptable(s))
+        {
+            vars.push((TRACESTATE_VAR, state));
+        }
     }
     vars
 }
@@ -411,6 +556,47 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn user_info_is_found_in_any_url() {
+        assert_eq!(user_info("http://u:p@h:4318/x"), Some("u:p"));
+        assert_eq!(user_info("http://otel:pw@bad host:4318"), Some("otel:pw"));
+        assert_eq!(user_info("https://h/v1/traces?a=b@c"), None);
+        assert_eq!(user_info("h:4318"), None);
+    }
+
+    #[test]
+    fn zero_intervals_are_raised_and_said() {
+        let zero = [
+            ("OTEL_BSP_SCHEDULE_DELAY", "0"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "0"),
+        ];
+        assert_eq!(
+            at_least(&env(&zero), "OTEL_BSP_SCHEDULE_DELAY", MIN_INTERVAL),
+            MIN_INTERVAL
+        );
+        assert_eq!(settings_problems(&env(&zero)).len(), 2);
+        let none: &[(&str, &str)] = &[];
+        assert_eq!(
+            at_least(&env(none), "OTEL_METRIC_EXPORT_INTERVAL", MIN_INTERVAL),
+            Duration::from_secs(60)
+        );
+        let bad = [
+            ("OTEL_TRACES_SAMPLER", "not_a_sampler"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "0"),
+        ];
+        let problems = settings_problems(&env(&bad));
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("not_a_sampler"), "{problems:?}");
+    }
+
+    #[test]
+    fn only_printable_trace_context_goes_on() {
+        assert!(acceptable("vendor=a"));
+        assert!(!acceptable("vendor=a\u{0}b"));
+        assert!(!acceptable("a\nb"));
+        assert!(!acceptable(&"a".repeat(513)));
     }
 
     #[test]

@@ -45,4 +45,5 @@ mod steering;
 mod supervisor;
 mod support;
 mod telemetry;
+mod telemetry_review;
 mod workspace;

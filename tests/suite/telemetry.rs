@@ -34,11 +34,11 @@ const TURN_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const TURN_PARENT: &str = "b7ad6b7169203331";
 
 /// What the receiver got: path, headers, body.
-type Received = Arc<Mutex<Vec<(String, HeaderMap, Bytes)>>>;
+pub(super) type Received = Arc<Mutex<Vec<(String, HeaderMap, Bytes)>>>;
 
 /// An OTLP/HTTP receiver on loopback: answers every export 200 with an
 /// empty (valid) protobuf answer, or never (`answer` false).
-async fn receiver(answer: bool) -> (String, Received) {
+pub(super) async fn receiver(answer: bool) -> (String, Received) {
     let received: Received = Arc::default();
     let store = received.clone();
     let app = axum::Router::new().fallback(
@@ -133,6 +133,50 @@ fn children<'a>(spans: &'a [Span], parent: &Span) -> Vec<&'a Span> {
         .collect()
 }
 
+/// The span tree as text (names and a few attributes, children indented),
+/// printed by the test for README's sample.
+fn tree(spans: &[Span]) -> String {
+    fn walk(spans: &[Span], span: &Span, depth: usize, out: &mut String) {
+        let keys = [
+            "run_id",
+            "route",
+            "attempt",
+            "git_ref",
+            "outcome",
+            "exit_code",
+        ];
+        let attrs: Vec<String> = keys
+            .iter()
+            .filter_map(|k| attribute(span, k).map(|v| format!("{k}={v}")))
+            .collect();
+        out.push_str(&format!(
+            "{}{} {}\n",
+            "  ".repeat(depth),
+            span.name,
+            attrs.join(" ")
+        ));
+        let mut kids = children(spans, span);
+        kids.sort_by_key(|s| s.start_time_unix_nano);
+        for kid in kids {
+            walk(spans, kid, depth + 1, out);
+        }
+    }
+    let ids: std::collections::HashSet<(&[u8], &[u8])> = spans
+        .iter()
+        .map(|s| (s.trace_id.as_slice(), s.span_id.as_slice()))
+        .collect();
+    let mut roots: Vec<&Span> = spans
+        .iter()
+        .filter(|s| !ids.contains(&(s.trace_id.as_slice(), s.parent_span_id.as_slice())))
+        .collect();
+    roots.sort_by_key(|s| s.start_time_unix_nano);
+    let mut out = String::new();
+    for root in roots {
+        walk(spans, root, 0, &mut out);
+    }
+    out
+}
+
 /// The agent: records its trace context and whether it saw the
 /// collector's headers; run-3 fails.
 const AGENT: &str = r#"
@@ -181,6 +225,7 @@ async fn a_session_is_one_trace_and_its_requests_carry_it() {
     assert_eq!(finish.status.as_str(), "failed");
 
     let spans = spans(&received);
+    println!("{}", tree(&spans));
     // The boot continues the sandbox's trace.
     let boot = find(&spans, "boot", "session_id", &sb.coordinator.session_id());
     assert_eq!(hex(&boot.trace_id), SANDBOX_TRACE);
