@@ -37,6 +37,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use tracing::Instrument as _;
+
 use self::event::{AgentEvent, RunnerEvent};
 use self::spool::{Spool, SpoolError, SpoolReader};
 use crate::client::{Api, CallError, Policy};
@@ -245,14 +247,18 @@ impl EventSink {
             }),
         };
         let (close, close_rx) = oneshot::channel();
-        let task = tokio::spawn(send_loop(
-            api,
-            run_id.to_string(),
-            sender.shared.clone(),
-            reader,
-            start,
-            close_rx,
-        ));
+        // In the opener's span (the turn's): its requests are the turn's.
+        let task = tokio::spawn(
+            send_loop(
+                api,
+                run_id.to_string(),
+                sender.shared.clone(),
+                reader,
+                start,
+                close_rx,
+            )
+            .in_current_span(),
+        );
         Ok(EventSink {
             sender,
             close,

@@ -28,7 +28,12 @@ impl Rotation {
     /// the bearer never leaves the runner's memory).
     pub fn start(api: Arc<Api>, bearer_file: Option<Arc<SessionDir>>) -> Rotation {
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(rotate(api, bearer_file, cancel.clone()));
+        // In the turn's span: its bearer pulls are the turn's requests.
+        let task = tokio::spawn(tracing::Instrument::in_current_span(rotate(
+            api,
+            bearer_file,
+            cancel.clone(),
+        )));
         Rotation { cancel, task }
     }
 

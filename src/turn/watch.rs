@@ -109,7 +109,8 @@ pub fn spawn(
     mut poll: LongPoll,
     on_interrupt: impl FnOnce() + Send + 'static,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
+    // In the turn's span: its reads are the turn's requests.
+    tokio::spawn(tracing::Instrument::in_current_span(async move {
         let timings = *api.timings();
         let mut over_cap_logged = over_cap_logged;
         loop {
@@ -132,7 +133,7 @@ pub fn spawn(
                 }
             }
         }
-    })
+    }))
 }
 
 /// The one log line of a turn for session answers over the cap.
