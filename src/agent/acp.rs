@@ -19,7 +19,8 @@
 //! answered by `--acp-permissions`: by default with the agent's own "allow
 //! once" option (its "allow always" only when it offers no other), as the
 //! other adapters run their CLIs in bypass mode; with `reject`, its "reject
-//! once" (else "reject always"), its mode left as it is. Each request is an
+//! once" (else "reject always"), and a mode that asks set when offered.
+//! Each request is an
 //! event carrying the runner's answer (`runnerAnswer`). The session id is the
 //! agent session id; a `session/load` the agent refuses fails the turn
 //! `resume_failed`, which runs it again in a fresh session
@@ -70,6 +71,13 @@ const UNATTENDED_MODES: &[&str] = &[
     "agent-full-access",
     "yolo",
 ];
+
+/// Modes, by id, in which an agent asks before it edits or runs a tool,
+/// set under `--acp-permissions reject` when offered (the agents' own
+/// defaults need not ask: Claude Code's starts in `auto` or `acceptEdits`,
+/// which write files unasked): Claude Code's and Gemini CLI's `default`,
+/// Codex's `read-only`.
+const ASKING_MODES: &[&str] = &["default", "read-only"];
 
 /// The ACP adapter for one process.
 pub struct AcpAdapter {
@@ -318,12 +326,15 @@ fn open_session(spec: &TurnSpec, state: &mut State, io: &AdapterIo, loads: bool)
 fn settings(spec: &TurnSpec, session: &str, opened: &Opened) -> Vec<(&'static str, Value)> {
     let mut out = Vec::new();
     let offered = opened.modes.available_modes.clone().unwrap_or_default();
-    let unattended = spec.acp_permissions == AcpPermissions::Allow;
-    if let Some(mode) = offered.iter().filter(|_| unattended).find_map(|m| {
-        m.id.as_deref()
-            .filter(|id| UNATTENDED_MODES.contains(id))
-            .filter(|id| opened.modes.current_mode_id.as_deref() != Some(*id))
-    }) {
+    let wanted = match spec.acp_permissions {
+        AcpPermissions::Allow => UNATTENDED_MODES,
+        AcpPermissions::Reject => ASKING_MODES,
+    };
+    let current = opened.modes.current_mode_id.as_deref();
+    let mode = wanted
+        .iter()
+        .find(|w| offered.iter().any(|m| m.id.as_deref() == Some(**w)));
+    if let Some(mode) = mode.filter(|m| current != Some(**m)) {
         out.push((
             "session/set_mode",
             json!({"sessionId": session, "modeId": mode}),
@@ -389,6 +400,7 @@ fn prompt(spec: &TurnSpec, state: &mut State, io: &mut AdapterIo) {
         );
     }
     state.prompted = true;
+    state.system_error = None;
     send(
         state,
         io,
@@ -525,9 +537,10 @@ fn notification(
                 .unwrap_or("");
             if let Some(error) = state.system_error.as_mut()
                 && kind == "agent_message_chunk"
-                && error.len() + text.len() <= MAX_SYSTEM_ERROR
             {
-                error.push_str(text);
+                // Its start (a proxy's HTML page may follow the status).
+                let room = MAX_SYSTEM_ERROR.saturating_sub(error.len());
+                error.push_str(prefix(text, room));
             }
             // Another kind, or as long as a line of output may be: the
             // message so far is one event (memory stays bounded, and an
@@ -547,8 +560,10 @@ fn notification(
             return;
         }
         "tool_call" | "tool_call_update" => state.effects = Effects::Some,
-        "session_info_update" => {
-            // A thread active again has recovered from an earlier error.
+        // Only once the turn's session is known (an agent's status of
+        // another session, before it, is not the turn's), and a thread
+        // active again has recovered from an earlier error.
+        "session_info_update" if state.session_id.is_some() => {
             match update
                 .pointer("/_meta/codex/threadStatus/type")
                 .and_then(Value::as_str)
@@ -571,6 +586,15 @@ fn notification(
     }
     flush_chunks(state, io);
     emit(io, &kind, &update, whole);
+}
+
+/// The first `max` bytes of `text`, cut at a character's start.
+fn prefix(text: &str, max: usize) -> &str {
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
 }
 
 /// The message streamed so far, as one event (`agent_message_chunk` or
@@ -614,6 +638,17 @@ fn request(
         io.send_json(&refusal);
         return;
     }
+    let about = params.get("sessionId").and_then(Value::as_str);
+    if let (Some(ours), Some(about)) = (state.session_id.as_deref(), about)
+        && ours != about
+    {
+        // As its updates are dropped: nothing of another session is granted.
+        tracing::debug!("a permission request of another session than the turn's; cancelled");
+        let mut answer = jsonrpc::response(id, json!({"outcome": {"outcome": "cancelled"}}));
+        answer["jsonrpc"] = json!("2.0");
+        io.send_json(&answer);
+        return;
+    }
     let answer = permission_answer(spec.acp_permissions, params);
     // The request with the runner's answer: what the agent was allowed is
     // in the run's events.
@@ -633,7 +668,9 @@ fn request(
 /// else `cancelled` (no option says it). Once rather than always where
 /// there is a choice: an "always" answer writes rules into the agent's
 /// settings (Claude Code's: in `repo/.claude/`, which the harvest would
-/// push).
+/// push). The kind is chosen first: an option of that kind whose id is
+/// not a string, or whose id another kind of option shares, is
+/// `cancelled`, never the next kind's.
 fn permission_answer(policy: AcpPermissions, params: &Value) -> Value {
     let Permission { options } = lenient::read(params);
     let options = options.unwrap_or_default();
@@ -641,11 +678,14 @@ fn permission_answer(policy: AcpPermissions, params: &Value) -> Value {
         AcpPermissions::Allow => ["allow_once", "allow_always"],
         AcpPermissions::Reject => ["reject_once", "reject_always"],
     };
-    let pick = kinds.iter().find_map(|kind| {
+    let chosen = kinds
+        .iter()
+        .find_map(|kind| options.iter().find(|o| o.kind.as_deref() == Some(*kind)));
+    let pick = chosen.and_then(|o| o.option_id.clone()).filter(|id| {
         options
             .iter()
-            .find(|o| o.kind.as_deref() == Some(*kind))
-            .and_then(|o| o.option_id.clone())
+            .filter(|o| o.option_id.as_deref() == Some(id.as_str()))
+            .all(|o| o.kind == chosen.and_then(|c| c.kind.clone()))
     });
     match pick {
         Some(option) => json!({"outcome": {"outcome": "selected", "optionId": option}}),
@@ -822,7 +862,8 @@ mod tests {
             &opened(),
         );
         assert_eq!(set.len(), 1);
-        // Under reject no mode is set: the agent asks.
+        // Under reject the mode that asks is set (Claude Code's `default`;
+        // its own default mode, `auto`, writes files unasked).
         let rejecting = TurnSpec {
             acp_permissions: AcpPermissions::Reject,
             ..spec(Some("sonnet"), None)
@@ -832,7 +873,11 @@ mod tests {
                 .iter()
                 .map(|(m, _)| *m)
                 .collect::<Vec<_>>(),
-            vec!["session/set_config_option"]
+            vec!["session/set_mode", "session/set_config_option"]
+        );
+        assert_eq!(
+            settings(&rejecting, "s", &opened())[0].1["modeId"],
+            "default"
         );
         let bare: Opened =
             lenient::read(&json!({"sessionId": "s", "modes": {"currentModeId": "yolo",

@@ -198,8 +198,8 @@ pub enum AcpPermissions {
     #[default]
     Allow,
     /// Refused: the agent's "reject once" option, else its "reject
-    /// always", else cancelled; the agent's mode is left as it is (an
-    /// unattended one would never ask).
+    /// always", else cancelled; a mode that asks is set when the agent
+    /// offers one (its own default need not ask).
     Reject,
 }
 

@@ -756,8 +756,8 @@ pub struct RunArgs {
     /// (`session/request_permission`), each an event: `allow` (its "allow
     /// once" option, else "allow always"; a mode that runs tools unasked
     /// set when the agent offers one) or `reject` (its "reject once"
-    /// option, else "reject always", else cancelled; the agent's own mode
-    /// kept, so that it asks).
+    /// option, else "reject always", else cancelled; a mode that asks set
+    /// when the agent offers one: `default`, `read-only`).
     #[arg(
         long,
         env = "HOSTED_BOOT_ACP_PERMISSIONS",

@@ -97,7 +97,7 @@ pub async fn run(config: BootConfig) -> i32 {
         tracing::warn!("telemetry: {problem}");
     }
     let telemetry = telemetry.telemetry;
-    warn_of_test_settings(&config);
+    warn_of_settings(&config);
     // The kernel's OOM killer takes the agent, not the runner (4.1 step 4).
     match crate::process::oom::protect_runner() {
         Ok(()) => tracing::debug!(
@@ -184,7 +184,15 @@ pub async fn run(config: BootConfig) -> i32 {
     code
 }
 
-fn warn_of_test_settings(config: &BootConfig) {
+fn warn_of_settings(config: &BootConfig) {
+    if config.agent.acp_permissions == crate::agent::AcpPermissions::Reject
+        && config.agent.kind != crate::agent::AgentKind::Acp
+    {
+        tracing::warn!(
+            agent = config.agent.name(),
+            "--acp-permissions reject applies to --agent acp only; this agent's CLI runs in its own unattended mode"
+        );
+    }
     if config.time_scale != 1.0 {
         tracing::warn!(
             scale = config.time_scale,

@@ -1,4 +1,5 @@
 mod acp_edges;
+mod acp_review;
 mod agent_api;
 mod agent_user;
 mod agents;
