@@ -153,22 +153,7 @@ impl Telemetry {
                     .map_err(|e| problems.push(format!("traces are not exported: {e}")))
                     .ok()
             })
-            .map(|exporter| {
-                let exporter = export::Redacting {
-                    inner: exporter,
-                    redactor: redactor.clone(),
-                };
-                let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
-                    .with_scheduled_delay(at_least(&get, "OTEL_BSP_SCHEDULE_DELAY", MIN_INTERVAL))
-                    .build();
-                let processor = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter)
-                    .with_batch_config(config)
-                    .build();
-                SdkTracerProvider::builder()
-                    .with_resource(resource.clone())
-                    .with_span_processor(processor)
-                    .build()
-            });
+            .map(|exporter| tracer_provider(exporter, resource.clone(), redactor, &get));
         let metrics = metrics
             .then(|| {
                 opentelemetry_otlp::MetricExporter::builder()
@@ -182,16 +167,7 @@ impl Telemetry {
                     .map_err(|e| problems.push(format!("metrics are not exported: {e}")))
                     .ok()
             })
-            .map(|exporter| {
-                let interval = at_least(&get, "OTEL_METRIC_EXPORT_INTERVAL", MIN_INTERVAL);
-                let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
-                    .with_interval(interval)
-                    .build();
-                SdkMeterProvider::builder()
-                    .with_resource(resource)
-                    .with_reader(reader)
-                    .build()
-            });
+            .map(|exporter| meter_provider(exporter, resource, &get));
         if let Some(provider) = &metrics {
             metrics::install(provider);
         }
@@ -270,6 +246,45 @@ impl Telemetry {
             );
         }
     }
+}
+
+/// The traces' provider: spans redacted, then batched to `exporter`.
+fn tracer_provider(
+    exporter: opentelemetry_otlp::SpanExporter,
+    resource: opentelemetry_sdk::Resource,
+    redactor: &Redactor,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> SdkTracerProvider {
+    let exporter = export::Redacting {
+        inner: exporter,
+        redactor: redactor.clone(),
+    };
+    let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
+        .with_scheduled_delay(at_least(get, "OTEL_BSP_SCHEDULE_DELAY", MIN_INTERVAL))
+        .build();
+    let processor = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter)
+        .with_batch_config(config)
+        .build();
+    SdkTracerProvider::builder()
+        .with_resource(resource)
+        .with_span_processor(processor)
+        .build()
+}
+
+/// The metrics' provider: read and exported every interval.
+fn meter_provider(
+    exporter: opentelemetry_otlp::MetricExporter,
+    resource: opentelemetry_sdk::Resource,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> SdkMeterProvider {
+    let interval = at_least(get, "OTEL_METRIC_EXPORT_INTERVAL", MIN_INTERVAL);
+    let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+        .with_interval(interval)
+        .build();
+    SdkMeterProvider::builder()
+        .with_resource(resource)
+        .with_reader(reader)
+        .build()
 }
 
 /// The shortest export interval taken from `OTEL_BSP_SCHEDULE_DELAY` and
