@@ -148,11 +148,7 @@ impl Telemetry {
                     .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                     .build()
             })
-            .and_then(|built| {
-                built
-                    .map_err(|e| problems.push(format!("traces are not exported: {e}")))
-                    .ok()
-            })
+            .and_then(|built| exporter_of("traces", built, &mut problems))
             .map(|exporter| tracer_provider(exporter, resource.clone(), redactor, &get));
         let metrics = metrics
             .then(|| {
@@ -162,11 +158,7 @@ impl Telemetry {
                     .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                     .build()
             })
-            .and_then(|built| {
-                built
-                    .map_err(|e| problems.push(format!("metrics are not exported: {e}")))
-                    .ok()
-            })
+            .and_then(|built| exporter_of("metrics", built, &mut problems))
             .map(|exporter| meter_provider(exporter, resource, &get));
         if let Some(provider) = &metrics {
             metrics::install(provider);
@@ -246,6 +238,18 @@ impl Telemetry {
             );
         }
     }
+}
+
+/// The exporter `built` for `signal`, or its build error among the
+/// problems (an endpoint no URL parser takes, say).
+fn exporter_of<T>(
+    signal: &str,
+    built: Result<T, opentelemetry_otlp::ExporterBuildError>,
+    problems: &mut Vec<String>,
+) -> Option<T> {
+    built
+        .map_err(|e| problems.push(format!("{signal} are not exported: {e}")))
+        .ok()
 }
 
 /// The traces' provider: spans redacted, then batched to `exporter`.

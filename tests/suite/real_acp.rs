@@ -664,37 +664,15 @@ async fn real_gemini_acp_four_turns() {
     assert_nothing_left(&case.sb.root()).await;
 }
 
-/// A provider error, as Google's Gemini API sends it, fails the turn with
-/// the class of Gemini CLI's JSON-RPC error.
-async fn gemini_provider_error(kind: &str, codes: &[&str]) {
-    let Some(case) = Case::start(Agent::Gemini, &format!("fail:{kind}")).await else {
-        return;
-    };
-    let mut runner = Runner::spawn(&mut case.command());
-    let snap = case.sealed(&mut runner, "run-1").await;
-    let body = sealed(&snap, "run-1");
-    assert_eq!(body.status.as_str(), "failed", "{body:?}");
-    let code = error_code(&body);
-    assert!(
-        codes.contains(&code.as_str()),
-        "{kind}: {code} ({:?})\n{}",
-        body.error,
-        runner.output()
-    );
-    case.sb.coordinator.end_session();
-    runner.finish().await;
-    assert_nothing_left(&case.sb.root()).await;
-}
-
 /// A bad key: the Gemini API's 400 `API_KEY_INVALID`.
 #[tokio::test]
 async fn real_gemini_acp_auth_error() {
-    gemini_provider_error("401", &["provider_auth"]).await;
+    provider_error(Agent::Gemini, "401", &["provider_auth"]).await;
 }
 
 #[tokio::test]
 async fn real_gemini_acp_permission_denied() {
-    gemini_provider_error("403", &["provider_auth"]).await;
+    provider_error(Agent::Gemini, "403", &["provider_auth"]).await;
 }
 
 /// Google's per-minute 429 (its message says "exceeded your current
@@ -702,14 +680,14 @@ async fn real_gemini_acp_permission_denied() {
 /// says "Suggested retry after 1s.".
 #[tokio::test]
 async fn real_gemini_acp_rate_limit() {
-    gemini_provider_error("429", &["provider_rate_limited"]).await;
+    provider_error(Agent::Gemini, "429", &["provider_rate_limited"]).await;
 }
 
 /// Google's per-day 429: "You have exhausted your daily quota on this
 /// model.", not retried.
 #[tokio::test]
 async fn real_gemini_acp_quota() {
-    gemini_provider_error("quota", &["provider_quota_exhausted"]).await;
+    provider_error(Agent::Gemini, "quota", &["provider_quota_exhausted"]).await;
 }
 
 /// Google's 503 UNAVAILABLE "The model is overloaded." on a second turn,
@@ -750,15 +728,5 @@ async fn real_gemini_acp_overload() {
 /// process: both go with the turn's tree).
 #[tokio::test]
 async fn real_gemini_acp_sigterm_mid_turn() {
-    let Some(case) = Case::start(Agent::Gemini, "sleep:started.txt").await else {
-        return;
-    };
-    let runner = Runner::spawn(&mut case.command());
-    tool_started(&case.repo().join("started.txt"), &runner).await;
-    super::support::signal(runner.pid(), rustix::process::Signal::TERM);
-    let (status, output) = runner.finish().await;
-    assert_eq!(status.code(), Some(143), "{output}");
-    let snap = case.sb.coordinator.snapshot();
-    assert_eq!(sealed(&snap, "run-1").status.as_str(), "interrupted");
-    assert_nothing_left(&case.sb.root()).await;
+    sigterm_mid_turn(Agent::Gemini).await;
 }

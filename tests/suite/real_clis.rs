@@ -1815,3 +1815,52 @@ async fn real_claude_a_stop_during_the_save_seals_first_and_saves_after() {
     assert!(snap.agent_state.is_some(), "{output}");
     assert_nothing_left(&case.sb.root()).await;
 }
+
+/// Issue 40: the agent gets its `agent` span's trace context
+/// (`TRACEPARENT`), and Claude Code, with its own tracing on
+/// (`CLAUDE_CODE_ENABLE_TELEMETRY`, `CLAUDE_CODE_ENHANCED_TELEMETRY_BETA`,
+/// `OTEL_TRACES_EXPORTER=otlp`: the platform's choice, passed through as
+/// every `OTEL_*` variable is), continues it: its spans are in the turn's
+/// trace, its `claude_code.interaction` a child of the runner's `agent`.
+#[tokio::test]
+async fn real_claude_joins_the_turns_trace() {
+    let Some(case) = Case::start("claude", "write:one.txt").await else {
+        return;
+    };
+    let (endpoint, received) = super::telemetry::receiver(true).await;
+    let mut cmd = case.command();
+    cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("OTEL_TRACES_EXPORTER", "otlp")
+        .env("OTEL_METRICS_EXPORTER", "none")
+        .env("OTEL_LOGS_EXPORTER", "none")
+        .args(["--agent-env", "CLAUDE_CODE_ENABLE_TELEMETRY=1"])
+        .args(["--agent-env", "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA=1"]);
+    let mut runner = Runner::spawn(&mut cmd);
+    case.sealed(&mut runner, "run-1").await;
+    case.sb.coordinator.end_session();
+    let (status, output) = runner.finish().await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    let spans = super::telemetry::spans(&received);
+    let agent = spans
+        .iter()
+        .find(|s| s.name == "agent")
+        .unwrap_or_else(|| panic!("no agent span: {spans:#?}"));
+    let claude: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("claude_code."))
+        .collect();
+    let names: Vec<&str> = claude.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        claude.iter().all(|s| s.trace_id == agent.trace_id),
+        "Claude Code's spans outside the turn's trace {}: {claude:#?}",
+        super::telemetry::hex(&agent.trace_id)
+    );
+    assert!(
+        claude
+            .iter()
+            .any(|s| s.name == "claude_code.interaction" && s.parent_span_id == agent.span_id),
+        "no claude_code.interaction under the agent span: {names:?}"
+    );
+}

@@ -65,12 +65,12 @@ pub(super) async fn receiver(answer: bool) -> (String, Received) {
     (url, received)
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Every span the receiver got.
-fn spans(received: &Received) -> Vec<Span> {
+pub(super) fn spans(received: &Received) -> Vec<Span> {
     let mut all = Vec::new();
     for (path, _, body) in received.lock().unwrap().iter() {
         if path == "/v1/traces" {
