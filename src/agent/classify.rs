@@ -67,7 +67,14 @@ const AUTH: &[&str] = &[
     "api key not valid",
     "api_key_invalid",
 ];
-const OVERLOADED: &[&str] = &["overloaded", "at capacity", "server_is_overloaded"];
+const OVERLOADED: &[&str] = &[
+    "overloaded",
+    "at capacity",
+    "server_is_overloaded",
+    // Google's 503 UNAVAILABLE "This model is currently experiencing high
+    // demand", which Gemini CLI passes on without its status.
+    "high demand",
+];
 const RATE_LIMIT: &[&str] = &[
     "rate limit",
     "rate_limit",
@@ -82,7 +89,6 @@ const SERVER: &[&str] = &[
     "bad gateway",
     "service unavailable",
     "gateway timeout",
-    "high demand",
 ];
 const INVALID: &[&str] = &[
     "invalid_request",
@@ -99,6 +105,9 @@ const INVALID: &[&str] = &[
 /// (its `RetryableQuotaError`), and to a terminal quota whose wait exceeds
 /// [`GEMINI_MAX_RETRYABLE_MS`].
 const GEMINI_RETRIED_QUOTA: &str = "suggested retry after ";
+/// Google's message for a 429 `RESOURCE_EXHAUSTED` that carries no
+/// details ("Resource has been exhausted (e.g. check quota).").
+const GOOGLE_EXHAUSTED: &str = "resource has been exhausted";
 /// Gemini CLI's bound between a throttle and a quota (its
 /// `MAX_RETRYABLE_DELAY_SECONDS`).
 const GEMINI_MAX_RETRYABLE_MS: u64 = 300_000;
@@ -152,11 +161,20 @@ pub fn from_text(text: &str, resuming: bool) -> Option<ErrorCode> {
     if resuming && any(&t, RESUME) {
         return Some(ErrorCode::ResumeFailed);
     }
-    if let Some((_, wait)) = t.split_once(GEMINI_RETRIED_QUOTA) {
+    // Gemini CLI's retried throttle, unless the text names a class that
+    // says more (it appends the suggestion to any 429 or 503 with a
+    // RetryInfo: an overload among them).
+    let says_more = any(&t, CONTEXT) || any(&t, AUTH) || any(&t, OVERLOADED) || has(529);
+    if let Some((_, wait)) = t.split_once(GEMINI_RETRIED_QUOTA).filter(|_| !says_more) {
         return Some(match retry_after_in_text(&format!("retry after {wait}")) {
             Some(ms) if ms > GEMINI_MAX_RETRYABLE_MS => ErrorCode::ProviderQuotaExhausted,
             _ => ErrorCode::ProviderRateLimited,
         });
+    }
+    // Google's 429 RESOURCE_EXHAUSTED without its details names a quota
+    // but is a throttle as often (Gemini CLI retries it): not a spent one.
+    if t.contains(GOOGLE_EXHAUSTED) && !t.contains("daily") && !t.contains("per day") {
+        return Some(ErrorCode::ProviderLimitUnknown);
     }
     if any(&t, QUOTA) {
         return Some(ErrorCode::ProviderQuotaExhausted);

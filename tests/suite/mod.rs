@@ -18,6 +18,7 @@ mod coordinator;
 mod disk;
 mod egress;
 mod events;
+mod gemini_review;
 mod hardening;
 mod harvest;
 mod harvest_edges;

@@ -151,7 +151,7 @@ impl Case {
         cmd
     }
 
-    fn repo(&self) -> std::path::PathBuf {
+    pub(super) fn repo(&self) -> std::path::PathBuf {
         std::fs::canonicalize(self.sb.root()).unwrap().join("repo")
     }
 
