@@ -10,10 +10,38 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+#[cfg(feature = "otel")]
 use opentelemetry::KeyValue;
+#[cfg(feature = "otel")]
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::metrics::SdkMeterProvider;
+#[cfg(not(feature = "otel"))]
+use stub::{Counter, Histogram, KeyValue};
 
+/// Without the `otel` feature: instruments that record nothing, never
+/// made (the cell below stays empty), so that the recording sites read
+/// the same in both builds.
+#[cfg(not(feature = "otel"))]
+mod stub {
+    pub struct Histogram<T>(std::marker::PhantomData<T>);
+    impl<T> Histogram<T> {
+        pub fn record(&self, _: T, _: &[KeyValue]) {}
+    }
+    pub struct Counter<T>(std::marker::PhantomData<T>);
+    impl<T> Counter<T> {
+        pub fn add(&self, _: T, _: &[KeyValue]) {}
+    }
+    #[derive(Clone)]
+    pub struct KeyValue;
+    impl KeyValue {
+        pub fn new<K, V>(_: K, _: V) -> Self {
+            KeyValue
+        }
+    }
+}
+
+#[cfg_attr(not(feature = "otel"), allow(dead_code))]
 struct Instruments {
     turn_duration: Histogram<f64>,
     first_output: Histogram<f64>,
@@ -30,6 +58,7 @@ static INSTRUMENTS: OnceLock<Instruments> = OnceLock::new();
 static LAST_READ_MS: AtomicU64 = AtomicU64::new(0);
 
 /// Creates the instruments on `provider`'s meter (once).
+#[cfg(feature = "otel")]
 pub(super) fn install(provider: &SdkMeterProvider) {
     let meter = provider.meter("hosted-boot");
     observe(&meter);
@@ -71,6 +100,7 @@ pub(super) fn install(provider: &SdkMeterProvider) {
 /// The gauges read at each export: the runner's RSS and CPU time
 /// (`process.*` of the semantic conventions), the redactions applied, and
 /// the age of the last successful coordinator read.
+#[cfg(feature = "otel")]
 fn observe(meter: &Meter) {
     meter
         .i64_observable_gauge("process.memory.usage")
@@ -124,6 +154,7 @@ fn epoch_ms(t: SystemTime) -> u64 {
 }
 
 /// RSS from `/proc/self/statm` (pages × page size).
+#[cfg(feature = "otel")]
 fn resident_bytes() -> Option<i64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: i64 = statm.split_whitespace().nth(1)?.parse().ok()?;

@@ -14,17 +14,25 @@
 //! from `TRACEPARENT` (the boot's parent) and a pending turn's
 //! `traceparent` (that turn's parent).
 
+#[cfg(feature = "otel")]
 mod export;
 pub mod metrics;
 
 use std::time::Duration;
 
+#[cfg(feature = "otel")]
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
+#[cfg(feature = "otel")]
 use opentelemetry::trace::TracerProvider as _;
+#[cfg(feature = "otel")]
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::metrics::SdkMeterProvider;
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::trace::SdkTracerProvider;
+#[cfg(feature = "otel")]
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::redact::{Redactor, SecretKind};
@@ -54,9 +62,16 @@ pub const FLUSH_BOUND: Duration = Duration::from_secs(1);
 /// loses what is not yet exported.
 ///
 /// [`shutdown`]: Telemetry::shutdown
+///
+/// Built only with the `otel` cargo feature (on by default; the image
+/// has it): without it the runner links no exporter, and a platform's
+/// endpoint is warned of and ignored.
 pub struct Telemetry {
+    #[cfg(feature = "otel")]
     traces: Option<SdkTracerProvider>,
+    #[cfg(feature = "otel")]
     metrics: Option<SdkMeterProvider>,
+    #[cfg(feature = "otel")]
     http: std::sync::Arc<std::sync::OnceLock<reqwest::Client>>,
 }
 
@@ -133,6 +148,24 @@ impl Telemetry {
                 problems,
             };
         }
+        #[cfg(not(feature = "otel"))]
+        {
+            problems.push(
+                "this hosted-boot was built without the otel feature (cargo build --features otel): nothing is exported".into(),
+            );
+            Setup {
+                telemetry: None,
+                problems,
+            }
+        }
+        #[cfg(feature = "otel")]
+        Self::build(traces, metrics, redactor, problems)
+    }
+
+    /// The exporters of the signals asked for.
+    #[cfg(feature = "otel")]
+    fn build(traces: bool, metrics: bool, redactor: &Redactor, mut problems: Vec<String>) -> Setup {
+        let get = |name: &str| std::env::var(name).ok();
         let http = std::sync::Arc::new(std::sync::OnceLock::new());
         let client = || export::RuntimeClient {
             http: http.clone(),
@@ -176,11 +209,15 @@ impl Telemetry {
 
     /// Hands the exporters the runner's HTTP client (its trust roots).
     pub fn connect(&self, http: &reqwest::Client) {
+        #[cfg(feature = "otel")]
         let _ = self.http.set(http.clone());
+        #[cfg(not(feature = "otel"))]
+        let _ = http;
     }
 
     /// The tracing layer that turns the runner's spans into exported spans
     /// (`None` when traces are off).
+    #[cfg(feature = "otel")]
     pub fn layer<S>(
         &self,
     ) -> Option<tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>>
@@ -197,9 +234,20 @@ impl Telemetry {
         )
     }
 
+    /// No layer: a build without the `otel` feature exports nothing.
+    #[cfg(not(feature = "otel"))]
+    pub fn layer(&self) -> Option<tracing_subscriber::layer::Identity> {
+        None
+    }
+
     /// Exports what is left, within [`FLUSH_BOUND`] (on a blocking thread:
     /// the SDK's shutdown waits for its exporter threads, whose requests
     /// run on this runtime).
+    #[cfg(not(feature = "otel"))]
+    pub async fn shutdown(self) {}
+
+    /// As above, with the exporters.
+    #[cfg(feature = "otel")]
     pub async fn shutdown(self) {
         // Plain threads, both signals at once: the runtime's own shutdown
         // would wait for a blocking task that outlived the bound, and a
@@ -240,6 +288,7 @@ impl Telemetry {
     }
 }
 
+#[cfg(feature = "otel")]
 /// The exporter `built` for `signal`, or its build error among the
 /// problems (an endpoint no URL parser takes, say).
 fn exporter_of<T>(
@@ -252,6 +301,7 @@ fn exporter_of<T>(
         .ok()
 }
 
+#[cfg(feature = "otel")]
 /// The traces' provider: spans redacted, then batched to `exporter`.
 fn tracer_provider(
     exporter: opentelemetry_otlp::SpanExporter,
@@ -275,6 +325,7 @@ fn tracer_provider(
         .build()
 }
 
+#[cfg(feature = "otel")]
 /// The metrics' provider: read and exported every interval.
 fn meter_provider(
     exporter: opentelemetry_otlp::MetricExporter,
@@ -299,6 +350,7 @@ const MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// The interval of `var` (milliseconds, the specification's unit), at
 /// least `min`; the SDK's default (5 s for spans, 60 s for metrics) when
 /// unset or not a number.
+#[cfg_attr(not(feature = "otel"), allow(dead_code))]
 fn at_least(get: &dyn Fn(&str) -> Option<String>, var: &str, min: Duration) -> Duration {
     let default = if var == "OTEL_BSP_SCHEDULE_DELAY" {
         Duration::from_secs(5)
@@ -352,6 +404,7 @@ fn settings_problems(get: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
     problems
 }
 
+#[cfg(feature = "otel")]
 /// `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds), 10 s when unset or bad.
 fn export_timeout(get: &dyn Fn(&str) -> Option<String>) -> Duration {
     get("OTEL_EXPORTER_OTLP_TIMEOUT")
@@ -360,6 +413,7 @@ fn export_timeout(get: &dyn Fn(&str) -> Option<String>) -> Duration {
         .map_or(Duration::from_secs(10), Duration::from_millis)
 }
 
+#[cfg(feature = "otel")]
 /// The SDK's resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`),
 /// named `hosted-boot` when neither names the service.
 fn resource(get: &dyn Fn(&str) -> Option<String>) -> opentelemetry_sdk::Resource {
@@ -444,11 +498,13 @@ fn acceptable(value: &str) -> bool {
 }
 
 /// A W3C trace context read from `traceparent` (and `tracestate`).
+#[cfg(feature = "otel")]
 struct Carrier<'a> {
     traceparent: &'a str,
     tracestate: Option<&'a str>,
 }
 
+#[cfg(feature = "otel")]
 impl Extractor for Carrier<'_> {
     fn get(&self, key: &str) -> Option<&str> {
         match key {
@@ -471,42 +527,56 @@ pub fn continue_trace(span: &tracing::Span, traceparent: &str, tracestate: Optio
     if !acceptable(traceparent) {
         return;
     }
-    let carrier = Carrier {
-        traceparent,
-        tracestate: tracestate.filter(|s| acceptable(s)),
-    };
-    let context = TraceContextPropagator::new().extract(&carrier);
-    if opentelemetry::trace::TraceContextExt::span(&context)
-        .span_context()
-        .is_valid()
+    #[cfg(feature = "otel")]
     {
-        let _ = span.set_parent(context);
+        let carrier = Carrier {
+            traceparent,
+            tracestate: tracestate.filter(|s| acceptable(s)),
+        };
+        let context = TraceContextPropagator::new().extract(&carrier);
+        if opentelemetry::trace::TraceContextExt::span(&context)
+            .span_context()
+            .is_valid()
+        {
+            let _ = span.set_parent(context);
+        }
     }
+    #[cfg(not(feature = "otel"))]
+    let _ = (span, tracestate);
 }
 
 /// Adds `span`'s W3C trace context to a request's headers (nothing when
 /// traces are off: its context is then invalid).
 pub fn inject(span: &tracing::Span, headers: &mut reqwest::header::HeaderMap) {
-    let context = span.context();
-    TraceContextPropagator::new()
-        .inject_context(&context, &mut opentelemetry_http::HeaderInjector(headers));
+    #[cfg(feature = "otel")]
+    TraceContextPropagator::new().inject_context(
+        &span.context(),
+        &mut opentelemetry_http::HeaderInjector(headers),
+    );
+    #[cfg(not(feature = "otel"))]
+    let _ = (span, headers);
 }
 
 /// `span`'s trace context as the agent's variables (`TRACEPARENT`, and
 /// `TRACESTATE` when it has one); empty when traces are off.
 pub fn agent_context(span: &tracing::Span) -> Vec<(&'static str, String)> {
-    let mut fields = std::collections::HashMap::new();
-    TraceContextPropagator::new().inject_context(&span.context(), &mut fields);
     let mut vars = Vec::new();
-    if let Some(parent) = fields.remove("traceparent").filter(|p| acceptable(p)) {
-        vars.push((TRACEPARENT_VAR, parent));
-        if let Some(state) = fields
-            .remove("tracestate")
-            .filter(|s| !s.is_empty() && acceptable(s))
-        {
-            vars.push((TRACESTATE_VAR, state));
+    #[cfg(feature = "otel")]
+    {
+        let mut fields = std::collections::HashMap::new();
+        TraceContextPropagator::new().inject_context(&span.context(), &mut fields);
+        if let Some(parent) = fields.remove("traceparent").filter(|p| acceptable(p)) {
+            vars.push((TRACEPARENT_VAR, parent));
+            if let Some(state) = fields
+                .remove("tracestate")
+                .filter(|s| !s.is_empty() && acceptable(s))
+            {
+                vars.push((TRACESTATE_VAR, state));
+            }
         }
     }
+    #[cfg(not(feature = "otel"))]
+    let _ = span;
     vars
 }
 

@@ -46,6 +46,9 @@ mod status;
 mod steering;
 mod supervisor;
 mod support;
+// The exporter is the `otel` feature's (on by default).
+#[cfg(feature = "otel")]
 mod telemetry;
+#[cfg(feature = "otel")]
 mod telemetry_review;
 mod workspace;

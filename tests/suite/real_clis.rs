@@ -1822,6 +1822,7 @@ async fn real_claude_a_stop_during_the_save_seals_first_and_saves_after() {
 /// `OTEL_TRACES_EXPORTER=otlp`: the platform's choice, passed through as
 /// every `OTEL_*` variable is), continues it: its spans are in the turn's
 /// trace, its `claude_code.interaction` a child of the runner's `agent`.
+#[cfg(feature = "otel")]
 #[tokio::test]
 async fn real_claude_joins_the_turns_trace() {
     let Some(case) = Case::start("claude", "write:one.txt").await else {
