@@ -17,9 +17,9 @@ const AGENT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fakes/acp-agent/agent.py"
 );
-const SECRET: &str = "acme-s3cr3t-value-0123456789";
+pub(super) const SECRET: &str = "acme-s3cr3t-value-0123456789";
 
-fn python() -> String {
+pub(super) fn python() -> String {
     let out = std::process::Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
@@ -27,7 +27,7 @@ fn python() -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-fn opts(task: &str) -> CoordinatorOptions {
+pub(super) fn opts(task: &str) -> CoordinatorOptions {
     CoordinatorOptions {
         task: task.into(),
         connectors: vec![("ACME_TOKEN".into(), SECRET.into())],
@@ -35,8 +35,10 @@ fn opts(task: &str) -> CoordinatorOptions {
     }
 }
 
-struct Probe {
-    sb: Sandbox,
+/// The runner driving a fake ACP agent's `scenario`; what the agent saw
+/// is in its log (`$AGENT_OUT/acp-log.jsonl`).
+pub(super) struct Probe {
+    pub(super) sb: Sandbox,
     runner: Option<Runner>,
     started: Instant,
 }
@@ -48,12 +50,24 @@ impl Probe {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Probe {
+        Probe::start_agent(AGENT, scenario, opts, args, env).await
+    }
+
+    /// As [`Probe::start`], with the fake agent at `agent` (a Python
+    /// script taking the scenario as its argument).
+    pub(super) async fn start_agent(
+        agent: &str,
+        scenario: &str,
+        opts: CoordinatorOptions,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Probe {
         let sb = Sandbox::start(opts).await;
         let mut cmd = sb.command("run", Path::new("/nonexistent"));
         cmd.env("HOSTED_BOOT_AGENT", "acp")
             .env(
                 "HOSTED_BOOT_AGENT_COMMAND",
-                format!("{} {AGENT} {scenario}", python()),
+                format!("{} {agent} {scenario}", python()),
             )
             .args(args);
         for (k, v) in env {
@@ -68,7 +82,7 @@ impl Probe {
     }
 
     /// The snapshot once `run` is sealed, or Err(elapsed) after `bound`.
-    async fn sealed(&self, run: &str, bound: Duration) -> Result<Snapshot, Duration> {
+    pub(super) async fn sealed(&self, run: &str, bound: Duration) -> Result<Snapshot, Duration> {
         self.sb
             .coordinator
             .wait_for(bound, |s| s.run(run).is_some_and(|r| r.finish.is_some()))
@@ -76,7 +90,7 @@ impl Probe {
             .map_err(|_| self.started.elapsed())
     }
 
-    fn log(&self) -> Vec<Value> {
+    pub(super) fn log(&self) -> Vec<Value> {
         self.sb
             .read_out("acp-log.jsonl")
             .lines()
@@ -84,7 +98,7 @@ impl Probe {
             .collect()
     }
 
-    fn sent_methods(&self) -> Vec<String> {
+    pub(super) fn sent_methods(&self) -> Vec<String> {
         self.log()
             .iter()
             .filter(|r| r["k"] == "in")
@@ -92,11 +106,21 @@ impl Probe {
             .collect()
     }
 
-    async fn end(mut self) -> String {
+    pub(super) async fn end(mut self) -> String {
         self.sb.coordinator.end_session();
         let runner = self.runner.take().unwrap();
         let (_status, out) = runner.finish().await;
         out
+    }
+
+    /// The runner's answer to the agent's permission request, as the
+    /// agent logged it.
+    pub(super) fn answer(&self) -> Value {
+        self.log()
+            .into_iter()
+            .find(|r| r["k"] == "answer")
+            .map(|r| r["result"].clone())
+            .unwrap_or(Value::Null)
     }
 
     async fn kill(mut self) -> String {

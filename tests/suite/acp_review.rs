@@ -7,96 +7,26 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hosted_boot_coordinator::{CoordinatorOptions, Snapshot};
+use hosted_boot_coordinator::Snapshot;
 use serde_json::Value;
 
+use super::acp_edges::{Probe, SECRET, opts, python};
 use super::support::{Runner, Sandbox, agent_events};
 
 const AGENT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fakes/acp-agent/review_agent.py"
 );
-const SECRET: &str = "acme-s3cr3t-value-0123456789";
-
-fn python() -> String {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
+/// The runner driving `review_agent.py`'s `scenario`.
+async fn start(scenario: &str, env: &[(&str, &str)]) -> Probe {
+    Probe::start_agent(AGENT, scenario, opts("hello"), &[], env).await
 }
 
-fn opts() -> CoordinatorOptions {
-    CoordinatorOptions {
-        task: "hello".into(),
-        connectors: vec![("ACME_TOKEN".into(), SECRET.into())],
-        ..CoordinatorOptions::default()
-    }
-}
-
-struct Probe {
-    sb: Sandbox,
-    runner: Option<Runner>,
-}
-
-impl Probe {
-    async fn start(scenario: &str, env: &[(&str, &str)]) -> Probe {
-        let sb = Sandbox::start(opts()).await;
-        let mut cmd = sb.command("run", Path::new("/nonexistent"));
-        cmd.env("HOSTED_BOOT_AGENT", "acp").env(
-            "HOSTED_BOOT_AGENT_COMMAND",
-            format!("{} {AGENT} {scenario}", python()),
-        );
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let runner = Runner::reading(cmd.spawn().unwrap());
-        Probe {
-            sb,
-            runner: Some(runner),
-        }
-    }
-
-    async fn sealed(&self, bound: Duration) -> Snapshot {
-        self.sb
-            .coordinator
-            .wait_for(bound, |s| {
-                s.run("run-1").is_some_and(|r| r.finish.is_some())
-            })
-            .await
-            .expect("run-1 was not sealed in time")
-    }
-
-    fn log(&self) -> Vec<Value> {
-        self.sb
-            .read_out("acp-log.jsonl")
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    fn sent_methods(&self) -> Vec<String> {
-        self.log()
-            .iter()
-            .filter(|r| r["k"] == "in")
-            .filter_map(|r| r["msg"]["method"].as_str().map(str::to_string))
-            .collect()
-    }
-
-    /// The runner's answer to the agent's permission request.
-    fn answer(&self) -> Value {
-        self.log()
-            .into_iter()
-            .find(|r| r["k"] == "answer")
-            .map(|r| r["result"].clone())
-            .unwrap_or(Value::Null)
-    }
-
-    async fn end(mut self) {
-        self.sb.coordinator.end_session();
-        let runner = self.runner.take().unwrap();
-        let _ = runner.finish().await;
-    }
+/// The state once run-1 is sealed (panics after `bound`).
+async fn sealed(p: &Probe, bound: Duration) -> Snapshot {
+    p.sealed("run-1", bound)
+        .await
+        .unwrap_or_else(|e| panic!("run-1 was not sealed in {e:?}"))
 }
 
 fn finish(snap: &Snapshot) -> Value {
@@ -105,8 +35,8 @@ fn finish(snap: &Snapshot) -> Value {
 
 /// (status, error code) of run-1 for `scenario`.
 async fn outcome(scenario: &str, env: &[(&str, &str)]) -> (Value, Probe) {
-    let p = Probe::start(scenario, env).await;
-    let snap = p.sealed(Duration::from_secs(90)).await;
+    let p = start(scenario, env).await;
+    let snap = sealed(&p, Duration::from_secs(90)).await;
     let f = finish(&snap);
     eprintln!("PROBE {scenario}: {f}");
     (f, p)
@@ -190,7 +120,7 @@ async fn acp_review_system_error_with_a_long_529_message() {
 #[tokio::test]
 async fn acp_review_system_error_text_with_a_secret() {
     let (f, p) = outcome("sys_err_secret", &[]).await;
-    let snap = p.sealed(Duration::from_secs(5)).await;
+    let snap = sealed(&p, Duration::from_secs(5)).await;
     let all = serde_json::to_string(&snap.run("run-1").unwrap().events).unwrap();
     p.end().await;
     assert_eq!(f["status"], "failed", "{f}");
@@ -234,7 +164,7 @@ async fn acp_review_system_error_after_the_answer() {
 #[tokio::test]
 async fn acp_review_permission_secrets_are_redacted() {
     let (f, p) = outcome("perm_secret", &[]).await;
-    let snap = p.sealed(Duration::from_secs(5)).await;
+    let snap = sealed(&p, Duration::from_secs(5)).await;
     let events = snap.run("run-1").unwrap().events.clone();
     let raw = serde_json::to_string(&events).unwrap();
     let decoded = serde_json::to_string(&agent_events(&events)).unwrap();
@@ -255,7 +185,7 @@ async fn acp_review_permission_secrets_are_redacted() {
 #[tokio::test]
 async fn acp_review_permission_control_characters_under_reject() {
     let (f, p) = outcome("perm_secret", &[("HOSTED_BOOT_ACP_PERMISSIONS", "reject")]).await;
-    let snap = p.sealed(Duration::from_secs(5)).await;
+    let snap = sealed(&p, Duration::from_secs(5)).await;
     let asked: Vec<Value> = agent_events(&snap.run("run-1").unwrap().events)
         .into_iter()
         .filter(|(k, _)| k == "session/request_permission")
@@ -373,7 +303,7 @@ async fn acp_review_bad_permission_values_are_refused() {
         (None, Some("deny")),
         (None, Some(" reject")),
     ] {
-        let sb = Sandbox::start(opts()).await;
+        let sb = Sandbox::start(opts("hello")).await;
         let mut cmd = sb.command("run", Path::new("/nonexistent"));
         cmd.env("HOSTED_BOOT_AGENT", "acp").env(
             "HOSTED_BOOT_AGENT_COMMAND",
@@ -402,7 +332,7 @@ async fn acp_review_bad_permission_values_are_refused() {
 /// warned about, not silently ignored.
 #[tokio::test]
 async fn acp_review_reject_with_another_agent_is_not_silent() {
-    let sb = Sandbox::start(opts()).await;
+    let sb = Sandbox::start(opts("hello")).await;
     let mut cmd = sb.command("run", Path::new("/nonexistent"));
     cmd.env("HOSTED_BOOT_AGENT", "command")
         .env("HOSTED_BOOT_AGENT_COMMAND", "sh -c 'echo done'")
