@@ -516,10 +516,7 @@ fn notification(
         io.note(Note::Activity);
         return;
     }
-    let about = params.get("sessionId").and_then(Value::as_str);
-    if let (Some(ours), Some(about)) = (state.session_id.as_deref(), about)
-        && ours != about
-    {
+    if of_another_session(state, params) {
         tracing::debug!("an update of another session than the turn's; not forwarded");
         return;
     }
@@ -633,20 +630,19 @@ fn request(
     flush_chunks(state, io);
     if method != "session/request_permission" {
         emit(io, method, params, whole);
-        let mut refusal = jsonrpc::error_response(id, -32601, "hosted-boot offers no such method");
-        refusal["jsonrpc"] = json!("2.0");
-        io.send_json(&refusal);
+        reply(
+            io,
+            jsonrpc::error_response(id, -32601, "hosted-boot offers no such method"),
+        );
         return;
     }
-    let about = params.get("sessionId").and_then(Value::as_str);
-    if let (Some(ours), Some(about)) = (state.session_id.as_deref(), about)
-        && ours != about
-    {
+    if of_another_session(state, params) {
         // As its updates are dropped: nothing of another session is granted.
         tracing::debug!("a permission request of another session than the turn's; cancelled");
-        let mut answer = jsonrpc::response(id, json!({"outcome": {"outcome": "cancelled"}}));
-        answer["jsonrpc"] = json!("2.0");
-        io.send_json(&answer);
+        reply(
+            io,
+            jsonrpc::response(id, json!({"outcome": {"outcome": "cancelled"}})),
+        );
         return;
     }
     let answer = permission_answer(spec.acp_permissions, params);
@@ -657,9 +653,20 @@ fn request(
         fields.insert("runnerAnswer".into(), answer.clone());
     }
     emit(io, method, &data, whole);
-    let mut answer = jsonrpc::response(id, answer);
-    answer["jsonrpc"] = json!("2.0");
-    io.send_json(&answer);
+    reply(io, jsonrpc::response(id, answer));
+}
+
+/// Sends an answer to a request of the agent's, as JSON-RPC 2.0.
+fn reply(io: &AdapterIo, mut message: Value) {
+    message["jsonrpc"] = json!("2.0");
+    io.send_json(&message);
+}
+
+/// Whether `params` name a session other than the turn's (once it is
+/// known; a message naming none is the turn's).
+fn of_another_session(state: &State, params: &Value) -> bool {
+    let about = params.get("sessionId").and_then(Value::as_str);
+    matches!((state.session_id.as_deref(), about), (Some(ours), Some(about)) if ours != about)
 }
 
 /// The answer to `session/request_permission` under `policy`: the

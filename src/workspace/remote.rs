@@ -161,28 +161,29 @@ pub(super) struct RemoteState {
 /// Lists the remote's refs and downloads the session branch when its tip is
 /// not here yet; updates `refs/remotes/origin/<branch>`.
 pub(super) fn fetch(repo: &Repository, url: &str, branch: &str) -> Result<RemoteState, Failure> {
-    let span = git_span("git fetch", branch);
-    let fetched = span.in_scope(|| fetch_in(repo, url, branch));
-    failed_on(&span, fetched.as_ref().err());
-    fetched
+    traced("git fetch", branch, || fetch_in(repo, url, branch))
 }
 
-/// A span for one fetch or push (issue 40): its ref, and its failure.
-fn git_span(name: &'static str, git_ref: &str) -> tracing::Span {
-    tracing::info_span!(
+/// `work`, one fetch or push, in a span of its own (issue 40): its ref,
+/// and its failure.
+fn traced<T>(
+    name: &'static str,
+    git_ref: &str,
+    work: impl FnOnce() -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    let span = tracing::info_span!(
         "git",
         otel.name = name,
         git_ref,
         otel.status_code = tracing::field::Empty,
         error = tracing::field::Empty,
-    )
-}
-
-fn failed_on(span: &tracing::Span, failure: Option<&Failure>) {
-    if let Some(failure) = failure {
+    );
+    let done = span.in_scope(work);
+    if let Err(failure) = &done {
         span.record("otel.status_code", "ERROR");
         span.record("error", tracing::field::debug(failure));
     }
+    done
 }
 
 fn fetch_in(repo: &Repository, url: &str, branch: &str) -> Result<RemoteState, Failure> {
@@ -250,10 +251,9 @@ pub(super) fn push_ref(
     gate: &PushGate<'_>,
     heads: &HashMap<String, Oid>,
 ) -> Result<(), Failure> {
-    let span = git_span("git push", target);
-    let pushed = span.in_scope(|| push_ref_in(repo, url, source, target, gate, heads));
-    failed_on(&span, pushed.as_ref().err());
-    pushed
+    traced("git push", target, || {
+        push_ref_in(repo, url, source, target, gate, heads)
+    })
 }
 
 fn push_ref_in(
