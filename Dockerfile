@@ -35,22 +35,25 @@ RUN stub-targets > /tmp/stubs \
  && rm -rf /tmp/stubs target/release/.fingerprint/hosted-boot* \
            target/release/deps/hosted_boot* target/release/deps/libhosted_boot*
 # The libs and the bins are all this build needs (the benches' paths are
-# explicit in Cargo.toml, so cargo does not look for their files), and the
+# explicit in Cargo.toml, so cargo does not look for their files), the
 # files their code includes (`include_str!`): the OpenAPI document, which
-# only the conformance checker embeds.
+# only the conformance checker embeds, and the runner's build script with
+# its link order (build.rs, link/symbol-order.txt).
 COPY src ./src
 COPY crates ./crates
 COPY docs/openapi.yaml ./docs/openapi.yaml
+COPY build.rs ./build.rs
+COPY link ./link
 RUN cargo build --release --locked --bin hosted-boot \
- && install -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot
+ && install -s -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot
 
 # The other two binaries, in a stage of their own: a build of the sandbox
 # image (the default target) does not link them (BuildKit builds only the
 # stages a target needs).
 FROM build AS build-tools
 RUN cargo build --release --locked --bin hosted-boot-coordinator --bin hosted-boot-conformance \
- && install -m 0755 target/release/hosted-boot-coordinator /usr/local/bin/hosted-boot-coordinator \
- && install -m 0755 target/release/hosted-boot-conformance /usr/local/bin/hosted-boot-conformance
+ && install -s -m 0755 target/release/hosted-boot-coordinator /usr/local/bin/hosted-boot-coordinator \
+ && install -s -m 0755 target/release/hosted-boot-conformance /usr/local/bin/hosted-boot-conformance
 
 # The conformance checker alone (README, "For platform implementers"), to
 # copy into a platform's own sandbox image beside the runner, or out of the
