@@ -106,12 +106,15 @@ def runner_env(session_env, root, agent_command, extra=None):
 class LatencyProxy:
     """A TCP proxy on loopback that delays every chunk by `one_way_ms` in
     each direction (a round trip of twice that), keeping order: a network
-    of that latency between the runner and the coordinator."""
+    of that latency between the runner and the coordinator. With `tls` (an
+    `ssl.SSLContext` for a server), it terminates TLS: an HTTPS front of a
+    plain-HTTP coordinator. `target` may be set after the start."""
 
-    def __init__(self, target_port, one_way_ms, port=None):
+    def __init__(self, target_port, one_way_ms, port=None, tls=None):
         self.target = target_port
         self.delay = one_way_ms / 1000.0
         self.port = port or free_port()
+        self.tls = tls
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         threading.Thread(target=self._run, args=(ready,), daemon=True).start()
@@ -155,7 +158,7 @@ class LatencyProxy:
             await asyncio.gather(pipe(r1, w2), pipe(r2, w1), return_exceptions=True)
 
         async def main():
-            await asyncio.start_server(handle, "127.0.0.1", self.port)
+            await asyncio.start_server(handle, "127.0.0.1", self.port, ssl=self.tls)
             ready.set()
             await asyncio.Event().wait()
 
