@@ -7,61 +7,92 @@
 //! mapped; ordered, it fills few windows (BENCHMARKS.md, "The boot's
 //! targets"). `scripts/symbol-order` writes the file from a profiled session.
 //!
-//! Only where the linker is known to be lld, which reads the file: rustc's
-//! own for x86_64-unknown-linux-gnu since Rust 1.90, unless RUSTFLAGS picks
-//! another. Anywhere else the build is as before. Names in the file that no
-//! longer exist are ignored, so a stale file costs layout, never a build.
+//! Only where the linker takes the option: an empty program is linked with
+//! it first, with this build's rustc, flags and linker (rustc's own lld
+//! does for x86_64-unknown-linux-gnu since Rust 1.90; GNU ld, which a
+//! distribution's rustc or a configured `gcc` linker uses, does not). Where
+//! it does not, the build is as before. The file's names hash the build's
+//! settings (toolchain, profile, target, features): a build with others
+//! links mostly unordered, never fails for it.
 
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 const ORDER: &str = "link/symbol-order.txt";
 
 fn main() {
-    println!("cargo::rerun-if-changed={ORDER}");
-    println!("cargo::rerun-if-env-changed=HOSTED_BOOT_NO_SYMBOL_ORDER");
-    let release = std::env::var("PROFILE").as_deref() == Ok("release");
-    let off = std::env::var_os("HOSTED_BOOT_NO_SYMBOL_ORDER").is_some_and(|v| !v.is_empty());
-    if !release || off || !rust_lld_links() {
-        return;
-    }
     let Ok(dir) = std::env::var("CARGO_MANIFEST_DIR") else {
         return;
     };
     let order = Path::new(&dir).join(ORDER);
+    // A missing file is watched through its directory: watching a path
+    // that does not exist would rebuild the crate on every build.
     if order.is_file() {
-        println!(
-            "cargo::rustc-link-arg-bin=hosted-boot=-Wl,--symbol-ordering-file={}",
-            order.display()
-        );
-        println!("cargo::rustc-link-arg-bin=hosted-boot=-Wl,--no-warn-symbol-ordering");
+        println!("cargo::rerun-if-changed={ORDER}");
+    } else {
+        println!("cargo::rerun-if-changed=link");
     }
+    println!("cargo::rerun-if-env-changed=HOSTED_BOOT_NO_SYMBOL_ORDER");
+    let release = std::env::var("PROFILE").as_deref() == Ok("release");
+    let off = std::env::var("HOSTED_BOOT_NO_SYMBOL_ORDER")
+        .is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "no"));
+    if !release || off || !order.is_file() {
+        return;
+    }
+    if !linker_orders() {
+        println!(
+            "cargo::warning=the linker does not take --symbol-ordering-file (it is not lld): \
+             the runner is linked unordered (BENCHMARKS.md, \"The boot's targets\")"
+        );
+        return;
+    }
+    // Two arguments, not `-Wl,…`, which would split a path at its commas.
+    let arg = |a: &str| println!("cargo::rustc-link-arg-bin=hosted-boot={a}");
+    arg("-Xlinker");
+    arg(&format!("--symbol-ordering-file={}", order.display()));
+    arg("-Xlinker");
+    arg("--no-warn-symbol-ordering");
 }
 
-/// Whether this build links with rustc's own lld: the target is
-/// x86_64-unknown-linux-gnu, rustc is 1.90 or later, and RUSTFLAGS chooses
-/// no other linker.
-fn rust_lld_links() -> bool {
-    if std::env::var("TARGET").as_deref() != Ok("x86_64-unknown-linux-gnu") {
-        return false;
-    }
-    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
-    if ["linker", "fuse-ld", "link-self-contained"]
-        .iter()
-        .any(|f| flags.contains(f))
-    {
-        return false;
-    }
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
-    let Ok(out) = Command::new(rustc).arg("--version").output() else {
+/// Whether this build's link takes `--symbol-ordering-file`: an empty
+/// program, linked by this build's rustc with its target, flags and
+/// configured linker and the option, links.
+fn linker_orders() -> bool {
+    let (Ok(rustc), Ok(out), Ok(target)) = (
+        std::env::var("RUSTC"),
+        std::env::var("OUT_DIR"),
+        std::env::var("TARGET"),
+    ) else {
         return false;
     };
-    // "rustc 1.95.0 (59807616e 2026-04-14)"
-    let version = String::from_utf8_lossy(&out.stdout);
-    let minor = version
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.split('.').nth(1))
-        .and_then(|m| m.parse::<u32>().ok());
-    matches!(minor, Some(m) if m >= 90)
+    let out = PathBuf::from(out);
+    let source = out.join("symbol-order-probe.rs");
+    let names = out.join("symbol-order-probe.txt");
+    if std::fs::write(&source, "fn main() {}\n").is_err() || std::fs::write(&names, "").is_err() {
+        return false;
+    }
+    let mut probe = Command::new(rustc);
+    probe
+        .arg("--edition=2021")
+        .arg("--crate-type=bin")
+        .arg("--target")
+        .arg(&target)
+        .arg("-o")
+        .arg(out.join("symbol-order-probe"))
+        .args(["-C", "link-arg=-Xlinker", "-C"])
+        .arg(format!(
+            "link-arg=--symbol-ordering-file={}",
+            names.display()
+        ))
+        .arg(&source);
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    probe.args(flags.split('\u{1f}').filter(|f| !f.is_empty()));
+    if let Ok(linker) = std::env::var("RUSTC_LINKER") {
+        probe.arg("-C").arg(format!("linker={linker}"));
+    }
+    probe
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
