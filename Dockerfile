@@ -44,14 +44,13 @@ COPY crates ./crates
 COPY docs/openapi.yaml ./docs/openapi.yaml
 COPY build.rs ./build.rs
 COPY link ./link
+COPY image/link-order ./image/link-order
 # The link order's names hash the toolchain and the profile (build.rs): the
 # log says how many of them this build linked in order (all but a few with
 # the release profile and Rust 1.95.0; few with CARGO_PROFILE_RELEASE_LTO=false
 # or another toolchain, which costs resident memory, not correctness).
 RUN cargo build --release --locked --bin hosted-boot \
- && nm --defined-only target/release/hosted-boot | awk '{print $NF}' | sort -u > /tmp/defined \
- && echo "link order: $(sort -u link/symbol-order.txt | comm -12 - /tmp/defined | wc -l) of $(wc -l < link/symbol-order.txt) names in order" \
- && rm /tmp/defined \
+ && sh image/link-order target/release/hosted-boot link/symbol-order.txt \
  && install -s -m 0755 target/release/hosted-boot /usr/local/bin/hosted-boot
 
 # The other two binaries, in a stage of their own: a build of the sandbox

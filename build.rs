@@ -11,9 +11,10 @@
 //! it first, with this build's rustc, flags and linker (rustc's own lld
 //! does for x86_64-unknown-linux-gnu since Rust 1.90; GNU ld, which a
 //! distribution's rustc or a configured `gcc` linker uses, does not). Where
-//! it does not, the build is as before. The file's names hash the build's
-//! settings (toolchain, profile, target, features): a build with others
-//! links mostly unordered, never fails for it.
+//! it does not, the build is as before, with a warning. The file's names
+//! hash the build's settings (toolchain, profile, target, features): a
+//! build with others links mostly unordered, never fails for it.
+//! `HOSTED_BOOT_NO_SYMBOL_ORDER=1` (or true, yes, on) links unordered.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,24 +26,28 @@ fn main() {
         return;
     };
     let order = Path::new(&dir).join(ORDER);
-    // A missing file is watched through its directory: watching a path
-    // that does not exist would rebuild the crate on every build.
+    // Watching a path that does not exist would rebuild the crate on every
+    // build: without the file, this script is what is watched.
     if order.is_file() {
         println!("cargo::rerun-if-changed={ORDER}");
     } else {
-        println!("cargo::rerun-if-changed=link");
+        println!("cargo::rerun-if-changed=build.rs");
     }
     println!("cargo::rerun-if-env-changed=HOSTED_BOOT_NO_SYMBOL_ORDER");
     let release = std::env::var("PROFILE").as_deref() == Ok("release");
-    let off = std::env::var("HOSTED_BOOT_NO_SYMBOL_ORDER")
-        .is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "no"));
+    let off = std::env::var("HOSTED_BOOT_NO_SYMBOL_ORDER").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    });
     if !release || off || !order.is_file() {
         return;
     }
-    if !linker_orders() {
+    if let Err(why) = linker_orders() {
         println!(
-            "cargo::warning=the linker does not take --symbol-ordering-file (it is not lld): \
-             the runner is linked unordered (BENCHMARKS.md, \"The boot's targets\")"
+            "cargo::warning=the runner is linked unordered (BENCHMARKS.md, \"The boot's \
+             targets\"): a program linked with --symbol-ordering-file failed ({why})"
         );
         return;
     }
@@ -56,25 +61,28 @@ fn main() {
 
 /// Whether this build's link takes `--symbol-ordering-file`: an empty
 /// program, linked by this build's rustc with its target, flags and
-/// configured linker and the option, links.
-fn linker_orders() -> bool {
+/// configured linker and the option, links. Err: the first line of what
+/// rustc said (the linker's refusal, most likely).
+fn linker_orders() -> Result<(), String> {
     let (Ok(rustc), Ok(out), Ok(target)) = (
         std::env::var("RUSTC"),
         std::env::var("OUT_DIR"),
         std::env::var("TARGET"),
     ) else {
-        return false;
+        return Err("cargo set no RUSTC, OUT_DIR or TARGET".to_string());
     };
     let out = PathBuf::from(out);
     let source = out.join("symbol-order-probe.rs");
     let names = out.join("symbol-order-probe.txt");
-    if std::fs::write(&source, "fn main() {}\n").is_err() || std::fs::write(&names, "").is_err() {
-        return false;
-    }
+    std::fs::write(&source, "//! A link probe.\nfn main() {}\n")
+        .and_then(|()| std::fs::write(&names, ""))
+        .map_err(|e| format!("cannot write the probe into {}: {e}", out.display()))?;
     let mut probe = Command::new(rustc);
     probe
         .arg("--edition=2021")
         .arg("--crate-type=bin")
+        // The build's own lints (RUSTFLAGS' -D …) are not this probe's.
+        .arg("--cap-lints=allow")
         .arg("--target")
         .arg(&target)
         .arg("-o")
@@ -90,9 +98,19 @@ fn linker_orders() -> bool {
     if let Ok(linker) = std::env::var("RUSTC_LINKER") {
         probe.arg("-C").arg(format!("linker={linker}"));
     }
-    probe
+    let output = probe
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("cannot run rustc: {e}"))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let said = String::from_utf8_lossy(&output.stderr);
+    Err(said
+        .lines()
+        .find(|l| l.contains("error") || l.contains("unrecognized"))
+        .unwrap_or("rustc failed")
+        .trim()
+        .to_string())
 }
