@@ -165,6 +165,25 @@ class LatencyProxy:
         self.loop.run_until_complete(main())
 
 
+def link_order_names(binary, order):
+    """(names of the link order file `order` that `binary` defines, names in
+    the file): how much of it build.rs linked in order (a build whose names
+    differ is linked mostly unordered). None when it cannot tell: no file,
+    no nm, a stripped binary."""
+    if not os.path.exists(order):
+        return None
+    try:
+        nm = subprocess.run(["nm", "--defined-only", binary], capture_output=True, text=True)
+    except OSError:
+        return None
+    if nm.returncode != 0:
+        return None
+    defined = {line.split()[-1] for line in nm.stdout.splitlines() if line.strip()}
+    with open(order) as f:
+        names = [line.strip() for line in f if line.strip()]
+    return sum(1 for n in names if n in defined), len(names)
+
+
 def proc_cpu_rss(pids):
     """(user+system CPU seconds, RSS bytes) summed over `pids` (from
     /proc/PID/stat and /proc/PID/status)."""
