@@ -601,8 +601,12 @@ impl Drop for GroupKill {
 /// `bytes` is an opencode export of `session`: a JSON object whose
 /// `info.id` is the session and whose `messages` is an array.
 fn check_export(bytes: &[u8], session: &str) -> Result<(), StateError> {
-    let value: serde_json::Value = serde_json::from_slice(bytes)
-        .map_err(|e| fail(format!("the opencode export is not JSON: {e}")))?;
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        fail(format!(
+            "the opencode export is not JSON: {}",
+            crate::text::json_error(&e)
+        ))
+    })?;
     let id = value
         .pointer("/info/id")
         .and_then(serde_json::Value::as_str);
@@ -968,8 +972,12 @@ pub fn unpack(
     value: serde_json::Value,
     limit: u64,
 ) -> Result<(Vec<StateFile>, String), StateError> {
-    let state: AgentState = serde_json::from_value(value)
-        .map_err(|e| fail(format!("the agent state is not one (2.7): {e}")))?;
+    let state: AgentState = serde_json::from_value(value).map_err(|e| {
+        fail(format!(
+            "the agent state is not one (2.7): {}",
+            crate::text::json_error(&e)
+        ))
+    })?;
     if state.format != AGENT_STATE_FORMAT {
         return Err(fail(format!(
             "the agent state has format {}, and this runner reads {AGENT_STATE_FORMAT}",
@@ -1298,5 +1306,12 @@ mod tests {
         other["files"][0]["content"] = "***".into();
         assert!(unpack(&place, other, 1 << 20).is_err());
         assert!(unpack(&place, serde_json::json!([1]), 1 << 20).is_err());
+        // A field of the wrong kind is named by its kind, never its value
+        // (the reason is an event, and the value may be a transcript).
+        let mut other = value.clone();
+        other["files"] = "TRANSCRIPT".into();
+        let why = unpack(&place, other, 1 << 20).unwrap_err().0;
+        assert!(why.contains("invalid type: string"), "{why}");
+        assert!(!why.contains("TRANSCRIPT"), "{why}");
     }
 }

@@ -1,5 +1,6 @@
 //! Text for messages and command lines: clipping to a number of characters
-//! (never inside a character) and POSIX shell quoting.
+//! (never inside a character), a JSON decode error without its value, and
+//! POSIX shell quoting.
 
 /// The first `max_chars` characters of `text` (all of it when shorter).
 pub fn head(text: &str, max_chars: usize) -> &str {
@@ -71,6 +72,46 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// What a JSON decode error says, without the value it found: `invalid
+/// type: string "…", expected a sequence` becomes `invalid type: string,
+/// expected a sequence`, and a name serde quotes (an unknown field or
+/// variant) is cut to 40 characters. The value is input from a peer (a
+/// coordinator's answer, a stored agent state) that may be large or hold
+/// what must not reach an event or a log line; the kind and the position
+/// are what a reader needs to mend it.
+pub fn json_error(e: &serde_json::Error) -> String {
+    let whole = e.to_string();
+    let at = format!(" at line {} column {}", e.line(), e.column());
+    let message = whole.strip_suffix(&at).unwrap_or(&whole);
+    let position = if e.line() > 0 { at.as_str() } else { "" };
+    let said = ["invalid type: ", "invalid value: "]
+        .into_iter()
+        .find_map(|prefix| {
+            let rest = message.strip_prefix(prefix)?;
+            // serde writes `{unexpected}, expected {expected}`; the value is
+            // in the first part, so the last separator is serde's own.
+            let (found, expected) = rest.rsplit_once(", expected ")?;
+            let kind: Vec<&str> = found
+                .split(' ')
+                .take_while(|w| !w.starts_with(['`', '"', '\'']))
+                .collect();
+            Some(format!("{prefix}{}, expected {expected}", kind.join(" ")))
+        })
+        .or_else(|| {
+            let prefix = ["unknown variant `", "unknown field `"]
+                .into_iter()
+                .find(|p| message.starts_with(p))?;
+            let rest = message.get(prefix.len()..)?;
+            let (name, expected) = rest.rsplit_once("`, expected ")?;
+            Some(format!(
+                "{prefix}{}`, expected {expected}",
+                printable(&clip(name, 40))
+            ))
+        })
+        .unwrap_or_else(|| printable(&clip(message, 200)).into_owned());
+    format!("{said}{position}")
+}
+
 /// Quotes `value` for a POSIX shell: in single quotes, an embedded single
 /// quote written `'\''` (the shell gives back exactly `value`).
 pub fn shell_quote(value: &str) -> String {
@@ -119,6 +160,71 @@ pub fn signal_name(n: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn decode_error<T: serde::de::DeserializeOwned + std::fmt::Debug>(json: &str) -> String {
+        json_error(&serde_json::from_str::<T>(json).unwrap_err())
+    }
+
+    fn value_error<T: serde::de::DeserializeOwned + std::fmt::Debug>(
+        value: serde_json::Value,
+    ) -> String {
+        json_error(&serde_json::from_value::<T>(value).unwrap_err())
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code, reason = "only decoded, to make errors")]
+    struct Shape {
+        files: Vec<String>,
+        count: u32,
+        kind: Option<Kind>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    enum Kind {
+        One,
+    }
+
+    /// The value found is never in the message; the kind, what was
+    /// expected and the position are.
+    #[test]
+    fn a_json_error_names_the_kind_not_the_value() {
+        let e = decode_error::<Shape>(r#"{"files": "SECRET, expected x", "count": 1}"#);
+        assert_eq!(
+            e,
+            "invalid type: string, expected a sequence at line 1 column 30"
+        );
+        let e = value_error::<Shape>(serde_json::json!({"files": "SECRET"}));
+        assert_eq!(e, "invalid type: string, expected a sequence");
+        let e = value_error::<Shape>(serde_json::json!({"files": [], "count": 5_000_000_000_u64}));
+        assert!(e.starts_with("invalid value: integer, expected u32"), "{e}");
+        let e = value_error::<Shape>(serde_json::json!({"files": [true], "count": 1}));
+        assert_eq!(e, "invalid type: boolean, expected a string");
+        let e = value_error::<Shape>(serde_json::json!({"files": [], "count": 1.5}));
+        assert_eq!(e, "invalid type: floating point, expected u32");
+        let e = value_error::<Shape>(serde_json::json!({"files": []}));
+        assert_eq!(e, "missing field `count`");
+        for (json, name) in [
+            (
+                serde_json::json!({"files": [], "count": 1, "kind": "x".repeat(100)}),
+                "variant",
+            ),
+            (
+                serde_json::json!({"files": [], "count": 1, "x".repeat(100): 1}),
+                "field",
+            ),
+        ] {
+            let e = value_error::<Shape>(json);
+            assert!(
+                e.starts_with(&format!("unknown {name} `{}…`, expected", "x".repeat(40))),
+                "{e}"
+            );
+        }
+        let e =
+            value_error::<Shape>(serde_json::json!({"files": [], "count": 1, "kind": "\u{1b}[2J"}));
+        assert!(e.starts_with("unknown variant `\\u{1b}[2J`"), "{e}");
+    }
 
     #[test]
     fn clipping_counts_characters_not_bytes() {

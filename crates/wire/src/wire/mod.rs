@@ -305,8 +305,9 @@ pub enum PendingTurnShape {
     /// Neither an object nor null (the JSON kind it is).
     #[error("pendingTurn has the wrong shape: expected an object or null, got {0}")]
     NotAnObject(&'static str),
-    /// An object whose fields do not make a turn.
-    #[error("pendingTurn has the wrong shape: {0}")]
+    /// An object whose fields do not make a turn (said without the value
+    /// found: the turn's prompt is the user's text).
+    #[error("pendingTurn has the wrong shape: {}", crate::text::json_error(.0))]
     Fields(serde_json::Error),
 }
 
