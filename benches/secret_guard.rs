@@ -75,7 +75,11 @@ fn file(rng: &mut Rng) -> Vec<u8> {
     while out.len() < FILE_BYTES {
         let w = WORDS[(rng.next() % WORDS.len() as u64) as usize];
         out.extend_from_slice(w.as_bytes());
-        out.push(if rng.next() % 9 == 0 { b'\n' } else { b' ' });
+        out.push(if rng.next().is_multiple_of(9) {
+            b'\n'
+        } else {
+            b' '
+        });
     }
     out.truncate(FILE_BYTES);
     out

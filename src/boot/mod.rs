@@ -1286,10 +1286,10 @@ fn allow_submodule_remote(
     if let Some(broker) = broker {
         broker.allow_submodule_remote(url);
     }
-    if mode == CredentialMode::File {
-        if let Err(e) = session_dir.allow_submodule_remote(url.as_str()) {
-            tracing::warn!(remote = %url, error = %e, "cannot let the credential helper answer for a submodule's remote");
-        }
+    if mode == CredentialMode::File
+        && let Err(e) = session_dir.allow_submodule_remote(url.as_str())
+    {
+        tracing::warn!(remote = %url, error = %e, "cannot let the credential helper answer for a submodule's remote");
     }
 }
 

@@ -267,15 +267,15 @@ fn socket_line(root: &Path, session_id: &str) -> CheckLine {
 /// (`check` beside a running sandbox), not a failure.
 fn lock_line(root: &Path) -> CheckLine {
     let probe = crate::workspace::lock::probe(root);
-    if let Err(crate::workspace::lock::LockError::Held { pid: Some(pid), .. }) = &probe {
-        if let Some(runner) = live_runner(root, *pid) {
-            return CheckLine::pass(
-                "root lock",
-                format!(
-                    "held by this root's live runner (pid {pid}, {runner}): a second `run` here would be refused; this check only reads"
-                ),
-            );
-        }
+    if let Err(crate::workspace::lock::LockError::Held { pid: Some(pid), .. }) = &probe
+        && let Some(runner) = live_runner(root, *pid)
+    {
+        return CheckLine::pass(
+            "root lock",
+            format!(
+                "held by this root's live runner (pid {pid}, {runner}): a second `run` here would be refused; this check only reads"
+            ),
+        );
     }
     match probe {
         Ok(()) => CheckLine::pass("root lock", "no other runner holds the root"),

@@ -174,10 +174,10 @@ pub fn run(secret: Option<Secret>) -> i32 {
             if let Some(status) = reap_all(worker) {
                 return exit_code(status.exit_status(), status.terminating_signal());
             }
-        } else if forwarded.contains(&signal) {
-            if let Some(sig) = Signal::from_named_raw(signal) {
-                let _ = rustix::process::kill_process(worker, sig);
-            }
+        } else if forwarded.contains(&signal)
+            && let Some(sig) = Signal::from_named_raw(signal)
+        {
+            let _ = rustix::process::kill_process(worker, sig);
         }
         // SIGHUP, EINTR: nothing to do.
     }

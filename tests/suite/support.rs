@@ -543,10 +543,10 @@ impl Group {
 
     /// [`Group::live_members`] among `procs` (one scan of `/proc`).
     pub fn members_in(&self, procs: &[hosted_boot::process::tree::ProcInfo]) -> Vec<i32> {
-        if let Some(holder) = procs.iter().find(|p| p.pid == self.pgid) {
-            if self.leader_start != Some(holder.start_time) {
-                return Vec::new();
-            }
+        if let Some(holder) = procs.iter().find(|p| p.pid == self.pgid)
+            && self.leader_start != Some(holder.start_time)
+        {
+            return Vec::new();
         }
         procs
             .iter()

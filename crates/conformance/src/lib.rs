@@ -282,16 +282,16 @@ async fn exercise(
         stopped_by_us,
         session_files_left,
     );
-    if checks.iter().any(|c| c.outcome.is_err()) {
-        if let Ok(text) = std::fs::read_to_string(&log_path) {
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = lines.len().saturating_sub(30);
-            eprintln!("the runner's log (its last lines, redacted by the runner):");
-            for line in lines.iter().skip(tail) {
-                eprintln!("  {line}");
-            }
-            eprintln!();
+    if checks.iter().any(|c| c.outcome.is_err())
+        && let Ok(text) = std::fs::read_to_string(&log_path)
+    {
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines.len().saturating_sub(30);
+        eprintln!("the runner's log (its last lines, redacted by the runner):");
+        for line in lines.iter().skip(tail) {
+            eprintln!("  {line}");
         }
+        eprintln!();
     }
     Ok(checks)
 }
@@ -336,10 +336,10 @@ fn runner_command(
 /// The graceful stop of 4.4 (between turns: nothing posted): SIGTERM, then
 /// its exit within 40 s, else SIGKILL and `None`.
 async fn stop_runner(child: &mut tokio::process::Child) -> Option<std::process::ExitStatus> {
-    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok())
+        && let Some(pid) = rustix::process::Pid::from_raw(pid)
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     }
     match tokio::time::timeout(Duration::from_secs(40), child.wait()).await {
         Ok(s) => s.ok(),

@@ -223,51 +223,51 @@ impl Document {
                 ));
             }
         }
-        if let Some(Value::Array(allowed)) = s.get("enum") {
-            if !allowed.contains(value) {
-                let shown: Vec<String> = allowed.iter().map(Value::to_string).collect();
-                return Err(format!(
-                    "{place}: expected one of {}, got another {}",
-                    shown.join(", "),
-                    type_name(value)
-                ));
-            }
+        if let Some(Value::Array(allowed)) = s.get("enum")
+            && !allowed.contains(value)
+        {
+            let shown: Vec<String> = allowed.iter().map(Value::to_string).collect();
+            return Err(format!(
+                "{place}: expected one of {}, got another {}",
+                shown.join(", "),
+                type_name(value)
+            ));
         }
-        if let Some(c) = s.get("const") {
-            if c != value {
-                return Err(format!("{place}: expected {c}"));
-            }
+        if let Some(c) = s.get("const")
+            && c != value
+        {
+            return Err(format!("{place}: expected {c}"));
         }
-        if let (Some(min), Some(n)) = (s.get("minimum").and_then(Value::as_f64), value.as_f64()) {
-            if n < min {
-                return Err(format!("{place}: expected at least {min}, got {n}"));
-            }
+        if let (Some(min), Some(n)) = (s.get("minimum").and_then(Value::as_f64), value.as_f64())
+            && n < min
+        {
+            return Err(format!("{place}: expected at least {min}, got {n}"));
         }
         if let Some(text) = value.as_str() {
             let chars = text.chars().count() as u64;
-            if let Some(min) = s.get("minLength").and_then(Value::as_u64) {
-                if chars < min {
-                    return Err(format!(
-                        "{place}: expected at least {min} characters, got {chars}"
-                    ));
-                }
+            if let Some(min) = s.get("minLength").and_then(Value::as_u64)
+                && chars < min
+            {
+                return Err(format!(
+                    "{place}: expected at least {min} characters, got {chars}"
+                ));
             }
-            if let Some(max) = s.get("maxLength").and_then(Value::as_u64) {
-                if chars > max {
-                    return Err(format!(
-                        "{place}: expected at most {max} characters, got {chars}"
-                    ));
-                }
+            if let Some(max) = s.get("maxLength").and_then(Value::as_u64)
+                && chars > max
+            {
+                return Err(format!(
+                    "{place}: expected at most {max} characters, got {chars}"
+                ));
             }
         }
         if let Some(items) = value.as_array() {
-            if let Some(max) = s.get("maxItems").and_then(Value::as_u64) {
-                if items.len() as u64 > max {
-                    return Err(format!(
-                        "{place}: expected at most {max} items, got {}",
-                        items.len()
-                    ));
-                }
+            if let Some(max) = s.get("maxItems").and_then(Value::as_u64)
+                && items.len() as u64 > max
+            {
+                return Err(format!(
+                    "{place}: expected at most {max} items, got {}",
+                    items.len()
+                ));
             }
             if let Some(item_schema) = s.get("items") {
                 for (i, item) in items.iter().enumerate() {
@@ -324,13 +324,13 @@ impl Document {
                 }
             }
         }
-        if let Some(max) = s.get("maxProperties").and_then(Value::as_u64) {
-            if obj.len() as u64 > max {
-                return Err(format!(
-                    "{place}: expected at most {max} members, got {}",
-                    obj.len()
-                ));
-            }
+        if let Some(max) = s.get("maxProperties").and_then(Value::as_u64)
+            && obj.len() as u64 > max
+        {
+            return Err(format!(
+                "{place}: expected at most {max} members, got {}",
+                obj.len()
+            ));
         }
         let props = s.get("properties").and_then(Value::as_object);
         for (name, member) in obj {

@@ -239,10 +239,10 @@ async fn scenario(args: &DemoArgs, runner: &Path) -> anyhow::Result<()> {
 /// SIGTERM to the runner, then its exit (bounded by the contract's stop
 /// budget and a margin; then SIGKILL), in words.
 async fn stop_runner(child: &mut tokio::process::Child) -> String {
-    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok())
+        && let Some(pid) = rustix::process::Pid::from_raw(pid)
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     }
     let budget = crate::timings::Timings::default().stop_budget + Duration::from_secs(5);
     match tokio::time::timeout(budget, child.wait()).await {

@@ -188,10 +188,10 @@ pub(super) fn route(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Reply {
-    if let Some(token) = &sh.cfg.dev_token {
-        if auth_value(headers, "Bearer") != Some(token.expose()) {
-            return Err(unauthorized("dev token"));
-        }
+    if let Some(token) = &sh.cfg.dev_token
+        && auth_value(headers, "Bearer") != Some(token.expose())
+    {
+        return Err(unauthorized("dev token"));
     }
     let Some(spec) = DEV_TABLE.iter().find(|s| s.name == rest) else {
         let names: Vec<&str> = DEV_TABLE.iter().map(|s| s.name).collect();

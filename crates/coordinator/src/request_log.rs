@@ -71,10 +71,11 @@ impl RequestLog {
         ready.sort_by_key(|r| r.answered_at_ms.unwrap_or(r.at_ms));
         let mut lines = Vec::new();
         for r in &ready {
-            if r.route == Route::RunStarted && accepted(r) {
-                if let Some(id) = run_id_of(&r.path, None) {
-                    self.started.entry(id.to_string()).or_insert(r.at_ms);
-                }
+            if r.route == Route::RunStarted
+                && accepted(r)
+                && let Some(id) = run_id_of(&r.path, None)
+            {
+                self.started.entry(id.to_string()).or_insert(r.at_ms);
             }
             lines.push(printable(&request_line(r)).into_owned());
             if let Some(line) = self.turn_summary(r, &run) {

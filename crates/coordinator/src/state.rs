@@ -331,10 +331,10 @@ impl Fault {
         if self.count == 0 {
             return Err("count must be at least 1".into());
         }
-        if let Some(s) = self.status {
-            if StatusCode::from_u16(s).is_err() || s < 200 {
-                return Err(format!("status {s} is not a final HTTP status"));
-            }
+        if let Some(s) = self.status
+            && (StatusCode::from_u16(s).is_err() || s < 200)
+        {
+            return Err(format!("status {s} is not a final HTTP status"));
         }
         if self.reset && self.replaces() {
             return Err("reset drops the connection: it takes no status or body".into());
