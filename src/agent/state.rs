@@ -389,16 +389,16 @@ impl Place {
     /// A path of a state is one the CLI itself would write for this
     /// session: relative, plain names, within the CLI's layout.
     fn check_path(&self, path: &str) -> Result<(), StateError> {
-        let shown = crate::text::head(path, 200);
-        let refuse = |why: &str| fail(format!("the state's path {shown:?} is refused: {why}"));
+        let whole = shown(path, 200);
+        let refuse = |why: &str| fail(format!("the state's path {whole} is refused: {why}"));
         let parts: Vec<&str> = path.split('/').collect();
         if path.is_empty() || path.len() > 1024 || parts.len() > MAX_DEPTH {
             return Err(refuse("empty, too long or too deep"));
         }
         if let Some(bad) = parts.iter().find(|p| !safe_name(p)) {
             return Err(refuse(&format!(
-                "the name {:?} is not a plain file name (letters, digits, '.', '_', '-'; not '.' or '..')",
-                crate::text::head(bad, 100)
+                "the name {} is not a plain file name (letters, digits, '.', '_', '-'; not '.' or '..')",
+                shown(bad, 100)
             )));
         }
         let ok = match self.cli {
@@ -611,8 +611,9 @@ fn check_export(bytes: &[u8], session: &str) -> Result<(), StateError> {
         .pointer("/info/id")
         .and_then(serde_json::Value::as_str);
     if id != Some(session) || !value["messages"].is_array() {
+        let id = id.map_or_else(|| "absent".to_string(), |id| shown(id, 100));
         return Err(fail(format!(
-            "the opencode export is not agent session {session}'s (info.id {id:?}, messages {})",
+            "the opencode export is not agent session {session}'s (info.id {id}, messages {})",
             if value["messages"].is_array() {
                 "an array"
             } else {
@@ -630,6 +631,22 @@ fn digits(text: &str, n: usize) -> bool {
 
 /// A name the CLIs give their files and sessions: ASCII letters, digits,
 /// `.`, `_`, `-`, at most 255 bytes, not `.` or `..`.
+/// A name or path from a stored state as a refusal shows it: quoted when
+/// it is made of path characters (letters, digits, `.`, `_`, `-`, `/`) and
+/// at most `max` long, else by its length only: a state whose members are
+/// swapped or corrupt holds a transcript where a name goes, and the
+/// refusal is an event.
+fn shown(text: &str, max: usize) -> String {
+    let plain = text
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'));
+    if plain && !text.is_empty() && text.len() <= max {
+        format!("{text:?}")
+    } else {
+        format!("(a text of {} characters, not shown)", text.chars().count())
+    }
+}
+
 fn safe_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 255
@@ -972,12 +989,8 @@ pub fn unpack(
     value: serde_json::Value,
     limit: u64,
 ) -> Result<(Vec<StateFile>, String), StateError> {
-    let state: AgentState = serde_json::from_value(value).map_err(|e| {
-        fail(format!(
-            "the agent state is not one (2.7): {}",
-            crate::text::json_error(&e)
-        ))
-    })?;
+    let state: AgentState = crate::wire::decode::from_value(value)
+        .map_err(|e| fail(format!("the agent state is not one (2.7): {e}")))?;
     if state.format != AGENT_STATE_FORMAT {
         return Err(fail(format!(
             "the agent state has format {}, and this runner reads {AGENT_STATE_FORMAT}",
@@ -986,15 +999,15 @@ pub fn unpack(
     }
     if state.cli != place.cli.name() {
         return Err(fail(format!(
-            "the agent state is {:?}'s, and the agent is {}",
-            crate::text::head(&state.cli, 100),
+            "the agent state is {}'s, and the agent is {}",
+            shown(&state.cli, 100),
             place.cli.name()
         )));
     }
     if state.agent_session_id != place.session {
         return Err(fail(format!(
-            "the agent state holds agent session {:?}, and the turn resumes {}",
-            crate::text::head(&state.agent_session_id, 100),
+            "the agent state holds agent session {}, and the turn resumes {}",
+            shown(&state.agent_session_id, 100),
             place.session
         )));
     }
@@ -1011,8 +1024,8 @@ pub fn unpack(
             .decode(f.content.as_bytes())
             .map_err(|e| {
                 fail(format!(
-                    "the content of {:?} is not base64: {e}",
-                    crate::text::head(&f.path, 200)
+                    "the content of {} is not base64: {e}",
+                    shown(&f.path, 200)
                 ))
             })?;
         left = left
@@ -1311,7 +1324,26 @@ mod tests {
         let mut other = value.clone();
         other["files"] = "TRANSCRIPT".into();
         let why = unpack(&place, other, 1 << 20).unwrap_err().0;
-        assert!(why.contains("invalid type: string"), "{why}");
+        assert!(why.contains("files: invalid type: string"), "{why}");
         assert!(!why.contains("TRANSCRIPT"), "{why}");
+        // Members swapped or corrupt: a transcript where a name goes is
+        // shown by its length; a plain name is quoted.
+        let mut other = value.clone();
+        other["files"][0]["path"] = "TRANSCRIPT of the user's work".into();
+        other["files"][0]["content"] = "!!".into();
+        let why = unpack(&place, other, 1 << 20).unwrap_err().0;
+        assert!(
+            why.contains("(a text of 29 characters, not shown)"),
+            "{why}"
+        );
+        assert!(!why.contains("TRANSCRIPT"), "{why}");
+        let mut other = value.clone();
+        other["cli"] = "TRANSCRIPT text".into();
+        let why = unpack(&place, other, 1 << 20).unwrap_err().0;
+        assert!(!why.contains("TRANSCRIPT"), "{why}");
+        let mut other = value.clone();
+        other["cli"] = "codex".into();
+        let why = unpack(&place, other, 1 << 20).unwrap_err().0;
+        assert!(why.contains("\"codex\"'s"), "{why}");
     }
 }

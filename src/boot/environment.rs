@@ -14,7 +14,7 @@ use crate::wire::{ClientInfo, EnvBundle, ErrorCode};
 /// A connector the runner refuses (`reserved_connector_env`, PROTOCOL.md
 /// 2.3): the message names the variable, never its value.
 #[derive(Debug, thiserror::Error)]
-#[error("the env bundle sets `{}`, {why}; remove it from the session's connectors", .name.escape_debug())]
+#[error("the env bundle sets {}, {why}; remove it from the session's connectors", shown_name(.name))]
 pub struct ReservedConnector {
     /// The variable name.
     pub name: String,
@@ -25,6 +25,21 @@ pub struct ReservedConnector {
 impl ReservedConnector {
     /// The PROTOCOL.md 2.2 code.
     pub const CODE: ErrorCode = ErrorCode::ReservedConnectorEnv;
+}
+
+/// A connector's name as a refusal shows it (PROTOCOL.md 2.3: naming the
+/// variable, never its value): escaped and cut to 64 characters, and only
+/// up to a `=`, because a name holding one is a `NAME=value` pasted whole
+/// and the refusal goes to the boot status, the log and `hosted-boot check`.
+fn shown_name(name: &str) -> String {
+    match name.split_once('=') {
+        None => format!("`{}`", crate::text::clip(name, 64).escape_debug()),
+        Some((before, _)) => format!(
+            "`{}=…` (a NAME=value of {} characters; nothing after the `=` is shown)",
+            crate::text::clip(before, 64).escape_debug(),
+            name.chars().count()
+        ),
+    }
 }
 
 /// Why a name cannot be a connector, if it cannot.
@@ -591,5 +606,46 @@ mod tests {
                 && !reason.contains("evil"),
             "{reason}"
         );
+    }
+
+    /// A `NAME=value` pasted as the name: the refusal names the part
+    /// before the `=` and its length, never what follows (the value, often
+    /// a key); another invalid name is named whole, escaped.
+    #[test]
+    fn an_invalid_name_is_named_but_not_past_an_equals_sign() {
+        for (name, shown) in [
+            (
+                "OPENAI_API_KEY=sk-live-abc123",
+                "`OPENAI_API_KEY=…` (a NAME=value of 29 characters",
+            ),
+            ("A=[2Jabc123", "`A=…` (a NAME=value of 11 characters"),
+            ("A\u{1b}B", "`A\\u{1b}B`"),
+        ] {
+            let bundle = EnvBundle {
+                connectors: vec![Connector {
+                    env_var: name.into(),
+                    value: "x".into(),
+                    scope: None,
+                }],
+                redact_vars: vec![],
+            };
+            let e = apply_bundle(bundle, &[], &Redactor::new()).unwrap_err();
+            let reason = ReservedConnector::CODE.reason(&e);
+            assert!(reason.contains(shown), "{reason}");
+            assert!(
+                !reason.contains("abc123") && !reason.contains('\u{1b}'),
+                "{reason}"
+            );
+            assert!(
+                reason.contains("not a valid environment variable name"),
+                "{reason}"
+            );
+        }
+        let long = "A".repeat(1000);
+        let e = ReservedConnector {
+            name: long,
+            why: "a reserved name",
+        };
+        assert!(e.to_string().len() < 200, "{e}");
     }
 }

@@ -735,10 +735,8 @@ fn decode<Q, R: DeserializeOwned>(
     _endpoint: Endpoint<Q, R>,
     reply: &Reply,
 ) -> Result<R, CallError> {
-    serde_json::from_slice(&reply.body).map_err(|e| {
-        let why = crate::text::json_error(&e);
-        bad(call, &format!("the body is not the expected JSON ({why})"))
-    })
+    crate::wire::decode::from_slice(&reply.body)
+        .map_err(|e| bad(call, &format!("the body is not the expected JSON ({e})")))
 }
 
 fn bad(call: &str, reason: &str) -> CallError {

@@ -678,8 +678,11 @@ pub(super) fn unauthorized(what: &str) -> ApiError {
     )
 }
 
+/// A request's body as a `T`; a 400 that names the member and the kind of
+/// value found, never its text (the runner may quote the answer in an
+/// event, and the body may be an agent state).
 pub(super) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
+    crate::wire::decode::from_slice(bytes)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed body: {e}")))
 }
 

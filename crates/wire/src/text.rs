@@ -72,44 +72,89 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-/// What a JSON decode error says, without the value it found: `invalid
+/// What a JSON decode error says, without the text it found: `invalid
 /// type: string "…", expected a sequence` becomes `invalid type: string,
-/// expected a sequence`, and a name serde quotes (an unknown field or
-/// variant) is cut to 40 characters. The value is input from a peer (a
-/// coordinator's answer, a stored agent state) that may be large or hold
-/// what must not reach an event or a log line; the kind and the position
-/// are what a reader needs to mend it.
+/// expected a sequence`; a number or a boolean is kept (it carries no
+/// text); an unknown field's or variant's name is shown only when it is a
+/// plain identifier of at most 40 characters, else by its length; another
+/// error is cut before its first `"`. The input comes from a peer (a
+/// coordinator's answer, a stored agent state) and may be large or hold
+/// what must not reach an event or a log line; the kind, what was expected
+/// and the position are what a reader needs to mend it.
 pub fn json_error(e: &serde_json::Error) -> String {
     let whole = e.to_string();
     let at = format!(" at line {} column {}", e.line(), e.column());
     let message = whole.strip_suffix(&at).unwrap_or(&whole);
     let position = if e.line() > 0 { at.as_str() } else { "" };
-    let said = ["invalid type: ", "invalid value: "]
-        .into_iter()
-        .find_map(|prefix| {
-            let rest = message.strip_prefix(prefix)?;
-            // serde writes `{unexpected}, expected {expected}`; the value is
-            // in the first part, so the last separator is serde's own.
-            let (found, expected) = rest.rsplit_once(", expected ")?;
+    let said = match e.classify() {
+        // serde_json's own fixed text ("EOF while parsing a string", "key
+        // must be a string", …): it never quotes the input.
+        serde_json::error::Category::Syntax
+        | serde_json::error::Category::Eof
+        | serde_json::error::Category::Io => message.to_string(),
+        serde_json::error::Category::Data => data_error(message),
+    };
+    format!("{said}{position}")
+}
+
+/// [`json_error`] of a data error (the JSON is well formed, the value does
+/// not fit the type), from serde's message forms.
+fn data_error(message: &str) -> String {
+    let plain = |name: &str| {
+        (1..=40).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    };
+    for prefix in ["invalid type: ", "invalid value: "] {
+        // `{unexpected}, expected {expected}`: the expected part is the
+        // type's own text, so the last separator is serde's.
+        if let Some((found, expected)) = message
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.rsplit_once(", expected "))
+        {
             let kind: Vec<&str> = found
                 .split(' ')
                 .take_while(|w| !w.starts_with(['`', '"', '\'']))
                 .collect();
-            Some(format!("{prefix}{}, expected {expected}", kind.join(" ")))
-        })
-        .or_else(|| {
-            let prefix = ["unknown variant `", "unknown field `"]
-                .into_iter()
-                .find(|p| message.starts_with(p))?;
-            let rest = message.get(prefix.len()..)?;
-            let (name, expected) = rest.rsplit_once("`, expected ")?;
-            Some(format!(
-                "{prefix}{}`, expected {expected}",
-                printable(&clip(name, 40))
-            ))
-        })
-        .unwrap_or_else(|| printable(&clip(message, 200)).into_owned());
-    format!("{said}{position}")
+            let kind = kind.join(" ");
+            let found = match kind.as_str() {
+                "integer" | "floating point" | "boolean" if found.len() <= 40 => found,
+                _ => &kind,
+            };
+            return format!("{prefix}{found}, expected {expected}");
+        }
+    }
+    for what in ["unknown variant", "unknown field"] {
+        let Some(rest) = message
+            .strip_prefix(what)
+            .and_then(|r| r.strip_prefix(" `"))
+        else {
+            continue;
+        };
+        // The name is the peer's and may hold a separator; the type's
+        // list after it holds none, so the last separator is serde's.
+        let end = ["`, expected ", "`, there are no "]
+            .into_iter()
+            .filter_map(|sep| rest.rfind(sep))
+            .max();
+        let Some(end) = end else { break };
+        let (name, tail) = rest.split_at(end);
+        return if plain(name) {
+            format!("{what} `{name}{tail}")
+        } else {
+            format!(
+                "{what} of {} characters, not shown{}",
+                name.chars().count(),
+                tail.strip_prefix('`').unwrap_or(tail)
+            )
+        };
+    }
+    // Others quote our own names in backticks (`missing field `x``) but a
+    // custom error may quote the input in double quotes (url's "relative
+    // URL without a base: \"…\"").
+    let cut = message.split('"').next().unwrap_or_default();
+    printable(&clip(cut.trim_end(), 200)).into_owned()
 }
 
 /// Quotes `value` for a POSIX shell: in single quotes, an embedded single
@@ -186,8 +231,28 @@ mod tests {
         One,
     }
 
-    /// The value found is never in the message; the kind, what was
-    /// expected and the position are.
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Empty {}
+
+    /// A field whose own deserializer quotes the input in its error, as
+    /// url's does (`relative URL without a base: "…"`).
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code, reason = "only decoded, to make errors")]
+    struct WithUrl {
+        #[serde(deserialize_with = "quoting")]
+        url: String,
+    }
+
+    fn quoting<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        let s = <String as serde::Deserialize>::deserialize(d)?;
+        Err(serde::de::Error::custom(format!(
+            "relative URL without a base: {s:?}"
+        )))
+    }
+
+    /// The text found is never in the message; the kind, what was
+    /// expected, a number found and the position are.
     #[test]
     fn a_json_error_names_the_kind_not_the_value() {
         let e = decode_error::<Shape>(r#"{"files": "SECRET, expected x", "count": 1}"#);
@@ -197,33 +262,71 @@ mod tests {
         );
         let e = value_error::<Shape>(serde_json::json!({"files": "SECRET"}));
         assert_eq!(e, "invalid type: string, expected a sequence");
-        let e = value_error::<Shape>(serde_json::json!({"files": [], "count": 5_000_000_000_u64}));
-        assert!(e.starts_with("invalid value: integer, expected u32"), "{e}");
         let e = value_error::<Shape>(serde_json::json!({"files": [true], "count": 1}));
-        assert_eq!(e, "invalid type: boolean, expected a string");
+        assert_eq!(e, "invalid type: boolean `true`, expected a string");
         let e = value_error::<Shape>(serde_json::json!({"files": [], "count": 1.5}));
-        assert_eq!(e, "invalid type: floating point, expected u32");
+        assert_eq!(e, "invalid type: floating point `1.5`, expected u32");
+        let e = value_error::<Shape>(serde_json::json!({"files": [], "count": 5_000_000_000_u64}));
+        assert_eq!(e, "invalid value: integer `5000000000`, expected u32");
         let e = value_error::<Shape>(serde_json::json!({"files": []}));
         assert_eq!(e, "missing field `count`");
-        for (json, name) in [
+        let e = value_error::<Shape>(serde_json::json!({"files": [], "count": 1, "kind": "two"}));
+        assert_eq!(e, "unknown variant `two`, expected `one`");
+        let e = decode_error::<Shape>(r#"{"files": ["SECRET"#);
+        assert_eq!(e, "EOF while parsing a string at line 1 column 18");
+    }
+
+    /// A name that is not a plain identifier, or one that forges serde's
+    /// separator, is shown by its length; the type's own list stays.
+    #[test]
+    fn an_unknown_name_is_shown_only_when_plain() {
+        for (json, what) in [
             (
-                serde_json::json!({"files": [], "count": 1, "kind": "x".repeat(100)}),
+                serde_json::json!({"files": [], "count": 1, "kind": "x".repeat(41)}),
                 "variant",
             ),
             (
-                serde_json::json!({"files": [], "count": 1, "x".repeat(100): 1}),
+                serde_json::json!({"files": [], "count": 1, "x".repeat(41): 1}),
                 "field",
             ),
         ] {
             let e = value_error::<Shape>(json);
             assert!(
-                e.starts_with(&format!("unknown {name} `{}…`, expected", "x".repeat(40))),
+                e.starts_with(&format!(
+                    "unknown {what} of 41 characters, not shown, expected "
+                )),
                 "{e}"
             );
         }
+        let forged = "SECRET`, expected `x";
+        let e = value_error::<Shape>(serde_json::json!({"files": [], "count": 1, "kind": forged}));
+        assert_eq!(
+            e,
+            "unknown variant of 20 characters, not shown, expected `one`"
+        );
         let e =
             value_error::<Shape>(serde_json::json!({"files": [], "count": 1, "kind": "\u{1b}[2J"}));
-        assert!(e.starts_with("unknown variant `\\u{1b}[2J`"), "{e}");
+        assert_eq!(
+            e,
+            "unknown variant of 4 characters, not shown, expected `one`"
+        );
+        let e = value_error::<Empty>(serde_json::json!({"SECRET-token value": 1}));
+        assert_eq!(
+            e,
+            "unknown field of 18 characters, not shown, there are no fields"
+        );
+        let e = value_error::<Empty>(serde_json::json!({"token": 1}));
+        assert_eq!(e, "unknown field `token`, there are no fields");
+    }
+
+    /// A custom error (url's) quotes the input in double quotes: the
+    /// message stops before it.
+    #[test]
+    fn a_custom_error_is_cut_before_its_quote() {
+        let e = value_error::<WithUrl>(serde_json::json!({"url": "SECRET not a url"}));
+        assert_eq!(e, "relative URL without a base:");
+        let e = decode_error::<WithUrl>(r#"{"url": "SECRET"}"#);
+        assert_eq!(e, "relative URL without a base: at line 1 column 17");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::secret::Secret;
 
+pub mod decode;
 pub mod routes;
 pub mod summary;
 
@@ -305,10 +306,10 @@ pub enum PendingTurnShape {
     /// Neither an object nor null (the JSON kind it is).
     #[error("pendingTurn has the wrong shape: expected an object or null, got {0}")]
     NotAnObject(&'static str),
-    /// An object whose fields do not make a turn (said without the value
-    /// found: the turn's prompt is the user's text).
-    #[error("pendingTurn has the wrong shape: {}", crate::text::json_error(.0))]
-    Fields(serde_json::Error),
+    /// An object whose fields do not make a turn: the member and the kind
+    /// of value found, never its text (the turn's prompt is the user's).
+    #[error("pendingTurn has the wrong shape: {0}")]
+    Fields(String),
 }
 
 impl Session {
@@ -324,7 +325,7 @@ impl Session {
             None | Some(Value::Null) => Ok(None),
             // serde's derive would take an array as the fields in order.
             Some(v) if !v.is_object() => Err(PendingTurnShape::NotAnObject(json_kind(v))),
-            Some(v) => serde_json::from_value::<PendingTurn>(v.clone())
+            Some(v) => decode::from_value::<PendingTurn>(v.clone())
                 .map(Some)
                 .map_err(PendingTurnShape::Fields),
         }
