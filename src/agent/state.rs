@@ -389,7 +389,7 @@ impl Place {
     /// A path of a state is one the CLI itself would write for this
     /// session: relative, plain names, within the CLI's layout.
     fn check_path(&self, path: &str) -> Result<(), StateError> {
-        let whole = shown(path, 200);
+        let whole = shown(path, 64);
         let refuse = |why: &str| fail(format!("the state's path {whole} is refused: {why}"));
         let parts: Vec<&str> = path.split('/').collect();
         if path.is_empty() || path.len() > 1024 || parts.len() > MAX_DEPTH {
@@ -629,8 +629,6 @@ fn digits(text: &str, n: usize) -> bool {
     text.len() == n && text.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// A name the CLIs give their files and sessions: ASCII letters, digits,
-/// `.`, `_`, `-`, at most 255 bytes, not `.` or `..`.
 /// A name or path from a stored state as a refusal shows it: quoted when
 /// it is made of path characters (letters, digits, `.`, `_`, `-`, `/`) and
 /// at most `max` long, else by its length only: a state whose members are
@@ -647,6 +645,8 @@ fn shown(text: &str, max: usize) -> String {
     }
 }
 
+/// A name the CLIs give their files and sessions: ASCII letters, digits,
+/// `.`, `_`, `-`, at most 255 bytes, not `.` or `..`.
 fn safe_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 255
@@ -1019,15 +1019,12 @@ pub fn unpack(
     }
     let mut left = limit;
     let mut files = Vec::with_capacity(state.files.len());
-    for f in state.files {
+    for (i, f) in state.files.into_iter().enumerate() {
+        // Named by its place: its path is not checked yet, and base64's
+        // error is not quoted (it shows a byte of the content).
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(f.content.as_bytes())
-            .map_err(|e| {
-                fail(format!(
-                    "the content of {} is not base64: {e}",
-                    shown(&f.path, 200)
-                ))
-            })?;
+            .map_err(|_| fail(format!("the content of files[{i}] is not base64")))?;
         left = left
             .checked_sub(bytes.len() as u64)
             .ok_or_else(|| fail(format!("the agent state is over {limit} bytes decoded")))?;
@@ -1326,14 +1323,14 @@ mod tests {
         let why = unpack(&place, other, 1 << 20).unwrap_err().0;
         assert!(why.contains("files: invalid type: string"), "{why}");
         assert!(!why.contains("TRANSCRIPT"), "{why}");
-        // Members swapped or corrupt: a transcript where a name goes is
-        // shown by its length; a plain name is quoted.
+        // Members swapped or corrupt: a file is named by its place, a
+        // transcript where a name goes by its length, a plain name quoted.
         let mut other = value.clone();
         other["files"][0]["path"] = "TRANSCRIPT of the user's work".into();
         other["files"][0]["content"] = "!!".into();
         let why = unpack(&place, other, 1 << 20).unwrap_err().0;
         assert!(
-            why.contains("(a text of 29 characters, not shown)"),
+            why.contains("the content of files[0] is not base64"),
             "{why}"
         );
         assert!(!why.contains("TRANSCRIPT"), "{why}");
@@ -1341,6 +1338,15 @@ mod tests {
         other["cli"] = "TRANSCRIPT text".into();
         let why = unpack(&place, other, 1 << 20).unwrap_err().0;
         assert!(!why.contains("TRANSCRIPT"), "{why}");
+        assert_eq!(
+            shown("TRANSCRIPT of the user's work", 64),
+            "(a text of 29 characters, not shown)"
+        );
+        assert_eq!(
+            shown(&"a".repeat(65), 64),
+            "(a text of 65 characters, not shown)"
+        );
+        assert_eq!(shown("../x/y.jsonl", 64), "\"../x/y.jsonl\"");
         let mut other = value.clone();
         other["cli"] = "codex".into();
         let why = unpack(&place, other, 1 << 20).unwrap_err().0;

@@ -28,18 +28,27 @@ impl ReservedConnector {
 }
 
 /// A connector's name as a refusal shows it (PROTOCOL.md 2.3: naming the
-/// variable, never its value): escaped and cut to 64 characters, and only
-/// up to a `=`, because a name holding one is a `NAME=value` pasted whole
-/// and the refusal goes to the boot status, the log and `hosted-boot check`.
+/// variable, never its value). A name of letters, digits and `_` is shown
+/// whole (cut to 64 characters). Another is shown only up to its first
+/// other character, cut to 32 characters, with that character and the
+/// length: such a "name" is often a `NAME=value` or a value pasted into
+/// the name, its text is in no redaction yet, and the refusal goes to the
+/// boot status, the log and `hosted-boot check`.
 fn shown_name(name: &str) -> String {
-    match name.split_once('=') {
-        None => format!("`{}`", crate::text::clip(name, 64).escape_debug()),
-        Some((before, _)) => format!(
-            "`{}=…` (a NAME=value of {} characters; nothing after the `=` is shown)",
-            crate::text::clip(before, 64).escape_debug(),
-            name.chars().count()
-        ),
-    }
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let Some((at, bad)) = name.char_indices().find(|&(_, c)| !word(c)) else {
+        return format!("`{}`", crate::text::clip(name, 64));
+    };
+    let start = crate::text::clip(name.get(..at).unwrap_or_default(), 32);
+    let bad = match bad {
+        ' ' => "a space".to_string(),
+        c if c.is_ascii_graphic() => format!("`{c}`"),
+        c => format!("`{}`", c.escape_unicode()),
+    };
+    format!(
+        "`{start}…` (then {bad}: a name of {} characters, not shown past its first character outside [A-Za-z0-9_])",
+        name.chars().count()
+    )
 }
 
 /// Why a name cannot be a connector, if it cannot.
@@ -608,18 +617,22 @@ mod tests {
         );
     }
 
-    /// A `NAME=value` pasted as the name: the refusal names the part
-    /// before the `=` and its length, never what follows (the value, often
-    /// a key); another invalid name is named whole, escaped.
+    /// A `NAME=value` pasted as the name, or a value pasted into it: the
+    /// refusal names the part before the first character outside
+    /// `[A-Za-z0-9_]`, that character and the length, never what follows.
     #[test]
-    fn an_invalid_name_is_named_but_not_past_an_equals_sign() {
+    fn an_invalid_name_is_named_up_to_its_first_bad_character() {
         for (name, shown) in [
             (
                 "OPENAI_API_KEY=sk-live-abc123",
-                "`OPENAI_API_KEY=…` (a NAME=value of 29 characters",
+                "`OPENAI_API_KEY…` (then `=`: a name of 29 characters",
             ),
-            ("A=[2Jabc123", "`A=…` (a NAME=value of 11 characters"),
-            ("A\u{1b}B", "`A\\u{1b}B`"),
+            (
+                "OPENAI_API_KEY sk-live-abc123",
+                "`OPENAI_API_KEY…` (then a space: a name of 29",
+            ),
+            ("sk-proj-abc123", "`sk…` (then `-`: a name of 14"),
+            ("A\u{1b}[2Jabc123", "`A…` (then `\\u{1b}`: a name of 11"),
         ] {
             let bundle = EnvBundle {
                 connectors: vec![Connector {

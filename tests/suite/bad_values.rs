@@ -166,10 +166,16 @@ fn all_bad() -> Vec<Bad> {
         "OPENSSL_CONF",
         "NODE_TLS_REJECT_UNAUTHORIZED",
     ] {
+        // A name of letters, digits and `_` is named whole; another up to
+        // its first other character (it may be a value pasted in).
+        let named = match name.find(|c: char| !c.is_ascii_alphanumeric() && c != '_') {
+            None => format!("`{name}`"),
+            Some(at) => format!("`{}…` (then ", &name[..at]),
+        };
         v.push(connector(
             &format!("connector name {name:?}"),
             &[(name, "connector-value-123")],
-            &format!("`{}`", name.escape_debug()),
+            &named,
         ));
     }
     v.push(connector(

@@ -89,8 +89,11 @@ impl<'de> Deserialize<'de> for Target {
                 .map(Route::name)
                 .chain(["git", "dev", "unknown"])
                 .collect();
+            // Quoted in backticks, as serde quotes a name: a message that
+            // quotes in double quotes is cut there (wire::decode).
             serde::de::Error::custom(format!(
-                "unknown route {name:?}: one of {}",
+                "unknown route `{}`: one of {}",
+                crate::text::clip(&name, 40),
                 known.join(", ")
             ))
         })
@@ -1065,9 +1068,12 @@ mod tests {
             assert_eq!(target.api().map(Target::from), target.api().map(|_| target));
         }
         assert_eq!(Route::all().count(), 11);
-        let err = serde_json::from_value::<Target>(json!("sessions")).unwrap_err();
+        // Through the request's parser: the 400 a developer reads.
+        let err = crate::server::parse::<Target>(br#""sesions""#)
+            .unwrap_err()
+            .message;
         assert!(
-            err.to_string().contains("unknown route \"sessions\""),
+            err.contains("unknown route `sesions`: one of agent-token,"),
             "{err}"
         );
     }

@@ -74,10 +74,10 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 
 /// What a JSON decode error says, without the text it found: `invalid
 /// type: string "…", expected a sequence` becomes `invalid type: string,
-/// expected a sequence`; a number or a boolean is kept (it carries no
-/// text); an unknown field's or variant's name is shown only when it is a
-/// plain identifier of at most 40 characters, else by its length; another
-/// error is cut before its first `"`. The input comes from a peer (a
+/// expected a sequence`; only a number out of its range is kept; an
+/// unknown field's or variant's name is shown only when
+/// [`plain_name`], else by its length; another error is cut before its
+/// first `"`. The input comes from a peer (a
 /// coordinator's answer, a stored agent state) and may be large or hold
 /// what must not reach an event or a log line; the kind, what was expected
 /// and the position are what a reader needs to mend it.
@@ -100,12 +100,6 @@ pub fn json_error(e: &serde_json::Error) -> String {
 /// [`json_error`] of a data error (the JSON is well formed, the value does
 /// not fit the type), from serde's message forms.
 fn data_error(message: &str) -> String {
-    let plain = |name: &str| {
-        (1..=40).contains(&name.len())
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-    };
     for prefix in ["invalid type: ", "invalid value: "] {
         // `{unexpected}, expected {expected}`: the expected part is the
         // type's own text, so the last separator is serde's.
@@ -118,8 +112,16 @@ fn data_error(message: &str) -> String {
                 .take_while(|w| !w.starts_with(['`', '"', '\'']))
                 .collect();
             let kind = kind.join(" ");
+            // A number out of range is kept (`invalid value: integer
+            // `5000000000`, expected u32`); a value of the wrong kind is
+            // not, even a number: it sits where a string (a key, a PIN)
+            // was meant to.
             let found = match kind.as_str() {
-                "integer" | "floating point" | "boolean" if found.len() <= 40 => found,
+                "integer" | "floating point"
+                    if prefix == "invalid value: " && found.len() <= 40 =>
+                {
+                    found
+                }
                 _ => &kind,
             };
             return format!("{prefix}{found}, expected {expected}");
@@ -140,7 +142,7 @@ fn data_error(message: &str) -> String {
             .max();
         let Some(end) = end else { break };
         let (name, tail) = rest.split_at(end);
-        return if plain(name) {
+        return if plain_name(name) {
             format!("{what} `{name}{tail}")
         } else {
             format!(
@@ -155,6 +157,17 @@ fn data_error(message: &str) -> String {
     // URL without a base: \"…\"").
     let cut = message.split('"').next().unwrap_or_default();
     printable(&clip(cut.trim_end(), 200)).into_owned()
+}
+
+/// Whether a name a peer chose (a member's key, an enum's variant) may be
+/// shown in a message: 1 to 24 ASCII letters, digits, `_` or `-`. Longer
+/// ones are shown by their length: a token pasted where a name goes is
+/// longer than the names of the contract.
+pub fn plain_name(name: &str) -> bool {
+    (1..=24).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
 }
 
 /// Quotes `value` for a POSIX shell: in single quotes, an embedded single
@@ -263,9 +276,12 @@ mod tests {
         let e = value_error::<Shape>(serde_json::json!({"files": "SECRET"}));
         assert_eq!(e, "invalid type: string, expected a sequence");
         let e = value_error::<Shape>(serde_json::json!({"files": [true], "count": 1}));
-        assert_eq!(e, "invalid type: boolean `true`, expected a string");
+        assert_eq!(e, "invalid type: boolean, expected a string");
         let e = value_error::<Shape>(serde_json::json!({"files": [], "count": 1.5}));
-        assert_eq!(e, "invalid type: floating point `1.5`, expected u32");
+        assert_eq!(e, "invalid type: floating point, expected u32");
+        let e =
+            value_error::<Shape>(serde_json::json!({"files": [4111111111111111_u64], "count": 1}));
+        assert_eq!(e, "invalid type: integer, expected a string");
         let e = value_error::<Shape>(serde_json::json!({"files": [], "count": 5_000_000_000_u64}));
         assert_eq!(e, "invalid value: integer `5000000000`, expected u32");
         let e = value_error::<Shape>(serde_json::json!({"files": []}));
@@ -282,18 +298,18 @@ mod tests {
     fn an_unknown_name_is_shown_only_when_plain() {
         for (json, what) in [
             (
-                serde_json::json!({"files": [], "count": 1, "kind": "x".repeat(41)}),
+                serde_json::json!({"files": [], "count": 1, "kind": "x".repeat(25)}),
                 "variant",
             ),
             (
-                serde_json::json!({"files": [], "count": 1, "x".repeat(41): 1}),
+                serde_json::json!({"files": [], "count": 1, "x".repeat(25): 1}),
                 "field",
             ),
         ] {
             let e = value_error::<Shape>(json);
             assert!(
                 e.starts_with(&format!(
-                    "unknown {what} of 41 characters, not shown, expected "
+                    "unknown {what} of 25 characters, not shown, expected "
                 )),
                 "{e}"
             );

@@ -32,17 +32,15 @@ fn said(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
     }
 }
 
+/// The longest path shown whole; a deeper one keeps its start and its end,
+/// so that the reason after it survives a message's cut.
+const MAX_PATH_CHARS: usize = 120;
+
 /// The path with each name the peer chose (a key of a map, a member the
-/// type ignores) shown only when it is a plain identifier of at most 40
-/// characters, else as `?`.
+/// type ignores) shown only when [`crate::text::plain_name`], else as
+/// `?`; a member whose key could not be read is left out.
 fn shown_path(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
-    let plain = |name: &str| {
-        (1..=40).contains(&name.len())
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
-    };
     let mut out = String::new();
     for segment in path.iter() {
         match segment {
@@ -51,15 +49,19 @@ fn shown_path(path: &serde_path_to_error::Path) -> String {
                 if !out.is_empty() {
                     out.push('.');
                 }
-                out.push_str(if plain(key) { key } else { "?" });
+                out.push_str(if crate::text::plain_name(key) {
+                    key
+                } else {
+                    "?"
+                });
             }
-            Segment::Unknown => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push('?');
-            }
+            Segment::Unknown => {}
         }
+    }
+    if out.chars().count() > MAX_PATH_CHARS {
+        let start = crate::text::head(&out, 40);
+        let end = crate::text::last(&out, MAX_PATH_CHARS - 40);
+        out = format!("{start}…{end}");
     }
     out
 }
@@ -89,7 +91,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             e,
-            "files[0].content: invalid type: integer `5`, expected a string"
+            "files[0].content: invalid type: integer, expected a string"
         );
         let e = from_slice::<State>(
             br#"{"files": [{"path": "a", "content": "b"}, {"path": "SECRET", "content": []}]}"#,
@@ -111,6 +113,8 @@ mod tests {
     fn a_name_the_peer_chose_is_shown_only_when_plain() {
         let e = from_slice::<State>(br#"{"SECRET token value": [1, 2 }"#).unwrap_err();
         assert!(e.starts_with("?: expected"), "{e}");
+        let e = from_slice::<State>(br#"{"files": [], }"#).unwrap_err();
+        assert_eq!(e, "trailing comma at line 1 column 15");
         let e = from_value::<State>(
             serde_json::json!({"files": [], "extra": {"SECRET token": "x", "plain": "y"}}),
         )
@@ -120,5 +124,37 @@ mod tests {
             "{e}"
         );
         assert!(!e.contains("SECRET"), "{e}");
+    }
+
+    /// A deep path keeps its start and its end, and the reason after it.
+    #[test]
+    fn a_deep_path_is_cut_in_its_middle() {
+        let mut doc = String::from("1");
+        for _ in 0..60 {
+            doc = format!(r#"{{"key_of_twenty_chars": {doc}}}"#);
+        }
+        let doc = format!(r#"{{"files": [], "extra": {{"a": 1}}, "deep": {doc}}}"#);
+        let e = from_slice::<Nested>(doc.as_bytes()).unwrap_err();
+        assert!(e.chars().count() < 250, "{e}");
+        assert!(e.starts_with("deep.key_of_twenty_chars."), "{e}");
+        assert!(e.contains("…"), "{e}");
+        assert!(
+            e.ends_with(
+                "key_of_twenty_chars: invalid type: integer, expected struct Deep at line 1 column 1482"
+            ),
+            "{e}"
+        );
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code, reason = "only decoded, to make errors")]
+    struct Nested {
+        deep: Deep,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code, reason = "only decoded, to make errors")]
+    struct Deep {
+        key_of_twenty_chars: Box<Deep>,
     }
 }
