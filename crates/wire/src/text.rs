@@ -77,10 +77,10 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 /// expected a sequence`; only a number out of its range is kept; an
 /// unknown field's or variant's name is shown only when
 /// [`plain_name`], else by its length; another error is cut before its
-/// first `"`. The input comes from a peer (a
-/// coordinator's answer, a stored agent state) and may be large or hold
-/// what must not reach an event or a log line; the kind, what was expected
-/// and the position are what a reader needs to mend it.
+/// first `"`. The input comes from a peer (a coordinator's answer, a
+/// stored agent state) and may be large or hold what must not reach an
+/// event or a log line; the kind, what was expected and the position are
+/// what a reader needs to mend it.
 pub fn json_error(e: &serde_json::Error) -> String {
     let whole = e.to_string();
     let at = format!(" at line {} column {}", e.line(), e.column());
